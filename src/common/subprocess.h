@@ -1,0 +1,64 @@
+// Subprocess: start a program with extra environment variables and its
+// output sent to a file, signal it, and wait for it. Used by the tests and
+// benchmarks that run real training processes, and by the agent that
+// launches workers. A Subprocess is movable, not copyable, and not
+// thread-safe; its destructor does not kill or reap the child.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace endure {
+
+struct ProcessSpec {
+  std::vector<std::string> argv;                         // argv[0] is the program path
+  std::vector<std::pair<std::string, std::string>> env;  // set on top of the parent's
+  std::vector<std::string> unset_env;                    // removed from the parent's
+  std::string output_path;         // stdout and stderr appended here; empty: inherit
+  bool new_process_group = false;  // so that a signal to -pid reaches its children
+};
+
+struct ExitStatus {
+  bool exited = false;  // true: normal exit with `code`; false: killed by `signal`
+  int code = 0;
+  int signal = 0;
+  bool Success() const { return exited && code == 0; }
+  std::string ToString() const;  // "exit code 2", "signal 9 (Killed)"
+};
+
+class Subprocess {
+ public:
+  static Result<Subprocess> Start(const ProcessSpec& spec);
+
+  Subprocess(Subprocess&& other) noexcept : pid_(std::exchange(other.pid_, -1)) {}
+  Subprocess& operator=(Subprocess&& other) noexcept {
+    pid_ = std::exchange(other.pid_, -1);
+    return *this;
+  }
+
+  pid_t pid() const { return pid_; }
+  void Signal(int sig) const;
+  // Blocks until the child exits.
+  ExitStatus Wait();
+  // Waits at most `timeout`; nullopt if it is still running.
+  std::optional<ExitStatus> WaitFor(std::chrono::milliseconds timeout);
+
+ private:
+  explicit Subprocess(pid_t pid) : pid_(pid) {}
+  pid_t pid_;
+};
+
+ExitStatus DecodeWaitStatus(int wstatus);
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0 and
+// released). Racy by nature; for handing a rendezvous port to child processes.
+Result<int> PickFreePort();
+
+}  // namespace endure
