@@ -1,0 +1,99 @@
+#include "checkpoint/checkpoint_dir.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+namespace endure::checkpoint {
+namespace {
+
+class CheckpointDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/endure_ckpt_test.XXXXXX";
+    root_ = mkdtemp(tmpl);
+  }
+  void TearDown() override { (void)env_->RemoveAll(root_); }
+
+  TrainingState State(int64_t step) {
+    TrainingState s;
+    s.step = step;
+    s.meta = {{"lr", 0.001}};
+    s.tensors = {{"w", "float32", {4}, std::string(16, static_cast<char>(step))}};
+    return s;
+  }
+
+  void Corrupt(int64_t step, const std::string& file, size_t offset) {
+    std::string path = JoinPath(dir_.StepDir(step), file);
+    std::string bytes = *env_->ReadFile(path);
+    bytes[offset] ^= 0x10;
+    ASSERT_TRUE(WriteFileAtomically(env_, path, bytes).ok());
+  }
+
+  Env* env_ = Env::Default();
+  std::string root_;
+  CheckpointDir dir_{env_, ""};
+};
+
+TEST_F(CheckpointDirTest, CommitThenLoadNewest) {
+  dir_ = CheckpointDir(env_, root_);
+  ASSERT_TRUE(dir_.Commit(State(10)).ok());
+  ASSERT_TRUE(dir_.Commit(State(20)).ok());
+  std::vector<std::string> refused;
+  Result<TrainingState> s = dir_.LoadNewest(&refused);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->step, 20);
+  EXPECT_EQ(s->tensors, State(20).tensors);
+  EXPECT_EQ(s->meta["lr"], 0.001);
+  EXPECT_TRUE(refused.empty());
+  // Only committed files remain: no temporaries.
+  EXPECT_EQ(*env_->ListDir(dir_.StepDir(20)),
+            (std::vector<std::string>{"MANIFEST.json", "meta.json", "tensors.bin"}));
+}
+
+TEST_F(CheckpointDirTest, FlippedByteIsRefusedAndOlderStepUsed) {
+  dir_ = CheckpointDir(env_, root_);
+  ASSERT_TRUE(dir_.Commit(State(10)).ok());
+  ASSERT_TRUE(dir_.Commit(State(20)).ok());
+  Corrupt(20, "tensors.bin", 30);
+  std::vector<std::string> refused;
+  Result<TrainingState> s = dir_.LoadNewest(&refused);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->step, 10);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].find("step-00000020/tensors.bin: checksum mismatch"), std::string::npos)
+      << refused[0];
+}
+
+TEST_F(CheckpointDirTest, TruncatedFileIsRefused) {
+  dir_ = CheckpointDir(env_, root_);
+  ASSERT_TRUE(dir_.Commit(State(10)).ok());
+  std::string path = JoinPath(dir_.StepDir(10), "meta.json");
+  ASSERT_TRUE(truncate(path.c_str(), 3) == 0);
+  Status st = dir_.Verify(10);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find("meta.json: size 3 bytes"), std::string::npos) << st.message();
+  EXPECT_EQ(dir_.LoadNewest(nullptr).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(CheckpointDirTest, MissingManifestMeansUncommitted) {
+  dir_ = CheckpointDir(env_, root_);
+  ASSERT_TRUE(dir_.Commit(State(10)).ok());
+  ASSERT_TRUE(dir_.Commit(State(20)).ok());
+  ASSERT_TRUE(env_->RemoveFile(JoinPath(dir_.StepDir(20), "MANIFEST.json")).ok());
+  std::vector<std::string> refused;
+  EXPECT_EQ(dir_.LoadNewest(&refused)->step, 10);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].find("step-00000020/MANIFEST.json: manifest missing"), std::string::npos);
+}
+
+TEST_F(CheckpointDirTest, RetainKeepsNewestAndDropsOldLeftovers) {
+  dir_ = CheckpointDir(env_, root_);
+  for (int64_t s : {10, 20, 30, 40}) ASSERT_TRUE(dir_.Commit(State(s)).ok());
+  ASSERT_TRUE(env_->CreateDirs(dir_.StepDir(15)).ok());  // an interrupted save
+  ASSERT_TRUE(env_->CreateDirs(dir_.StepDir(50)).ok());  // a save in progress
+  ASSERT_TRUE(dir_.Retain(2).ok());
+  EXPECT_EQ(dir_.ListSteps(), (std::vector<int64_t>{30, 40, 50}));
+}
+
+}  // namespace
+}  // namespace endure::checkpoint

@@ -1,0 +1,113 @@
+// Binary layout: "ENDTNSR1", u32 count, then per tensor: u32 name length,
+// name, u32 dtype length, dtype, u32 rank, i64 dims[rank], u64 byte count,
+// bytes. Integers are little-endian (host order on every supported machine).
+#include "checkpoint/tensor_blob.h"
+
+#include <cstring>
+
+namespace endure::checkpoint {
+namespace {
+
+constexpr std::string_view kMagic = "ENDTNSR1";
+
+template <typename T>
+void Put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+class Reader {
+ public:
+  Reader(std::string_view bytes, const std::string& source) : bytes_(bytes), source_(source) {}
+
+  template <typename T>
+  Status Get(T* v) {
+    if (bytes_.size() < sizeof(T)) return Truncated();
+    std::memcpy(v, bytes_.data(), sizeof(T));
+    bytes_.remove_prefix(sizeof(T));
+    return Status::Ok();
+  }
+  Status GetBytes(uint64_t n, std::string* out) {
+    if (bytes_.size() < n) return Truncated();
+    out->assign(bytes_.data(), n);
+    bytes_.remove_prefix(n);
+    return Status::Ok();
+  }
+  size_t remaining() const { return bytes_.size(); }
+  Status Truncated() const { return DataLoss(source_ + ": truncated tensor data"); }
+
+ private:
+  std::string_view bytes_;
+  const std::string& source_;
+};
+
+}  // namespace
+
+size_t DTypeSize(std::string_view dtype) {
+  if (dtype == "float32" || dtype == "int32") return 4;
+  if (dtype == "float64" || dtype == "int64") return 8;
+  if (dtype == "uint8" || dtype == "int8" || dtype == "bool") return 1;
+  if (dtype == "float16" || dtype == "bfloat16") return 2;
+  return 0;
+}
+
+std::string EncodeTensors(const std::vector<TensorBlob>& tensors) {
+  size_t total = kMagic.size() + 4;
+  for (const TensorBlob& t : tensors)
+    total += 64 + t.name.size() + 8 * t.shape.size() + t.data.size();
+  std::string out;
+  out.reserve(total);
+  out.append(kMagic);
+  Put<uint32_t>(out, static_cast<uint32_t>(tensors.size()));
+  for (const TensorBlob& t : tensors) {
+    Put<uint32_t>(out, static_cast<uint32_t>(t.name.size()));
+    out.append(t.name);
+    Put<uint32_t>(out, static_cast<uint32_t>(t.dtype.size()));
+    out.append(t.dtype);
+    Put<uint32_t>(out, static_cast<uint32_t>(t.shape.size()));
+    for (int64_t d : t.shape) Put<int64_t>(out, d);
+    Put<uint64_t>(out, t.data.size());
+    out.append(t.data);
+  }
+  return out;
+}
+
+Result<std::vector<TensorBlob>> DecodeTensors(std::string_view bytes, const std::string& source) {
+  if (bytes.substr(0, kMagic.size()) != kMagic) {
+    return DataLoss(source + ": not an Endure tensor file (bad magic)");
+  }
+  Reader r(bytes.substr(kMagic.size()), source);
+  uint32_t count = 0;
+  ENDURE_RETURN_IF_ERROR(r.Get(&count));
+  std::vector<TensorBlob> tensors;
+  for (uint32_t i = 0; i < count; ++i) {
+    TensorBlob t;
+    uint32_t len = 0;
+    ENDURE_RETURN_IF_ERROR(r.Get(&len));
+    ENDURE_RETURN_IF_ERROR(r.GetBytes(len, &t.name));
+    ENDURE_RETURN_IF_ERROR(r.Get(&len));
+    ENDURE_RETURN_IF_ERROR(r.GetBytes(len, &t.dtype));
+    uint32_t rank = 0;
+    ENDURE_RETURN_IF_ERROR(r.Get(&rank));
+    if (rank > 16) return DataLoss(source + ": tensor '" + t.name + "' has an implausible rank");
+    uint64_t elements = 1;
+    for (uint32_t d = 0; d < rank; ++d) {
+      int64_t dim = 0;
+      ENDURE_RETURN_IF_ERROR(r.Get(&dim));
+      if (dim < 0) return DataLoss(source + ": tensor '" + t.name + "' has a negative dimension");
+      t.shape.push_back(dim);
+      elements *= static_cast<uint64_t>(dim);
+    }
+    uint64_t nbytes = 0;
+    ENDURE_RETURN_IF_ERROR(r.Get(&nbytes));
+    size_t elem = DTypeSize(t.dtype);
+    if (elem == 0 || nbytes != elements * elem) {
+      return DataLoss(source + ": tensor '" + t.name + "' size does not match its dtype and shape");
+    }
+    ENDURE_RETURN_IF_ERROR(r.GetBytes(nbytes, &t.data));
+    tensors.push_back(std::move(t));
+  }
+  if (r.remaining() != 0) return DataLoss(source + ": trailing bytes after the last tensor");
+  return tensors;
+}
+
+}  // namespace endure::checkpoint

@@ -1,0 +1,37 @@
+#include "checkpoint/tensor_blob.h"
+
+#include <gtest/gtest.h>
+
+namespace endure::checkpoint {
+namespace {
+
+std::vector<TensorBlob> Sample() {
+  return {{"w", "float32", {2, 3}, std::string(24, '\x01')},
+          {"step", "int64", {}, std::string(8, '\x02')},
+          {"empty", "float32", {0}, ""}};
+}
+
+TEST(TensorBlob, RoundTrips) {
+  Result<std::vector<TensorBlob>> back = DecodeTensors(EncodeTensors(Sample()), "f");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, Sample());
+}
+
+TEST(TensorBlob, EveryTruncationIsDataLossNamingTheSource) {
+  std::string bytes = EncodeTensors(Sample());
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    Result<std::vector<TensorBlob>> r =
+        DecodeTensors(std::string_view(bytes).substr(0, n), "x.bin");
+    ASSERT_FALSE(r.ok()) << n;
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+    EXPECT_EQ(r.status().message().rfind("x.bin: ", 0), 0u);
+  }
+}
+
+TEST(TensorBlob, SizeMustMatchShape) {
+  std::vector<TensorBlob> bad = {{"w", "float32", {2, 3}, std::string(20, 'x')}};
+  EXPECT_FALSE(DecodeTensors(EncodeTensors(bad), "f").ok());
+}
+
+}  // namespace
+}  // namespace endure::checkpoint
