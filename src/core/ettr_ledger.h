@@ -1,0 +1,78 @@
+// The ETTR ledger: puts every nanosecond of a job's wall time into exactly one
+// category of DESIGN.md (productive, checkpoint_stall, detection, recovery,
+// recompute, startup, other), so that ETTR = productive / wall is measured.
+// Sans-I/O: time arrives as an argument. Not thread-safe; one owner drives it.
+//
+// Productive time is first held as uncommitted: it survives only when a
+// checkpoint commits it (Commit). A rollback (RollBack) moves it to recompute,
+// because that much work has to be run again; the re-run is then productive
+// time in its own right, so productive counts each surviving step once.
+#pragma once
+
+#include <array>
+#include <string_view>
+
+#include "common/duration.h"
+#include "core/ids.h"
+
+namespace endure::core {
+
+enum class LedgerCategory {
+  kProductive,
+  kCheckpointStall,
+  kDetection,
+  kRecovery,
+  kRecompute,
+  kStartup,
+  kOther,
+};
+inline constexpr int kNumLedgerCategories = 7;
+
+// "productive", "checkpoint_stall", "detection", "recovery", "recompute", "startup", "other".
+std::string_view LedgerCategoryName(LedgerCategory category);
+
+class EttrLedger {
+ public:
+  // The ledger starts at `start` in kStartup.
+  explicit EttrLedger(TimePoint start);
+
+  // Charges the time since the previous call to the current category, then
+  // makes `category` current. `now` must not go backwards (CHECKed).
+  void Enter(LedgerCategory category, TimePoint now);
+
+  // Charges time up to `now` without changing category.
+  void Advance(TimePoint now);
+
+  // While the current category is kProductive, the job runs `factor` (>= 1)
+  // times slower than normal (a straggler holds every rank back): only
+  // 1/factor of the elapsed time counts as productive, the rest goes to
+  // `lost_to`. Factor 1 restores full speed. Charges up to `now` first.
+  void SetSlowdown(double factor, LedgerCategory lost_to, TimePoint now);
+
+  // A checkpoint became durable at `now`: uncommitted productive time survives.
+  void Commit(TimePoint now);
+
+  // The job rolled back to its last checkpoint at `now`: uncommitted
+  // productive time is lost and charged to kRecompute.
+  void RollBack(TimePoint now);
+
+  // Time charged to `category` so far; kProductive includes uncommitted time.
+  Duration total(LedgerCategory category) const { return totals_[static_cast<int>(category)]; }
+  Duration uncommitted() const { return uncommitted_; }
+  LedgerCategory current() const { return current_; }
+  // Sum of all categories, which always equals the time since start.
+  Duration wall() const { return last_ - start_; }
+  // productive / wall; 0 before any time has passed.
+  double Ettr() const;
+
+ private:
+  TimePoint start_;
+  TimePoint last_;
+  LedgerCategory current_ = LedgerCategory::kStartup;
+  double slowdown_ = 1.0;
+  LedgerCategory slowdown_lost_to_ = LedgerCategory::kOther;
+  Duration uncommitted_{0};
+  std::array<Duration, kNumLedgerCategories> totals_{};
+};
+
+}  // namespace endure::core

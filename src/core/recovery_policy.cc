@@ -1,0 +1,189 @@
+// Recovery policy; see recovery_policy.h for the rules.
+#include "core/recovery_policy.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace endure::core {
+namespace {
+
+void DropOlderThan(std::deque<TimePoint>& times, TimePoint cutoff) {
+  while (!times.empty() && times.front() <= cutoff) times.pop_front();
+}
+
+std::string NodeName(NodeId node) { return "node " + std::to_string(node.value); }
+
+std::string Ordinal(int n) {
+  const char* suffix = (n % 100 >= 11 && n % 100 <= 13) ? "th"
+                       : n % 10 == 1                    ? "st"
+                       : n % 10 == 2                    ? "nd"
+                       : n % 10 == 3                    ? "rd"
+                                                        : "th";
+  return std::to_string(n) + suffix;
+}
+
+}  // namespace
+
+std::string_view RecoveryPathName(RecoveryPath path) {
+  switch (path) {
+    case RecoveryPath::kRestartInPlace:
+      return "restart";
+    case RecoveryPath::kEvictAndReplace:
+      return "evict";
+    case RecoveryPath::kWaitForRepair:
+      return "wait";
+  }
+  return "?";
+}
+
+Result<RecoveryPath> ParseRecoveryPath(std::string_view name) {
+  for (RecoveryPath p : {RecoveryPath::kRestartInPlace, RecoveryPath::kEvictAndReplace,
+                         RecoveryPath::kWaitForRepair}) {
+    if (name == RecoveryPathName(p)) return p;
+  }
+  return InvalidArgument("unknown recovery path '" + std::string(name) +
+                         "' (expected restart, evict or wait)");
+}
+
+std::string_view RecoveryActionName(RecoveryAction action) {
+  switch (action) {
+    case RecoveryAction::kRestartInPlace:
+      return "restart_in_place";
+    case RecoveryAction::kReplaceWithSpare:
+      return "replace_with_spare";
+    case RecoveryAction::kEvictAndWaitForRepair:
+      return "evict_and_wait_for_repair";
+    case RecoveryAction::kWaitForRepair:
+      return "wait_for_repair";
+    case RecoveryAction::kTolerate:
+      return "tolerate";
+    case RecoveryAction::kStop:
+      return "stop";
+  }
+  return "?";
+}
+
+Status RecoveryPolicyOptions::Validate() const {
+  if (max_restarts_in_window < 0) return InvalidArgument("max restarts must be >= 0");
+  if (restart_window <= Duration(0)) return InvalidArgument("restart window must be positive");
+  if (backoff_initial < Duration(0)) return InvalidArgument("backoff must not be negative");
+  if (backoff_max < backoff_initial) {
+    return InvalidArgument("maximum backoff must be at least the initial backoff");
+  }
+  if (structural_repeats < 0 || evict_node_after < 0) {
+    return InvalidArgument("repeat thresholds must be >= 0");
+  }
+  return Status::Ok();
+}
+
+RecoveryPolicy::RecoveryPolicy(RecoveryPolicyOptions options) : options_(std::move(options)) {
+  ENDURE_CHECK(options_.Validate().ok());
+}
+
+RecoveryPath RecoveryPolicy::PathFor(std::string_view cause) const {
+  auto it = options_.paths.find(std::string(cause));
+  return it == options_.paths.end() ? options_.default_path : it->second;
+}
+
+RecoveryDecision RecoveryPolicy::Step(const FailureEvent& event, TimePoint now) {
+  RecoveryDecision d;
+  d.node = event.node;
+  const std::string cause(event.cause);
+  const std::string where = NodeName(event.node) + " failed with " + cause + " at step " +
+                            std::to_string(event.step.value);
+
+  // 1. Structural: the same cause stops training at the same step again and again.
+  if (!event.during_recovery && !event.degraded) {
+    CauseHistory& c = causes_[cause];
+    c.same_step_count = c.last_training_step == event.step ? c.same_step_count + 1 : 1;
+    c.last_training_step = event.step;
+    if (options_.structural_repeats > 0 && c.same_step_count >= options_.structural_repeats) {
+      d.action = RecoveryAction::kStop;
+      d.reason = where + ": the " + Ordinal(c.same_step_count) + " " + cause +
+                 " failure at this step; the fault is structural (code, data or config), "
+                 "restarting will not help";
+      return d;
+    }
+  }
+
+  // Isolation history of this node.
+  NodeHistory& n = nodes_[event.node];
+  DropOlderThan(n.recent_failures, now - options_.restart_window);
+  n.recent_failures.push_back(now);
+  bool no_progress = n.last_cause == cause && event.step <= n.last_step;
+  n.no_progress_repeats = no_progress ? n.no_progress_repeats + 1 : 0;
+  n.last_cause = cause;
+  n.last_step = std::max(n.last_step, event.step);
+
+  // 3. Path for the cause, escalated for a repeat offender.
+  RecoveryPath path = PathFor(cause);
+  std::string why = where + " (path " + std::string(RecoveryPathName(path)) + ")";
+  int node_failures = static_cast<int>(n.recent_failures.size());
+  if (path == RecoveryPath::kRestartInPlace && options_.evict_node_after > 0 &&
+      node_failures >= options_.evict_node_after) {
+    path = RecoveryPath::kEvictAndReplace;
+    why = where + ", its " + Ordinal(node_failures) + " failure within " +
+          FormatDuration(options_.restart_window) + ": isolating it instead of restarting in place";
+  }
+
+  if (event.degraded) {
+    if (path == RecoveryPath::kEvictAndReplace && event.spares_available > 0) {
+      d.action = RecoveryAction::kReplaceWithSpare;
+      d.reason = why + ": degraded node, replacing it with a spare";
+    } else {
+      d.action = RecoveryAction::kTolerate;
+      d.reason = why + ": degraded node kept in the job; with " +
+                 std::to_string(event.spares_available) +
+                 " spares, running slower beats stopping to wait for a repair";
+      return d;
+    }
+  } else {
+    switch (path) {
+      case RecoveryPath::kRestartInPlace:
+        d.action = RecoveryAction::kRestartInPlace;
+        d.reason = why + ": restarting in place";
+        break;
+      case RecoveryPath::kEvictAndReplace:
+        if (event.spares_available > 0) {
+          d.action = RecoveryAction::kReplaceWithSpare;
+          d.reason = why + ": evicting it and swapping in a spare (" +
+                     std::to_string(event.spares_available) + " available)";
+        } else {
+          d.action = RecoveryAction::kEvictAndWaitForRepair;
+          d.reason = why + ": evicting it; no spare available, waiting for a repaired node";
+        }
+        break;
+      case RecoveryPath::kWaitForRepair:
+        d.action = RecoveryAction::kWaitForRepair;
+        d.reason = why + ": waiting for the component to be repaired";
+        break;
+    }
+  }
+
+  // 2. Retry budget (tolerated faults cost no restart and returned above).
+  DropOlderThan(restarts_, now - options_.restart_window);
+  if (options_.max_restarts_in_window > 0 &&
+      static_cast<int>(restarts_.size()) >= options_.max_restarts_in_window) {
+    d.action = RecoveryAction::kStop;
+    d.delay = Duration(0);
+    d.reason = where + ": retry budget exhausted (" + std::to_string(restarts_.size()) +
+               " restarts within " + FormatDuration(options_.restart_window) + ", limit " +
+               std::to_string(options_.max_restarts_in_window) + "); the job is crash-looping";
+    return d;
+  }
+  restarts_.push_back(now);
+
+  // 4. Backoff for a node that keeps failing the same way without progress.
+  if (no_progress && options_.backoff_initial > Duration(0)) {
+    int k = n.no_progress_repeats;
+    // In seconds as a double: initial * 2^(k-1) overflows int64 nanoseconds quickly.
+    double delay_s = Seconds(options_.backoff_initial) * std::exp2(std::min(k - 1, 60));
+    d.delay =
+        delay_s >= Seconds(options_.backoff_max) ? options_.backoff_max : FromSeconds(delay_s);
+    d.reason += "; " + Ordinal(k + 1) + " " + cause +
+                " on this node without progress, backing off " + FormatDuration(d.delay);
+  }
+  return d;
+}
+
+}  // namespace endure::core
