@@ -1,0 +1,141 @@
+// HangDetector: decides that a training job has stopped making progress.
+//
+// A hang is "no step progress within a timeout". The timeout is learned from
+// the step times the job has shown so far,
+//
+//   timeout = max(floor, k × p99 of the most recent `window` step durations),
+//
+// so a job with 150 ms steps is declared hung after the 2 s floor, and one with
+// 40 s steps after about two minutes, without anyone tuning it. Before the
+// first step of a generation (process start, restore, NCCL/Gloo set-up, first
+// compilation) a separate, much longer start-up timeout applies.
+//
+// The detector is a sans-I/O decision core: it reads no clock and starts no
+// timers. The caller passes `now` (steady-clock time; the simulator passes
+// simulated time) to every call, and sleeps until
+// NextDeadline() before calling Check(). Not thread-safe: one event loop owns
+// an instance.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/duration.h"
+#include "common/status.h"
+#include "core/ids.h"
+
+namespace endure::core {
+
+struct HangDetectorOptions {
+  // Lower bound of the learned timeout: jitter in fast jobs never trips it.
+  Duration floor = std::chrono::seconds(2);
+  // Multiplier applied to the p99 step duration.
+  double k = 3.0;
+  // Number of most recent step durations the p99 is taken over.
+  int window = 100;
+  // Until this many step durations have been observed (across generations),
+  // the start-up timeout is used instead of the learned one: the first steps
+  // of a job are often slow (lazy initialisation, autotuning, compilation).
+  int min_samples = 5;
+  // Allowed time from a generation's start until every rank has finished its
+  // first step.
+  Duration startup_timeout = std::chrono::seconds(60);
+
+  // Names the first invalid field and its accepted range.
+  Status Validate() const;
+};
+
+struct HangVerdict {
+  int generation = 0;
+  bool during_startup = false;  // no rank had made it through start-up
+  // The timeout that was exceeded (its derivation is spelled out in `reason`).
+  Duration timeout{};
+  // Earliest last-progress time among the stalled ranks (the generation start
+  // for ranks that never finished a step): the best estimate of when the hang
+  // began, for the detection-latency figure.
+  TimePoint stalled_since{};
+  // Ranks whose own deadline passed, ascending.
+  std::vector<int> stalled_ranks;
+  // Lowest step any rank of the generation reached (nullopt when some rank has
+  // not finished a step yet), and the ranks sitting at it: in a synchronous job
+  // the culprit is among these. Ascending.
+  std::optional<StepNumber> lowest_step;
+  std::vector<int> behind_ranks;
+  // One line for the incident log, e.g. "no step progress from ranks 0-3 for
+  // 2.0s (timeout 2.0s = max(floor 2.0s, 3 x p99 150ms)); behind: rank 2 at
+  // step 40 (highest step 41)".
+  std::string reason;
+};
+
+class HangDetector {
+ public:
+  // `options` must be valid (ENDURE_CHECK).
+  explicit HangDetector(HangDetectorOptions options);
+
+  // A new generation of `world_size` ranks (0 .. world_size-1) starts at `now`:
+  // per-rank progress is forgotten and the start-up timeout applies until every
+  // rank has finished a step. Learned step durations are kept, since the model
+  // and hardware usually stay the same across restarts.
+  void OnGenerationStart(int generation, int world_size, TimePoint now);
+
+  // `rank` finished training step `step` at `now`. Reports of a step at or
+  // below the rank's last one are ignored (duplicates, reordering). Returns
+  // InvalidArgument for a rank outside the current world, or before the first
+  // generation.
+  Status OnStepEnd(int rank, StepNumber step, TimePoint now);
+
+  // Returns a verdict when some rank has passed its deadline. A hang is
+  // reported once: after a verdict, Check returns nullopt and NextDeadline
+  // nullopt until progress is made or a new generation starts.
+  std::optional<HangVerdict> Check(TimePoint now);
+
+  // The earliest time at which Check could return a verdict, or nullopt when
+  // nothing is being watched (no generation, or a hang was already reported).
+  std::optional<TimePoint> NextDeadline() const;
+
+  // The step timeout currently in force once start-up is over (the learned
+  // one, or the start-up timeout while warming up).
+  Duration StepTimeout() const;
+
+  // p99 of the recorded step durations, or nullopt when none are recorded.
+  std::optional<Duration> P99StepDuration() const;
+
+  const HangDetectorOptions& options() const { return options_; }
+
+ private:
+  struct RankProgress {
+    std::optional<StepNumber> last_step;
+    TimePoint last_progress{};
+    // The rank's own most recent step duration: a rank that is slow but keeps
+    // going gets k times that, even when it is slower than the job's p99.
+    std::optional<Duration> last_duration;
+  };
+
+  bool InStartup() const { return ranks_done_startup_ < static_cast<int>(ranks_.size()); }
+  TimePoint DeadlineOf(const RankProgress& p) const;
+  void RecordStepDuration(Duration d);
+  std::string DescribeTimeout() const;
+
+  HangDetectorOptions options_;
+  bool active_ = false;
+  int generation_ = 0;
+  TimePoint generation_start_{};
+  std::vector<RankProgress> ranks_;
+  int ranks_done_startup_ = 0;
+  bool reported_ = false;
+
+  // The step-time estimate follows the frontier: the highest step any rank has
+  // finished. Each advance of the frontier after start-up yields one sample per
+  // step, independent of the world size.
+  StepNumber frontier_step_{0};
+  TimePoint frontier_time_{};
+
+  std::vector<Duration> samples_;  // ring buffer of `window` durations
+  size_t next_sample_ = 0;
+  int64_t total_samples_ = 0;
+  Duration cached_p99_{};
+};
+
+}  // namespace endure::core

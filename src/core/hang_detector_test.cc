@@ -1,0 +1,308 @@
+#include "core/hang_detector.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace endure::core {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+Duration Ms(int64_t ms) { return milliseconds(ms); }
+StepNumber S(int64_t s) { return StepNumber{s}; }
+
+// Drives a detector the way a shell does: before each event, it "sleeps" until
+// NextDeadline() when that comes first, and calls Check() there. Times are
+// given as time since the start of the test.
+class Driver {
+ public:
+  explicit Driver(HangDetectorOptions options = {}) : detector_(options) {}
+
+  void StartGeneration(int generation, int world_size, Duration now) {
+    AdvanceTo(now);
+    detector_.OnGenerationStart(generation, world_size, At(now));
+  }
+  void StepEnd(int rank, int64_t step, Duration now) {
+    AdvanceTo(now);
+    ASSERT_TRUE(detector_.OnStepEnd(rank, S(step), At(now)).ok());
+  }
+  // Runs every deadline at or before `now`, then checks at `now` itself.
+  void AdvanceTo(Duration now) {
+    while (auto deadline = NextDeadline()) {
+      if (*deadline > now) break;
+      auto v = detector_.Check(At(*deadline));
+      ASSERT_TRUE(v.has_value()) << "NextDeadline promised a verdict at "
+                                 << FormatDuration(*deadline);
+      verdicts_.push_back({*deadline, *v});
+    }
+    if (auto v = detector_.Check(At(now))) verdicts_.push_back({now, *v});
+  }
+  std::optional<Duration> NextDeadline() const {
+    auto d = detector_.NextDeadline();
+    if (!d.has_value()) return std::nullopt;
+    return d->time_since_epoch();
+  }
+
+  HangDetector& detector() { return detector_; }
+  struct Seen {
+    Duration at;
+    HangVerdict verdict;
+  };
+  const std::vector<Seen>& verdicts() const { return verdicts_; }
+
+ private:
+  HangDetector detector_;
+  std::vector<Seen> verdicts_;
+};
+
+// All `world` ranks finish steps first..last, `step_time` apart, starting at
+// `t`; returns the time of the last step end.
+Duration RunSteps(Driver& d, int world, int64_t first, int64_t last, Duration t,
+                  Duration step_time) {
+  for (int64_t s = first; s <= last; ++s) {
+    t += step_time;
+    for (int r = 0; r < world; ++r) d.StepEnd(r, s, t + Ms(r));
+  }
+  return t;
+}
+
+TEST(HangDetectorOptions, ValidateNamesTheBadField) {
+  HangDetectorOptions o;
+  EXPECT_TRUE(o.Validate().ok());
+  o.k = 0.5;
+  EXPECT_THAT(o.Validate().message(), HasSubstr("k must be"));
+  o = {};
+  o.min_samples = o.window + 1;
+  EXPECT_THAT(o.Validate().message(), HasSubstr("min_samples"));
+  o = {};
+  o.floor = Duration::zero();
+  EXPECT_THAT(o.Validate().message(), HasSubstr("floor"));
+}
+
+TEST(HangDetector, NothingWatchedBeforeAGeneration) {
+  HangDetector d({});
+  EXPECT_FALSE(d.NextDeadline().has_value());
+  EXPECT_FALSE(d.Check(At(seconds(1000))).has_value());
+  EXPECT_FALSE(d.OnStepEnd(0, S(1), At(seconds(1))).ok());
+}
+
+TEST(HangDetector, RejectsRanksOutsideTheWorld) {
+  HangDetector d({});
+  d.OnGenerationStart(0, 2, At(Duration::zero()));
+  EXPECT_EQ(d.OnStepEnd(2, S(1), At(Ms(100))).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.OnStepEnd(-1, S(1), At(Ms(100))).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(HangDetector, DetectsAHangAtTheFloorForFastSteps) {
+  Driver d;
+  d.StartGeneration(0, 4, Duration::zero());
+  const Duration last = RunSteps(d, 4, 1, 50, Duration::zero(), Ms(150));
+  ASSERT_TRUE(d.verdicts().empty());
+  // 3 × p99 (~150ms) is below the 2s floor.
+  EXPECT_EQ(d.detector().StepTimeout(), seconds(2));
+  // Rank 0 finished last at `last`; its deadline comes first.
+  EXPECT_EQ(*d.NextDeadline(), last + seconds(2));
+  d.AdvanceTo(last + seconds(2) - Ms(1));
+  EXPECT_TRUE(d.verdicts().empty());
+  d.AdvanceTo(last + seconds(3) + Ms(3));
+  ASSERT_EQ(d.verdicts().size(), 1u);
+  const HangVerdict& v = d.verdicts()[0].verdict;
+  EXPECT_EQ(d.verdicts()[0].at, last + seconds(2));
+  EXPECT_FALSE(v.during_startup);
+  EXPECT_EQ(v.timeout, seconds(2));
+  EXPECT_EQ(v.stalled_since, At(last));
+  EXPECT_THAT(v.stalled_ranks, ElementsAre(0));  // the others stall 1-3ms later
+  EXPECT_EQ(v.lowest_step, S(50));
+  EXPECT_THAT(v.behind_ranks, ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(v.reason, HasSubstr("no step progress from rank 0 for 2.0s"));
+  EXPECT_THAT(v.reason, HasSubstr("max(floor 2.0s, 3 x p99 150ms)"));
+}
+
+TEST(HangDetector, NamesTheRankThatIsBehind) {
+  Driver d;
+  d.StartGeneration(3, 4, Duration::zero());
+  Duration t = RunSteps(d, 4, 1, 40, Duration::zero(), Ms(150));
+  // Rank 2 never finishes step 41; the others finish it and block in step 42.
+  t += Ms(150);
+  for (int r : {0, 1, 3}) d.StepEnd(r, 41, t);
+  d.AdvanceTo(t + seconds(10));
+  ASSERT_EQ(d.verdicts().size(), 1u);
+  const HangVerdict& v = d.verdicts()[0].verdict;
+  EXPECT_EQ(v.generation, 3);
+  EXPECT_THAT(v.stalled_ranks, ElementsAre(2));
+  EXPECT_EQ(v.lowest_step, S(40));
+  EXPECT_THAT(v.behind_ranks, ElementsAre(2));
+  EXPECT_THAT(v.reason, HasSubstr("behind: rank 2 at step 40 (highest step 41)"));
+}
+
+TEST(HangDetector, LearnsALongerTimeoutForSlowSteps) {
+  Driver d;
+  d.StartGeneration(0, 2, Duration::zero());
+  const Duration last = RunSteps(d, 2, 1, 20, Duration::zero(), seconds(10));
+  EXPECT_EQ(d.detector().StepTimeout(), seconds(30));
+  d.AdvanceTo(last + seconds(29));
+  EXPECT_TRUE(d.verdicts().empty());
+  d.AdvanceTo(last + seconds(31));
+  ASSERT_EQ(d.verdicts().size(), 1u);
+  EXPECT_EQ(d.verdicts()[0].at, last + seconds(30));
+  EXPECT_THAT(d.verdicts()[0].verdict.reason, HasSubstr("max(floor 2.0s, 3 x p99 10.0s)"));
+}
+
+TEST(HangDetector, StartupTimeoutBeforeTheFirstStep) {
+  HangDetectorOptions o;
+  o.startup_timeout = seconds(60);
+  Driver d(o);
+  d.StartGeneration(0, 2, seconds(5));
+  EXPECT_EQ(*d.NextDeadline(), seconds(65));
+  d.AdvanceTo(seconds(64));
+  EXPECT_TRUE(d.verdicts().empty());
+  d.AdvanceTo(seconds(70));
+  ASSERT_EQ(d.verdicts().size(), 1u);
+  const HangVerdict& v = d.verdicts()[0].verdict;
+  EXPECT_TRUE(v.during_startup);
+  EXPECT_EQ(v.timeout, seconds(60));
+  EXPECT_EQ(v.stalled_since, At(seconds(5)));
+  EXPECT_FALSE(v.lowest_step.has_value());
+  EXPECT_THAT(v.behind_ranks, ElementsAre(0, 1));
+  EXPECT_THAT(v.reason, HasSubstr("no first step from ranks 0-1 within start-up timeout 1m"));
+}
+
+TEST(HangDetector, StartupIsOverOnlyWhenEveryRankHasStepped) {
+  Driver d;
+  d.StartGeneration(0, 3, Duration::zero());
+  // Ranks 0 and 1 are quick to start, rank 2 is not: no step-sized timeout may
+  // apply to the quick ones while they wait for it in the first collective.
+  d.StepEnd(0, 1, seconds(10));
+  d.StepEnd(1, 1, seconds(10));
+  d.AdvanceTo(seconds(59));
+  EXPECT_TRUE(d.verdicts().empty());
+  d.AdvanceTo(seconds(61));
+  ASSERT_EQ(d.verdicts().size(), 1u);
+  const HangVerdict& v = d.verdicts()[0].verdict;
+  EXPECT_TRUE(v.during_startup);
+  EXPECT_THAT(v.behind_ranks, ElementsAre(2));
+  EXPECT_THAT(v.reason, HasSubstr("no first step from rank 2"));
+  EXPECT_THAT(v.reason, HasSubstr("other ranks reached step 1"));
+}
+
+TEST(HangDetector, WarmUpUsesTheStartupTimeoutUntilEnoughSamples) {
+  HangDetectorOptions o;
+  o.min_samples = 5;
+  Driver d(o);
+  d.StartGeneration(0, 1, Duration::zero());
+  // Step 1 ends start-up; steps 2..4 give three samples: still warming up.
+  const Duration last = RunSteps(d, 1, 1, 4, Duration::zero(), Ms(150));
+  EXPECT_EQ(d.detector().StepTimeout(), o.startup_timeout);
+  d.AdvanceTo(last + seconds(30));
+  EXPECT_TRUE(d.verdicts().empty());
+  d.AdvanceTo(last + seconds(61));
+  ASSERT_EQ(d.verdicts().size(), 1u);
+  EXPECT_THAT(d.verdicts()[0].verdict.reason, HasSubstr("while warming up (3 of 5"));
+}
+
+TEST(HangDetector, RestartGetsAFreshStartupTimeoutAndKeepsLearnedSteps) {
+  Driver d;
+  d.StartGeneration(0, 2, Duration::zero());
+  Duration t = RunSteps(d, 2, 1, 30, Duration::zero(), Ms(150));
+  // Generation 1 restores step 20 and takes 40s to get through its first step.
+  t += seconds(1);
+  d.StartGeneration(1, 2, t);
+  d.AdvanceTo(t + seconds(40));
+  EXPECT_TRUE(d.verdicts().empty());
+  t = RunSteps(d, 2, 21, 21, t + seconds(40), Duration::zero());
+  // The learned 2s timeout is back at once.
+  EXPECT_EQ(*d.NextDeadline(), t + seconds(2));
+  d.AdvanceTo(t + seconds(3));
+  ASSERT_EQ(d.verdicts().size(), 1u);
+  EXPECT_EQ(d.verdicts()[0].verdict.generation, 1);
+  EXPECT_EQ(d.verdicts()[0].verdict.lowest_step, S(21));
+}
+
+TEST(HangDetector, ReportsOnceAndRearmsOnProgress) {
+  Driver d;
+  d.StartGeneration(0, 1, Duration::zero());
+  Duration t = RunSteps(d, 1, 1, 20, Duration::zero(), Ms(100));
+  d.AdvanceTo(t + seconds(5));
+  EXPECT_EQ(d.verdicts().size(), 1u);
+  EXPECT_FALSE(d.NextDeadline().has_value());
+  d.AdvanceTo(t + seconds(50));
+  EXPECT_EQ(d.verdicts().size(), 1u);
+  // A duplicate report is no progress.
+  d.StepEnd(0, 20, t + seconds(51));
+  EXPECT_FALSE(d.NextDeadline().has_value());
+  d.StepEnd(0, 21, t + seconds(52));
+  EXPECT_TRUE(d.NextDeadline().has_value());
+}
+
+// A rank that is slower than the rest but keeps finishing steps is not hung,
+// even when its step time exceeds the job-wide timeout.
+TEST(HangDetector, SlowButProgressingRankIsNotFlagged) {
+  Driver d;
+  d.StartGeneration(0, 4, Duration::zero());
+  for (int r = 0; r < 4; ++r) d.StepEnd(r, 1, seconds(1));
+  // Ranks 0-2 take 1s per step (timeout 3s); rank 3 takes 4s per step.
+  struct Ev {
+    Duration at;
+    int rank;
+    int64_t step;
+  };
+  std::vector<Ev> events;
+  for (int64_t s = 2; s <= 60; ++s) {
+    for (int r = 0; r < 3; ++r) events.push_back({seconds(1) + seconds(s - 1), r, s});
+  }
+  for (int64_t s = 2; s <= 16; ++s) events.push_back({seconds(1) + seconds(4 * (s - 1)), 3, s});
+  std::stable_sort(events.begin(), events.end(),
+                   [](const Ev& a, const Ev& b) { return a.at < b.at; });
+  for (const Ev& e : events) d.StepEnd(e.rank, e.step, e.at);
+  EXPECT_EQ(d.detector().StepTimeout(), seconds(3));
+  EXPECT_TRUE(d.verdicts().empty());
+}
+
+// A synchronous job slowed down 2x from step 100 (a fail-slow node drags the
+// collective) keeps progressing and must not look hung.
+TEST(HangDetector, SuddenTwoTimesSlowdownIsNotAHang) {
+  Driver d;
+  d.StartGeneration(0, 8, Duration::zero());
+  Duration t = RunSteps(d, 8, 1, 99, Duration::zero(), seconds(1));
+  t = RunSteps(d, 8, 100, 200, t, seconds(2));
+  EXPECT_TRUE(d.verdicts().empty());
+  d.AdvanceTo(t + seconds(5));
+  EXPECT_TRUE(d.verdicts().empty());
+}
+
+// The no-false-positive case: 500 steps with natural jitter (lognormal step
+// times, an occasional 2x slow step, per-rank skew) raise nothing.
+void CleanRunRaisesNothing(uint32_t seed, double median_s) {
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", median step " + std::to_string(median_s) + "s");
+  std::mt19937 rng(seed);
+  std::lognormal_distribution<double> step_time(std::log(median_s), 0.25);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  constexpr int kWorld = 8;
+  Driver d;
+  d.StartGeneration(0, kWorld, Duration::zero());
+  Duration t = seconds(20);  // start-up
+  for (int64_t s = 1; s <= 500; ++s) {
+    double dt = step_time(rng);
+    if (unit(rng) < 0.02) dt *= 2.0;
+    t += FromSeconds(dt);
+    for (int r = 0; r < kWorld; ++r) {
+      d.StepEnd(r, s, t + FromSeconds(unit(rng) * 0.05 * median_s));
+    }
+  }
+  for (const auto& seen : d.verdicts()) ADD_FAILURE() << seen.verdict.reason;
+  EXPECT_TRUE(d.verdicts().empty());
+}
+
+TEST(HangDetector, CleanRunWithJitterRaisesNothing) {
+  for (uint32_t seed : {1u, 2u, 3u}) CleanRunRaisesNothing(seed, 0.150);
+  // With 1s steps the floor no longer hides the jitter: 3 × p99 decides.
+  for (uint32_t seed : {4u, 5u, 6u}) CleanRunRaisesNothing(seed, 1.0);
+}
+
+}  // namespace
+}  // namespace endure::core
