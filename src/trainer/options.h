@@ -1,0 +1,60 @@
+// TrainerOptions: every knob of the reference trainer, with the defaults that
+// Endure is benchmarked with, and Validate() that turns a bad combination into
+// a message saying which flag to change. No libtorch here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace endure::trainer {
+
+struct ModelConfig {
+  int layers = 4;
+  int d_model = 128;
+  int heads = 4;
+  int context = 128;
+  int vocab = 256;  // byte-level tokens
+
+  bool operator==(const ModelConfig&) const = default;
+};
+
+struct TrainerOptions {
+  ModelConfig model;
+  std::vector<std::string> data = {"/usr/share/games/fortunes"};
+  double val_fraction = 0.05;
+
+  int64_t steps = 200;
+  int global_batch = 32;  // sequences per optimizer step, whatever the world size
+  int micro_batch = 16;   // sequences per forward/backward on one rank
+  double lr = 2e-3;
+  double min_lr_ratio = 0.1;  // cosine decays to lr * min_lr_ratio
+  int64_t warmup_steps = 20;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;
+  uint64_t seed = 1234;
+
+  std::string ckpt_dir;  // empty: no checkpoints
+  int64_t ckpt_every = 0;
+  int ckpt_keep = 3;
+  bool resume = false;
+
+  int64_t log_every = 10;
+  std::string metrics_file;
+  int eval_batches = 8;
+  int sample_tokens = 200;
+  std::string sample_prompt = "The ";
+
+  int threads = 0;         // intra-op threads per rank; 0: cores / local world size
+  double bucket_mb = 1.0;  // gradient allreduce bucket size
+  int collective_timeout_s = 300;
+
+  // Checks ranges and the batch arithmetic for `world_size` ranks.
+  Status Validate(int world_size) const;
+  // Micro-batches each rank runs per step (gradient accumulation).
+  int AccumulationSteps(int world_size) const { return global_batch / world_size / micro_batch; }
+};
+
+}  // namespace endure::trainer

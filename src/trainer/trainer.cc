@@ -1,0 +1,586 @@
+// The training loop, its c10d Gloo data parallelism, and the conversion of
+// the training state to and from named tensors for checkpoints. The only
+// translation unit besides gpt.cc that includes libtorch.
+#include "trainer/trainer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <dlfcn.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "checkpoint/checkpoint_dir.h"
+#include "common/hash.h"
+#include "trainer/corpus.h"
+#include "trainer/gpt.h"
+#include "trainer/schedule.h"
+
+namespace endure::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using checkpoint::TensorBlob;
+using checkpoint::TrainingState;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+Result<int> EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  long n = std::strtol(v, &end, 10);
+  if (*end != '\0' || n < 0 || n > 1 << 30) {
+    return InvalidArgument(std::string(name) + "='" + v + "' is not a non-negative integer");
+  }
+  return static_cast<int>(n);
+}
+
+// libtorch does not set OpenBLAS's own thread pool; with several ranks on a
+// few cores, oversubscription costs 3-4x.
+void SetThreads(int threads) {
+  torch::set_num_threads(threads);
+  using SetFn = void (*)(int);
+  if (auto fn = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    fn(threads);
+  }
+}
+
+// ---- State boundary: model + optimizer <-> named tensors and metadata ----
+
+TensorBlob ToBlob(const std::string& name, const torch::Tensor& t) {
+  torch::Tensor c = t.detach().contiguous().cpu();
+  TensorBlob blob;
+  blob.name = name;
+  switch (c.scalar_type()) {
+    case torch::kFloat:
+      blob.dtype = "float32";
+      break;
+    case torch::kDouble:
+      blob.dtype = "float64";
+      break;
+    case torch::kLong:
+      blob.dtype = "int64";
+      break;
+    case torch::kByte:
+      blob.dtype = "uint8";
+      break;
+    default:
+      ENDURE_CHECK(false && "unsupported dtype in training state");
+  }
+  blob.shape.assign(c.sizes().begin(), c.sizes().end());
+  blob.data.assign(static_cast<const char*>(c.data_ptr()), c.nbytes());
+  return blob;
+}
+
+// Copies `blob` into `dst`, which must have the same shape and size.
+Status FromBlob(const TensorBlob& blob, torch::Tensor dst) {
+  std::vector<int64_t> shape(dst.sizes().begin(), dst.sizes().end());
+  if (shape != blob.shape || blob.data.size() != dst.nbytes()) {
+    return InvalidArgument("checkpoint tensor '" + blob.name +
+                           "' does not match this model's shape (was it written with other "
+                           "--layers/--d-model/--heads/--context?)");
+  }
+  torch::NoGradGuard no_grad;
+  std::memcpy(dst.data_ptr(), blob.data.data(), blob.data.size());
+  return Status::Ok();
+}
+
+nlohmann::json ModelJson(const ModelConfig& m) {
+  return {{"layers", m.layers},
+          {"d_model", m.d_model},
+          {"heads", m.heads},
+          {"context", m.context},
+          {"vocab", m.vocab}};
+}
+
+ModelConfig ModelFromJson(const nlohmann::json& j) {
+  ModelConfig m;
+  m.layers = j.value("layers", m.layers);
+  m.d_model = j.value("d_model", m.d_model);
+  m.heads = j.value("heads", m.heads);
+  m.context = j.value("context", m.context);
+  m.vocab = j.value("vocab", m.vocab);
+  return m;
+}
+
+std::string OptimizerKey(const torch::Tensor& p) {
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
+
+TrainingState CaptureState(GPT& model, torch::optim::AdamW& optimizer, int64_t step,
+                           const TrainerOptions& options) {
+  TrainingState state;
+  state.step = step;
+  int64_t adam_step = 0;
+  for (const auto& p : model->named_parameters()) {
+    state.tensors.push_back(ToBlob("model/" + p.key(), p.value()));
+    auto it = optimizer.state().find(OptimizerKey(p.value()));
+    if (it == optimizer.state().end()) continue;  // no optimizer step taken yet
+    auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+    state.tensors.push_back(ToBlob("optim/" + p.key() + "/exp_avg", s.exp_avg()));
+    state.tensors.push_back(ToBlob("optim/" + p.key() + "/exp_avg_sq", s.exp_avg_sq()));
+    adam_step = s.step();
+  }
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state.tensors.push_back(ToBlob("rng/cpu", gen.get_state()));
+  }
+  state.meta = {{"model", ModelJson(options.model)},
+                {"adam_step", adam_step},
+                {"seed", options.seed},
+                {"global_batch", options.global_batch},
+                // The batch of step s is a pure function of (seed, s), so the
+                // data position is the next step index.
+                {"data_position", {{"next_step", step}}}};
+  return state;
+}
+
+Status RestoreState(const TrainingState& state, GPT& model, torch::optim::AdamW* optimizer) {
+  std::map<std::string, const TensorBlob*> blobs;
+  for (const TensorBlob& b : state.tensors) blobs[b.name] = &b;
+  auto find = [&](const std::string& name) -> Result<const TensorBlob*> {
+    auto it = blobs.find(name);
+    if (it == blobs.end()) return DataLoss("checkpoint lacks tensor '" + name + "'");
+    return it->second;
+  };
+  const int64_t adam_step = state.meta.value("adam_step", int64_t{0});
+  for (const auto& p : model->named_parameters()) {
+    ENDURE_ASSIGN_OR_RETURN(const TensorBlob* blob, find("model/" + p.key()));
+    ENDURE_RETURN_IF_ERROR(FromBlob(*blob, p.value()));
+    if (optimizer == nullptr || adam_step == 0) continue;
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->step(adam_step);
+    s->exp_avg(torch::empty_like(p.value()));
+    s->exp_avg_sq(torch::empty_like(p.value()));
+    ENDURE_ASSIGN_OR_RETURN(blob, find("optim/" + p.key() + "/exp_avg"));
+    ENDURE_RETURN_IF_ERROR(FromBlob(*blob, s->exp_avg()));
+    ENDURE_ASSIGN_OR_RETURN(blob, find("optim/" + p.key() + "/exp_avg_sq"));
+    ENDURE_RETURN_IF_ERROR(FromBlob(*blob, s->exp_avg_sq()));
+    optimizer->state()[OptimizerKey(p.value())] = std::move(s);
+  }
+  if (optimizer != nullptr) {
+    ENDURE_ASSIGN_OR_RETURN(const TensorBlob* rng, find("rng/cpu"));
+    torch::Tensor rng_state = torch::empty({static_cast<int64_t>(rng->data.size())}, torch::kByte);
+    ENDURE_RETURN_IF_ERROR(FromBlob(*rng, rng_state));
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng_state);
+  }
+  return Status::Ok();
+}
+
+std::string Fingerprint(GPT& model) {
+  Xxh3Hasher h;
+  for (const auto& p : model->named_parameters()) {
+    torch::Tensor c = p.value().detach().contiguous();
+    h.Update(p.key());
+    h.Update(c.data_ptr(), c.nbytes());
+  }
+  return HexU64(h.Digest());
+}
+
+// ---- Data ----
+
+// Inputs and next-token targets for the given sequence start offsets.
+std::pair<torch::Tensor, torch::Tensor> MakeBatch(const std::string& text,
+                                                  const std::vector<int64_t>& offsets,
+                                                  int context) {
+  const int64_t n = static_cast<int64_t>(offsets.size());
+  torch::Tensor bytes = torch::empty({n, context + 1}, torch::kByte);
+  uint8_t* dst = bytes.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(dst + i * (context + 1), text.data() + offsets[i], context + 1);
+  }
+  torch::Tensor tokens = bytes.to(torch::kLong);
+  return {tokens.slice(1, 0, context), tokens.slice(1, 1, context + 1)};
+}
+
+double ValidationLoss(GPT& model, const std::string& val, const TrainerOptions& options) {
+  if (options.eval_batches == 0) return std::nan("");
+  torch::NoGradGuard no_grad;
+  double total = 0;
+  for (int b = 0; b < options.eval_batches; ++b) {
+    // A fixed held-out set: "step" -1 - b never occurs in training.
+    auto offsets = SequenceOffsets(options.seed, -1 - b, 0, options.micro_batch,
+                                   options.model.context, val.size());
+    auto [x, y] = MakeBatch(val, offsets, options.model.context);
+    total += model->Loss(x, y).item<double>();
+  }
+  return total / options.eval_batches;
+}
+
+std::string Generate(GPT& model, const std::string& prompt, int tokens, double temperature,
+                     uint64_t seed) {
+  std::string p = prompt.empty() ? "\n" : prompt;
+  torch::Tensor ids = torch::empty({static_cast<int64_t>(p.size())}, torch::kLong);
+  for (size_t i = 0; i < p.size(); ++i) ids[i] = static_cast<int64_t>(static_cast<uint8_t>(p[i]));
+  torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  model->eval();
+  torch::Tensor out = model->Generate(ids, tokens, temperature, gen);
+  std::string text;
+  for (int64_t i = 0; i < out.size(0); ++i)
+    text.push_back(static_cast<char>(out[i].item<int64_t>()));
+  return text;
+}
+
+// ---- Data parallelism ----
+
+// Gradient averaging over a ProcessGroupGloo in fixed buckets. The step's
+// loss rides in the last bucket, so every rank logs the same global loss.
+class GradientReducer {
+ public:
+  GradientReducer(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<torch::Tensor> params,
+                  double bucket_mb)
+      : group_(std::move(group)), params_(std::move(params)) {
+    const int64_t limit = static_cast<int64_t>(bucket_mb * 1024 * 1024 / sizeof(float));
+    int64_t size = 0;
+    buckets_.emplace_back();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (size > 0 && size + params_[i].numel() > limit) {
+        buckets_.emplace_back();
+        size = 0;
+      }
+      buckets_.back().push_back(i);
+      size += params_[i].numel();
+    }
+  }
+
+  // Averages gradients across ranks in place; returns the mean loss.
+  double AllReduce(double local_loss, int world_size) {
+    std::vector<torch::Tensor> flats;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      std::vector<torch::Tensor> parts;
+      for (size_t i : buckets_[b]) parts.push_back(params_[i].grad().view({-1}));
+      if (b + 1 == buckets_.size()) parts.push_back(torch::full({1}, local_loss, torch::kFloat));
+      std::vector<torch::Tensor> io = {torch::cat(parts)};
+      works.push_back(group_->allreduce(io));
+      flats.push_back(io[0]);
+    }
+    for (auto& w : works) w->wait();
+    double loss = 0;
+    torch::NoGradGuard no_grad;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      torch::Tensor flat = flats[b].div_(world_size);
+      int64_t offset = 0;
+      for (size_t i : buckets_[b]) {
+        torch::Tensor g = params_[i].grad();
+        g.copy_(flat.slice(0, offset, offset + g.numel()).view_as(g));
+        offset += g.numel();
+      }
+      if (b + 1 == buckets_.size()) loss = flat[offset].item<double>();
+    }
+    return loss;
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::vector<size_t>> buckets_;
+};
+
+struct Cluster {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+};
+
+Cluster Connect(const DistEnv& dist, const TrainerOptions& options) {
+  Cluster c;
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<uint16_t>(dist.master_port);
+  store_options.isServer = dist.rank == 0;
+  store_options.numWorkers = static_cast<size_t>(dist.world_size);
+  store_options.timeout = std::chrono::seconds(options.collective_timeout_s);
+  c.store = c10::make_intrusive<c10d::TCPStore>(dist.master_addr, store_options);
+  auto gloo_options =
+      c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(options.collective_timeout_s));
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname != nullptr && *ifname != '\0') {
+    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+  } else if (dist.master_addr.rfind("127.", 0) == 0 || dist.master_addr == "localhost") {
+    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else {
+    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  c.group = c10::make_intrusive<c10d::ProcessGroupGloo>(c.store, dist.rank, dist.world_size,
+                                                        gloo_options);
+  return c;
+}
+
+// ---- Progress output (rank 0) ----
+
+class Progress {
+ public:
+  explicit Progress(const TrainerOptions& options)
+      : options_(options), tty_(isatty(STDOUT_FILENO) == 1) {
+    if (!options.metrics_file.empty()) metrics_.open(options.metrics_file, std::ios::app);
+  }
+  bool metrics_ok() const { return options_.metrics_file.empty() || metrics_.good(); }
+
+  void Step(int64_t step, double loss, double lr, double step_s, double compute_s, double comm_s) {
+    const int64_t done = step + 1;
+    const double tokens = double(options_.global_batch) * options_.model.context;
+    window_s_ += step_s;
+    window_compute_s_ += compute_s;
+    window_comm_s_ += comm_s;
+    ++window_steps_;
+    const bool log = done % options_.log_every == 0 || done == options_.steps;
+    if (!log && !tty_) return;
+    const double n = window_steps_;
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "step %6lld/%lld | loss %.4f | lr %.2e | %7.0f tok/s | %6.1f ms/step "
+                  "(compute %.1f, allreduce-wait %.1f)",
+                  static_cast<long long>(done), static_cast<long long>(options_.steps), loss, lr,
+                  tokens * n / window_s_, 1e3 * window_s_ / n, 1e3 * window_compute_s_ / n,
+                  1e3 * window_comm_s_ / n);
+    std::printf(tty_ ? "\r\033[K%s%s" : "%s%s", line, log ? "\n" : "");
+    std::fflush(stdout);
+    if (!log) return;
+    if (metrics_.is_open()) {
+      nlohmann::json j = {{"step", done},
+                          {"loss", loss},
+                          {"lr", lr},
+                          {"tokens_per_s", tokens * n / window_s_},
+                          {"ms_per_step", 1e3 * window_s_ / n},
+                          {"compute_ms", 1e3 * window_compute_s_ / n},
+                          {"allreduce_wait_ms", 1e3 * window_comm_s_ / n}};
+      metrics_ << j.dump() << "\n";
+      metrics_.flush();
+    }
+    window_s_ = window_compute_s_ = window_comm_s_ = 0;
+    window_steps_ = 0;
+  }
+
+ private:
+  const TrainerOptions& options_;
+  bool tty_;
+  std::ofstream metrics_;
+  double window_s_ = 0, window_compute_s_ = 0, window_comm_s_ = 0;
+  int64_t window_steps_ = 0;
+};
+
+Result<TrainSummary> TrainImpl(const TrainerOptions& options, const DistEnv& dist) {
+  ENDURE_RETURN_IF_ERROR(options.Validate(dist.world_size));
+  const bool leader = dist.rank == 0;
+  ENDURE_ASSIGN_OR_RETURN(Corpus corpus, LoadCorpus(options.data, options.val_fraction));
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  SetThreads(options.threads > 0 ? options.threads
+                                 : std::max(1, static_cast<int>(cores) / dist.local_world_size));
+
+  torch::manual_seed(options.seed);
+  GPT model(options.model);
+  std::vector<torch::Tensor> decay, no_decay, params;
+  for (const auto& p : model->named_parameters()) {
+    (p.value().dim() >= 2 ? decay : no_decay).push_back(p.value());
+    params.push_back(p.value());
+  }
+  using torch::optim::AdamWOptions;
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(
+      decay, std::make_unique<AdamWOptions>(
+                 AdamWOptions(options.lr).betas({0.9, 0.95}).weight_decay(options.weight_decay)));
+  groups.emplace_back(no_decay, std::make_unique<AdamWOptions>(
+                                    AdamWOptions(options.lr).betas({0.9, 0.95}).weight_decay(0)));
+  torch::optim::AdamW optimizer(std::move(groups), AdamWOptions(options.lr));
+
+  Cluster cluster;
+  std::unique_ptr<GradientReducer> reducer;
+  if (dist.world_size > 1) {
+    cluster = Connect(dist, options);
+    reducer = std::make_unique<GradientReducer>(cluster.group, params, options.bucket_mb);
+  }
+
+  TrainSummary summary;
+  checkpoint::CheckpointDir ckpt(Env::Default(), options.ckpt_dir);
+  if (!options.ckpt_dir.empty())
+    ENDURE_RETURN_IF_ERROR(Env::Default()->CreateDirs(options.ckpt_dir));
+  if (options.resume) {
+    // Rank 0 chooses the restore point; every rank loads that same step.
+    int64_t step = -1;
+    if (leader) {
+      std::vector<std::string> refused;
+      Result<TrainingState> newest = ckpt.LoadNewest(&refused);
+      for (const std::string& why : refused) std::printf("resume: refused %s\n", why.c_str());
+      if (newest.ok()) step = newest->step;
+    }
+    if (cluster.store) {
+      const std::string key = "endure/resume_step";
+      if (leader) {
+        std::string s = std::to_string(step);
+        cluster.store->set(key, std::vector<uint8_t>(s.begin(), s.end()));
+      } else {
+        std::vector<uint8_t> v = cluster.store->get(key);
+        step = std::stoll(std::string(v.begin(), v.end()));
+      }
+    }
+    if (step >= 0) {
+      ENDURE_ASSIGN_OR_RETURN(TrainingState state, ckpt.Load(step));
+      if (ModelFromJson(state.meta.value("model", nlohmann::json::object())) != options.model) {
+        return InvalidArgument("checkpoint " + ckpt.StepDir(step) + " holds a model of config " +
+                               state.meta["model"].dump() +
+                               "; pass the same --layers/--d-model/--heads/--context");
+      }
+      ENDURE_RETURN_IF_ERROR(RestoreState(state, model, &optimizer));
+      summary.start_step = step;
+      if (leader)
+        std::printf("resumed from %s (step %lld)\n", ckpt.StepDir(step).c_str(),
+                    static_cast<long long>(step));
+    } else if (leader) {
+      std::printf("resume: no checkpoint in %s verifies; starting from step 0\n",
+                  options.ckpt_dir.c_str());
+    }
+  }
+
+  if (leader) {
+    int64_t n = 0;
+    for (const auto& p : params) n += p.numel();
+    std::printf(
+        "endure-train: %lld parameters, %d ranks, global batch %d (micro %d x accum %d x %d "
+        "ranks), "
+        "corpus %zu train / %zu val bytes from %d files\n",
+        static_cast<long long>(n), dist.world_size, options.global_batch, options.micro_batch,
+        options.AccumulationSteps(dist.world_size), dist.world_size, corpus.train.size(),
+        corpus.val.size(), corpus.files);
+    std::fflush(stdout);
+  }
+  Progress progress(options);
+  if (leader && !progress.metrics_ok()) {
+    return InvalidArgument("--metrics-file: cannot open '" + options.metrics_file + "'");
+  }
+
+  const int accum = options.AccumulationSteps(dist.world_size);
+  const int per_rank = options.global_batch / dist.world_size;
+  model->train();
+  double loss = std::nan("");
+  for (int64_t step = summary.start_step; step < options.steps; ++step) {
+    const auto step_start = Clock::now();
+    const double lr = LearningRate(options, step);
+    for (auto& group : optimizer.param_groups()) {
+      static_cast<AdamWOptions&>(group.options()).lr(lr);
+    }
+    optimizer.zero_grad();
+    double local_loss = 0;
+    for (int a = 0; a < accum; ++a) {
+      auto offsets =
+          SequenceOffsets(options.seed, step, dist.rank * per_rank + a * options.micro_batch,
+                          options.micro_batch, options.model.context, corpus.train.size());
+      auto [x, y] = MakeBatch(corpus.train, offsets, options.model.context);
+      torch::Tensor l = model->Loss(x, y) / accum;
+      l.backward();
+      local_loss += l.item<double>();
+    }
+    const double compute_s = SecondsSince(step_start);
+    const auto comm_start = Clock::now();
+    loss = reducer ? reducer->AllReduce(local_loss, dist.world_size) : local_loss;
+    const double comm_s = SecondsSince(comm_start);
+    if (options.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, options.grad_clip);
+    optimizer.step();
+
+    const int64_t done = step + 1;
+    const bool save =
+        !options.ckpt_dir.empty() &&
+        ((options.ckpt_every > 0 && done % options.ckpt_every == 0) || done == options.steps);
+    if (save && leader) {
+      // Data-parallel replicas are identical: rank 0 writes the whole state.
+      Result<checkpoint::CommitStats> stats =
+          ckpt.Commit(CaptureState(model, optimizer, done, options));
+      if (!stats.ok())
+        return stats.status().WithContext("checkpoint at step " + std::to_string(done));
+      ENDURE_RETURN_IF_ERROR(ckpt.Retain(options.ckpt_keep));
+    }
+    if (leader) progress.Step(step, loss, lr, SecondsSince(step_start), compute_s, comm_s);
+  }
+
+  summary.steps = options.steps;
+  summary.final_loss = loss;
+  summary.fingerprint = Fingerprint(model);
+  if (leader) {
+    summary.val_loss = ValidationLoss(model, corpus.val, options);
+    std::printf("validation loss %.4f\n", summary.val_loss);
+    if (options.sample_tokens > 0) {
+      summary.sample =
+          Generate(model, options.sample_prompt, options.sample_tokens, 0.8, options.seed);
+      std::printf("--- sample ---\n%s\n--------------\n", summary.sample.c_str());
+    }
+    std::printf("param_fingerprint=%s\n", summary.fingerprint.c_str());
+    std::fflush(stdout);
+  }
+  return summary;
+}
+
+}  // namespace
+
+Result<DistEnv> DistEnvFromEnvironment() {
+  DistEnv d;
+  const char* world = std::getenv("WORLD_SIZE");
+  if (world == nullptr || *world == '\0') return d;
+  ENDURE_ASSIGN_OR_RETURN(d.world_size, EnvInt("WORLD_SIZE", 1));
+  if (d.world_size < 1) return InvalidArgument("WORLD_SIZE must be at least 1");
+  ENDURE_ASSIGN_OR_RETURN(d.rank, EnvInt("RANK", 0));
+  ENDURE_ASSIGN_OR_RETURN(d.local_rank, EnvInt("LOCAL_RANK", d.rank));
+  ENDURE_ASSIGN_OR_RETURN(d.local_world_size, EnvInt("LOCAL_WORLD_SIZE", d.world_size));
+  if (d.local_world_size < 1) d.local_world_size = 1;
+  if (d.rank >= d.world_size) {
+    return InvalidArgument("RANK=" + std::to_string(d.rank) +
+                           " is not below WORLD_SIZE=" + std::to_string(d.world_size));
+  }
+  if (d.world_size == 1) return d;
+  const char* addr = std::getenv("MASTER_ADDR");
+  if (addr == nullptr || *addr == '\0') {
+    return InvalidArgument("WORLD_SIZE=" + std::to_string(d.world_size) +
+                           " is set but MASTER_ADDR is not: set MASTER_ADDR and MASTER_PORT (as "
+                           "torchrun does), or unset WORLD_SIZE to run as one process");
+  }
+  d.master_addr = addr;
+  ENDURE_ASSIGN_OR_RETURN(d.master_port, EnvInt("MASTER_PORT", 29500));
+  if (d.master_port < 1 || d.master_port > 65535) {
+    return InvalidArgument("MASTER_PORT must be a TCP port (1-65535)");
+  }
+  return d;
+}
+
+Result<TrainSummary> Train(const TrainerOptions& options, const DistEnv& dist) {
+  try {
+    return TrainImpl(options, dist);
+  } catch (const c10::Error& e) {
+    return Internal(std::string("libtorch: ") + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Internal(e.what());
+  }
+}
+
+Result<std::string> SampleFromCheckpoint(const SampleOptions& options) {
+  try {
+    checkpoint::CheckpointDir ckpt(Env::Default(), options.ckpt_dir);
+    std::vector<std::string> refused;
+    Result<TrainingState> state = ckpt.LoadNewest(&refused);
+    for (const std::string& why : refused) std::fprintf(stderr, "refused %s\n", why.c_str());
+    if (!state.ok()) {
+      return InvalidArgument("--ckpt-dir: no checkpoint in '" + options.ckpt_dir +
+                             "' verifies (train with --ckpt-dir first)");
+    }
+    GPT model(ModelFromJson(state->meta.value("model", nlohmann::json::object())));
+    ENDURE_RETURN_IF_ERROR(RestoreState(*state, model, nullptr));
+    return Generate(model, options.prompt, options.tokens, options.temperature, options.seed);
+  } catch (const c10::Error& e) {
+    return Internal(std::string("libtorch: ") + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Internal(e.what());
+  }
+}
+
+}  // namespace endure::trainer

@@ -1,0 +1,261 @@
+// endure-train end to end: real processes, ranks rendezvous over 127.0.0.1.
+// Asserts determinism, 1-vs-2-rank equivalence, bit-exact resume after
+// SIGKILL, refusal of corrupt checkpoints with fallback, and exit code 2 with
+// a one-line message for bad input.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "checkpoint/checkpoint_dir.h"
+#include "common/subprocess.h"
+
+namespace endure {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+// A small model so that each run takes seconds; 2 ranks, 1 thread each.
+const std::vector<std::string> kSmall = {"--layers",        "2",
+                                         "--d-model",       "64",
+                                         "--heads",         "4",
+                                         "--context",       "64",
+                                         "--global-batch",  "16",
+                                         "--micro-batch",   "8",
+                                         "--threads",       "1",
+                                         "--log-every",     "1",
+                                         "--eval-batches",  "1",
+                                         "--sample-tokens", "16",
+                                         "--data",          "/usr/share/games/fortunes"};
+
+std::string ReadAll(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct TrainRun {
+  std::vector<ExitStatus> exits;
+  std::string output;          // rank 0's stdout and stderr
+  std::vector<double> losses;  // from --metrics-file, in order
+  std::string Fingerprint() const {
+    std::smatch m;
+    return std::regex_search(output, m, std::regex("param_fingerprint=([0-9a-f]{16})")) ? m[1].str()
+                                                                                        : "";
+  }
+  bool Ok() const {
+    for (const ExitStatus& e : exits) {
+      if (!e.Success()) return false;
+    }
+    return true;
+  }
+};
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/endure_trainer_test.XXXXXX";
+    dir_ = mkdtemp(tmpl);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Starts `world` ranks of endure-train with `args`. `until`, if set, is
+  // polled while they run; when it returns true every rank gets SIGKILL.
+  TrainRun Train(int world, std::vector<std::string> args, const std::string& tag,
+                 const std::function<bool()>& until = nullptr) {
+    const fs::path metrics = dir_ / (tag + ".metrics");
+    std::vector<std::string> argv = {ENDURE_TRAIN_BIN};
+    argv.insert(argv.end(), kSmall.begin(), kSmall.end());
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), {"--metrics-file", metrics.string()});
+    const int port = PickFreePort().value();
+    std::vector<Subprocess> procs;
+    for (int r = 0; r < world; ++r) {
+      ProcessSpec spec;
+      spec.argv = argv;
+      spec.output_path = (dir_ / (tag + ".rank" + std::to_string(r) + ".out")).string();
+      if (world > 1) {
+        spec.env = {
+            {"RANK", std::to_string(r)},           {"LOCAL_RANK", std::to_string(r)},
+            {"WORLD_SIZE", std::to_string(world)}, {"LOCAL_WORLD_SIZE", std::to_string(world)},
+            {"MASTER_ADDR", "127.0.0.1"},          {"MASTER_PORT", std::to_string(port)}};
+      } else {
+        spec.unset_env = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+      }
+      procs.push_back(Subprocess::Start(spec).value());
+    }
+    TrainRun run;
+    if (until) {
+      const auto deadline = std::chrono::steady_clock::now() + 300s;
+      while (!until() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(2ms);
+      }
+      for (Subprocess& p : procs) p.Signal(SIGKILL);
+    }
+    for (Subprocess& p : procs) {
+      std::optional<ExitStatus> e = p.WaitFor(600s);
+      if (!e) {
+        p.Signal(SIGKILL);
+        e = p.Wait();
+      }
+      run.exits.push_back(*e);
+    }
+    run.output = ReadAll(dir_ / (tag + ".rank0.out"));
+    std::ifstream lines(metrics);
+    for (std::string line; std::getline(lines, line);) {
+      run.losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    }
+    return run;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(TrainerTest, IdenticalRunsGiveTheSameFingerprint) {
+  TrainRun a = Train(2, {"--steps", "6"}, "a");
+  TrainRun b = Train(2, {"--steps", "6"}, "b");
+  ASSERT_TRUE(a.Ok()) << a.output;
+  ASSERT_TRUE(b.Ok()) << b.output;
+  EXPECT_EQ(a.Fingerprint().size(), 16u);
+  EXPECT_EQ(a.Fingerprint(), b.Fingerprint());
+  EXPECT_EQ(a.losses, b.losses);
+  TrainRun other_seed = Train(2, {"--steps", "6", "--seed", "99"}, "c");
+  EXPECT_NE(a.Fingerprint(), other_seed.Fingerprint());
+}
+
+TEST_F(TrainerTest, OneRankAndTwoRanksFollowTheSameLossCurve) {
+  TrainRun one = Train(1, {"--steps", "12"}, "one");
+  TrainRun two = Train(2, {"--steps", "12"}, "two");
+  ASSERT_TRUE(one.Ok()) << one.output;
+  ASSERT_TRUE(two.Ok()) << two.output;
+  ASSERT_EQ(one.losses.size(), 12u);
+  ASSERT_EQ(two.losses.size(), 12u);
+  // Same global batch; only the order of float additions differs
+  // (accumulation on one rank vs allreduce across two). Tolerance: 1e-3 abs.
+  for (size_t i = 0; i < 12; ++i)
+    EXPECT_NEAR(one.losses[i], two.losses[i], 1e-3) << "step " << i + 1;
+  EXPECT_LT(one.losses.back(), one.losses.front() - 0.5);  // and it learns
+}
+
+TEST_F(TrainerTest, ResumeAfterSigkillIsBitExact) {
+  const std::string ref_dir = (dir_ / "ref").string(), dir = (dir_ / "ckpt").string();
+  TrainRun ref = Train(2, {"--steps", "20", "--ckpt-dir", ref_dir, "--ckpt-every", "10"}, "ref");
+  ASSERT_TRUE(ref.Ok()) << ref.output;
+  ASSERT_EQ(ref.losses.size(), 20u);
+
+  const fs::path committed = fs::path(dir) / "step-00000010" / "MANIFEST.json";
+  TrainRun killed = Train(2, {"--steps", "20", "--ckpt-dir", dir, "--ckpt-every", "10"}, "killed",
+                          [&] { return fs::exists(committed); });
+  ASSERT_FALSE(killed.exits[0].exited) << "the run ended before it could be killed";
+  EXPECT_EQ(killed.exits[0].signal, SIGKILL);
+  ASSERT_FALSE(fs::exists(fs::path(dir) / "step-00000020" / "MANIFEST.json"));
+
+  TrainRun resumed =
+      Train(2, {"--steps", "20", "--ckpt-dir", dir, "--ckpt-every", "10", "--resume"}, "resumed");
+  ASSERT_TRUE(resumed.Ok()) << resumed.output;
+  EXPECT_NE(resumed.output.find("(step 10)"), std::string::npos) << resumed.output;
+  EXPECT_EQ(resumed.Fingerprint(), ref.Fingerprint());
+  ASSERT_EQ(resumed.losses.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(resumed.losses[i], ref.losses[10 + i]) << "step " << 11 + i;  // bit for bit
+  }
+}
+
+// One rank trains 20 steps with checkpoints at 10 and 20; the test damages
+// step 20 and resumes: the damage is named, step 10 is used, and the ten
+// recomputed steps end at the reference parameters.
+class CorruptionTest : public TrainerTest {
+ protected:
+  void ExpectFallback(const std::function<void(const fs::path& step20)>& damage,
+                      const std::string& message) {
+    const std::string dir = (dir_ / "ckpt").string();
+    TrainRun ref = Train(1, {"--steps", "20", "--ckpt-dir", dir, "--ckpt-every", "10"}, "ref");
+    ASSERT_TRUE(ref.Ok()) << ref.output;
+    damage(fs::path(dir) / "step-00000020");
+    TrainRun resumed = Train(1, {"--steps", "20", "--ckpt-dir", dir, "--resume"}, "resumed");
+    ASSERT_TRUE(resumed.Ok()) << resumed.output;
+    EXPECT_NE(resumed.output.find(message), std::string::npos) << resumed.output;
+    EXPECT_NE(resumed.output.find("(step 10)"), std::string::npos) << resumed.output;
+    EXPECT_EQ(resumed.Fingerprint(), ref.Fingerprint());
+  }
+};
+
+TEST_F(CorruptionTest, FlippedByteIsRefused) {
+  ExpectFallback(
+      [](const fs::path& step) {
+        std::fstream f(step / "tensors.bin", std::ios::in | std::ios::out | std::ios::binary);
+        f.seekg(5000);
+        char c = 0;
+        f.read(&c, 1);
+        c ^= 0x01;
+        f.seekp(5000);
+        f.write(&c, 1);
+      },
+      "step-00000020/tensors.bin: checksum mismatch");
+}
+
+TEST_F(CorruptionTest, TruncatedFileIsRefused) {
+  ExpectFallback([](const fs::path& step) { fs::resize_file(step / "tensors.bin", 1000); },
+                 "step-00000020/tensors.bin: size 1000 bytes");
+}
+
+TEST_F(CorruptionTest, MissingManifestIsRefused) {
+  ExpectFallback([](const fs::path& step) { fs::remove(step / "MANIFEST.json"); },
+                 "step-00000020/MANIFEST.json: manifest missing");
+}
+
+TEST_F(TrainerTest, SampleGeneratesFromACheckpoint) {
+  const std::string dir = (dir_ / "ckpt").string();
+  ASSERT_TRUE(Train(1, {"--steps", "2", "--ckpt-dir", dir}, "train").Ok());
+  const fs::path out = dir_ / "sample.out";
+  auto p = Subprocess::Start(
+      {.argv = {ENDURE_TRAIN_BIN, "sample", "--ckpt-dir", dir, "--prompt", "Q:", "--tokens", "20"},
+       .output_path = out.string()});
+  ASSERT_TRUE(p->Wait().Success()) << ReadAll(out);
+  std::string text = ReadAll(out);
+  EXPECT_EQ(text.rfind("Q:", 0), 0u);
+  EXPECT_GE(text.size(), 22u);
+}
+
+struct BadInput {
+  std::vector<std::string> args;
+  std::vector<std::pair<std::string, std::string>> env;
+  std::string expected;
+};
+
+TEST_F(TrainerTest, BadInputExitsTwoWithOneLineSayingWhatToFix) {
+  fs::create_directories(dir_ / "empty");
+  const std::vector<BadInput> cases = {
+      {{"--data", "/nonexistent/corpus"}, {}, "'/nonexistent/corpus' is neither a file nor"},
+      {{"--data", (dir_ / "empty").string()}, {}, "found 0 bytes of text"},
+      {{}, {{"WORLD_SIZE", "2"}, {"RANK", "0"}}, "MASTER_ADDR is not"},
+      {{"--no-such-flag"}, {}, "--no-such-flag"},
+      {{"--steps", "abc"}, {}, "--steps"},
+      {{"--global-batch", "10"}, {}, "--global-batch 10 must be a multiple"},
+  };
+  for (const BadInput& c : cases) {
+    const fs::path out = dir_ / "bad.out";
+    fs::remove(out);
+    std::vector<std::string> argv = {ENDURE_TRAIN_BIN};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    ProcessSpec spec{.argv = argv, .env = c.env, .output_path = out.string()};
+    if (c.env.empty()) spec.unset_env = {"WORLD_SIZE", "RANK", "MASTER_ADDR"};
+    ExitStatus e = Subprocess::Start(spec)->Wait();
+    std::string text = ReadAll(out);
+    EXPECT_TRUE(e.exited && e.code == 2) << c.expected << ": " << e.ToString() << "\n" << text;
+    EXPECT_NE(text.find(c.expected), std::string::npos) << text;
+    EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+  }
+}
+
+}  // namespace
+}  // namespace endure

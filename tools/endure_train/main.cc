@@ -1,0 +1,86 @@
+// endure-train: the reference GPT trainer. `endure-train [flags]` trains
+// (data-parallel when started with torchrun's variables); `endure-train
+// sample` generates from a checkpoint. Exit codes: 0 success, 2 usage or
+// configuration error, 1 failure.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "trainer/trainer.h"
+
+namespace {
+
+using endure::StatusCode;
+using endure::trainer::SampleOptions;
+using endure::trainer::TrainerOptions;
+
+int ExitCodeFor(const endure::Status& st) {
+  std::fprintf(stderr, "endure-train: %s\n", st.message().c_str());
+  return st.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  TrainerOptions o;
+  CLI::App app{"endure-train: reference GPT trainer (libtorch + c10d Gloo)", "endure-train"};
+  app.option_defaults()->always_capture_default();
+  app.get_formatter()->column_width(34);
+  app.add_option("--layers", o.model.layers, "Transformer blocks");
+  app.add_option("--d-model", o.model.d_model, "Model width");
+  app.add_option("--heads", o.model.heads, "Attention heads (must divide --d-model)");
+  app.add_option("--context", o.model.context, "Context length in bytes");
+  app.add_option("--data", o.data, "Text files or directories (recursed)");
+  app.add_option("--val-fraction", o.val_fraction, "Share of the corpus held out for validation");
+  app.add_option("--steps", o.steps, "Optimizer steps in total");
+  app.add_option("--global-batch", o.global_batch, "Sequences per step, whatever the world size");
+  app.add_option("--micro-batch", o.micro_batch, "Sequences per forward/backward on one rank");
+  app.add_option("--lr", o.lr, "Peak learning rate (AdamW)");
+  app.add_option("--min-lr-ratio", o.min_lr_ratio, "Cosine decays to lr x this");
+  app.add_option("--warmup-steps", o.warmup_steps, "Linear warm-up steps");
+  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (matrices only)");
+  app.add_option("--grad-clip", o.grad_clip, "Gradient norm clip (0: off)");
+  app.add_option("--seed", o.seed, "Seed of initialisation and data order");
+  app.add_option("--ckpt-dir", o.ckpt_dir, "Checkpoint directory (empty: none)");
+  app.add_option("--ckpt-every", o.ckpt_every, "Checkpoint every N steps (0: only at the end)");
+  app.add_option("--ckpt-keep", o.ckpt_keep, "Committed checkpoints to keep");
+  app.add_flag("--resume", o.resume, "Resume from the newest checkpoint that verifies");
+  app.add_option("--log-every", o.log_every, "Progress line every N steps");
+  app.add_option("--metrics-file", o.metrics_file, "Append progress as JSON lines to this file");
+  app.add_option("--eval-batches", o.eval_batches, "Validation micro-batches at the end");
+  app.add_option("--sample-tokens", o.sample_tokens, "Bytes of text generated at the end");
+  app.add_option("--sample-prompt", o.sample_prompt, "Prompt of the final sample");
+  app.add_option("--threads", o.threads, "Threads per rank (0: cores / LOCAL_WORLD_SIZE)");
+  app.add_option("--bucket-mb", o.bucket_mb, "Gradient allreduce bucket size in MiB");
+  app.add_option("--collective-timeout", o.collective_timeout_s,
+                 "Seconds before a blocked rendezvous or allreduce fails");
+
+  SampleOptions s;
+  CLI::App* sample = app.add_subcommand("sample", "Generate text from a checkpoint");
+  sample->add_option("--ckpt-dir", s.ckpt_dir, "Checkpoint directory")->required();
+  sample->add_option("--prompt", s.prompt, "Text to continue");
+  sample->add_option("--tokens", s.tokens, "Bytes to generate")->check(CLI::NonNegativeNumber);
+  sample->add_option("--temperature", s.temperature, "Sampling temperature")
+      ->check(CLI::PositiveNumber);
+  sample->add_option("--seed", s.seed, "Sampling seed");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "endure-train: %s (see endure-train --help)\n", e.what());
+    return 2;
+  }
+
+  if (sample->parsed()) {
+    endure::Result<std::string> text = endure::trainer::SampleFromCheckpoint(s);
+    if (!text.ok()) return ExitCodeFor(text.status());
+    std::printf("%s\n", text->c_str());
+    return 0;
+  }
+  endure::Result<endure::trainer::DistEnv> dist = endure::trainer::DistEnvFromEnvironment();
+  if (!dist.ok()) return ExitCodeFor(dist.status());
+  endure::Result<endure::trainer::TrainSummary> summary = endure::trainer::Train(o, *dist);
+  if (!summary.ok()) return ExitCodeFor(summary.status());
+  return 0;
+}
