@@ -1,0 +1,123 @@
+// LogClassifier: names the cause of a failure from what the worker printed.
+//
+// A rule maps a regular expression (RE2 syntax) on one line of worker output
+// to a cause ("xid_79", "nccl_timeout", "user_exception", ...) and an action
+// (restart, evict_node, stop, investigate). An excerpt — a line, or several
+// lines such as the tail of a worker's output or a whole Python traceback — is
+// classified by the rule of highest priority that matches any of its lines
+// (ties: the rule listed first); within that rule the first matching line is
+// the one recorded. A cause may name capture groups of its pattern, as in
+// `cause = "xid_{xid}"`.
+//
+// The rules live in config/log_rules.toml; docs/log_rules.md describes the
+// format. This file does no I/O: the caller reads the rules file and passes
+// its text. A LogClassifier is immutable once built; Classify is thread-safe.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace re2 {
+class RE2;
+}
+
+namespace endure::core {
+
+enum class LogAction {
+  kRestart,      // restart the workers in place
+  kEvictNode,    // the node is faulty: take it out of the job
+  kStop,         // restarting cannot help: stop the job
+  kInvestigate,  // the text is ambiguous: no confident action, flag for a person
+};
+
+// "restart", "evict_node", "stop", "investigate".
+std::string_view LogActionName(LogAction action);
+// Accepts the names above; the error lists them.
+Result<LogAction> ParseLogAction(std::string_view name);
+
+struct LogRule {
+  std::string name;     // unique, e.g. "xid_hardware"
+  std::string pattern;  // RE2 syntax, searched for in each line
+  std::string cause;    // may contain {group} placeholders for named groups
+  LogAction action = LogAction::kInvestigate;
+  int priority = 0;  // higher wins
+  std::string description;
+  // Lines or excerpts this rule must classify; checked by CheckExamples.
+  std::vector<std::string> examples;
+  // Where the rule starts in its file, for error messages (0: not from a file).
+  int line = 0;
+};
+
+struct LogMatch {
+  std::string cause;  // placeholders filled in
+  LogAction action = LogAction::kInvestigate;
+  std::string rule;
+  std::string line;                             // the matching line, as classified
+  int line_number = 0;                          // 1-based, within the excerpt
+  std::map<std::string, std::string> captures;  // named groups of the pattern
+};
+
+class LogClassifier {
+ public:
+  // Compiles `rules`. Fails with InvalidArgument naming `source`:line and the
+  // rule on an empty or duplicate name, a pattern that does not compile, or a
+  // cause that is empty or names a group the pattern lacks.
+  static Result<LogClassifier> Create(std::vector<LogRule> rules, std::string_view source = "");
+
+  // Parses the text of a rules file (see docs/log_rules.md) read from `path`
+  // (used in messages only). Errors are "PATH:LINE: what is wrong and how to
+  // fix it": TOML syntax, unknown keys, wrong types, missing keys, and the
+  // errors of Create.
+  static Result<LogClassifier> FromToml(std::string_view text, std::string_view path);
+
+  LogClassifier(LogClassifier&&) noexcept;
+  LogClassifier& operator=(LogClassifier&&) noexcept;
+  ~LogClassifier();
+
+  // The match of the winning rule, or nullopt when no rule matches.
+  std::optional<LogMatch> Classify(std::string_view excerpt) const;
+
+  // The match of every rule that matches, winner first.
+  std::vector<LogMatch> ClassifyAll(std::string_view excerpt) const;
+
+  // Verifies that every rule's examples are classified by that rule. The
+  // error lists each example that is not, with what it got instead.
+  Status CheckExamples() const;
+
+  // The rules in the order they are tried (priority, then file order).
+  std::vector<const LogRule*> rules() const;
+  std::string_view source() const { return source_; }
+
+ private:
+  struct Compiled;
+  explicit LogClassifier(std::vector<Compiled> rules, std::string source);
+  std::vector<LogMatch> Match(std::string_view excerpt, bool first_only) const;
+
+  std::vector<Compiled> rules_;  // sorted by priority, stable
+  std::string source_;
+};
+
+// A piece of input to classify, with where it sits in the input.
+struct LogExcerpt {
+  std::string text;    // lines joined with '\n', each ending in one
+  int first_line = 0;  // 1-based line numbers in the input
+  int last_line = 0;
+};
+
+// Splits input into excerpts at blank lines, except the blank lines Python
+// prints around "During handling of the above exception, another exception
+// occurred:" and "The above exception was the direct cause of the following
+// exception:", which belong to one chained traceback. Excerpts keep their
+// line breaks and have no leading or trailing blank lines.
+std::vector<LogExcerpt> SplitExcerpts(std::string_view text);
+
+// Splits input into its non-blank lines, one excerpt each.
+std::vector<LogExcerpt> SplitNonBlankLines(std::string_view text);
+
+}  // namespace endure::core
