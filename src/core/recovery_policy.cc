@@ -11,6 +11,10 @@ void DropOlderThan(std::deque<TimePoint>& times, TimePoint cutoff) {
   while (!times.empty() && times.front() <= cutoff) times.pop_front();
 }
 
+void DropOlderThan(std::vector<TimePoint>& times, TimePoint cutoff) {
+  times.erase(times.begin(), std::upper_bound(times.begin(), times.end(), cutoff));
+}
+
 std::string NodeName(NodeId node) { return "node " + std::to_string(node.value); }
 
 std::string Ordinal(int n) {

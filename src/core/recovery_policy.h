@@ -24,6 +24,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "common/duration.h"
 #include "common/status.h"
@@ -111,7 +112,7 @@ class RecoveryPolicy {
     std::string last_cause;
     StepNumber last_step{-1};
     int no_progress_repeats = 0;
-    std::deque<TimePoint> recent_failures;
+    std::vector<TimePoint> recent_failures;  // within restart_window; usually 0-2
   };
 
   RecoveryPath PathFor(std::string_view cause) const;

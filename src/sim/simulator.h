@@ -1,0 +1,66 @@
+// One simulated run of a data-parallel training job under failures: a
+// discrete-event simulation in which nodes fail as Poisson processes, a
+// failure is detected after its cause's latency, the recovery decision comes
+// from core::RecoveryPolicy, replacements from core::SparePool, and every
+// nanosecond is booked in core::EttrLedger. Deterministic for a given seed.
+//
+// Model (docs/sim.md has the details):
+//  - The job trains in segments of `ckpt_interval` of training followed by a
+//    blocking checkpoint of `ckpt_write`; the checkpoint commits the segment.
+//  - A failure while training or checkpointing loses the uncommitted segment.
+//  - The job is then down: detection, the policy's backoff, waiting for a
+//    spare or a repair, then `restart`. A failure while down starts the
+//    detection over (the restart itself can fail), as in the exact model.
+//  - Work in flight at the end of the run counts as productive (a final
+//    checkpoint is assumed). A job that gives up books the rest as other.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/duration.h"
+#include "core/ettr_ledger.h"
+#include "core/recovery_policy.h"
+#include "sim/scenario.h"
+
+namespace endure::sim {
+
+// One recovery decision, for the incident log.
+struct Incident {
+  Duration time{0};  // when the decision was taken
+  Duration detection{0};
+  core::NodeId node;
+  std::string cause;
+  core::RecoveryAction action;
+  std::string reason;
+};
+
+struct RunResult {
+  uint64_t seed = 0;
+  std::array<Duration, core::kNumLedgerCategories> ledger{};
+  Duration wall{0};
+  int64_t failures = 0;  // faults that hit a node of the job, including while it was down
+  std::vector<int64_t> failures_by_cause;  // indexed like SimConfig::causes
+  int64_t stragglers = 0;                  // slow nodes that joined the job
+  int64_t checkpoints = 0;
+  int64_t restarts = 0;
+  int64_t replacements = 0;  // nodes swapped into the job (spares, repaired nodes)
+  int64_t events = 0;        // discrete events processed
+  bool gave_up = false;
+  std::string stop_reason;
+  std::vector<Incident> incidents;  // the first `max_incidents`
+
+  Duration category(core::LedgerCategory c) const { return ledger[static_cast<int>(c)]; }
+  double ettr() const;
+};
+
+// Simulates one run. `config` must have passed Finalize(). Keeps the first
+// `max_incidents` decisions in RunResult::incidents.
+RunResult SimulateRun(const SimConfig& config, uint64_t seed, int max_incidents = 0);
+
+// The seed of run `index` of an experiment seeded with `seed` (SplitMix64).
+uint64_t RunSeed(uint64_t seed, int64_t index);
+
+}  // namespace endure::sim

@@ -1,0 +1,117 @@
+// Runs the built `endure` binary: exit codes and messages of `endure sim`.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common/env.h"
+#include "common/subprocess.h"
+
+namespace endure {
+namespace {
+
+using testing::HasSubstr;
+
+struct Outcome {
+  int code = -1;
+  std::string output;
+};
+
+Outcome RunEndure(std::vector<std::string> args) {
+  std::string out_path = testing::TempDir() + "endure_cli_test.out";
+  (void)Env::Default()->RemoveFile(out_path);
+  ProcessSpec spec;
+  spec.argv = {ENDURE_BIN};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  spec.output_path = out_path;
+  Result<Subprocess> p = Subprocess::Start(spec);
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  if (!p.ok()) return {};
+  ExitStatus st = p->Wait();
+  Result<std::string> text = Env::Default()->ReadFile(out_path);
+  return {st.exited ? st.code : -st.signal, text.ok() ? *text : ""};
+}
+
+TEST(EndureSimCli, InvalidParametersExitTwoNamingTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  std::vector<Case> cases = {
+      {{"--restart=-5m"}, "--restart: invalid duration '-5m': durations cannot be negative"},
+      {{"--nodes", "0"}, "--nodes: must be at least 1, got 0"},
+      {{"--ckpt-interval", "5s", "--ckpt-write", "10s"},
+       "--ckpt-interval: 5.0s is shorter than the checkpoint write cost (--ckpt-write 10.0s)"},
+      {{"--cause-mix", "llama4"}, "--cause-mix: unknown cause mix 'llama4'"},
+      {{"--cause-mix", "llama3", "--path", "gremlins=evict"}, "--path: unknown cause 'gremlins'"},
+      {{"--duration", "90"}, "--duration: invalid duration '90'"},
+      {{"--sweep", "colour=1:2:3"}, "--sweep: cannot sweep 'colour'"},
+      {{"--scenario", "/nonexistent/job.toml"}, "--scenario: cannot read"},
+      {{"--no-such-flag"}, "--no-such-flag"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"sim", "--runs", "1", "--duration", "1d"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    Outcome o = RunEndure(args);
+    EXPECT_EQ(o.code, 2) << c.message << "\n" << o.output;
+    EXPECT_THAT(o.output, HasSubstr(c.message));
+  }
+}
+
+TEST(EndureSimCli, TomlErrorsNameFileLineAndKey) {
+  std::string path = testing::TempDir() + "endure_cli_bad.toml";
+  ASSERT_TRUE(WriteFileAtomically(Env::Default(), path, "nodes = 10\nrestart = \"-1m\"\n").ok());
+  Outcome o = RunEndure({"sim", "--scenario", path});
+  EXPECT_EQ(o.code, 2);
+  EXPECT_THAT(o.output, HasSubstr(path + ":2: restart: invalid duration '-1m'"));
+}
+
+TEST(EndureSimCli, JsonIsDeterministicAndPrintsTheSeed) {
+  std::vector<std::string> args = {"sim",    "--nodes", "500",    "--duration", "10d",
+                                   "--runs", "3",       "--seed", "7",          "--json"};
+  Outcome a = RunEndure(args);
+  Outcome b = RunEndure(args);
+  ASSERT_EQ(a.code, 0) << a.output;
+  for (const char* key : {"\"ettr\":", "\"ettr_ci95\":[", "\"failures\":", "\"wall_s\":",
+                          "\"productive_s\":", "\"mttf_s\":", "\"seed\":7"}) {
+    EXPECT_THAT(a.output, HasSubstr(key));
+  }
+  // Everything but the timing figures repeats exactly.
+  auto strip = [](std::string s) { return s.substr(0, s.find("\"events_per_s\"")); };
+  EXPECT_EQ(strip(a.output), strip(b.output));
+
+  Outcome text = RunEndure({"sim", "--nodes", "100", "--duration", "1d", "--runs", "2"});
+  ASSERT_EQ(text.code, 0) << text.output;
+  EXPECT_THAT(text.output, HasSubstr("(random; pass --seed "));
+}
+
+TEST(EndureSimCli, AnalyticAndHelp) {
+  Outcome o = RunEndure({"sim", "--analytic", "--nodes", "12500", "--failure-rate", "6.5"});
+  ASSERT_EQ(o.code, 0) << o.output;
+  EXPECT_THAT(o.output, HasSubstr("job MTTF = 1/(nodes x rate)    17m43s"));
+  EXPECT_THAT(o.output, HasSubstr("Daly interval (eq. 37)"));
+  Outcome help = RunEndure({"sim", "--help"});
+  EXPECT_EQ(help.code, 0);
+  EXPECT_THAT(help.output, HasSubstr("--ckpt-interval"));
+  EXPECT_EQ(RunEndure({}).code, 2);
+}
+
+TEST(EndureSimCli, SweepWritesCsvAndSvg) {
+  std::string csv = testing::TempDir() + "endure_cli_sweep.csv";
+  std::string svg = testing::TempDir() + "endure_cli_sweep.svg";
+  Outcome o = RunEndure({"sim", "--nodes", "1000", "--duration", "5d", "--runs", "3", "--seed", "1",
+                         "--sweep", "ckpt-interval=10m:60m:3", "--csv", csv, "--svg", svg});
+  ASSERT_EQ(o.code, 0) << o.output;
+  EXPECT_THAT(o.output, HasSubstr("wrote " + csv));
+  Result<std::string> csv_text = Env::Default()->ReadFile(csv);
+  ASSERT_TRUE(csv_text.ok());
+  EXPECT_EQ(std::count(csv_text->begin(), csv_text->end(), '\n'), 4);
+  Result<std::string> svg_text = Env::Default()->ReadFile(svg);
+  ASSERT_TRUE(svg_text.ok());
+  EXPECT_THAT(*svg_text, HasSubstr("<svg"));
+}
+
+}  // namespace
+}  // namespace endure

@@ -1,0 +1,345 @@
+// `endure sim`: simulates one large data-parallel training job under
+// failures with Endure's own recovery policy and prints ETTR with its
+// confidence interval, the ETTR ledger and the analytic models; `--analytic`
+// prints only the models, `--sweep` compares simulation and models over a
+// range of one parameter and writes CSV and SVG. The work is in src/sim;
+// this file parses flags and formats output.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/duration.h"
+#include "common/env.h"
+#include "core/analytic.h"
+#include "sim/experiment.h"
+#include "sim/scenario.h"
+#include "tools/endure/verbs.h"
+
+namespace endure::cli {
+namespace {
+
+using core::LedgerCategory;
+using sim::SimConfig;
+using Json = nlohmann::ordered_json;
+
+struct SimFlags {
+  std::vector<std::pair<std::string, std::string>> knobs;  // name, value as given
+  std::string scenario;
+  std::vector<std::string> paths;
+  bool json = false;
+  bool analytic = false;
+  std::string sweep;
+  std::string csv = "sim_sweep.csv";
+  std::string svg = "sim_sweep.svg";
+  int incidents = 0;
+};
+
+std::string Fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+std::string Dur(Duration d) { return d == core::kNeverFails ? "never" : FormatDuration(d); }
+
+Json DurationSeconds(Duration d) {
+  if (d == core::kNeverFails) return nullptr;
+  return Seconds(d);
+}
+
+Result<SimConfig> BuildConfig(const SimFlags& flags) {
+  SimConfig c;
+  if (!flags.scenario.empty()) ENDURE_RETURN_IF_ERROR(sim::LoadScenarioFile(flags.scenario, c));
+  for (const auto& [name, value] : flags.knobs) {
+    ENDURE_RETURN_IF_ERROR(sim::SetKnob(c, name, value, "--" + name));
+  }
+  for (const std::string& p : flags.paths) {
+    size_t eq = p.find('=');
+    if (eq == std::string::npos) {
+      return InvalidArgument("--path: expected CAUSE=restart|evict|wait, got '" + p + "'");
+    }
+    c.path_overrides.emplace_back(p.substr(0, eq), p.substr(eq + 1));
+  }
+  if (!c.seed_set) {
+    std::random_device rd;
+    c.seed = (static_cast<uint64_t>(rd()) << 32 | rd()) % 1000000000;
+  }
+  ENDURE_RETURN_IF_ERROR(sim::Finalize(c));
+  return c;
+}
+
+std::string SeedLine(const SimConfig& c) {
+  return "seed " + std::to_string(c.seed) +
+         (c.seed_set ? "" : " (random; pass --seed " + std::to_string(c.seed) + " to reproduce)");
+}
+
+void PrintHeader(const SimConfig& c) {
+  std::printf(
+      "endure sim: %lld nodes x %lld GPUs (%lld GPUs), %s wall-clock per run, %lld runs, %s\n",
+      static_cast<long long>(c.nodes), static_cast<long long>(c.gpus_per_node),
+      static_cast<long long>(c.nodes * c.gpus_per_node), FormatDuration(c.duration).c_str(),
+      static_cast<long long>(c.runs), SeedLine(c).c_str());
+  std::printf(
+      "  failures %.3g per 1000 node-days (cause mix %s: %zu cause%s); checkpoint every %s, write "
+      "%s;\n"
+      "  restart %s, detect %s, repair %s, spares %lld",
+      c.FailureRate(), c.cause_mix.c_str(), c.causes.size(), c.causes.size() == 1 ? "" : "s",
+      FormatDuration(c.ckpt_interval).c_str(), FormatDuration(c.ckpt_write).c_str(),
+      FormatDuration(c.restart).c_str(), FormatDuration(c.detect).c_str(),
+      FormatDuration(c.repair).c_str(), static_cast<long long>(c.spares));
+  if (c.straggler_share > 0) {
+    std::printf(", stragglers %.3g%% at %.2gx detected after %s", 100 * c.straggler_share,
+                c.straggler_factor, FormatDuration(c.straggler_detect).c_str());
+  }
+  std::printf("\n\n");
+}
+
+void PrintAnalytic(const SimConfig& c, const sim::AnalyticSummary& a) {
+  std::printf("analytic models (R = %s: detection + restart%s)\n", Dur(a.recovery).c_str(),
+              c.causes.size() > 1 ? ", weight-averaged over causes" : "");
+  std::printf("  job MTTF = 1/(nodes x rate)    %s\n", Dur(a.mttf).c_str());
+  std::printf("  Young interval sqrt(2 d M)     %s\n", Dur(a.young).c_str());
+  std::printf("  Daly interval (eq. 37)         %s\n", Dur(a.daly).c_str());
+  std::printf("  exact-optimal interval         %s (ETTR %.4f)\n", Dur(a.exact_optimum).c_str(),
+              a.exact_ettr_at_optimum);
+  std::printf("  exact ETTR at %-16s %.4f\n", FormatDuration(c.ckpt_interval).c_str(),
+              a.exact_ettr);
+  std::printf("  first-order ETTR at %-10s %.4f\n", FormatDuration(c.ckpt_interval).c_str(),
+              a.first_order_ettr);
+}
+
+Json AnalyticJson(const sim::AnalyticSummary& a) {
+  return Json{{"mttf_s", DurationSeconds(a.mttf)},
+              {"recovery_s", DurationSeconds(a.recovery)},
+              {"young_interval_s", DurationSeconds(a.young)},
+              {"daly_interval_s", DurationSeconds(a.daly)},
+              {"exact_optimal_interval_s", DurationSeconds(a.exact_optimum)},
+              {"exact_ettr", a.exact_ettr},
+              {"exact_ettr_at_optimum", a.exact_ettr_at_optimum},
+              {"first_order_ettr", a.first_order_ettr}};
+}
+
+Json ConfigJson(const SimConfig& c) {
+  return Json{{"nodes", c.nodes},
+              {"gpus_per_node", c.gpus_per_node},
+              {"duration_s", Seconds(c.duration)},
+              {"failure_rate_per_1000_node_days", c.FailureRate()},
+              {"cause_mix", c.cause_mix},
+              {"ckpt_interval_s", Seconds(c.ckpt_interval)},
+              {"ckpt_write_s", Seconds(c.ckpt_write)},
+              {"restart_s", Seconds(c.restart)},
+              {"detect_s", Seconds(c.detect)},
+              {"startup_s", Seconds(c.startup_or_restart())},
+              {"repair_s", Seconds(c.repair)},
+              {"spares", c.spares},
+              {"stragglers", c.straggler_share},
+              {"runs", c.runs},
+              {"seed", c.seed}};
+}
+
+int RunAnalytic(const SimConfig& c, bool json) {
+  sim::AnalyticSummary a = sim::Analyze(c);
+  if (json) {
+    Json out = AnalyticJson(a);
+    out["config"] = ConfigJson(c);
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    PrintHeader(c);
+    PrintAnalytic(c, a);
+  }
+  return kExitOk;
+}
+
+int RunSimulation(const SimConfig& c, const SimFlags& flags) {
+  auto start = std::chrono::steady_clock::now();
+  sim::Summary s = sim::RunExperiment(c, flags.incidents);
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  sim::AnalyticSummary a = sim::Analyze(c);
+  double events_per_s = elapsed > 0 ? static_cast<double>(s.events) / elapsed : 0;
+
+  if (flags.json) {
+    Json ledger = Json::object();
+    for (int i = 0; i < core::kNumLedgerCategories; ++i) {
+      ledger[std::string(core::LedgerCategoryName(static_cast<LedgerCategory>(i)))] = s.ledger_s[i];
+    }
+    Json causes = Json::object();
+    for (size_t i = 0; i < c.causes.size(); ++i) causes[c.causes[i].name] = s.failures_by_cause[i];
+    Json out{{"ettr", s.ettr},
+             {"ettr_ci95", c.runs > 1 ? Json::array({s.ci95_low, s.ci95_high}) : Json(nullptr)},
+             {"ettr_stderr", s.ettr_stderr},
+             {"failures", s.failures},
+             {"wall_s", s.wall_s},
+             {"productive_s", s.productive_s},
+             {"mttf_s", DurationSeconds(a.mttf)},
+             {"ledger_s", ledger},
+             {"failures_by_cause", causes},
+             {"restarts", s.restarts},
+             {"replacements", s.replacements},
+             {"stragglers", s.stragglers},
+             {"gave_up_runs", s.gave_up},
+             {"stop_reason", s.first_stop_reason},
+             {"runs", s.runs},
+             {"seed", c.seed},
+             {"analytic", AnalyticJson(a)},
+             {"config", ConfigJson(c)},
+             {"events", s.events},
+             {"events_per_s", events_per_s},
+             {"elapsed_s", elapsed}};
+    std::printf("%s\n", out.dump().c_str());
+    return kExitOk;
+  }
+
+  PrintHeader(c);
+  if (c.runs > 1) {
+    std::printf("ETTR        %.4f   95%% CI [%.4f, %.4f] over %lld runs (stderr %.4f)\n", s.ettr,
+                s.ci95_low, s.ci95_high, static_cast<long long>(s.runs), s.ettr_stderr);
+  } else {
+    std::printf("ETTR        %.4f   (one run: no confidence interval)\n", s.ettr);
+  }
+  std::printf("failures    %.1f per run (restarts %.1f, nodes replaced %.1f", s.failures,
+              s.restarts, s.replacements);
+  if (c.straggler_share > 0) std::printf(", stragglers %.1f", s.stragglers);
+  std::printf(")\nproductive  %s of %s wall per run\n",
+              FormatDuration(FromSeconds(s.productive_s)).c_str(),
+              FormatDuration(FromSeconds(s.wall_s)).c_str());
+  if (s.gave_up > 0) {
+    std::printf("GAVE UP in %lld of %lld runs; first: %s\n", static_cast<long long>(s.gave_up),
+                static_cast<long long>(s.runs), s.first_stop_reason.c_str());
+  }
+  std::printf("\nETTR ledger (mean per run)\n");
+  for (int i = 0; i < core::kNumLedgerCategories; ++i) {
+    std::printf("  %-17s %10s  %6.2f%%\n",
+                std::string(core::LedgerCategoryName(static_cast<LedgerCategory>(i))).c_str(),
+                FormatDuration(FromSeconds(s.ledger_s[i])).c_str(),
+                s.wall_s > 0 ? 100 * s.ledger_s[i] / s.wall_s : 0);
+  }
+  if (c.causes.size() > 1) {
+    std::printf("\nfailures by cause (mean per run)\n");
+    for (size_t i = 0; i < c.causes.size(); ++i) {
+      std::printf("  %-29s %7.1f  %s\n", c.causes[i].name.c_str(), s.failures_by_cause[i],
+                  std::string(core::RecoveryPathName(c.causes[i].path)).c_str());
+    }
+  }
+  if (!s.incidents.empty()) {
+    std::printf("\nfirst %zu decisions of run 0\n", s.incidents.size());
+    for (const sim::Incident& in : s.incidents) {
+      std::printf("  %9s  %s\n", FormatDuration(in.time).c_str(), in.reason.c_str());
+    }
+  }
+  std::printf("\n");
+  PrintAnalytic(c, a);
+  std::printf("\nsimulated %lld events in %.3f s (%.3g events/s)\n",
+              static_cast<long long>(s.events), elapsed, events_per_s);
+  return kExitOk;
+}
+
+int RunSweep(const SimConfig& c, const SimFlags& flags) {
+  Result<sim::SweepSpec> spec = sim::ParseSweep(flags.sweep);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "endure sim: %s\n", spec.status().message().c_str());
+    return kExitUsage;
+  }
+  Result<std::vector<sim::SweepRow>> rows = sim::RunSweep(c, *spec);
+  if (!rows.ok()) {
+    std::fprintf(stderr, "endure sim: %s\n", rows.status().message().c_str());
+    return kExitUsage;
+  }
+  std::string title = "ETTR vs " + spec->param + ": " + std::to_string(c.nodes) + " nodes, " +
+                      Fmt("%.3g", c.FailureRate()) + " failures/1000 node-days";
+  for (const auto& [path, text] : {std::pair{flags.csv, sim::SweepCsv(*spec, *rows)},
+                                   std::pair{flags.svg, sim::SweepSvg(*spec, *rows, title)}}) {
+    Status st = WriteFileAtomically(Env::Default(), path, text);
+    if (!st.ok()) {
+      std::fprintf(stderr, "endure sim: writing %s: %s\n", path.c_str(), st.message().c_str());
+      return kExitInternal;
+    }
+  }
+  if (flags.json) {
+    Json out = Json::array();
+    for (const sim::SweepRow& r : *rows) {
+      out.push_back(Json{{spec->param, r.x},
+                         {"ettr", r.sim.ettr},
+                         {"ettr_ci95", Json::array({r.sim.ci95_low, r.sim.ci95_high})},
+                         {"ettr_exact", r.analytic.exact_ettr},
+                         {"ettr_first_order", r.analytic.first_order_ettr},
+                         {"failures", r.sim.failures}});
+    }
+    std::printf("%s\n",
+                Json{{"param", spec->param}, {"seed", c.seed}, {"rows", out}}.dump().c_str());
+    return kExitOk;
+  }
+  PrintHeader(c);
+  std::printf("%-14s %8s %19s %8s %8s %9s\n", spec->x_label.substr(0, 14).c_str(), "sim ETTR",
+              "95% CI", "exact", "1st-ord", "failures");
+  for (const sim::SweepRow& r : *rows) {
+    std::printf("%-14s %8.4f   [%.4f, %.4f] %8.4f %8.4f %9.1f\n", Fmt("%.4g", r.x).c_str(),
+                r.sim.ettr, r.sim.ci95_low, r.sim.ci95_high, r.analytic.exact_ettr,
+                r.analytic.first_order_ettr, r.sim.failures);
+  }
+  sim::AnalyticSummary a = sim::Analyze(c);
+  std::printf("\nexact-optimal interval %s (ETTR %.4f), Young %s, Daly %s\n",
+              Dur(a.exact_optimum).c_str(), a.exact_ettr_at_optimum, Dur(a.young).c_str(),
+              Dur(a.daly).c_str());
+  std::printf("wrote %s and %s\n", flags.csv.c_str(), flags.svg.c_str());
+  return kExitOk;
+}
+
+int Run(const SimFlags& flags) {
+  Result<SimConfig> config = BuildConfig(flags);
+  if (!config.ok()) {
+    std::fprintf(stderr, "endure sim: %s\n", config.status().message().c_str());
+    return config.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitInternal;
+  }
+  if (flags.analytic) return RunAnalytic(*config, flags.json);
+  if (!flags.sweep.empty()) return RunSweep(*config, flags);
+  return RunSimulation(*config, flags);
+}
+
+}  // namespace
+
+Verb AddSimVerb(CLI::App& root) {
+  auto flags = std::make_shared<SimFlags>();
+  CLI::App* cmd = root.add_subcommand(
+      "sim",
+      "Simulate one large data-parallel training job under failures, driven by Endure's recovery "
+      "policy, and print ETTR (95% CI over --runs seeds), the ETTR ledger and the analytic models. "
+      "Settings come from defaults, then --scenario FILE (TOML, keys named like the flags, plus "
+      "[cause.NAME] tables), then flags. Durations: 500ms, 30s, 5m, 2h, 90d.");
+  // Each knob is kept as text and parsed by src/sim, so that TOML and flags
+  // share one parser and one error format.
+  auto knob_values = std::make_shared<std::vector<std::string>>(sim::Knobs().size());
+  for (size_t i = 0; i < sim::Knobs().size(); ++i) {
+    const sim::KnobInfo& k = sim::Knobs()[i];
+    cmd->add_option(std::string("--") + k.name, (*knob_values)[i], k.help)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  }
+  cmd->add_option("--scenario", flags->scenario, "TOML scenario file (see scenarios/)");
+  cmd->add_option("--path", flags->paths,
+                  "recovery path of a cause: CAUSE=restart|evict|wait (repeatable)");
+  cmd->add_flag("--json", flags->json, "print one JSON object");
+  cmd->add_flag("--analytic", flags->analytic, "print only the analytic models");
+  cmd->add_option(
+      "--sweep", flags->sweep,
+      "PARAM=FROM:TO:POINTS, e.g. ckpt-interval=1m:120m:30: simulated vs analytic ETTR");
+  cmd->add_option("--csv", flags->csv, "where --sweep writes its CSV (default sim_sweep.csv)");
+  cmd->add_option("--svg", flags->svg, "where --sweep writes its plot (default sim_sweep.svg)");
+  cmd->add_option("--incidents", flags->incidents,
+                  "print the first N recovery decisions of run 0 with their reasons");
+  Verb verb;
+  verb.command = cmd;
+  verb.run = [cmd, flags, knob_values] {
+    for (size_t i = 0; i < sim::Knobs().size(); ++i) {
+      std::string name = sim::Knobs()[i].name;
+      if (cmd->count("--" + name) > 0) flags->knobs.emplace_back(name, (*knob_values)[i]);
+    }
+    return Run(*flags);
+  };
+  return verb;
+}
+
+}  // namespace endure::cli
