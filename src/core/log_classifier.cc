@@ -125,19 +125,23 @@ Result<LogClassifier> LogClassifier::Create(std::vector<LogRule> rules, std::str
   std::set<std::string> names;
   for (LogRule& rule : rules) {
     const std::string at = Where(source, rule.line) + RuleLabel(rule) + ": ";
+    const std::string pattern_at =
+        Where(source, rule.pattern_line > 0 ? rule.pattern_line : rule.line) + RuleLabel(rule) +
+        ": ";
+    const std::string cause_at =
+        Where(source, rule.cause_line > 0 ? rule.cause_line : rule.line) + RuleLabel(rule) + ": ";
     if (rule.name.empty()) return InvalidArgument(at + "the rule needs a non-empty name");
     if (!names.insert(rule.name).second) {
       return InvalidArgument(at + "another rule has the same name; give each rule its own");
     }
-    if (rule.pattern.empty()) return InvalidArgument(at + "the pattern is empty");
+    if (rule.pattern.empty()) return InvalidArgument(pattern_at + "the pattern is empty");
 
     RE2::Options options;
     options.set_log_errors(false);
     auto re = std::make_unique<RE2>(rule.pattern, options);
     if (!re->ok()) {
-      return InvalidArgument(at + "the pattern does not compile: " + re->error() + " (at '" +
-                             re->error_arg() +
-                             "'); patterns use RE2 syntax, see "
+      return InvalidArgument(pattern_at + "the pattern does not compile: " + re->error() +
+                             "; patterns use RE2 syntax, see "
                              "https://github.com/google/re2/wiki/Syntax");
     }
 
@@ -147,7 +151,7 @@ Result<LogClassifier> LogClassifier::Create(std::vector<LogRule> rules, std::str
 
     // Cut the cause at its {placeholders}.
     const std::string& cause = rule.cause;
-    if (cause.empty()) return InvalidArgument(at + "the cause is empty");
+    if (cause.empty()) return InvalidArgument(cause_at + "the cause is empty");
     size_t pos = 0;
     while (pos < cause.size()) {
       const size_t open = cause.find('{', pos);
@@ -158,12 +162,12 @@ Result<LogClassifier> LogClassifier::Create(std::vector<LogRule> rules, std::str
       if (open > pos) c.cause.push_back({cause.substr(pos, open - pos), 0});
       const size_t close = cause.find('}', open);
       if (close == std::string::npos) {
-        return InvalidArgument(at + "the cause \"" + cause + "\" has a '{' without a '}'");
+        return InvalidArgument(cause_at + "the cause \"" + cause + "\" has a '{' without a '}'");
       }
       const std::string group = cause.substr(open + 1, close - open - 1);
       auto it = re->NamedCapturingGroups().find(group);
       if (!IsIdentifier(group) || it == re->NamedCapturingGroups().end()) {
-        return InvalidArgument(at + "the cause \"" + cause + "\" uses {" + group +
+        return InvalidArgument(cause_at + "the cause \"" + cause + "\" uses {" + group +
                                "}, but the pattern has no group named that; name a group with "
                                "(?P<" +
                                (IsIdentifier(group) ? group : std::string("name")) + ">...)");
@@ -238,8 +242,10 @@ Result<LogClassifier> LogClassifier::FromToml(std::string_view text, std::string
         ENDURE_RETURN_IF_ERROR(string_of(value, k, &rule.name));
       } else if (k == "pattern") {
         ENDURE_RETURN_IF_ERROR(string_of(value, k, &rule.pattern));
+        rule.pattern_line = line;
       } else if (k == "cause") {
         ENDURE_RETURN_IF_ERROR(string_of(value, k, &rule.cause));
+        rule.cause_line = line;
       } else if (k == "description") {
         ENDURE_RETURN_IF_ERROR(string_of(value, k, &rule.description));
       } else if (k == "action") {

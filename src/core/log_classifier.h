@@ -50,8 +50,11 @@ struct LogRule {
   std::string description;
   // Lines or excerpts this rule must classify; checked by CheckExamples.
   std::vector<std::string> examples;
-  // Where the rule starts in its file, for error messages (0: not from a file).
+  // Where the rule, its pattern and its cause are in their file, for error
+  // messages (0: not from a file).
   int line = 0;
+  int pattern_line = 0;
+  int cause_line = 0;
 };
 
 struct LogMatch {

@@ -66,15 +66,15 @@ TEST(LogClassifierLoad, BadPatternNamesTheRuleAndRe2) {
   EXPECT_THAT(e, StartsWith("rules.toml:1: rule \"a\": the key \"pattern\" is missing"));
   const std::string e2 = LoadError(
       "[[rule]]\nname = \"b\"\npattern = 'Xid (\\d+'\ncause = \"c\"\naction = \"stop\"\n");
-  EXPECT_THAT(e2, StartsWith("rules.toml:1: rule \"b\": the pattern does not compile: "));
+  EXPECT_THAT(e2, StartsWith("rules.toml:3: rule \"b\": the pattern does not compile: missing "));
   EXPECT_THAT(e2, HasSubstr("RE2 syntax"));
 }
 
 TEST(LogClassifierLoad, CausePlaceholdersMustNameGroups) {
   EXPECT_THAT(LoadError("[[rule]]\nname = \"x\"\npattern = 'Xid (\\d+)'\ncause = \"xid_{xid}\"\n"
                         "action = \"stop\"\n"),
-              HasSubstr("uses {xid}, but the pattern has no group named that; name a group with "
-                        "(?P<xid>...)"));
+              StartsWith("rules.toml:4: rule \"x\": the cause \"xid_{xid}\" uses {xid}, but the "
+                         "pattern has no group named that; name a group with (?P<xid>...)"));
   EXPECT_THAT(LoadError("[[rule]]\nname = \"x\"\npattern = 'a'\ncause = \"c_{\"\naction = "
                         "\"stop\"\n"),
               HasSubstr("has a '{' without a '}'"));

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <iterator>
 #include <memory>
@@ -43,7 +44,13 @@ std::vector<std::string> DefaultRulesCandidates() {
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   if (n <= 0) return {"config/log_rules.toml"};
   const std::string bin = DirName(std::string(exe, n));
-  return {bin + "/../../config/log_rules.toml", bin + "/../share/endure/log_rules.toml"};
+  std::vector<std::string> candidates;
+  for (const char* relative : {"/../../config/log_rules.toml", "/../share/endure/log_rules.toml"}) {
+    std::error_code ec;
+    const std::filesystem::path p = std::filesystem::weakly_canonical(bin + relative, ec);
+    candidates.push_back(ec ? bin + relative : p.string());
+  }
+  return candidates;
 }
 
 Result<std::string> FindRules(const std::string& flag) {

@@ -121,7 +121,7 @@ TEST(EndureClassifyCli, BrokenRulesFileExitsTwoWithFileAndLine) {
                   .ok());
   Outcome o = Classify("--rules '" + rules + "'", "anything\n");
   EXPECT_EQ(o.code, 2);
-  EXPECT_THAT(o.output, HasSubstr(rules + ":1: rule \"x\": the pattern does not compile"));
+  EXPECT_THAT(o.output, HasSubstr(rules + ":3: rule \"x\": the pattern does not compile"));
 
   o = Classify("--rules /nonexistent/rules.toml", "anything\n");
   EXPECT_EQ(o.code, 2);
