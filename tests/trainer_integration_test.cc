@@ -226,6 +226,33 @@ TEST_F(TrainerTest, SampleGeneratesFromACheckpoint) {
   EXPECT_GE(text.size(), 22u);
 }
 
+TEST_F(TrainerTest, RunsUnmodifiedUnderTorchrun) {
+  const char* torchrun = "/usr/bin/torchrun";
+  if (!fs::exists(torchrun)) GTEST_SKIP() << "python3-torch (torchrun) is not installed";
+  TrainRun ours = Train(2, {"--steps", "4"}, "ours");
+  ASSERT_TRUE(ours.Ok()) << ours.output;
+  const fs::path out = dir_ / "torchrun.out";
+  std::vector<std::string> argv = {torchrun,
+                                   "--no_python",
+                                   "--nproc_per_node",
+                                   "2",
+                                   "--master_port",
+                                   std::to_string(PickFreePort().value()),
+                                   "--redirects",
+                                   "2",
+                                   "--tee",
+                                   "2",
+                                   ENDURE_TRAIN_BIN};
+  argv.insert(argv.end(), kSmall.begin(), kSmall.end());
+  argv.insert(argv.end(), {"--steps", "4"});
+  auto p = Subprocess::Start({.argv = argv,
+                              .unset_env = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"},
+                              .output_path = out.string()});
+  ASSERT_TRUE(p->Wait().Success()) << ReadAll(out);
+  EXPECT_NE(ReadAll(out).find("param_fingerprint=" + ours.Fingerprint()), std::string::npos)
+      << ReadAll(out);
+}
+
 struct BadInput {
   std::vector<std::string> args;
   std::vector<std::pair<std::string, std::string>> env;

@@ -16,6 +16,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -299,12 +300,21 @@ struct Cluster {
 
 Cluster Connect(const DistEnv& dist, const TrainerOptions& options) {
   Cluster c;
+  // Under torchrun the agent already hosts the store at MASTER_PORT; rank 0
+  // hosts it otherwise. Keys live under a per-attempt prefix so that a
+  // restarted worker set never reads a previous attempt's keys.
+  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const bool use_agent_store = agent_store != nullptr && std::string(agent_store) == "True";
+  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<uint16_t>(dist.master_port);
-  store_options.isServer = dist.rank == 0;
+  store_options.isServer = dist.rank == 0 && !use_agent_store;
+  store_options.waitWorkers = !use_agent_store;
   store_options.numWorkers = static_cast<size_t>(dist.world_size);
   store_options.timeout = std::chrono::seconds(options.collective_timeout_s);
-  c.store = c10::make_intrusive<c10d::TCPStore>(dist.master_addr, store_options);
+  c.store = c10::make_intrusive<c10d::PrefixStore>(
+      std::string("endure/attempt_") + (attempt != nullptr ? attempt : "0"),
+      c10::make_intrusive<c10d::TCPStore>(dist.master_addr, store_options));
   auto gloo_options =
       c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(options.collective_timeout_s));
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
