@@ -40,7 +40,8 @@ struct HangDetectorOptions {
   // of a job are often slow (lazy initialisation, autotuning, compilation).
   int min_samples = 5;
   // Allowed time from a generation's start until every rank has finished its
-  // first step.
+  // first step: start-up plus one step (and the time allowed per step while
+  // warming up).
   Duration startup_timeout = std::chrono::seconds(60);
 
   // Names the first invalid field and its accepted range.
