@@ -213,6 +213,9 @@ Result<SweepSpec> ParseSweep(std::string_view text) {
   SweepSpec spec;
   spec.param = param;
   spec.x_label = sw->label;
+  spec.column = param;
+  std::replace(spec.column.begin(), spec.column.end(), '-', '_');
+  if (sw->kind == SweepKind::kDuration) spec.column += "_min";
   for (long i = 0; i < points; ++i) {
     double v = points == 1 ? from : from + (to - from) * static_cast<double>(i) / (points - 1);
     switch (sw->kind) {
@@ -258,7 +261,7 @@ Result<std::vector<SweepRow>> RunSweep(const SimConfig& base, const SweepSpec& s
 }
 
 std::string SweepCsv(const SweepSpec& spec, const std::vector<SweepRow>& rows) {
-  std::string out = spec.param +
+  std::string out = spec.column +
                     ",ettr_sim,ettr_ci95_low,ettr_ci95_high,ettr_stderr,ettr_exact,"
                     "ettr_first_order,failures,runs\n";
   for (const SweepRow& r : rows) {
@@ -329,6 +332,17 @@ std::string SweepSvg(const SweepSpec& spec, const std::vector<SweepRow>& rows,
   };
   polyline([](const SweepRow& r) { return r.analytic.exact_ettr; }, "#1f77b4", "");
   polyline([](const SweepRow& r) { return r.analytic.first_order_ettr; }, "#2ca02c", "6,4");
+  // The optimum of the exact model, when the sweep is over the interval.
+  if (spec.param == "ckpt-interval" && !rows.empty() &&
+      rows.front().analytic.exact_optimum != core::kNeverFails) {
+    double opt = Seconds(rows.front().analytic.exact_optimum) / 60;
+    if (opt >= x_lo && opt <= x_hi) {
+      s << "<line x1=\"" << px(opt) << "\" x2=\"" << px(opt) << "\" y1=\"" << kTop << "\" y2=\""
+        << kH - kBottom << "\" stroke=\"#7f7f7f\" stroke-dasharray=\"2,3\"/>\n";
+      s << "<text x=\"" << px(opt) + 4 << "\" y=\"" << kTop + 12 << "\" fill=\"#7f7f7f\">optimum "
+        << Fixed(opt, 1) << " min</text>\n";
+    }
+  }
   // Simulated points with their 95% intervals.
   for (const SweepRow& r : rows) {
     s << "<line x1=\"" << px(r.x) << "\" x2=\"" << px(r.x) << "\" y1=\"" << py(r.sim.ci95_low)

@@ -67,7 +67,8 @@ struct SweepSpec {
   std::string param;
   std::vector<std::string> values;  // as a flag would carry them
   std::vector<double> x;            // the same values, in minutes for durations
-  std::string x_label;
+  std::string column;               // CSV and table column of x: "ckpt_interval_min"
+  std::string x_label;              // plot axis: "checkpoint interval (min)"
 };
 // Errors name --sweep. Sweepable: ckpt-interval, ckpt-write, restart, detect,
 // failure-rate, nodes, spares.
@@ -85,7 +86,8 @@ Result<std::vector<SweepRow>> RunSweep(const SimConfig& base, const SweepSpec& s
 
 std::string SweepCsv(const SweepSpec& spec, const std::vector<SweepRow>& rows);
 // A standalone SVG line chart: simulated ETTR with its 95% interval against
-// the exact and the first-order analytic ETTR.
+// the exact and the first-order analytic ETTR; a checkpoint-interval sweep
+// also marks the exact-optimal interval.
 std::string SweepSvg(const SweepSpec& spec, const std::vector<SweepRow>& rows,
                      const std::string& title);
 

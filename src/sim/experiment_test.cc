@@ -137,7 +137,7 @@ TEST(Sweep, RunsAndRenders) {
 
   std::string csv = SweepCsv(*spec, *rows);
   EXPECT_EQ(csv.substr(0, csv.find('\n')),
-            "ckpt-interval,ettr_sim,ettr_ci95_low,ettr_ci95_high,ettr_stderr,ettr_exact,"
+            "ckpt_interval_min,ettr_sim,ettr_ci95_low,ettr_ci95_high,ettr_stderr,ettr_exact,"
             "ettr_first_order,failures,runs");
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5);
   std::string svg = SweepSvg(*spec, *rows, "ETTR <vs> interval");

@@ -59,17 +59,17 @@ struct Knob {
 
 #define KNOB_INT(NAME, HELP, EXPR)                                                  \
   {                                                                                 \
-    {NAME, HELP}, Kind::kInt,                                                       \
+    {NAME, HELP, "N"}, Kind::kInt,                                                  \
         [](SimConfig& c, int64_t v, double, Duration, const std::string&) { EXPR; } \
   }
 #define KNOB_DOUBLE(NAME, HELP, EXPR)                                               \
   {                                                                                 \
-    {NAME, HELP}, Kind::kDouble,                                                    \
+    {NAME, HELP, "X"}, Kind::kDouble,                                               \
         [](SimConfig& c, int64_t, double v, Duration, const std::string&) { EXPR; } \
   }
 #define KNOB_DURATION(NAME, HELP, EXPR)                                             \
   {                                                                                 \
-    {NAME, HELP}, Kind::kDuration,                                                  \
+    {NAME, HELP, "DURATION"}, Kind::kDuration,                                      \
         [](SimConfig& c, int64_t, double, Duration v, const std::string&) { EXPR; } \
   }
 
@@ -81,7 +81,7 @@ const std::vector<Knob>& KnobTable() {
       KNOB_DOUBLE("failure-rate",
                   "failures per 1000 node-days (default 6.5; 3.79 with --cause-mix llama3)",
                   c.failure_rate = v),
-      {{"cause-mix", "failure causes: none (one generic cause) or llama3 (default none)"},
+      {{"cause-mix", "failure causes: none (one generic cause) or llama3 (default none)", "NAME"},
        Kind::kString,
        [](SimConfig& c, int64_t, double, Duration, const std::string& v) { c.cause_mix = v; }},
       KNOB_DURATION("ckpt-interval", "training time between checkpoints (default 30m)",
@@ -114,7 +114,7 @@ const std::vector<Knob>& KnobTable() {
       KNOB_DURATION("backoff-max", "longest backoff (30m)", c.policy.backoff_max = v),
       KNOB_INT("runs", "independent runs (seeds) for the confidence interval (default 10)",
                c.runs = v),
-      {{"seed", "seed of the first run (default: random, printed)"},
+      {{"seed", "seed of the first run (default: random, printed)", "N"},
        Kind::kInt,
        [](SimConfig& c, int64_t v, double, Duration, const std::string&) {
          c.seed = static_cast<uint64_t>(v);
@@ -137,7 +137,8 @@ const Knob* FindKnob(std::string_view name) {
 
 // The Llama 3 405B interruption table (arXiv 2407.21783, Table 5), by count:
 // the printed percentages do not add up. Paths and the two detection
-// latencies are Endure's assumptions, not the paper's.
+// latencies are Endure's assumptions, not the paper's: hardware is evicted,
+// software restarts in place, an outside dependency is waited for.
 std::vector<CauseSpec> Llama3Mix() {
   const RecoveryPath kEvict = RecoveryPath::kEvictAndReplace;
   const RecoveryPath kRestart = RecoveryPath::kRestartInPlace;
@@ -146,7 +147,8 @@ std::vector<CauseSpec> Llama3Mix() {
       {"faulty_gpu", 148, {}, kEvict, {}},
       {"gpu_hbm3", 72, {}, kEvict, {}},
       {"software_bug", 54, {}, kRestart, {}},
-      {"network_switch_cable", 35, {}, kWait, {}},
+      // The node behind a bad link or leaf switch is drained.
+      {"network_switch_cable", 35, {}, kEvict, {}},
       {"host_maintenance", 32, {}, kEvict, {}},
       {"gpu_sram", 19, {}, kEvict, {}},
       {"gpu_system_processor", 17, {}, kEvict, {}},

@@ -101,6 +101,7 @@ struct SimConfig {
 struct KnobInfo {
   const char* name;
   const char* help;
+  const char* value_name;  // for --help: N, X, DURATION, NAME
 };
 const std::vector<KnobInfo>& Knobs();
 

@@ -118,5 +118,15 @@ TEST(Scenario, PathOverridesReachThePolicy) {
   EXPECT_EQ(c.policy.paths.at("straggler"), core::RecoveryPath::kRestartInPlace);
 }
 
+TEST(Scenario, ExampleScenarioLoads) {
+  SimConfig c;
+  Status s = LoadScenarioFile(ENDURE_SCENARIO_DIR "/llama3-16k.toml", c);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_TRUE(Finalize(c).ok());
+  EXPECT_EQ(c.nodes, 2048);
+  EXPECT_EQ(c.spares, 16);
+  EXPECT_EQ(c.policy.paths.at("dependency"), core::RecoveryPath::kWaitForRepair);
+}
+
 }  // namespace
 }  // namespace endure::sim

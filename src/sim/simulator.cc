@@ -201,6 +201,11 @@ class Run {
     repairs_.push({now_ + repair, node.value});
   }
 
+  // Spares not yet promised to an empty slot.
+  int32_t SparesFree() const {
+    return std::max<int32_t>(0, pool_.spares_available() - static_cast<int32_t>(vacant_.size()));
+  }
+
   void FillVacancies() {
     while (!vacant_.empty()) {
       std::optional<NodeId> spare = pool_.Acquire();
@@ -315,7 +320,7 @@ class Run {
       event.cause = cause.name;
       event.step = f.step;
       event.during_recovery = f.during_recovery;
-      event.spares_available = pool_.spares_available();
+      event.spares_available = SparesFree();
       core::RecoveryDecision d = policy_.Step(event, At(now_));
       Log(d, cause.name, c_.DetectFor(cause));
       backoff_until_ = std::max(backoff_until_, now_ + d.delay);
@@ -384,7 +389,7 @@ class Run {
     event.cause = kStragglerCause;
     event.step = CurrentStep();
     event.degraded = true;
-    event.spares_available = pool_.spares_available();
+    event.spares_available = SparesFree();
     core::RecoveryDecision d = policy_.Step(event, At(now_));
     Log(d, std::string(kStragglerCause), c_.straggler_detect);
     // Act at the next durable checkpoint, or when the job next restarts

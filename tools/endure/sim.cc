@@ -274,10 +274,10 @@ int RunSweep(const SimConfig& c, const SimFlags& flags) {
     return kExitOk;
   }
   PrintHeader(c);
-  std::printf("%-14s %8s %19s %8s %8s %9s\n", spec->x_label.substr(0, 14).c_str(), "sim ETTR",
-              "95% CI", "exact", "1st-ord", "failures");
+  std::printf("%-18s %8s %19s %8s %8s %9s\n", spec->column.c_str(), "sim ETTR", "95% CI", "exact",
+              "1st-ord", "failures");
   for (const sim::SweepRow& r : *rows) {
-    std::printf("%-14s %8.4f   [%.4f, %.4f] %8.4f %8.4f %9.1f\n", Fmt("%.4g", r.x).c_str(),
+    std::printf("%-18s %8.4f   [%.4f, %.4f] %8.4f %8.4f %9.1f\n", Fmt("%.4g", r.x).c_str(),
                 r.sim.ettr, r.sim.ci95_low, r.sim.ci95_high, r.analytic.exact_ettr,
                 r.analytic.first_order_ettr, r.sim.failures);
   }
@@ -316,20 +316,26 @@ Verb AddSimVerb(CLI::App& root) {
   for (size_t i = 0; i < sim::Knobs().size(); ++i) {
     const sim::KnobInfo& k = sim::Knobs()[i];
     cmd->add_option(std::string("--") + k.name, (*knob_values)[i], k.help)
-        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+        ->type_name(k.value_name);
   }
-  cmd->add_option("--scenario", flags->scenario, "TOML scenario file (see scenarios/)");
+  cmd->add_option("--scenario", flags->scenario, "TOML scenario file (see scenarios/)")
+      ->type_name("FILE");
   cmd->add_option("--path", flags->paths,
-                  "recovery path of a cause: CAUSE=restart|evict|wait (repeatable)");
+                  "recovery path of a cause: CAUSE=restart|evict|wait (repeatable)")
+      ->type_name("CAUSE=PATH");
   cmd->add_flag("--json", flags->json, "print one JSON object");
   cmd->add_flag("--analytic", flags->analytic, "print only the analytic models");
   cmd->add_option(
       "--sweep", flags->sweep,
       "PARAM=FROM:TO:POINTS, e.g. ckpt-interval=1m:120m:30: simulated vs analytic ETTR");
-  cmd->add_option("--csv", flags->csv, "where --sweep writes its CSV (default sim_sweep.csv)");
-  cmd->add_option("--svg", flags->svg, "where --sweep writes its plot (default sim_sweep.svg)");
+  cmd->add_option("--csv", flags->csv, "where --sweep writes its CSV (default sim_sweep.csv)")
+      ->type_name("FILE");
+  cmd->add_option("--svg", flags->svg, "where --sweep writes its plot (default sim_sweep.svg)")
+      ->type_name("FILE");
   cmd->add_option("--incidents", flags->incidents,
-                  "print the first N recovery decisions of run 0 with their reasons");
+                  "print the first N recovery decisions of run 0 with their reasons")
+      ->type_name("N");
   Verb verb;
   verb.command = cmd;
   verb.run = [cmd, flags, knob_values] {
