@@ -305,11 +305,12 @@ int Run(const SimFlags& flags) {
 Verb AddSimVerb(CLI::App& root) {
   auto flags = std::make_shared<SimFlags>();
   CLI::App* cmd = root.add_subcommand(
-      "sim",
-      "Simulate one large data-parallel training job under failures, driven by Endure's recovery "
-      "policy, and print ETTR (95% CI over --runs seeds), the ETTR ledger and the analytic models. "
-      "Settings come from defaults, then --scenario FILE (TOML, keys named like the flags, plus "
-      "[cause.NAME] tables), then flags. Durations: 500ms, 30s, 5m, 2h, 90d.");
+      "sim", "Simulate a large training job under failures: ETTR, ledger, analytic models");
+  cmd->footer(
+      "Simulates one data-parallel job under failures, driven by Endure's recovery policy, and "
+      "prints ETTR (95% CI over --runs seeds), the ETTR ledger and the analytic models. Settings "
+      "come from defaults, then --scenario FILE (TOML, keys named like the flags, plus "
+      "[cause.NAME] tables), then flags. Durations: 500ms, 30s, 5m, 2h, 90d. See docs/sim.md.");
   // Each knob is kept as text and parsed by src/sim, so that TOML and flags
   // share one parser and one error format.
   auto knob_values = std::make_shared<std::vector<std::string>>(sim::Knobs().size());
