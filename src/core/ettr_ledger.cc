@@ -1,6 +1,7 @@
 // ETTR ledger; see ettr_ledger.h.
 #include "core/ettr_ledger.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/status.h"
@@ -70,6 +71,15 @@ void EttrLedger::RollBack(TimePoint now) {
   totals_[static_cast<int>(LedgerCategory::kProductive)] -= uncommitted_;
   totals_[static_cast<int>(LedgerCategory::kRecompute)] += uncommitted_;
   uncommitted_ = Duration(0);
+}
+
+void EttrLedger::Reclassify(Duration amount, LedgerCategory to, TimePoint now) {
+  ENDURE_CHECK(to != LedgerCategory::kProductive);
+  Advance(now);
+  amount = std::clamp(amount, Duration(0), uncommitted_);
+  uncommitted_ -= amount;
+  totals_[static_cast<int>(LedgerCategory::kProductive)] -= amount;
+  totals_[static_cast<int>(to)] += amount;
 }
 
 double EttrLedger::Ettr() const {

@@ -56,6 +56,12 @@ class EttrLedger {
   // productive time is lost and charged to kRecompute.
   void RollBack(TimePoint now);
 
+  // The last `amount` of productive time, not yet committed, was not
+  // productive after all (a fault hit that long before it was detected, or a
+  // step was blocked saving a checkpoint): charges it to `to` instead.
+  // Charges up to `now` first; clamped to the uncommitted time.
+  void Reclassify(Duration amount, LedgerCategory to, TimePoint now);
+
   // Time charged to `category` so far; kProductive includes uncommitted time.
   Duration total(LedgerCategory category) const { return totals_[static_cast<int>(category)]; }
   Duration uncommitted() const { return uncommitted_; }

@@ -56,6 +56,21 @@ TEST(EttrLedger, SlowdownChargesTheLostShareElsewhere) {
   EXPECT_EQ(SumOfCategories(l), l.wall());
 }
 
+TEST(EttrLedger, ReclassifyMovesRecentUncommittedTime) {
+  EttrLedger l(At(seconds(0)));
+  l.Enter(C::kProductive, At(seconds(0)));
+  l.Commit(At(seconds(10)));
+  // A fault hit at 14 s and was detected at 15 s.
+  l.Reclassify(seconds(1), C::kDetection, At(seconds(15)));
+  EXPECT_EQ(l.total(C::kDetection), seconds(1));
+  EXPECT_EQ(l.uncommitted(), seconds(4));
+  // Never more than the uncommitted time.
+  l.Reclassify(seconds(100), C::kCheckpointStall, At(seconds(15)));
+  EXPECT_EQ(l.total(C::kCheckpointStall), seconds(4));
+  EXPECT_EQ(l.total(C::kProductive), seconds(10));
+  EXPECT_EQ(SumOfCategories(l), l.wall());
+}
+
 TEST(EttrLedger, CategoryNames) {
   EXPECT_EQ(LedgerCategoryName(C::kCheckpointStall), "checkpoint_stall");
   EXPECT_EQ(LedgerCategoryName(C::kOther), "other");

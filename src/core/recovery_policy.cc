@@ -97,9 +97,11 @@ RecoveryDecision RecoveryPolicy::Step(const FailureEvent& event, TimePoint now) 
                             std::to_string(event.step.value);
 
   // 1. Structural: the same cause stops training at the same step again and again.
+  bool repeats_at_step = false;
   if (!event.during_recovery && !event.degraded) {
     CauseHistory& c = causes_[cause];
     c.same_step_count = c.last_training_step == event.step ? c.same_step_count + 1 : 1;
+    repeats_at_step = c.same_step_count > 1;
     c.last_training_step = event.step;
     if (options_.structural_repeats > 0 && c.same_step_count >= options_.structural_repeats) {
       d.action = RecoveryAction::kStop;
@@ -123,8 +125,10 @@ RecoveryDecision RecoveryPolicy::Step(const FailureEvent& event, TimePoint now) 
   RecoveryPath path = PathFor(cause);
   std::string why = where + " (path " + std::string(RecoveryPathName(path)) + ")";
   int node_failures = static_cast<int>(n.recent_failures.size());
+  // A failure that recurs at the same step follows the step (code, data), not
+  // the node: isolating the node would not help, rule 1 deals with it.
   if (path == RecoveryPath::kRestartInPlace && options_.evict_node_after > 0 &&
-      node_failures >= options_.evict_node_after) {
+      node_failures >= options_.evict_node_after && !repeats_at_step) {
     path = RecoveryPath::kEvictAndReplace;
     why = where + ", its " + Ordinal(node_failures) + " failure within " +
           FormatDuration(options_.restart_window) + ": isolating it instead of restarting in place";

@@ -13,7 +13,8 @@
 //     `restart_window`: the job is crash-looping, stop.
 //  3. The cause's recovery path (restart / evict / wait), escalated from
 //     restart to evict when the same node failed `evict_node_after` times
-//     within `restart_window`.
+//     within `restart_window` — unless the failure repeats at the same step,
+//     which points at code or data rather than the node.
 //  4. Backoff: when the same node fails again with the same cause without the
 //     job getting past the step of its previous failure, wait
 //     backoff_initial * 2^(k-1) (capped at backoff_max) before acting.

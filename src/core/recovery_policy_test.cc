@@ -57,6 +57,18 @@ TEST(RecoveryPolicy, StopsOnTheSameCauseAtTheSameStepThreeTimes) {
   EXPECT_THAT(d.reason, HasSubstr("structural"));
 }
 
+TEST(RecoveryPolicy, ARepeatAtTheSameStepOnOneNodeIsNotIsolated) {
+  RecoveryPolicyOptions o = Options();
+  o.backoff_initial = Duration(0);
+  RecoveryPolicy p(o);
+  EXPECT_EQ(p.Step(Fail(1, "user_exception", 14), At(minutes(1))).action,
+            RecoveryAction::kRestartInPlace);
+  // The same node again, at the same step: the step is the problem, not the node.
+  EXPECT_EQ(p.Step(Fail(1, "user_exception", 14), At(minutes(2))).action,
+            RecoveryAction::kRestartInPlace);
+  EXPECT_EQ(p.Step(Fail(1, "user_exception", 14), At(minutes(3))).action, RecoveryAction::kStop);
+}
+
 TEST(RecoveryPolicy, FailedRestartsAreNotStructural) {
   RecoveryPolicy p(Options());
   for (int i = 0; i < 5; ++i) {

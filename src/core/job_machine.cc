@@ -1,0 +1,440 @@
+// JobMachine; see job_machine.h.
+#include "core/job_machine.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/crash_detector.h"
+
+namespace endure::core {
+namespace {
+
+double SecondsBetween(TimePoint a, TimePoint b) { return Seconds(b - a); }
+
+}  // namespace
+
+std::string_view JobPhaseName(JobPhase phase) {
+  switch (phase) {
+    case JobPhase::kWaitingForNodes:
+      return "waiting_for_nodes";
+    case JobPhase::kRunning:
+      return "running";
+    case JobPhase::kStopping:
+      return "stopping";
+    case JobPhase::kWaiting:
+      return "waiting";
+    case JobPhase::kDone:
+      return "done";
+  }
+  return "?";
+}
+
+Status JobMachineOptions::Validate() const {
+  if (nodes < 1) return InvalidArgument("nodes must be at least 1");
+  if (ranks_per_node < 1) return InvalidArgument("ranks_per_node must be at least 1");
+  ENDURE_RETURN_IF_ERROR(hang.Validate());
+  ENDURE_RETURN_IF_ERROR(loss.Validate());
+  ENDURE_RETURN_IF_ERROR(anomaly.Validate());
+  return recovery.Validate();
+}
+
+JobMachine::JobMachine(JobMachineOptions options, std::vector<ExternalFault> external_faults,
+                       TimePoint start)
+    : options_(std::move(options)),
+      external_(std::move(external_faults)),
+      start_(start),
+      ledger_(start),
+      hang_(options_.hang),
+      loss_(options_.loss),
+      anomaly_(options_.anomaly),
+      recovery_(options_.recovery) {
+  ENDURE_CHECK(options_.Validate().ok());
+}
+
+std::string JobMachine::NodeName(NodeId node) const {
+  auto it = nodes_.find(node);
+  return it == nodes_.end() ? "node?" : it->second.name;
+}
+
+NodeId JobMachine::NodeOfRank(int rank) const {
+  const size_t i = static_cast<size_t>(rank / options_.ranks_per_node);
+  return rank >= 0 && i < members_.size() ? members_[i] : NodeId{};
+}
+
+std::vector<NodeId> JobMachine::HealthyNodes() const {
+  // Previous members first, in their order, so that ranks stay where they were.
+  std::vector<NodeId> out;
+  for (NodeId n : members_) {
+    auto it = nodes_.find(n);
+    if (it != nodes_.end() && it->second.up && it->second.slots >= options_.ranks_per_node) {
+      out.push_back(n);
+    }
+  }
+  for (const auto& [id, node] : nodes_) {
+    if (node.up && node.slots >= options_.ranks_per_node &&
+        std::find(out.begin(), out.end(), id) == out.end()) {
+      out.push_back(id);
+    }
+  }
+  return out;
+}
+
+Incident* JobMachine::OpenIncident() { return incident_open_ ? &incidents_.back() : nullptr; }
+
+std::optional<TimePoint> JobMachine::NextDeadline() const {
+  std::optional<TimePoint> next;
+  auto consider = [&](std::optional<TimePoint> t) {
+    if (t && (!next || *t < *next)) next = t;
+  };
+  if (phase_ == JobPhase::kRunning) consider(hang_.NextDeadline());
+  if (phase_ == JobPhase::kWaiting && wait_until_) consider(wait_until_);
+  if (phase_ != JobPhase::kDone) {
+    for (const ExternalFault& f : external_) {
+      if (f.at && !fired_.count(f.id)) consider(start_ + *f.at);
+    }
+  }
+  return next;
+}
+
+std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
+  std::vector<JobAction> out;
+  if (phase_ == JobPhase::kDone) return out;
+  ledger_.Advance(now);
+
+  if (const auto* e = std::get_if<NodeUp>(&event)) {
+    nodes_[e->node] = Node{e->name, e->slots, true};
+    MaybeStart(now, out);
+
+  } else if (const auto* e = std::get_if<NodeDown>(&event)) {
+    auto it = nodes_.find(e->node);
+    if (it == nodes_.end() || !it->second.up) return out;
+    it->second.up = false;
+    const bool member = std::find(members_.begin(), members_.end(), e->node) != members_.end();
+    if (phase_ == JobPhase::kRunning && member) {
+      Failure f;
+      f.cause = "node_lost";
+      f.node = e->node;
+      f.rank = static_cast<int>(std::find(members_.begin(), members_.end(), e->node) -
+                                members_.begin()) *
+               options_.ranks_per_node;
+      f.fault_at = now;
+      for (const auto& [gen, fired] : fired_events_) {
+        if (gen == generation_ && fired.kind == "kill-agent" && NodeOfRank(fired.rank) == e->node) {
+          f.fault_at = fired.at;
+          f.injected_at = fired.at;
+        }
+      }
+      f.extra_reason = e->reason;
+      OnFailure(f, now, out);
+    } else if (phase_ == JobPhase::kStopping && awaiting_stop_.erase(e->node) > 0 &&
+               awaiting_stop_.empty()) {
+      // The node went away while stopping: its workers are gone with it.
+      if (Incident* inc = OpenIncident()) inc->stopped_at = now;
+      phase_ = JobPhase::kWaiting;
+      MaybeStart(now, out);
+    }
+
+  } else if (const auto* e = std::get_if<WorkerReady>(&event)) {
+    if (e->generation != generation_ || phase_ != JobPhase::kRunning) return out;
+    if (e->rank < 0 || e->rank >= world_size()) return out;
+    rank_ready_[e->rank] = true;
+    max_restore_s_ = std::max(max_restore_s_, e->restore_s);
+    start_step_ = e->start_step;
+    if (std::all_of(rank_ready_.begin(), rank_ready_.end(), [](bool b) { return b; })) {
+      if (Incident* inc = OpenIncident()) {
+        inc->ready_at = now;
+        inc->restore_s = max_restore_s_;
+        inc->restored_step = e->start_step;
+      }
+      loss_.RollBackTo(StepNumber{e->start_step});
+    }
+
+  } else if (const auto* e = std::get_if<StepEnd>(&event)) {
+    if (e->generation != generation_ || phase_ != JobPhase::kRunning) return out;
+    if (e->rank < 0 || e->rank >= world_size()) return out;
+    rank_step_[e->rank] = std::max(rank_step_[e->rank], e->step);
+    (void)hang_.OnStepEnd(e->rank, StepNumber{e->step}, now);
+    const int64_t job_step = *std::min_element(rank_step_.begin(), rank_step_.end());
+    if (!productive_ && job_step > start_step_) {
+      // Every rank finished its first step of this generation.
+      productive_ = true;
+      ledger_.Enter(LedgerCategory::kProductive, now);
+      if (Incident* inc = OpenIncident()) {
+        inc->recovered_at = now;
+        incident_open_ = false;
+      }
+    }
+    if (productive_) job_step_ = job_step;
+    if (e->rank == 0) {
+      last_loss_ = e->loss;
+      if (productive_ && e->ckpt_stall_s > 0) {
+        ledger_.Reclassify(FromSeconds(e->ckpt_stall_s), LedgerCategory::kCheckpointStall, now);
+      }
+      if (e->checkpoint_step >= 0) {
+        checkpoints_.push_back(e->checkpoint_step);
+        ledger_.Commit(now);
+      }
+    }
+    if (options_.detect_loss_anomalies && (e->rank == 0 || !std::isfinite(e->loss))) {
+      if (std::optional<LossAnomaly> a = loss_.Observe(StepNumber{e->step}, e->loss)) {
+        Failure f;
+        f.cause = std::string(LossAnomalyCause(a->kind));
+        f.rank = e->rank;
+        f.node = NodeOfRank(e->rank);
+        f.fault_at = now;
+        for (const auto& [gen, fired] : fired_events_) {
+          if (gen == generation_ && fired.kind == "nan" && fired.rank == e->rank) {
+            f.fault_at = fired.at;
+            f.injected_at = fired.at;
+          }
+        }
+        f.anomaly = true;
+        f.extra_reason = a->reason;
+        f.loss_anomaly = *a;
+        OnFailure(f, now, out);
+        return out;
+      }
+    }
+    FireDueFaults(now, out);
+
+  } else if (const auto* e = std::get_if<WorkerExitEvent>(&event)) {
+    if (e->generation != generation_ || phase_ != JobPhase::kRunning) return out;
+    if (e->rank < 0 || e->rank >= world_size()) return out;
+    if (e->exit_code == 0) {
+      rank_done_[e->rank] = true;
+      if (std::all_of(rank_done_.begin(), rank_done_.end(), [](bool b) { return b; })) {
+        Finish(0, "training completed", now, out);
+      }
+      return out;
+    }
+    WorkerExit exit;
+    exit.node = e->node;
+    exit.rank = e->rank;
+    exit.exit_code = e->exit_code;
+    exit.signal = e->signal;
+    std::optional<CrashReport> crash = ClassifyWorkerExit(exit);
+    if (!crash) return out;
+    Failure f;
+    f.cause = e->log_cause.empty() ? crash->cause : e->log_cause;
+    f.rank = e->rank;
+    f.node = e->node;
+    f.fault_at = now;
+    for (const auto& [gen, fired] : fired_events_) {
+      if (gen == generation_ && fired.rank == e->rank) {
+        f.fault_at = fired.at;
+        f.injected_at = fired.at;
+      }
+    }
+    f.log_action = e->log_action;
+    f.log_line = e->log_line;
+    f.extra_reason = crash->reason;
+    if (!e->log_rule.empty()) {
+      f.extra_reason += "; log rule '" + e->log_rule + "' (" + e->log_action + ") matched";
+    }
+    OnFailure(f, now, out);
+
+  } else if (const auto* e = std::get_if<FaultFiredEvent>(&event)) {
+    fired_.insert(e->id);
+    fired_events_.push_back({e->generation, *e});
+
+  } else if (const auto* e = std::get_if<GenerationStoppedEvent>(&event)) {
+    if (e->generation != generation_ || phase_ != JobPhase::kStopping) return out;
+    awaiting_stop_.erase(e->node);
+    if (awaiting_stop_.empty()) {
+      if (Incident* inc = OpenIncident()) inc->stopped_at = now;
+      phase_ = JobPhase::kWaiting;
+      MaybeStart(now, out);
+    }
+
+  } else if (const auto* e = std::get_if<StackDumpEvent>(&event)) {
+    for (Incident& inc : incidents_) {
+      if (inc.generation == e->generation && inc.cause == "hang") {
+        inc.stacks.push_back("rank " + std::to_string(e->rank) + ":\n" + e->text);
+      }
+    }
+
+  } else if (std::holds_alternative<Tick>(event)) {
+    FireDueFaults(now, out);
+    if (phase_ == JobPhase::kRunning) {
+      if (std::optional<HangVerdict> v = hang_.Check(now)) {
+        Failure f;
+        f.cause = "hang";
+        f.rank = v->behind_ranks.empty() ? (v->stalled_ranks.empty() ? -1 : v->stalled_ranks[0])
+                                         : v->behind_ranks[0];
+        f.fault_at = v->stalled_since;
+        for (const auto& [gen, fired] : fired_events_) {
+          if (gen == generation_ && (fired.kind == "hang")) {
+            f.fault_at = fired.at;
+            f.injected_at = fired.at;
+            f.rank = fired.rank;
+          }
+        }
+        f.node = NodeOfRank(f.rank);
+        f.extra_reason = v->reason;
+        OnFailure(f, now, out);
+      }
+    } else if (phase_ == JobPhase::kWaiting) {
+      MaybeStart(now, out);
+    }
+  }
+  return out;
+}
+
+void JobMachine::FireDueFaults(TimePoint now, std::vector<JobAction>& out) {
+  if (phase_ != JobPhase::kRunning) return;
+  for (const ExternalFault& f : external_) {
+    if (fired_.count(f.id) || (!f.at && !productive_)) continue;
+    // A step-keyed fault fires while its rank runs step `step`, i.e. once
+    // step - 1 steps are complete.
+    const bool due =
+        f.at ? now - start_ >= *f.at
+             : (f.rank >= 0 && f.rank < world_size() && rank_step_[f.rank] >= f.step - 1);
+    if (!due) continue;
+    const int rank = std::clamp(f.rank, 0, world_size() - 1);
+    fired_.insert(f.id);
+    FaultFiredEvent fired{generation_, rank, f.id, f.kind, rank_step_[rank] + 1, now};
+    fired_events_.push_back({generation_, fired});
+    out.push_back(InjectFaultAction{f, NodeOfRank(rank), generation_});
+  }
+}
+
+void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<JobAction>& out) {
+  if (phase_ != JobPhase::kRunning) return;
+  // Time between the fault and now was not productive: it was detection.
+  if (productive_) {
+    ledger_.Reclassify(std::max(Duration(0), now - failure.fault_at), LedgerCategory::kDetection,
+                       now);
+  }
+  ledger_.RollBack(now);
+  ledger_.Enter(LedgerCategory::kRecovery, now);
+
+  Incident inc;
+  inc.id = static_cast<int>(incidents_.size()) + 1;
+  inc.generation = generation_;
+  inc.cause = failure.cause;
+  inc.rank = failure.rank;
+  inc.node = failure.node;
+  inc.node_name = NodeName(failure.node);
+  inc.injected_at = failure.injected_at;
+  inc.fault_at = failure.fault_at;
+  inc.detected_at = now;
+  inc.failed_at_step = *std::max_element(rank_step_.begin(), rank_step_.end());
+  inc.log_line = failure.log_line;
+
+  std::string reason = failure.extra_reason;
+  bool stop = false;
+  int exit_code = 3;
+  std::optional<NodeId> evict;
+  Duration delay{0};
+  if (failure.anomaly) {
+    std::vector<StepNumber> ckpts;
+    for (int64_t s : checkpoints_) ckpts.push_back(StepNumber{s});
+    AnomalyDecision d = anomaly_.Decide(*failure.loss_anomaly, ckpts);
+    inc.action = std::string(AnomalyActionName(d.action));
+    reason += "; " + d.reason;
+    if (d.action == AnomalyAction::kStop) {
+      stop = true;
+    } else {
+      restore_step_ = d.restore_step ? d.restore_step->value : 0;
+      skip_steps_.clear();
+      for (StepNumber s : d.skip_steps) skip_steps_.push_back(s.value);
+      // Checkpoints after the restore point belong to the abandoned timeline.
+      std::erase_if(checkpoints_, [&](int64_t s) { return s > restore_step_; });
+    }
+  } else if (failure.log_action == "stop") {
+    inc.action = "stop";
+    reason += "; the matching log rule's action is stop";
+    stop = true;
+  } else {
+    FailureEvent fe;
+    fe.node = failure.node;
+    fe.cause = failure.cause;
+    fe.step = StepNumber{inc.failed_at_step};
+    fe.during_recovery = !productive_;
+    RecoveryDecision d = recovery_.Step(fe, now);
+    inc.action = std::string(RecoveryActionName(d.action));
+    reason += "; " + d.reason;
+    delay = d.delay;
+    switch (d.action) {
+      case RecoveryAction::kStop:
+        stop = true;
+        break;
+      case RecoveryAction::kReplaceWithSpare:
+      case RecoveryAction::kEvictAndWaitForRepair:
+      case RecoveryAction::kWaitForRepair:
+        if (failure.node.valid()) evict = failure.node;
+        break;
+      case RecoveryAction::kRestartInPlace:
+      case RecoveryAction::kTolerate:
+        break;
+    }
+    // A crash restart resumes from the newest checkpoint of this timeline.
+    restore_step_ = checkpoints_.empty() ? -1 : checkpoints_.back();
+  }
+  inc.reason = reason;
+  incidents_.push_back(std::move(inc));
+  incident_open_ = true;
+
+  out.push_back(StopGenerationAction{generation_, failure.cause == "hang"});
+  awaiting_stop_.clear();
+  for (NodeId n : members_) {
+    if (nodes_[n].up && (!evict || *evict != n)) awaiting_stop_.insert(n);
+  }
+  if (evict) {
+    nodes_[*evict].up = false;
+    out.push_back(EvictNodeAction{*evict, incidents_.back().reason});
+  }
+  if (stop) {
+    incident_open_ = false;
+    Finish(exit_code,
+           "gave up after incident " + std::to_string(incidents_.back().id) + " (" + failure.cause +
+               "): " + reason,
+           now, out);
+    return;
+  }
+  phase_ = JobPhase::kStopping;
+  wait_until_ = delay > Duration(0) ? std::optional<TimePoint>(now + delay) : std::nullopt;
+  if (awaiting_stop_.empty()) {
+    incidents_.back().stopped_at = now;
+    phase_ = JobPhase::kWaiting;
+    MaybeStart(now, out);
+  }
+}
+
+void JobMachine::MaybeStart(TimePoint now, std::vector<JobAction>& out) {
+  if (phase_ != JobPhase::kWaitingForNodes && phase_ != JobPhase::kWaiting) return;
+  if (wait_until_ && now < *wait_until_) return;
+  std::vector<NodeId> nodes = HealthyNodes();
+  if (static_cast<int>(nodes.size()) < options_.nodes) {
+    // Waiting for a replacement node (or the first registrations).
+    if (phase_ == JobPhase::kWaiting) ledger_.Enter(LedgerCategory::kOther, now);
+    return;
+  }
+  nodes.resize(options_.nodes);
+  wait_until_.reset();
+  ++generation_;
+  members_ = nodes;
+  rank_step_.assign(world_size(), 0);
+  start_step_ = 0;
+  rank_ready_.assign(world_size(), false);
+  rank_done_.assign(world_size(), false);
+  max_restore_s_ = 0;
+  productive_ = false;
+  if (generation_ > 0) ledger_.Enter(LedgerCategory::kRecovery, now);
+  hang_.OnGenerationStart(generation_, world_size(), now);
+  if (Incident* inc = OpenIncident()) inc->relaunched_at = now;
+  phase_ = JobPhase::kRunning;
+  out.push_back(StartGenerationAction{generation_, members_, generation_ == 0 ? -1 : restore_step_,
+                                      skip_steps_, fired_});
+}
+
+void JobMachine::Finish(int code, std::string reason, TimePoint now, std::vector<JobAction>& out) {
+  ledger_.Advance(now);
+  if (code != 0 && phase_ == JobPhase::kRunning) {
+    out.push_back(StopGenerationAction{generation_, false});
+  }
+  phase_ = JobPhase::kDone;
+  out.push_back(FinishAction{code, std::move(reason)});
+}
+
+}  // namespace endure::core

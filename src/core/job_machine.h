@@ -1,0 +1,248 @@
+// JobMachine: the controller's decision core for one training job. It owns
+// the generation lifecycle (start, run, stop, restart), turns what the
+// agents report into incidents with a cause, a detection latency and a
+// recovery timeline, decides the recovery with RecoveryPolicy and
+// AnomalyPolicy, fires time-scheduled faults, and keeps the ETTR ledger.
+//
+// Sans-I/O: Step(event, now) -> actions. The controller's shell feeds it
+// real events from the gRPC streams and carries out the actions; tests feed
+// scripted events. Deterministic; not thread-safe (one event loop owns it).
+//
+// Lifecycle: kWaitingForNodes -> kRunning(g) -> [failure] -> kStopping(g) ->
+// [backoff / waiting for a replacement node] -> kRunning(g+1) ... -> kDone.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/duration.h"
+#include "core/anomaly_policy.h"
+#include "core/ettr_ledger.h"
+#include "core/hang_detector.h"
+#include "core/ids.h"
+#include "core/loss_anomaly_detector.h"
+#include "core/recovery_policy.h"
+
+namespace endure::core {
+
+struct JobMachineOptions {
+  int nodes = 1;           // nodes a generation needs
+  int ranks_per_node = 1;  // ranks each node runs
+  HangDetectorOptions hang;
+  LossAnomalyOptions loss;
+  AnomalyPolicyOptions anomaly;
+  RecoveryPolicyOptions recovery;
+  bool detect_loss_anomalies = true;
+
+  Status Validate() const;
+};
+
+// A fault that the controller fires from outside the workers: a whole node
+// (kill-agent), or any kind at a scheduled time since the job started.
+struct ExternalFault {
+  std::string id;
+  std::string kind;            // "kill", "hang", "kill-agent", ...
+  int rank = -1;               // the target rank (kill-agent: its node)
+  int64_t step = -1;           // fire when the job reaches this step...
+  std::optional<Duration> at;  // ...or at this time since the job started
+};
+
+// ---- Events ----
+struct NodeUp {
+  NodeId node;
+  std::string name;
+  int slots = 0;
+};
+struct NodeDown {  // the agent's stream dropped or it exited
+  NodeId node;
+  std::string reason;
+};
+struct WorkerReady {
+  int generation = 0;
+  int rank = 0;
+  int64_t start_step = 0;
+  double restore_s = 0;
+};
+struct StepEnd {
+  int generation = 0;
+  int rank = 0;
+  int64_t step = 0;  // steps completed
+  double loss = 0;
+  double ckpt_stall_s = 0;
+  int64_t checkpoint_step = -1;
+};
+struct WorkerExitEvent {
+  int generation = 0;
+  int rank = 0;
+  NodeId node;
+  std::optional<int> exit_code;
+  std::optional<int> signal;
+  // From the log classifier over the worker's last output, when a rule matched.
+  std::string log_cause, log_action, log_rule, log_line;
+};
+struct FaultFiredEvent {
+  int generation = 0;
+  int rank = 0;
+  std::string id, kind;
+  int64_t step = 0;
+  TimePoint at;  // when it fired (the agent's report, on the controller's clock)
+};
+struct GenerationStoppedEvent {
+  int generation = 0;
+  NodeId node;
+};
+struct StackDumpEvent {
+  int generation = 0;
+  int rank = 0;
+  std::string text;
+};
+struct Tick {};
+
+using JobEvent = std::variant<NodeUp, NodeDown, WorkerReady, StepEnd, WorkerExitEvent,
+                              FaultFiredEvent, GenerationStoppedEvent, StackDumpEvent, Tick>;
+
+// ---- Actions ----
+struct StartGenerationAction {
+  int generation = 0;
+  std::vector<NodeId> nodes;  // node i runs ranks [i * ranks_per_node, (i+1) * ranks_per_node)
+  int64_t restore_step = -1;  // -1: newest that verifies; 0: fresh; N: newest at or before N
+  std::vector<int64_t> skip_steps;
+  std::set<std::string> fired_faults;  // faults the workers must not fire again
+};
+struct StopGenerationAction {
+  int generation = 0;
+  bool dump_stacks = false;  // capture every rank's stack first (a hang)
+};
+struct EvictNodeAction {  // the node leaves the job (it is shut down)
+  NodeId node;
+  std::string reason;
+};
+struct InjectFaultAction {  // fire an external fault now
+  ExternalFault fault;
+  NodeId node;
+  int generation = 0;
+};
+struct FinishAction {
+  int exit_code = 0;  // 0 success, 3 gave up
+  std::string reason;
+};
+using JobAction = std::variant<StartGenerationAction, StopGenerationAction, EvictNodeAction,
+                               InjectFaultAction, FinishAction>;
+
+// One failure and what was done about it. Times are on the controller clock.
+struct Incident {
+  int id = 0;
+  int generation = 0;
+  std::string cause;
+  int rank = -1;
+  NodeId node;
+  std::string node_name;
+  std::optional<TimePoint> injected_at;  // injected faults only
+  TimePoint fault_at;                    // injected_at, or the best estimate
+  TimePoint detected_at;
+  std::optional<TimePoint> stopped_at;     // every agent confirmed teardown
+  std::optional<TimePoint> relaunched_at;  // next generation started
+  std::optional<TimePoint> ready_at;       // every rank of it restored
+  std::optional<TimePoint> recovered_at;   // its first step ended
+  double restore_s = 0;
+  int64_t failed_at_step = 0;  // highest step reached before the failure
+  int64_t restored_step = -1;  // where the next generation started
+  std::string action;
+  std::string reason;
+  std::string log_line;
+  std::vector<std::string> stacks;  // "rank N:\n<stack>" per rank, for hangs
+
+  int64_t steps_lost() const {
+    return restored_step < 0 ? 0 : std::max<int64_t>(0, failed_at_step - restored_step);
+  }
+};
+
+enum class JobPhase { kWaitingForNodes, kRunning, kStopping, kWaiting, kDone };
+std::string_view JobPhaseName(JobPhase phase);
+
+class JobMachine {
+ public:
+  // `options` must be valid (CHECKed). The job starts at `start`.
+  JobMachine(JobMachineOptions options, std::vector<ExternalFault> external_faults,
+             TimePoint start);
+
+  std::vector<JobAction> Step(const JobEvent& event, TimePoint now);
+
+  // When Step(Tick) should next be called, or nullopt if nothing is timed.
+  std::optional<TimePoint> NextDeadline() const;
+
+  JobPhase phase() const { return phase_; }
+  int generation() const { return generation_; }
+  int64_t step() const { return job_step_; }  // highest step every rank completed
+  double last_loss() const { return last_loss_; }
+  const std::vector<Incident>& incidents() const { return incidents_; }
+  const EttrLedger& ledger() const { return ledger_; }
+  const std::vector<int64_t>& checkpoints() const { return checkpoints_; }
+  const std::set<std::string>& fired_faults() const { return fired_; }
+  std::string NodeName(NodeId node) const;
+  // The node running `rank` in the current generation (invalid if none).
+  NodeId NodeOfRank(int rank) const;
+
+ private:
+  struct Node {
+    std::string name;
+    int slots = 0;
+    bool up = true;
+  };
+  struct Failure {
+    std::string cause;
+    int rank = -1;
+    NodeId node;
+    TimePoint fault_at;
+    std::optional<TimePoint> injected_at;
+    std::string log_action, log_line, extra_reason;
+    bool evict = false;    // the node itself is bad
+    bool anomaly = false;  // a loss anomaly: roll back to a checkpoint before it
+    std::optional<LossAnomaly> loss_anomaly;
+  };
+
+  void OnFailure(const Failure& failure, TimePoint now, std::vector<JobAction>& out);
+  void MaybeStart(TimePoint now, std::vector<JobAction>& out);
+  void FireDueFaults(TimePoint now, std::vector<JobAction>& out);
+  void Finish(int code, std::string reason, TimePoint now, std::vector<JobAction>& out);
+  std::vector<NodeId> HealthyNodes() const;
+  Incident* OpenIncident();
+  int world_size() const { return options_.nodes * options_.ranks_per_node; }
+
+  JobMachineOptions options_;
+  std::vector<ExternalFault> external_;
+  TimePoint start_;
+  EttrLedger ledger_;
+  HangDetector hang_;
+  LossAnomalyDetector loss_;
+  AnomalyPolicy anomaly_;
+  RecoveryPolicy recovery_;
+
+  JobPhase phase_ = JobPhase::kWaitingForNodes;
+  std::map<NodeId, Node> nodes_;
+  int generation_ = -1;
+  std::vector<NodeId> members_;  // nodes of the current generation, in rank order
+  std::set<NodeId> awaiting_stop_;
+  std::vector<int64_t> rank_step_;
+  std::vector<bool> rank_ready_, rank_done_;
+  double max_restore_s_ = 0;
+  int64_t job_step_ = 0;
+  int64_t start_step_ = 0;   // step the current generation started from
+  bool productive_ = false;  // the current generation has completed a step
+  double last_loss_ = 0;
+  std::vector<int64_t> checkpoints_;
+  std::set<std::string> fired_;
+  std::map<std::string, TimePoint> fired_at_;  // fault id -> time, current generation
+  std::vector<std::pair<int, FaultFiredEvent>> fired_events_;
+  std::optional<TimePoint> wait_until_;  // backoff before the next start
+  int64_t restore_step_ = -1;
+  std::vector<int64_t> skip_steps_;
+  std::vector<Incident> incidents_;
+  bool incident_open_ = false;
+};
+
+}  // namespace endure::core

@@ -1,0 +1,262 @@
+#include "core/job_machine.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+namespace endure::core {
+namespace {
+
+using namespace std::chrono_literals;
+
+TimePoint T(double s) { return At(FromSeconds(s)); }
+
+JobMachineOptions Options() {
+  JobMachineOptions o;
+  o.nodes = 2;
+  o.ranks_per_node = 1;
+  o.recovery.backoff_initial = Duration(0);
+  o.recovery.paths["node_lost"] = RecoveryPath::kEvictAndReplace;
+  return o;
+}
+
+template <typename A>
+std::vector<A> Find(const std::vector<JobAction>& actions) {
+  std::vector<A> out;
+  for (const JobAction& a : actions) {
+    if (const A* x = std::get_if<A>(&a)) out.push_back(*x);
+  }
+  return out;
+}
+
+// Drives a machine through scripted time, two nodes of one rank each.
+class Job {
+ public:
+  explicit Job(JobMachineOptions o = Options(), std::vector<ExternalFault> faults = {})
+      : m(std::move(o), std::move(faults), T(0)) {}
+
+  std::vector<JobAction> Do(const JobEvent& e) { return m.Step(e, T(now)); }
+
+  // Both nodes register; returns the first StartGeneration.
+  StartGenerationAction Up() {
+    Do(NodeUp{NodeId{0}, "node0", 1});
+    auto a = Find<StartGenerationAction>(Do(NodeUp{NodeId{1}, "node1", 1}));
+    EXPECT_EQ(a.size(), 1u);
+    return a.at(0);
+  }
+  void Ready(int64_t start_step, double restore_s = 0) {
+    for (int r = 0; r < 2; ++r) Do(WorkerReady{m.generation(), r, start_step, restore_s});
+  }
+  // Both ranks finish `step`; checkpoint every `every` steps.
+  std::vector<JobAction> StepBoth(int64_t step, double loss = 2.0, int every = 10) {
+    std::vector<JobAction> all;
+    for (int r = 0; r < 2; ++r) {
+      StepEnd e{m.generation(), r, step, loss, 0, (r == 0 && step % every == 0) ? step : -1};
+      auto a = Do(e);
+      all.insert(all.end(), a.begin(), a.end());
+    }
+    return all;
+  }
+  void Run(int64_t from, int64_t to, double step_s = 0.15) {
+    for (int64_t s = from; s <= to; ++s) {
+      now += step_s;
+      StepBoth(s);
+    }
+  }
+  std::vector<JobAction> StopBoth() {
+    Do(GenerationStoppedEvent{m.generation(), NodeId{0}});
+    return Do(GenerationStoppedEvent{m.generation(), NodeId{1}});
+  }
+
+  JobMachine m;
+  double now = 0;
+};
+
+TEST(JobMachine, CleanRunWithJitterHasNoIncidentAndFinishes) {
+  Job job;
+  StartGenerationAction start = job.Up();
+  EXPECT_EQ(start.generation, 0);
+  EXPECT_EQ(start.restore_step, -1);
+  job.now = 2;
+  job.Ready(0);
+  std::mt19937_64 rng(7);
+  std::lognormal_distribution<double> jitter(std::log(0.15), 0.2);
+  for (int64_t s = 1; s <= 500; ++s) {
+    job.now += jitter(rng) * (s % 97 == 0 ? 2 : 1);
+    job.StepBoth(s, 3.0 - s * 0.002);
+    auto a = job.Do(Tick{});
+    ASSERT_TRUE(Find<StopGenerationAction>(a).empty()) << "false positive at step " << s;
+  }
+  job.Do(WorkerExitEvent{0, 0, NodeId{0}, 0, std::nullopt});
+  auto fin = Find<FinishAction>(job.Do(WorkerExitEvent{0, 1, NodeId{1}, 0, std::nullopt}));
+  ASSERT_EQ(fin.size(), 1u);
+  EXPECT_EQ(fin[0].exit_code, 0);
+  EXPECT_TRUE(job.m.incidents().empty());
+  const EttrLedger& l = job.m.ledger();
+  // Start-up lasts until both ranks finished step 1; the rest is productive.
+  EXPECT_GT(l.total(LedgerCategory::kStartup), 2s);
+  EXPECT_LT(l.total(LedgerCategory::kStartup), 3s);
+  EXPECT_EQ(l.total(LedgerCategory::kStartup) + l.total(LedgerCategory::kProductive), l.wall());
+  EXPECT_GT(l.Ettr(), 0.95);
+}
+
+TEST(JobMachine, KilledRankIsDetectedAtOnceAndRestartedFromTheLastCheckpoint) {
+  Job job;
+  job.Up();
+  job.Ready(0);
+  job.Run(1, 39);
+  const double fault_at = job.now + 0.05;
+  job.Do(FaultFiredEvent{0, 1, "f1", "kill", 40, T(fault_at)});
+  job.now = fault_at + 0.01;
+  auto a = job.Do(WorkerExitEvent{0, 1, NodeId{1}, std::nullopt, 9});
+  ASSERT_EQ(Find<StopGenerationAction>(a).size(), 1u);
+  EXPECT_FALSE(Find<StopGenerationAction>(a)[0].dump_stacks);
+  // The peer failing in turn is a consequence, not a new incident.
+  job.Do(WorkerExitEvent{0, 0, NodeId{0}, 1, std::nullopt});
+  job.now += 0.2;
+  auto restart = Find<StartGenerationAction>(job.StopBoth());
+  ASSERT_EQ(restart.size(), 1u);
+  EXPECT_EQ(restart[0].generation, 1);
+  EXPECT_EQ(restart[0].restore_step, 30);
+  EXPECT_TRUE(restart[0].fired_faults.count("f1"));
+  job.now += 0.5;
+  job.Ready(30, 0.05);
+  job.Run(31, 45);
+  ASSERT_EQ(job.m.incidents().size(), 1u);
+  const Incident& inc = job.m.incidents()[0];
+  EXPECT_EQ(inc.cause, "signal 9 SIGKILL");
+  EXPECT_EQ(inc.rank, 1);
+  EXPECT_EQ(inc.node_name, "node1");
+  EXPECT_NEAR(Seconds(inc.detected_at - inc.fault_at), 0.01, 1e-9);
+  EXPECT_EQ(inc.steps_lost(), 9);
+  ASSERT_TRUE(inc.recovered_at.has_value());
+  EXPECT_EQ(inc.restored_step, 30);
+  EXPECT_EQ(inc.action, "restart_in_place");
+  const EttrLedger& l = job.m.ledger();
+  EXPECT_GT(l.total(LedgerCategory::kRecompute), Duration(0));
+  EXPECT_GT(l.total(LedgerCategory::kRecovery), Duration(0));
+}
+
+TEST(JobMachine, HangIsDetectedAfterTheTimeoutWithStacks) {
+  Job job;
+  job.Up();
+  job.Ready(0);
+  job.Run(1, 20);
+  const double last = job.now;
+  job.Do(FaultFiredEvent{0, 0, "h", "hang", 21, T(last + 0.01)});
+  std::optional<TimePoint> deadline = job.m.NextDeadline();
+  ASSERT_TRUE(deadline.has_value());
+  // The floor of 2 s dominates 3 x p99 of 0.15 s steps.
+  EXPECT_NEAR(Seconds(*deadline - T(last)), 2.0, 1e-6);
+  job.now = Seconds(*deadline - T(0));
+  auto a = job.Do(Tick{});
+  auto stop = Find<StopGenerationAction>(a);
+  ASSERT_EQ(stop.size(), 1u);
+  EXPECT_TRUE(stop[0].dump_stacks);
+  job.Do(StackDumpEvent{0, 0, "#0 nanosleep\n#1 endure::Session::BeginStep"});
+  ASSERT_EQ(job.m.incidents().size(), 1u);
+  const Incident& inc = job.m.incidents()[0];
+  EXPECT_EQ(inc.cause, "hang");
+  EXPECT_EQ(inc.rank, 0);
+  EXPECT_LE(Seconds(inc.detected_at - inc.fault_at), 2.0 + 1.0);
+  ASSERT_EQ(inc.stacks.size(), 1u);
+  EXPECT_NE(inc.stacks[0].find("BeginStep"), std::string::npos);
+}
+
+TEST(JobMachine, NanRollsBackThenSkipsTheStepWhenItRecurs) {
+  Job job;
+  job.Up();
+  job.Ready(0);
+  job.Run(1, 24);
+  job.now += 0.15;
+  job.StepBoth(25, std::nan(""));
+  auto restart = Find<StartGenerationAction>(job.StopBoth());
+  ASSERT_EQ(restart.size(), 1u);
+  EXPECT_EQ(restart[0].restore_step, 20);
+  EXPECT_TRUE(restart[0].skip_steps.empty());
+  job.Ready(20);
+  job.Run(21, 24);
+  job.now += 0.15;
+  job.StepBoth(25, std::nan(""));
+  restart = Find<StartGenerationAction>(job.StopBoth());
+  ASSERT_EQ(restart.size(), 1u);
+  EXPECT_EQ(restart[0].restore_step, 20);
+  EXPECT_EQ(restart[0].skip_steps, std::vector<int64_t>{25});
+  ASSERT_EQ(job.m.incidents().size(), 2u);
+  EXPECT_EQ(job.m.incidents()[0].cause, "loss_nan");
+  EXPECT_EQ(job.m.incidents()[0].action, "roll_back");
+  EXPECT_EQ(job.m.incidents()[1].action, "roll_back_and_skip");
+}
+
+TEST(JobMachine, LostNodeIsEvictedAndAReplacementJoins) {
+  Job job;
+  job.Up();
+  job.Ready(0);
+  job.Run(1, 12);
+  auto a = job.Do(NodeDown{NodeId{1}, "stream dropped"});
+  ASSERT_EQ(Find<EvictNodeAction>(a).size(), 1u);
+  // Only node0 needs to confirm the stop; then the job waits for a node.
+  a = job.Do(GenerationStoppedEvent{0, NodeId{0}});
+  EXPECT_TRUE(Find<StartGenerationAction>(a).empty());
+  EXPECT_EQ(job.m.phase(), JobPhase::kWaiting);
+  job.now += 5;
+  auto start = Find<StartGenerationAction>(job.Do(NodeUp{NodeId{2}, "node2", 1}));
+  ASSERT_EQ(start.size(), 1u);
+  EXPECT_EQ(start[0].nodes, (std::vector<NodeId>{NodeId{0}, NodeId{2}}));
+  EXPECT_EQ(job.m.incidents()[0].cause, "node_lost");
+  EXPECT_GT(job.m.ledger().total(LedgerCategory::kOther), Duration(0));
+}
+
+TEST(JobMachine, SameUserExceptionAtTheSameStepStopsTheJob) {
+  Job job;
+  job.Up();
+  std::optional<FinishAction> finish;
+  for (int attempt = 0; attempt < 3 && !finish; ++attempt) {
+    job.Ready(attempt == 0 ? 0 : 10);
+    job.Run(attempt == 0 ? 1 : 11, 14);
+    WorkerExitEvent exit{job.m.generation(), 0, NodeId{0}, 1, std::nullopt};
+    exit.log_cause = "user_exception";
+    exit.log_action = "restart";
+    exit.log_rule = "user_exception";
+    exit.log_line = "ValueError: bad shard";
+    auto a = job.Do(exit);
+    auto f = Find<FinishAction>(a);
+    if (!f.empty())
+      finish = f[0];
+    else
+      job.StopBoth();
+  }
+  ASSERT_TRUE(finish.has_value());
+  EXPECT_EQ(finish->exit_code, 3);
+  EXPECT_NE(finish->reason.find("user_exception"), std::string::npos) << finish->reason;
+  EXPECT_EQ(job.m.phase(), JobPhase::kDone);
+}
+
+TEST(JobMachine, ExternalFaultsFireByStepAndByTime) {
+  std::vector<ExternalFault> faults = {{"agent", "kill-agent", 1, 8, std::nullopt},
+                                       {"sched", "kill", 0, -1, std::chrono::seconds(30)}};
+  JobMachineOptions o = Options();
+  o.hang.floor = std::chrono::seconds(60);  // no hang verdict in this test
+  Job job(o, faults);
+  job.Up();
+  job.Ready(0);
+  std::vector<InjectFaultAction> injected;
+  for (int64_t s = 1; s <= 8; ++s) {
+    job.now += 0.15;
+    for (auto& a : Find<InjectFaultAction>(job.StepBoth(s))) injected.push_back(a);
+  }
+  ASSERT_EQ(injected.size(), 1u);
+  EXPECT_EQ(injected[0].fault.id, "agent");
+  EXPECT_EQ(injected[0].node, NodeId{1});
+  EXPECT_EQ(*job.m.NextDeadline(), T(30));
+  job.now = 29.9;
+  EXPECT_TRUE(Find<InjectFaultAction>(job.Do(Tick{})).empty());
+  job.now = 30;
+  auto a = Find<InjectFaultAction>(job.Do(Tick{}));
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].fault.id, "sched");
+}
+
+}  // namespace
+}  // namespace endure::core
