@@ -1,0 +1,171 @@
+// Endure's client library: the part of Endure that lives inside a training
+// process. A Session reports the trainer's progress to the node's agent
+// (ready, per-step timings and loss, heartbeats), hands the trainer the
+// agent's instructions for this generation (checkpoint directory and
+// interval, restore point, steps to skip), and fires the faults injected
+// into this rank.
+//
+// Transport: one JSON object per Unix datagram (SOCK_DGRAM), sent with
+// MSG_DONTWAIT to the socket named by ENDURE_AGENT_SOCKET. A training step is
+// never blocked on the agent: a datagram that cannot be queued right now (the
+// agent is gone, or its receive queue is full) is dropped and counted. Only
+// a "fault" datagram, sent right before the process dies on purpose, retries
+// for up to 100 ms, so that the agent learns which fault fired.
+//
+// Without ENDURE_AGENT_SOCKET the session is inactive: no socket, no thread,
+// nothing reported, so the same trainer runs bare or under torchrun. The
+// other ENDURE_* variables are honoured whether or not an agent listens, so
+// that faults can also be injected into a run under torchrun.
+//
+// Environment (set by the agent):
+//   ENDURE_AGENT_SOCKET        path of the agent's datagram socket; unset: inactive
+//   ENDURE_TOKEN               job token, sent in every datagram; required with a socket
+//   ENDURE_GENERATION          integer >= 0 (default 0)
+//   RANK                       integer >= 0 (default 0)
+//   ENDURE_CKPT_DIR            checkpoint directory; overrides --ckpt-dir when set
+//   ENDURE_CKPT_EVERY          integer >= 0 steps (0: no periodic checkpoints);
+//                              overrides --ckpt-every when set
+//   ENDURE_RESTORE_STEP        -1: newest checkpoint that verifies; 0: fresh start;
+//                              N > 0: newest verifying checkpoint at or before step N.
+//                              Unset: the trainer's own --resume decides.
+//   ENDURE_SKIP_STEPS          comma-separated 0-based step indices (the index passed
+//                              to BeginStep) whose data and update are skipped; may be empty
+//   ENDURE_HEARTBEAT_INTERVAL  duration such as "500ms" (default 500ms)
+//   ENDURE_FAULTS              JSON array of faults (format in src/faults/fault.h);
+//                              only step-keyed faults of this RANK are fired here
+// A malformed value is a configuration error: FromEnvironment returns
+// kInvalidArgument naming the variable and the value.
+//
+// Datagrams: JSON objects; every one has "type", "token", "generation",
+// "rank" and "t" (wall-clock seconds since the epoch, a double).
+//   {"type":"ready","start_step":N,"restore_s":x,"init_s":y}
+//   {"type":"heartbeat","step":N}   N: steps completed (-1 before Ready)
+//   {"type":"step","step":N,"loss":x,"compute_s":a,"comm_s":b,"ckpt_stall_s":c,
+//    "checkpoint_step":k}
+//       N: steps completed, i.e. step index + 1; k: the step a checkpoint was
+//       committed at during this step, or -1. A non-finite loss is sent as
+//       the string "nan", "inf" or "-inf" (JSON has no such numbers). A
+//       skipped step (ENDURE_SKIP_STEPS) has "skipped":true and no "loss".
+//   {"type":"fault","id":"f1","kind":"kill","step":N}
+//       sent right before an injected fault takes effect; N is the fault's
+//       1-based step number (= the step index + 1).
+//
+// Thread safety: Ready, BeginStep, EndStep and EndSkippedStep are called
+// from the training thread only. The heartbeat thread is internal and is
+// stopped (and joined) by the destructor. Accessors and dropped() may be
+// called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+
+namespace endure {
+
+// Looks up an environment variable: nullptr when unset. std::getenv by default.
+using EnvLookup = std::function<const char*(const char*)>;
+
+// Seconds from this process's start (its start time in /proc/self/stat,
+// against CLOCK_BOOTTIME) to now: includes exec, dynamic loading and static
+// initialisation. Falls back to the time since this library was loaded when
+// /proc is unavailable. Resolution: one clock tick (usually 10 ms).
+double SecondsSinceProcessStart();
+
+class Session {
+ public:
+  // Reads the ENDURE_* variables above through `lookup`. When
+  // ENDURE_AGENT_SOCKET is set, opens the socket and starts the heartbeat
+  // thread. kInvalidArgument for a malformed variable; kIOError when no
+  // datagram socket can be created.
+  static Result<std::unique_ptr<Session>> FromEnvironment(const EnvLookup& lookup = std::getenv);
+
+  // A session that reports nothing and injects nothing.
+  static std::unique_ptr<Session> Disabled();
+
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // True when reporting to an agent.
+  bool active() const { return fd_ >= 0; }
+  int rank() const { return rank_; }
+  int64_t generation() const { return generation_; }
+  // Empty: not set (keep the trainer's own flag).
+  const std::string& checkpoint_dir() const { return checkpoint_dir_; }
+  // nullopt: not set (keep the trainer's own flag).
+  std::optional<int64_t> checkpoint_every() const { return checkpoint_every_; }
+  // nullopt: not set; otherwise -1, 0 or N > 0 as documented above.
+  std::optional<int64_t> restore_step() const { return restore_step_; }
+  // Ascending 0-based step indices.
+  const std::vector<int64_t>& skip_steps() const { return skip_steps_; }
+  bool ShouldSkip(int64_t step_index) const;
+
+  // Datagrams dropped so far because the agent could not take them.
+  int64_t dropped() const { return dropped_.load(); }
+
+  // After the restore, before the first step: training starts at step index
+  // `start_step`; `restore_s` was spent restoring, `init_s` since the
+  // process started (see SecondsSinceProcessStart).
+  void Ready(int64_t start_step, double restore_s, double init_s);
+
+  // Step index `step_index` (0-based) is about to run. Fires the faults due
+  // at this step that end or stop the process: kill (SIGKILL), exit (flush
+  // stdio, _exit(exit_code)), hang (sleeps forever; heartbeats go on), log
+  // (the line on stderr, then _exit(1)). Each sends its "fault" datagram first.
+  void BeginStep(int64_t step_index);
+
+  // Step index `step_index` finished. Applies a due `slow` fault (sleeps
+  // (factor - 1) x (compute_s + comm_s) from the fault's step on, reported as
+  // compute time), sends the "step" datagram and returns the loss to log:
+  // NaN when a `nan` fault is due at this step, `loss` otherwise.
+  // `checkpoint_step` is the step committed during this step, or -1.
+  double EndStep(int64_t step_index, double loss, double compute_s, double comm_s,
+                 double ckpt_stall_s, int64_t checkpoint_step);
+
+  // Step index `step_index` was skipped (ShouldSkip): sends its "step"
+  // datagram with "skipped":true and no loss.
+  void EndSkippedStep(int64_t step_index, double ckpt_stall_s, int64_t checkpoint_step);
+
+ private:
+  struct PendingFault;
+
+  Session();
+  // Sends one datagram; `retry` waits up to 100 ms for room in the agent's
+  // queue. Returns whether it was queued; counts a drop otherwise.
+  bool Send(const std::string& datagram, bool retry);
+  void SendFault(const PendingFault& fault, int64_t step);
+  void HeartbeatLoop();
+
+  std::string socket_path_;
+  std::string token_;
+  int64_t generation_ = 0;
+  int rank_ = 0;
+  std::string checkpoint_dir_;
+  std::optional<int64_t> checkpoint_every_;
+  std::optional<int64_t> restore_step_;
+  std::vector<int64_t> skip_steps_;
+  std::chrono::nanoseconds heartbeat_interval_{500'000'000};
+  std::vector<PendingFault> faults_;  // only touched by the training thread
+  double slow_factor_ = 1.0;          // active slow fault; training thread only
+
+  int fd_ = -1;
+  std::atomic<int64_t> dropped_{0};
+  std::atomic<int64_t> steps_done_{-1};  // for heartbeats
+  std::mutex mu_;
+  std::condition_variable stop_cv_;
+  bool stop_ = false;  // guarded by mu_
+  std::thread heartbeat_;
+};
+
+}  // namespace endure

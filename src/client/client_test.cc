@@ -1,0 +1,325 @@
+#include "endure/client.h"
+
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+namespace endure {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+
+// The agent's end: a bound Unix datagram socket in a temporary directory.
+class Receiver {
+ public:
+  Receiver() {
+    char tmpl[] = "/tmp/endure_client_test.XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    path_ = (dir_ / "agent.sock").string();
+    fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path_.c_str(), sizeof addr.sun_path - 1);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << strerror(errno);
+  }
+  ~Receiver() {
+    Close();
+    fs::remove_all(dir_);
+  }
+  void Close() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+    fs::remove(path_);
+  }
+  const std::string& path() const { return path_; }
+
+  // The next datagram, or a discarded value after `timeout`.
+  Json Next(std::chrono::milliseconds timeout = std::chrono::milliseconds(2000)) {
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(timeout.count())) != 1) return Json(Json::value_t::discarded);
+    char buf[65536];
+    const ssize_t n = recv(fd_, buf, sizeof buf, 0);
+    if (n <= 0) return Json(Json::value_t::discarded);
+    return Json::parse(std::string(buf, static_cast<size_t>(n)));
+  }
+  // The next datagram that is not a heartbeat.
+  Json NextReport() {
+    while (true) {
+      Json j = Next();
+      if (j.is_discarded() || j["type"] != "heartbeat") return j;
+    }
+  }
+
+ private:
+  fs::path dir_;
+  std::string path_;
+  int fd_ = -1;
+};
+
+// An environment made of a map, so that tests never touch the real one.
+class FakeEnv {
+ public:
+  explicit FakeEnv(std::map<std::string, std::string> vars) : vars_(std::move(vars)) {}
+  EnvLookup lookup() const {
+    return [this](const char* name) -> const char* {
+      auto it = vars_.find(name);
+      return it == vars_.end() ? nullptr : it->second.c_str();
+    };
+  }
+
+ private:
+  std::map<std::string, std::string> vars_;
+};
+
+std::map<std::string, std::string> AgentVars(const Receiver& r) {
+  return {{"ENDURE_AGENT_SOCKET", r.path()},
+          {"ENDURE_TOKEN", "secret"},
+          {"ENDURE_GENERATION", "3"},
+          {"RANK", "0"},
+          {"ENDURE_HEARTBEAT_INTERVAL", "1h"}};
+}
+
+std::unique_ptr<Session> MustCreate(const std::map<std::string, std::string>& vars) {
+  FakeEnv env(vars);
+  Result<std::unique_ptr<Session>> s = Session::FromEnvironment(env.lookup());
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::move(s).value() : Session::Disabled();
+}
+
+void ExpectEnvelope(const Json& j, const std::string& type) {
+  ASSERT_FALSE(j.is_discarded()) << "no datagram of type " << type;
+  EXPECT_EQ(j["type"], type) << j.dump();
+  EXPECT_EQ(j["token"], "secret");
+  EXPECT_EQ(j["generation"], 3);
+  EXPECT_EQ(j["rank"], 0);
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  EXPECT_NEAR(j["t"].get<double>(), now, 5.0);
+}
+
+TEST(Session, InactiveWithoutAgentSocket) {
+  std::unique_ptr<Session> s = MustCreate({});
+  EXPECT_FALSE(s->active());
+  EXPECT_EQ(s->rank(), 0);
+  EXPECT_EQ(s->generation(), 0);
+  EXPECT_TRUE(s->checkpoint_dir().empty());
+  EXPECT_FALSE(s->checkpoint_every().has_value());
+  EXPECT_FALSE(s->restore_step().has_value());
+  EXPECT_TRUE(s->skip_steps().empty());
+  s->Ready(0, 0, 0);
+  s->BeginStep(0);
+  EXPECT_EQ(s->EndStep(0, 2.5, 0.1, 0.1, 0, -1), 2.5);
+  EXPECT_EQ(s->dropped(), 0);
+  EXPECT_FALSE(Session::Disabled()->active());
+}
+
+TEST(Session, ReadsEveryVariable) {
+  std::unique_ptr<Session> s = MustCreate({{"RANK", "2"},
+                                           {"ENDURE_GENERATION", "7"},
+                                           {"ENDURE_CKPT_DIR", "/ckpt"},
+                                           {"ENDURE_CKPT_EVERY", "0"},
+                                           {"ENDURE_RESTORE_STEP", "-1"},
+                                           {"ENDURE_SKIP_STEPS", " 12,3 ,3"},
+                                           {"ENDURE_HEARTBEAT_INTERVAL", "250ms"},
+                                           {"ENDURE_FAULTS", "[]"}});
+  EXPECT_FALSE(s->active());  // no socket: nothing reported, settings still apply
+  EXPECT_EQ(s->rank(), 2);
+  EXPECT_EQ(s->generation(), 7);
+  EXPECT_EQ(s->checkpoint_dir(), "/ckpt");
+  EXPECT_EQ(s->checkpoint_every(), 0);
+  EXPECT_EQ(s->restore_step(), -1);
+  EXPECT_EQ(s->skip_steps(), (std::vector<int64_t>{3, 12}));
+  EXPECT_TRUE(s->ShouldSkip(3));
+  EXPECT_FALSE(s->ShouldSkip(4));
+  EXPECT_TRUE(MustCreate({{"ENDURE_SKIP_STEPS", ""}})->skip_steps().empty());
+}
+
+TEST(Session, MalformedVariablesAreConfigurationErrors) {
+  struct Case {
+    std::string name, value, expected;
+  };
+  const std::vector<Case> cases = {
+      {"RANK", "one", "RANK='one': expected an integer >= 0"},
+      {"ENDURE_GENERATION", "-1", "ENDURE_GENERATION='-1'"},
+      {"ENDURE_CKPT_EVERY", "10x", "ENDURE_CKPT_EVERY='10x': expected a number of steps"},
+      {"ENDURE_RESTORE_STEP", "-2", "ENDURE_RESTORE_STEP='-2': expected -1 (newest checkpoint)"},
+      {"ENDURE_SKIP_STEPS", "3,x", "ENDURE_SKIP_STEPS='3,x': 'x' is not a step index"},
+      {"ENDURE_SKIP_STEPS", "3,,4", "empty entry"},
+      {"ENDURE_HEARTBEAT_INTERVAL", "500", "ENDURE_HEARTBEAT_INTERVAL='500': invalid duration"},
+      {"ENDURE_HEARTBEAT_INTERVAL", "0s", "must be longer than zero"},
+      {"ENDURE_FAULTS", "[{\"id\":\"a\",\"kind\":\"boom\"}]",
+       "ENDURE_FAULTS: faults[0].kind: unknown fault kind 'boom'"},
+      {"ENDURE_FAULTS", "[{\"id\":\"a\",\"kind\":\"kill\",\"rank\":0}]",
+       "ENDURE_FAULTS: fault 'a' (kill): needs exactly one of step and at"},
+      {"ENDURE_AGENT_SOCKET", std::string(200, 'x'), "longer than a Unix socket path"},
+  };
+  for (const Case& c : cases) {
+    FakeEnv env(std::map<std::string, std::string>{{c.name, c.value}, {"ENDURE_TOKEN", "t"}});
+    Result<std::unique_ptr<Session>> s = Session::FromEnvironment(env.lookup());
+    ASSERT_FALSE(s.ok()) << c.name << "=" << c.value;
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find(c.expected), std::string::npos) << s.status().message();
+    EXPECT_EQ(s.status().message().find('\n'), std::string::npos) << "one line";
+  }
+  FakeEnv no_token(std::map<std::string, std::string>{{"ENDURE_AGENT_SOCKET", "/tmp/x.sock"}});
+  Result<std::unique_ptr<Session>> s = Session::FromEnvironment(no_token.lookup());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("ENDURE_TOKEN is not"), std::string::npos);
+}
+
+TEST(Session, SendsReadyStepAndHeartbeatDatagrams) {
+  Receiver r;
+  std::map<std::string, std::string> vars = AgentVars(r);
+  vars["ENDURE_HEARTBEAT_INTERVAL"] = "20ms";
+  std::unique_ptr<Session> s = MustCreate(vars);
+  ASSERT_TRUE(s->active());
+
+  // The first heartbeat comes right away, before Ready.
+  Json hb = r.Next();
+  ExpectEnvelope(hb, "heartbeat");
+  EXPECT_EQ(hb["step"], -1);
+
+  s->Ready(10, 0.5, 1.25);
+  Json ready = r.NextReport();
+  ExpectEnvelope(ready, "ready");
+  EXPECT_EQ(ready["start_step"], 10);
+  EXPECT_EQ(ready["restore_s"], 0.5);
+  EXPECT_EQ(ready["init_s"], 1.25);
+
+  s->BeginStep(10);
+  EXPECT_EQ(s->EndStep(10, 2.5, 0.1, 0.02, 0.003, 11), 2.5);
+  Json step = r.NextReport();
+  ExpectEnvelope(step, "step");
+  EXPECT_EQ(step["step"], 11);
+  EXPECT_EQ(step["loss"], 2.5);
+  EXPECT_EQ(step["compute_s"], 0.1);
+  EXPECT_EQ(step["comm_s"], 0.02);
+  EXPECT_EQ(step["ckpt_stall_s"], 0.003);
+  EXPECT_EQ(step["checkpoint_step"], 11);
+  EXPECT_FALSE(step.contains("skipped"));
+
+  s->EndSkippedStep(11, 0, -1);
+  Json skipped = r.NextReport();
+  ExpectEnvelope(skipped, "step");
+  EXPECT_EQ(skipped["step"], 12);
+  EXPECT_EQ(skipped["skipped"], true);
+  EXPECT_FALSE(skipped.contains("loss"));
+  EXPECT_EQ(skipped["checkpoint_step"], -1);
+
+  // Heartbeats carry the steps completed.
+  while (true) {
+    Json j = r.Next();
+    ASSERT_FALSE(j.is_discarded());
+    if (j["type"] == "heartbeat" && j["step"] == 12) break;
+  }
+  EXPECT_EQ(s->dropped(), 0);
+}
+
+TEST(Session, NonFiniteLossIsSentAsAString) {
+  Receiver r;
+  std::unique_ptr<Session> s = MustCreate(AgentVars(r));
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<std::pair<double, std::string>> cases = {
+      {std::nan(""), "nan"}, {inf, "inf"}, {-inf, "-inf"}};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    s->EndStep(static_cast<int64_t>(i), cases[i].first, 0, 0, 0, -1);
+    Json j = r.NextReport();
+    EXPECT_EQ(j["loss"], cases[i].second) << j.dump();
+  }
+}
+
+TEST(Session, NanFaultFiresOnceAtItsStep) {
+  Receiver r;
+  std::map<std::string, std::string> vars = AgentVars(r);
+  vars["ENDURE_FAULTS"] =
+      R"([{"id":"n1","kind":"nan","rank":0,"step":2},{"id":"other","kind":"nan","rank":1,"step":1}])";
+  std::unique_ptr<Session> s = MustCreate(vars);
+  EXPECT_EQ(s->EndStep(0, 3.0, 0, 0, 0, -1), 3.0);  // rank 1's fault is not ours
+  EXPECT_EQ(r.NextReport()["loss"], 3.0);
+  EXPECT_TRUE(std::isnan(s->EndStep(1, 2.9, 0, 0, 0, -1)));
+  Json fault = r.NextReport();
+  ExpectEnvelope(fault, "fault");
+  EXPECT_EQ(fault["id"], "n1");
+  EXPECT_EQ(fault["kind"], "nan");
+  EXPECT_EQ(fault["step"], 2);
+  Json step = r.NextReport();
+  EXPECT_EQ(step["step"], 2);
+  EXPECT_EQ(step["loss"], "nan");
+  // Rolled back and run again in the same process: it does not fire twice.
+  EXPECT_EQ(s->EndStep(1, 2.9, 0, 0, 0, -1), 2.9);
+}
+
+TEST(Session, SlowFaultStretchesEveryStepFromItsStepOn) {
+  Receiver r;
+  std::map<std::string, std::string> vars = AgentVars(r);
+  vars["ENDURE_FAULTS"] = R"([{"id":"s1","kind":"slow","rank":0,"step":2,"factor":3}])";
+  std::unique_ptr<Session> s = MustCreate(vars);
+  auto start = Clock::now();
+  s->EndStep(0, 1, 0.010, 0.005, 0, -1);
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(20));
+  EXPECT_EQ(r.NextReport()["compute_s"], 0.010);
+  for (int64_t i = 1; i <= 2; ++i) {
+    start = Clock::now();
+    s->EndStep(i, 1, 0.010, 0.005, 0, -1);
+    EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(30));  // (3 - 1) x 15 ms
+    Json j = r.NextReport();
+    if (i == 1) {
+      EXPECT_EQ(j["type"], "fault");
+      EXPECT_EQ(j["kind"], "slow");
+      j = r.NextReport();
+    }
+    EXPECT_NEAR(j["compute_s"].get<double>(), 0.040, 1e-9);  // reported as compute
+    EXPECT_EQ(j["comm_s"], 0.005);
+  }
+}
+
+TEST(Session, EndStepDoesNotBlockWhenTheAgentIsGone) {
+  Receiver r;
+  std::unique_ptr<Session> s = MustCreate(AgentVars(r));
+  r.Close();  // the socket file is gone too
+  const auto start = Clock::now();
+  for (int i = 0; i < 1000; ++i) s->EndStep(i, 1, 0, 0, 0, -1);
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(500));
+  EXPECT_GE(s->dropped(), 1000);
+}
+
+TEST(Session, EndStepDoesNotBlockWhenTheAgentQueueIsFull) {
+  Receiver r;  // bound, never read
+  std::unique_ptr<Session> s = MustCreate(AgentVars(r));
+  const auto start = Clock::now();
+  for (int i = 0; i < 20000; ++i) s->EndStep(i, 1, 0, 0, 0, -1);
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(1000));
+  EXPECT_GT(s->dropped(), 0);
+  // What was queued is intact and in order.
+  EXPECT_EQ(r.NextReport()["step"], 1);
+  EXPECT_EQ(r.NextReport()["step"], 2);
+}
+
+TEST(Session, DestructorStopsTheHeartbeatThreadPromptly) {
+  Receiver r;
+  std::unique_ptr<Session> s = MustCreate(AgentVars(r));  // interval 1h
+  ASSERT_FALSE(r.Next().is_discarded());
+  const auto start = Clock::now();
+  s.reset();
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(100));
+}
+
+TEST(SecondsSinceProcessStart, IsTheAgeOfThisProcess) {
+  const double age = SecondsSinceProcessStart();
+  EXPECT_GT(age, 0);
+  EXPECT_LT(age, 600);  // this test binary started moments ago
+}
+
+}  // namespace
+}  // namespace endure

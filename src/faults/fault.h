@@ -1,0 +1,100 @@
+// Fault injection: the faults Endure can inject into a training job, their
+// JSON encoding (the ENDURE_FAULTS format the agent hands to each worker),
+// validation, and a seeded Poisson schedule of faults for reliability runs.
+//
+// A fault fires once, either at a (rank, step) or at a time `at` after the
+// job started. Step-keyed worker faults (kill, exit, hang, nan, slow, log)
+// are fired by the client library inside the worker; kill-agent and every
+// `at`-scheduled fault are fired from outside the worker by the controller
+// and agents. Steps are 1-based step numbers: a fault at step s fires while
+// the s-th step runs, the one whose "step" report says s (step index s-1).
+//
+// Everything here is a pure function; safe to call from any thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/duration.h"
+#include "common/status.h"
+
+namespace endure::faults {
+
+enum class FaultKind {
+  kKill,       // SIGKILL the rank at the start of its step
+  kExit,       // the rank exits with `exit_code`
+  kHang,       // the rank stops progressing inside the step (sleeps forever)
+  kNan,        // the rank reports a NaN loss for the step
+  kSlow,       // the rank runs `factor` times slower from the step on
+  kLog,        // the rank prints `line` on stderr, then exits with 1
+  kKillAgent,  // a whole node dies: its agent, its workers, its memory
+};
+
+// "kill", "exit", "hang", "nan", "slow", "log", "kill-agent".
+std::string_view FaultKindName(FaultKind kind);
+// The inverse of FaultKindName; the error lists the valid names.
+Result<FaultKind> ParseFaultKind(std::string_view name);
+
+struct Fault {
+  std::string id;  // unique within a job; how a fired fault is remembered
+  FaultKind kind = FaultKind::kKill;
+  int rank = -1;               // the rank (worker faults), or a rank of the node (kill-agent)
+  std::string node;            // kill-agent: the node id, e.g. "node1"
+  int64_t step = -1;           // 1-based step number; -1: not step-keyed
+  std::optional<Duration> at;  // time since the job started; nullopt: not time-keyed
+  int exit_code = 1;           // kExit
+  double factor = 2.0;         // kSlow
+  std::string line;            // kLog
+
+  bool operator==(const Fault&) const = default;
+};
+
+// Checks one fault. The message starts with "fault 'ID' (KIND): ".
+// kill/exit/hang/nan/slow/log need rank >= 0; kill-agent needs a node or a
+// rank; each needs exactly one of step >= 1 and at >= 0; exit needs
+// exit_code in 1..255, slow a finite factor > 1, log a non-empty line.
+Status Validate(const Fault& fault);
+
+// Validates every fault and checks that ids are non-empty and unique.
+Status ValidateFaults(const std::vector<Fault>& faults);
+
+// The ENDURE_FAULTS format: a JSON array of objects
+//   {"id":"f1","kind":"kill","rank":1,"step":40}
+//   {"id":"f2","kind":"exit","rank":0,"step":7,"exit_code":3}
+//   {"id":"f3","kind":"slow","rank":1,"step":5,"factor":3.0}
+//   {"id":"f4","kind":"log","rank":0,"step":9,"line":"NVRM: Xid (PCI:0000:3b:00): 79, ..."}
+//   {"id":"f5","kind":"kill-agent","node":"node1","at":"90s"}
+// Keys that are not set (rank -1, step -1, no at, no node/line, default
+// exit_code and factor) are left out. "at" is a duration string such as
+// "90s" or "1500ms" (exact to the nanosecond); a number is read as seconds.
+std::string EncodeFaults(const std::vector<Fault>& faults);
+
+// Parses the format above. An empty string or "[]" is no faults. Errors
+// name the element and key, e.g. "faults[2].kind: unknown fault kind 'kil'
+// (one of kill, exit, ...)"; unknown keys are refused the same way. Decoding
+// does not Validate().
+Result<std::vector<Fault>> DecodeFaults(std::string_view json);
+
+// A seeded Poisson process of faults of `kind` over [0, horizon): inter-
+// arrival times are exponential with mean `mtbf`, each fault has `at` set and
+// a rank drawn uniformly from [0, world_size); ids are "sched-1", "sched-2",
+// ... in time order. The same (mtbf, seed, horizon, world_size, kind) gives
+// the same schedule on every platform: the draws are made from the raw bits
+// of a std::mt19937_64 seeded with `seed`, not through <random>'s
+// distributions. kExit faults get exit code 1, kSlow factor 2, kLog a line
+// naming the fault. Requires mtbf > 0 and world_size >= 1 (ENDURE_CHECK).
+std::vector<Fault> PoissonSchedule(Duration mtbf, uint64_t seed, Duration horizon, int world_size,
+                                   FaultKind kind = FaultKind::kKill);
+
+// The faults the worker of `rank` fires itself: step-keyed (step >= 1, no
+// `at`) worker faults of that rank whose id is not in `fired`, in input
+// order. kill-agent and `at`-scheduled faults are left to the controller and
+// agents.
+std::vector<Fault> FaultsForRank(const std::vector<Fault>& faults, int rank,
+                                 const std::set<std::string>& fired);
+
+}  // namespace endure::faults
