@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 
@@ -137,13 +138,21 @@ Result<TrainingState> CheckpointDir::Load(int64_t step) const {
 }
 
 Result<TrainingState> CheckpointDir::LoadNewest(std::vector<std::string>* refused) const {
+  return LoadNewestAtOrBefore(INT64_MAX, refused);
+}
+
+Result<TrainingState> CheckpointDir::LoadNewestAtOrBefore(int64_t step,
+                                                          std::vector<std::string>* refused) const {
   std::vector<int64_t> steps = ListSteps();
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (*it > step) continue;
     Result<TrainingState> state = Load(*it);
     if (state.ok()) return state;
     if (refused != nullptr) refused->push_back(state.status().message());
   }
-  return NotFound("no checkpoint in '" + root_ + "' verifies");
+  if (step == INT64_MAX) return NotFound("no checkpoint in '" + root_ + "' verifies");
+  return NotFound("no checkpoint at or before step " + std::to_string(step) + " in '" + root_ +
+                  "' verifies");
 }
 
 Status CheckpointDir::Retain(int keep) {

@@ -59,6 +59,12 @@ class CheckpointDir {
   // `refused` (if non-null), newest first. kNotFound when none verifies.
   Result<TrainingState> LoadNewest(std::vector<std::string>* refused) const;
 
+  // Loads the newest step at or before `step` that verifies (a rollback to
+  // before an anomaly); newer steps are not looked at. Each refused step is
+  // described in `refused` (if non-null), newest first. kNotFound when none
+  // verifies.
+  Result<TrainingState> LoadNewestAtOrBefore(int64_t step, std::vector<std::string>* refused) const;
+
   // Deletes all but the newest `keep` committed steps, and uncommitted
   // leftovers older than the newest committed one. Never deletes the newest
   // committed step.

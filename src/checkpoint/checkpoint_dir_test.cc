@@ -64,6 +64,26 @@ TEST_F(CheckpointDirTest, FlippedByteIsRefusedAndOlderStepUsed) {
       << refused[0];
 }
 
+TEST_F(CheckpointDirTest, LoadNewestAtOrBeforeIgnoresNewerSteps) {
+  dir_ = CheckpointDir(env_, root_);
+  for (int64_t step : {10, 20, 30}) ASSERT_TRUE(dir_.Commit(State(step)).ok());
+  std::vector<std::string> refused;
+  EXPECT_EQ(dir_.LoadNewestAtOrBefore(20, &refused)->step, 20);
+  EXPECT_EQ(dir_.LoadNewestAtOrBefore(29, &refused)->step, 20);
+  EXPECT_EQ(dir_.LoadNewestAtOrBefore(1000, &refused)->step, 30);
+  EXPECT_TRUE(refused.empty());  // newer steps are skipped, not refused
+  // A damaged step at the bound falls back to an older one and says why.
+  Corrupt(20, "tensors.bin", 30);
+  Result<TrainingState> s = dir_.LoadNewestAtOrBefore(25, &refused);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->step, 10);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].find("step-00000020/tensors.bin"), std::string::npos) << refused[0];
+  Result<TrainingState> none = dir_.LoadNewestAtOrBefore(9, nullptr);
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(none.status().message().find("at or before step 9"), std::string::npos);
+}
+
 TEST_F(CheckpointDirTest, TruncatedFileIsRefused) {
   dir_ = CheckpointDir(env_, root_);
   ASSERT_TRUE(dir_.Commit(State(10)).ok());
