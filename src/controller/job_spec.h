@@ -1,0 +1,121 @@
+// The job spec: the TOML file that describes one training job to `endure run`
+// and `endure controller` — what to run and on how many nodes, when to
+// checkpoint, how to detect failures, how to recover, and which faults to
+// inject. docs/job_spec.md documents every key.
+//
+// Parsing is strict: unknown keys and tables, wrong types, bad durations and
+// values out of range are refused with an InvalidArgument whose message reads
+// "FILE:LINE: key 'section.key': what to fix". Defaults are applied for every
+// optional key, so a parsed JobSpec is complete and valid.
+//
+// Pure functions apart from LoadJobSpec, which reads the file; all are safe to
+// call from any thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/duration.h"
+#include "common/status.h"
+#include "core/job_machine.h"
+#include "faults/fault.h"
+
+namespace endure::controller {
+
+// [checkpoint]
+struct CheckpointSpec {
+  int64_t every_steps = 0;  // 0: no checkpoints
+  std::string dir;          // default: STATE_DIR/ckpt
+  int keep = 3;             // durable checkpoints kept (>= 1)
+  // For the tiered checkpoint engine (stored, not yet acted on):
+  int64_t persist_every_steps = 0;  // 0: persist every checkpoint to durable storage
+  int replicas = 1;                 // peer-memory replicas of each node's checkpoint
+  int64_t memory_budget_bytes = 0;  // node-local checkpoint memory; 0: no limit
+};
+
+// [detection]
+struct DetectionSpec {
+  Duration hang_timeout_floor = std::chrono::seconds(2);
+  double hang_timeout_k = 3.0;
+  int hang_window = 100;
+  Duration startup_timeout = std::chrono::seconds(60);
+  Duration heartbeat_timeout = std::chrono::seconds(10);
+  bool loss_anomalies = true;
+  double loss_spike_z = 6.0;
+  int loss_window = 50;
+  core::AnomalyRecurrence on_recurrence = core::AnomalyRecurrence::kSkipStep;
+  std::string log_rules;  // empty: the shipped config/log_rules.toml
+  Duration stack_timeout = std::chrono::seconds(10);
+};
+
+// [recovery]
+struct RecoverySpec {
+  int max_restarts = 20;  // within restart_window; 0: unlimited
+  Duration restart_window = std::chrono::hours(1);
+  Duration backoff_initial = std::chrono::seconds(1);
+  Duration backoff_max = std::chrono::seconds(30);
+  Duration grace_period = std::chrono::seconds(2);  // SIGTERM -> SIGKILL
+  int structural_repeats = 3;
+  int evict_node_after = 2;
+  Duration repair_delay = std::chrono::seconds(5);  // embedded mode: replacement node
+  // Cause -> recovery path, the defaults ("node_lost" -> evict) merged with
+  // the spec's [recovery] paths.
+  std::map<std::string, core::RecoveryPath> paths;
+};
+
+// [faults_schedule]: a seeded Poisson schedule, already expanded into
+// JobSpec::faults; kept for the report and for reproducing the run.
+struct FaultScheduleSpec {
+  Duration mtbf{0};
+  uint64_t seed = 1;
+  faults::FaultKind kind = faults::FaultKind::kKill;
+  Duration horizon = std::chrono::minutes(10);
+};
+
+struct JobSpec {
+  std::string path;  // the file it was read from (for messages)
+
+  // [job]
+  std::string name;                  // [A-Za-z0-9_.-]+
+  std::vector<std::string> command;  // argv of every worker, non-empty
+  int nodes = 1;
+  int ranks_per_node = 1;
+  std::string state_dir;                   // as written: relative to the current directory
+  std::map<std::string, std::string> env;  // extra worker environment
+  std::string listen = "127.0.0.1:0";      // controller gRPC address
+  std::string token;                       // empty: generated at start
+
+  CheckpointSpec checkpoint;
+  DetectionSpec detection;
+  RecoverySpec recovery;
+
+  // [[faults]] in file order, then the expanded [faults_schedule] (ids
+  // "sched-N"). Every fault is valid and ids are unique.
+  std::vector<faults::Fault> faults;
+  std::optional<FaultScheduleSpec> schedule;
+
+  int world_size() const { return nodes * ranks_per_node; }
+};
+
+// Parses the spec text read from `path` (used in messages only).
+Result<JobSpec> ParseJobSpec(std::string_view text, const std::string& path);
+
+// Reads and parses the spec at `path`. A file that cannot be read is an
+// InvalidArgument naming the path.
+Result<JobSpec> LoadJobSpec(const std::string& path);
+
+// The decision cores' options for `spec`: nodes and ranks, the hang and loss
+// detectors, the anomaly and recovery policies. Valid for every parsed spec.
+core::JobMachineOptions MachineOptions(const JobSpec& spec);
+
+// The faults the controller fires itself, as JobMachine takes them: every
+// kill-agent fault and every fault keyed to a time (`at`). Step-keyed worker
+// faults are left to the workers (faults::FaultsForRank). A kill-agent fault
+// names its node ("nodeN") or a rank; either becomes the node's first rank.
+std::vector<core::ExternalFault> ExternalFaults(const JobSpec& spec);
+
+}  // namespace endure::controller

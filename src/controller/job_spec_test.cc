@@ -1,0 +1,441 @@
+// Job spec parsing: the issue-3 example, defaults, every class of error with
+// its file, line and key, and the mapping into the cores' options.
+#include "controller/job_spec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/env.h"
+
+namespace endure::controller {
+namespace {
+
+using testing::HasSubstr;
+
+constexpr char kIssueExample[] = R"([job]
+name = "demo"
+command = ["build/bin/endure-train", "--steps", "300"]
+nodes = 2
+ranks_per_node = 1
+state_dir = "runs/demo"
+[checkpoint]
+every_steps = 10
+[detection]
+hang_timeout_floor = "2s"
+startup_timeout = "60s"
+[recovery]
+max_restarts = 20
+[[faults]]
+kind = "kill"
+rank = 1
+step = 40
+)";
+
+constexpr char kMinimal[] = R"([job]
+name = "j"
+command = ["train"]
+state_dir = "st"
+)";
+
+// Error message of parsing `text` as "job.toml".
+std::string ErrorOf(const std::string& text) {
+  Result<JobSpec> spec = ParseJobSpec(text, "job.toml");
+  EXPECT_FALSE(spec.ok()) << text;
+  if (spec.ok()) return "";
+  EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument);
+  return spec.status().message();
+}
+
+TEST(JobSpec, ParsesTheIssueExample) {
+  Result<JobSpec> spec = ParseJobSpec(kIssueExample, "demo.toml");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->path, "demo.toml");
+  EXPECT_EQ(spec->name, "demo");
+  EXPECT_EQ(spec->command, (std::vector<std::string>{"build/bin/endure-train", "--steps", "300"}));
+  EXPECT_EQ(spec->nodes, 2);
+  EXPECT_EQ(spec->ranks_per_node, 1);
+  EXPECT_EQ(spec->world_size(), 2);
+  EXPECT_EQ(spec->state_dir, "runs/demo");
+  EXPECT_EQ(spec->checkpoint.every_steps, 10);
+  EXPECT_EQ(spec->checkpoint.dir, "runs/demo/ckpt");
+  EXPECT_EQ(spec->detection.hang_timeout_floor, std::chrono::seconds(2));
+  EXPECT_EQ(spec->detection.startup_timeout, std::chrono::seconds(60));
+  EXPECT_EQ(spec->recovery.max_restarts, 20);
+  ASSERT_EQ(spec->faults.size(), 1u);
+  EXPECT_EQ(spec->faults[0].id, "fault-0");
+  EXPECT_EQ(spec->faults[0].kind, faults::FaultKind::kKill);
+  EXPECT_EQ(spec->faults[0].rank, 1);
+  EXPECT_EQ(spec->faults[0].step, 40);
+  EXPECT_FALSE(spec->faults[0].at.has_value());
+}
+
+TEST(JobSpec, ShippedDemoParses) {
+  Result<JobSpec> spec = LoadJobSpec(std::string(ENDURE_SOURCE_DIR) + "/examples/demo.toml");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->nodes, 2);
+  EXPECT_EQ(spec->faults.size(), 3u);
+}
+
+TEST(JobSpec, AppliesDefaults) {
+  Result<JobSpec> spec = ParseJobSpec(kMinimal, "job.toml");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->nodes, 1);
+  EXPECT_EQ(spec->ranks_per_node, 1);
+  EXPECT_TRUE(spec->env.empty());
+  EXPECT_EQ(spec->listen, "127.0.0.1:0");
+  EXPECT_EQ(spec->token, "");
+  EXPECT_EQ(spec->checkpoint.every_steps, 0);
+  EXPECT_EQ(spec->checkpoint.dir, "st/ckpt");
+  EXPECT_EQ(spec->checkpoint.keep, 3);
+  EXPECT_EQ(spec->checkpoint.persist_every_steps, 0);
+  EXPECT_EQ(spec->checkpoint.replicas, 1);
+  EXPECT_EQ(spec->checkpoint.memory_budget_bytes, 0);
+  const DetectionSpec& d = spec->detection;
+  EXPECT_EQ(d.hang_timeout_floor, std::chrono::seconds(2));
+  EXPECT_DOUBLE_EQ(d.hang_timeout_k, 3.0);
+  EXPECT_EQ(d.hang_window, 100);
+  EXPECT_EQ(d.startup_timeout, std::chrono::seconds(60));
+  EXPECT_EQ(d.heartbeat_timeout, std::chrono::seconds(10));
+  EXPECT_TRUE(d.loss_anomalies);
+  EXPECT_DOUBLE_EQ(d.loss_spike_z, 6.0);
+  EXPECT_EQ(d.loss_window, 50);
+  EXPECT_EQ(d.on_recurrence, core::AnomalyRecurrence::kSkipStep);
+  EXPECT_EQ(d.log_rules, "");
+  EXPECT_EQ(d.stack_timeout, std::chrono::seconds(10));
+  const RecoverySpec& r = spec->recovery;
+  EXPECT_EQ(r.max_restarts, 20);
+  EXPECT_EQ(r.restart_window, std::chrono::hours(1));
+  EXPECT_EQ(r.backoff_initial, std::chrono::seconds(1));
+  EXPECT_EQ(r.backoff_max, std::chrono::seconds(30));
+  EXPECT_EQ(r.grace_period, std::chrono::seconds(2));
+  EXPECT_EQ(r.structural_repeats, 3);
+  EXPECT_EQ(r.evict_node_after, 2);
+  EXPECT_EQ(r.repair_delay, std::chrono::seconds(5));
+  ASSERT_EQ(r.paths.size(), 1u);
+  EXPECT_EQ(r.paths.at("node_lost"), core::RecoveryPath::kEvictAndReplace);
+  EXPECT_TRUE(spec->faults.empty());
+  EXPECT_FALSE(spec->schedule.has_value());
+}
+
+TEST(JobSpec, ParsesEveryKey) {
+  const std::string text = R"([job]
+name = "big.run-1"
+command = ["python", "train.py"]
+nodes = 4
+ranks_per_node = 8
+state_dir = "/var/endure/big"
+env = { NCCL_DEBUG = "WARN", OMP_NUM_THREADS = "1" }
+listen = "0.0.0.0:7000"
+token = "s3cret"
+
+[checkpoint]
+every_steps = 100
+dir = "/nfs/ckpt"
+keep = 5
+persist_every_steps = 1000
+replicas = 2
+memory_budget = "2GiB"
+
+[detection]
+hang_timeout_floor = "500ms"
+hang_timeout_k = 4
+hang_window = 20
+startup_timeout = "5m"
+heartbeat_timeout = "3s"
+loss_anomalies = false
+loss_spike_z = 8.5
+loss_window = 10
+on_recurrence = "stop"
+log_rules = "my_rules.toml"
+stack_timeout = "20s"
+
+[recovery]
+max_restarts = 0
+restart_window = "2h"
+backoff_initial = "0s"
+backoff_max = "1m"
+grace_period = "5s"
+structural_repeats = 4
+evict_node_after = 0
+repair_delay = "1m30s"
+paths = { xid_79 = "evict", nccl_timeout = "restart", node_lost = "wait" }
+
+[[faults]]
+kind = "exit"
+rank = 3
+step = 7
+exit_code = 42
+id = "exit-7"
+
+[[faults]]
+kind = "kill-agent"
+node = "node2"
+at = "90s"
+
+[[faults]]
+kind = "slow"
+rank = 31
+step = 5
+factor = 2.5
+
+[[faults]]
+kind = "log"
+rank = 0
+step = 9
+line = "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."
+
+[faults_schedule]
+mtbf = "60s"
+seed = 7
+kind = "kill"
+horizon = "5m"
+)";
+  Result<JobSpec> spec = ParseJobSpec(text, "big.toml");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->name, "big.run-1");
+  EXPECT_EQ(spec->world_size(), 32);
+  EXPECT_EQ(spec->env.at("NCCL_DEBUG"), "WARN");
+  EXPECT_EQ(spec->env.at("OMP_NUM_THREADS"), "1");
+  EXPECT_EQ(spec->listen, "0.0.0.0:7000");
+  EXPECT_EQ(spec->token, "s3cret");
+  EXPECT_EQ(spec->checkpoint.dir, "/nfs/ckpt");
+  EXPECT_EQ(spec->checkpoint.keep, 5);
+  EXPECT_EQ(spec->checkpoint.persist_every_steps, 1000);
+  EXPECT_EQ(spec->checkpoint.replicas, 2);
+  EXPECT_EQ(spec->checkpoint.memory_budget_bytes, int64_t{2} << 30);
+  EXPECT_EQ(spec->detection.hang_timeout_floor, std::chrono::milliseconds(500));
+  EXPECT_DOUBLE_EQ(spec->detection.hang_timeout_k, 4.0);
+  EXPECT_FALSE(spec->detection.loss_anomalies);
+  EXPECT_EQ(spec->detection.on_recurrence, core::AnomalyRecurrence::kStop);
+  EXPECT_EQ(spec->detection.log_rules, "my_rules.toml");
+  EXPECT_EQ(spec->recovery.repair_delay, std::chrono::seconds(90));
+  EXPECT_EQ(spec->recovery.paths.size(), 3u);
+  EXPECT_EQ(spec->recovery.paths.at("node_lost"), core::RecoveryPath::kWaitForRepair);
+  EXPECT_EQ(spec->recovery.paths.at("xid_79"), core::RecoveryPath::kEvictAndReplace);
+
+  ASSERT_GE(spec->faults.size(), 4u);
+  EXPECT_EQ(spec->faults[0].id, "exit-7");
+  EXPECT_EQ(spec->faults[0].exit_code, 42);
+  EXPECT_EQ(spec->faults[1].id, "fault-1");
+  EXPECT_EQ(spec->faults[1].node, "node2");
+  EXPECT_EQ(spec->faults[1].at, std::optional<Duration>(std::chrono::seconds(90)));
+  EXPECT_DOUBLE_EQ(spec->faults[2].factor, 2.5);
+  EXPECT_THAT(spec->faults[3].line, HasSubstr("Xid"));
+  // The schedule is expanded after the listed faults, reproducibly.
+  ASSERT_TRUE(spec->schedule.has_value());
+  EXPECT_EQ(spec->schedule->seed, 7u);
+  const std::vector<faults::Fault> expected =
+      faults::PoissonSchedule(std::chrono::seconds(60), 7, std::chrono::minutes(5), 32);
+  ASSERT_EQ(spec->faults.size(), 4 + expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(spec->faults[4 + i], expected[i]);
+
+  core::JobMachineOptions o = MachineOptions(*spec);
+  EXPECT_TRUE(o.Validate().ok()) << o.Validate().ToString();
+  EXPECT_EQ(o.nodes, 4);
+  EXPECT_EQ(o.ranks_per_node, 8);
+  EXPECT_EQ(o.hang.floor, std::chrono::milliseconds(500));
+  EXPECT_DOUBLE_EQ(o.hang.k, 4.0);
+  EXPECT_EQ(o.hang.window, 20);
+  EXPECT_EQ(o.hang.startup_timeout, std::chrono::minutes(5));
+  EXPECT_FALSE(o.detect_loss_anomalies);
+  EXPECT_EQ(o.loss.window, 10);
+  EXPECT_LE(o.loss.min_count, 10);
+  EXPECT_DOUBLE_EQ(o.loss.z_threshold, 8.5);
+  EXPECT_EQ(o.anomaly.on_recurrence, core::AnomalyRecurrence::kStop);
+  EXPECT_EQ(o.recovery.max_restarts_in_window, 0);
+  EXPECT_EQ(o.recovery.restart_window, std::chrono::hours(2));
+  EXPECT_EQ(o.recovery.backoff_initial, Duration(0));
+  EXPECT_EQ(o.recovery.backoff_max, std::chrono::minutes(1));
+  EXPECT_EQ(o.recovery.structural_repeats, 4);
+  EXPECT_EQ(o.recovery.evict_node_after, 0);
+  EXPECT_EQ(o.recovery.paths.at("xid_79"), core::RecoveryPath::kEvictAndReplace);
+
+  // The controller fires kill-agent and time-keyed faults; the workers the rest.
+  std::vector<core::ExternalFault> external = ExternalFaults(*spec);
+  ASSERT_EQ(external.size(), 1 + expected.size());
+  EXPECT_EQ(external[0].id, "fault-1");
+  EXPECT_EQ(external[0].kind, "kill-agent");
+  EXPECT_EQ(external[0].rank, 16);  // node2's first rank
+  EXPECT_EQ(external[0].at, std::optional<Duration>(std::chrono::seconds(90)));
+  EXPECT_EQ(external[1].id, "sched-1");
+  EXPECT_EQ(external[1].kind, "kill");
+  EXPECT_EQ(external[1].at, expected[0].at);
+}
+
+TEST(JobSpec, MachineOptionsOfDefaultsAreValid) {
+  Result<JobSpec> spec = ParseJobSpec(kMinimal, "job.toml");
+  ASSERT_TRUE(spec.ok());
+  core::JobMachineOptions o = MachineOptions(*spec);
+  EXPECT_TRUE(o.Validate().ok());
+  EXPECT_EQ(o.recovery.paths.at("node_lost"), core::RecoveryPath::kEvictAndReplace);
+  EXPECT_EQ(o.recovery.max_restarts_in_window, 20);
+  EXPECT_EQ(o.recovery.backoff_initial, std::chrono::seconds(1));
+  EXPECT_TRUE(ExternalFaults(*spec).empty());
+}
+
+TEST(JobSpec, MemoryBudgetUnits) {
+  struct Case {
+    std::string value;
+    int64_t bytes;
+  };
+  for (const Case& c : std::vector<Case>{{"1024", 1024},
+                                         {"\"512B\"", 512},
+                                         {"\"4KiB\"", 4096},
+                                         {"\"3MiB\"", 3 << 20},
+                                         {"\"1.5GiB\"", int64_t{3} << 29},
+                                         {"\"2KB\"", 2000},
+                                         {"\"5MB\"", 5000000},
+                                         {"\"1GB\"", 1000000000}}) {
+    Result<JobSpec> spec = ParseJobSpec(
+        std::string(kMinimal) + "[checkpoint]\nmemory_budget = " + c.value + "\n", "job.toml");
+    ASSERT_TRUE(spec.ok()) << c.value << ": " << spec.status().ToString();
+    EXPECT_EQ(spec->checkpoint.memory_budget_bytes, c.bytes) << c.value;
+  }
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "[checkpoint]\nmemory_budget = \"2TiB\"\n"),
+              HasSubstr("job.toml:6: key 'checkpoint.memory_budget': unknown unit"));
+}
+
+TEST(JobSpec, UnknownKeyNamesItsLine) {
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "[detection]\nhang_timeout_floor = \"2s\"\n"
+                                            "hang_timout = \"3s\"\n"),
+            "job.toml:7: key 'detection.hang_timout': unknown key in [detection]; valid keys are "
+            "hang_timeout_floor, hang_timeout_k, hang_window, startup_timeout, "
+            "heartbeat_timeout, loss_anomalies, loss_spike_z, loss_window, on_recurrence, "
+            "log_rules, stack_timeout");
+  EXPECT_THAT(ErrorOf("[job]\nname = \"j\"\ncomand = [\"x\"]\n"),
+              HasSubstr("job.toml:3: key 'job.comand': unknown key in [job]"));
+  EXPECT_THAT(ErrorOf(std::string(kIssueExample) + "colour = \"red\"\n"),
+              HasSubstr("job.toml:18: key 'faults[0].colour': unknown key"));
+}
+
+TEST(JobSpec, UnknownTableNamesItsLine) {
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "\n[checkpoints]\nevery_steps = 5\n"),
+              HasSubstr("job.toml:6: key 'checkpoints': unknown table; the spec has the tables "
+                        "[job], [checkpoint]"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "[job.extra]\nx = 1\n"),
+              HasSubstr("job.toml:5: key 'job.extra': unknown table in [job]"));
+  EXPECT_THAT(ErrorOf("top = 1\n" + std::string(kMinimal)),
+              HasSubstr("job.toml:1: key 'top': unknown key"));
+}
+
+TEST(JobSpec, WrongTypeNamesTheExpectedType) {
+  EXPECT_EQ(ErrorOf("[job]\nname = \"j\"\ncommand = \"train.py\"\nstate_dir = \"s\"\n"),
+            "job.toml:3: key 'job.command': expected an array of strings such as [\"python\", "
+            "\"train.py\"], got a string");
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "nodes = \"2\"\n"),
+            "job.toml:5: key 'job.nodes': expected an integer, got a string");
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "[detection]\nloss_anomalies = 1\n"),
+            "job.toml:6: key 'detection.loss_anomalies': expected a boolean (true or false), got "
+            "an integer");
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "[detection]\nstartup_timeout = 60\n"),
+              HasSubstr("job.toml:6: key 'detection.startup_timeout': expected a duration string "
+                        "such as \"2s\" or \"500ms\", got an integer"));
+  EXPECT_THAT(ErrorOf("[job]\nname = \"j\"\ncommand = [\"a\", 2]\nstate_dir = \"s\"\n"),
+              HasSubstr("job.toml:3: key 'job.command': expected an array of strings, got an "
+                        "integer"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "env = { A = 1 }\n"),
+              HasSubstr("job.toml:5: key 'job.env.A': expected a string, got an integer"));
+  EXPECT_THAT(ErrorOf("job = 3\n"), HasSubstr("job.toml:1: key 'job': expected a table"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "[faults]\nkind = \"kill\"\n"),
+              HasSubstr("job.toml:5: key 'faults': expected an array of tables"));
+}
+
+TEST(JobSpec, MissingRequiredKeys) {
+  EXPECT_EQ(ErrorOf("[job]\nname = \"j\"\nstate_dir = \"s\"\n"),
+            "job.toml:1: key 'job.command': missing: [job] needs name, command and state_dir");
+  EXPECT_THAT(ErrorOf("# nothing\n[checkpoint]\nevery_steps = 3\n\n[job]\nname = \"j\"\n"
+                      "command = [\"x\"]\n"),
+              HasSubstr("job.toml:5: key 'job.state_dir': missing"));
+  EXPECT_THAT(ErrorOf("[checkpoint]\nevery_steps = 3\n"),
+              HasSubstr("job.toml:1: key 'job': missing [job] table"));
+  EXPECT_THAT(ErrorOf("[job]\nname = \"j\"\ncommand = []\nstate_dir = \"s\"\n"),
+              HasSubstr("job.toml:3: key 'job.command': must not be empty"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "[[faults]]\nrank = 0\nstep = 3\n"),
+              HasSubstr("job.toml:5: key 'faults[0].kind': missing"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "[faults_schedule]\nseed = 3\n"),
+              HasSubstr("job.toml:5: key 'faults_schedule.mtbf': missing"));
+}
+
+TEST(JobSpec, BadDurations) {
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "[detection]\nhang_timeout_floor = \"2 parsecs\"\n"),
+              HasSubstr("job.toml:6: key 'detection.hang_timeout_floor': invalid duration "
+                        "'2 parsecs'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "[recovery]\nrestart_window = \"-5m\"\n"),
+              HasSubstr("job.toml:6: key 'recovery.restart_window': invalid duration '-5m'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "[detection]\nstartup_timeout = \"0s\"\n"),
+              HasSubstr("job.toml:6: key 'detection.startup_timeout': must be longer than 0"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "[recovery]\nbackoff_initial = \"1m\"\n"
+                                              "backoff_max = \"10s\"\n"),
+              HasSubstr("job.toml:7: key 'recovery.backoff_max': must be at least "
+                        "backoff_initial"));
+}
+
+TEST(JobSpec, BadFaults) {
+  EXPECT_THAT(ErrorOf(std::string(kIssueExample) + "[[faults]]\nkind = \"kil\"\nrank = 0\n"
+                                                   "step = 3\n"),
+              HasSubstr("job.toml:19: key 'faults[1].kind': unknown fault kind 'kil'"));
+  // Validate()'s message, at the line of the [[faults]] entry.
+  EXPECT_THAT(ErrorOf(std::string(kIssueExample) + "\n[[faults]]\nkind = \"kill\"\nrank = 0\n"),
+              HasSubstr("job.toml:19: key 'faults[1]': fault 'fault-1' (kill)"));
+  EXPECT_THAT(ErrorOf(std::string(kIssueExample) + "[[faults]]\nkind = \"kill\"\nrank = 2\n"
+                                                   "step = 3\n"),
+              HasSubstr("job.toml:20: key 'faults[1].rank': rank 2 is outside the job's 2 ranks"));
+  EXPECT_THAT(ErrorOf(std::string(kIssueExample) + "[[faults]]\nkind = \"kill-agent\"\n"
+                                                   "node = \"node7\"\nat = \"5s\"\n"),
+              HasSubstr("job.toml:20: key 'faults[1].node': 'node7' is not a node of this job: "
+                        "use node0 .. node1"));
+  EXPECT_THAT(ErrorOf(std::string(kIssueExample) + "[[faults]]\nkind = \"kill\"\nrank = 0\n"
+                                                   "step = 3\nid = \"fault-0\"\n"),
+              HasSubstr("job.toml:22: key 'faults[1].id': duplicate fault id 'fault-0'"));
+  EXPECT_THAT(
+      ErrorOf(std::string(kMinimal) + "[faults_schedule]\nmtbf = \"1m\"\nkind = \"boom\"\n"),
+      HasSubstr("job.toml:7: key 'faults_schedule.kind': unknown fault kind 'boom'"));
+}
+
+TEST(JobSpec, NegativeAndOutOfRangeValues) {
+  struct Case {
+    std::string text;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"nodes = 0\n", "job.toml:5: key 'job.nodes': must be at least 1, got 0"},
+           {"ranks_per_node = -2\n", "job.toml:5: key 'job.ranks_per_node': must be at least 1"},
+           {"[checkpoint]\nevery_steps = -10\n",
+            "job.toml:6: key 'checkpoint.every_steps': must be at least 0, got -10"},
+           {"[checkpoint]\nkeep = 0\n", "job.toml:6: key 'checkpoint.keep': must be at least 1"},
+           {"[recovery]\nmax_restarts = -1\n",
+            "job.toml:6: key 'recovery.max_restarts': must be at least 0, got -1"},
+           {"[detection]\nhang_timeout_k = 0.5\n",
+            "job.toml:6: key 'detection.hang_timeout_k': must be a finite number >= 1"},
+           {"[detection]\nloss_spike_z = -1.0\n",
+            "job.toml:6: key 'detection.loss_spike_z': must be a finite number > 0"},
+           {"[detection]\nloss_window = 1\n", "job.toml:6: key 'detection.loss_window'"},
+           {"[detection]\non_recurrence = \"ignore\"\n",
+            "job.toml:6: key 'detection.on_recurrence':"},
+           {"[recovery]\npaths = { oom = \"reboot\" }\n",
+            "job.toml:6: key 'recovery.paths.oom': unknown recovery path 'reboot'"},
+           {"listen = \"localhost\"\n",
+            "job.toml:5: key 'job.listen': 'localhost' is not HOST:PORT"},
+           {"name = \"my job\"\n", "key 'job.name'"},
+       }) {
+    std::string text = c.text.find("name =") == 0
+                           ? "[job]\n" + c.text + "command = [\"x\"]\nstate_dir = \"s\"\n"
+                           : std::string(kMinimal) + c.text;
+    EXPECT_THAT(ErrorOf(text), HasSubstr(c.message)) << c.text;
+  }
+}
+
+TEST(JobSpec, SyntaxErrorNamesTheLine) {
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "nodes = = 2\n"),
+              HasSubstr("job.toml:5: TOML syntax error"));
+}
+
+TEST(JobSpec, LoadReportsUnreadableFile) {
+  Result<JobSpec> spec = LoadJobSpec("/nonexistent/dir/job.toml");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("/nonexistent/dir/job.toml: cannot read"));
+}
+
+}  // namespace
+}  // namespace endure::controller
