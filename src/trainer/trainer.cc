@@ -14,7 +14,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -22,6 +24,7 @@
 
 #include "checkpoint/checkpoint_dir.h"
 #include "common/hash.h"
+#include "endure/client.h"
 #include "trainer/corpus.h"
 #include "trainer/gpt.h"
 #include "trainer/schedule.h"
@@ -383,7 +386,27 @@ class Progress {
   int64_t window_steps_ = 0;
 };
 
-Result<TrainSummary> TrainImpl(const TrainerOptions& options, const DistEnv& dist) {
+// The flags, with the agent's instructions in their place where it gave any.
+TrainerOptions ApplySession(TrainerOptions options, const Session& session) {
+  if (!session.checkpoint_dir().empty()) options.ckpt_dir = session.checkpoint_dir();
+  if (session.checkpoint_every()) options.ckpt_every = *session.checkpoint_every();
+  return options;
+}
+
+// The newest step a restore may use: nullopt for a fresh start.
+std::optional<int64_t> RestoreLimit(const TrainerOptions& options, const Session& session) {
+  if (options.ckpt_dir.empty()) return std::nullopt;
+  if (!session.restore_step()) {
+    return options.resume ? std::optional<int64_t>(INT64_MAX) : std::nullopt;
+  }
+  const int64_t step = *session.restore_step();
+  if (step == -1) return INT64_MAX;
+  if (step == 0) return std::nullopt;
+  return step;
+}
+
+Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist, Session& session) {
+  const TrainerOptions options = ApplySession(flags, session);
   ENDURE_RETURN_IF_ERROR(options.Validate(dist.world_size));
   const bool leader = dist.rank == 0;
   ENDURE_ASSIGN_OR_RETURN(Corpus corpus, LoadCorpus(options.data, options.val_fraction));
@@ -418,14 +441,19 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& options, const DistEnv& dis
   checkpoint::CheckpointDir ckpt(Env::Default(), options.ckpt_dir);
   if (!options.ckpt_dir.empty())
     ENDURE_RETURN_IF_ERROR(Env::Default()->CreateDirs(options.ckpt_dir));
-  if (options.resume) {
+  const auto restore_start = Clock::now();
+  if (const std::optional<int64_t> limit = RestoreLimit(options, session)) {
     // Rank 0 chooses the restore point; every rank loads that same step.
     int64_t step = -1;
+    std::optional<TrainingState> chosen;  // rank 0 keeps what it verified and loaded
     if (leader) {
       std::vector<std::string> refused;
-      Result<TrainingState> newest = ckpt.LoadNewest(&refused);
+      Result<TrainingState> newest = ckpt.LoadNewestAtOrBefore(*limit, &refused);
       for (const std::string& why : refused) std::printf("resume: refused %s\n", why.c_str());
-      if (newest.ok()) step = newest->step;
+      if (newest.ok()) {
+        step = newest->step;
+        chosen = std::move(newest).value();
+      }
     }
     if (cluster.store) {
       const std::string key = "endure/resume_step";
@@ -438,7 +466,10 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& options, const DistEnv& dis
       }
     }
     if (step >= 0) {
-      ENDURE_ASSIGN_OR_RETURN(TrainingState state, ckpt.Load(step));
+      if (!chosen) {
+        ENDURE_ASSIGN_OR_RETURN(chosen, ckpt.Load(step));
+      }
+      const TrainingState& state = *chosen;
       if (ModelFromJson(state.meta.value("model", nlohmann::json::object())) != options.model) {
         return InvalidArgument("checkpoint " + ckpt.StepDir(step) + " holds a model of config " +
                                state.meta["model"].dump() +
@@ -450,10 +481,30 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& options, const DistEnv& dis
         std::printf("resumed from %s (step %lld)\n", ckpt.StepDir(step).c_str(),
                     static_cast<long long>(step));
     } else if (leader) {
-      std::printf("resume: no checkpoint in %s verifies; starting from step 0\n",
-                  options.ckpt_dir.c_str());
+      if (*limit == INT64_MAX) {
+        std::printf("resume: no checkpoint in %s verifies; starting from step 0\n",
+                    options.ckpt_dir.c_str());
+      } else {
+        std::printf(
+            "resume: no checkpoint at or before step %lld in %s verifies; starting "
+            "from step 0\n",
+            static_cast<long long>(*limit), options.ckpt_dir.c_str());
+      }
     }
   }
+  if (leader && !options.ckpt_dir.empty() && session.restore_step() &&
+      *session.restore_step() != -1) {
+    // A rollback (or fresh start) ordered by the agent abandons the steps
+    // after the restore point: checkpoints taken there must never be
+    // restored later, so they go before this timeline commits its own.
+    for (int64_t later : ckpt.ListSteps()) {
+      if (later <= summary.start_step) continue;
+      ENDURE_RETURN_IF_ERROR(Env::Default()->RemoveAll(ckpt.StepDir(later)));
+      std::printf("rollback: removed %s (after the restore point, step %lld)\n",
+                  ckpt.StepDir(later).c_str(), static_cast<long long>(summary.start_step));
+    }
+  }
+  const double restore_s = SecondsSince(restore_start);
 
   if (leader) {
     int64_t n = 0;
@@ -475,44 +526,72 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& options, const DistEnv& dis
   const int accum = options.AccumulationSteps(dist.world_size);
   const int per_rank = options.global_batch / dist.world_size;
   model->train();
+  session.Ready(summary.start_step, restore_s, SecondsSinceProcessStart());
   double loss = std::nan("");
   for (int64_t step = summary.start_step; step < options.steps; ++step) {
+    session.BeginStep(step);  // injected kill/exit/hang/log faults fire here
     const auto step_start = Clock::now();
     const double lr = LearningRate(options, step);
-    for (auto& group : optimizer.param_groups()) {
-      static_cast<AdamWOptions&>(group.options()).lr(lr);
+    // Every rank has the same skip list, so all of them leave out the same
+    // collectives.
+    const bool skip = session.ShouldSkip(step);
+    double compute_s = 0, comm_s = 0;
+    if (skip) {
+      if (leader) {
+        std::printf("step %6lld/%lld skipped (ENDURE_SKIP_STEPS has index %lld)\n",
+                    static_cast<long long>(step + 1), static_cast<long long>(options.steps),
+                    static_cast<long long>(step));
+        std::fflush(stdout);
+      }
+    } else {
+      for (auto& group : optimizer.param_groups()) {
+        static_cast<AdamWOptions&>(group.options()).lr(lr);
+      }
+      optimizer.zero_grad();
+      double local_loss = 0;
+      for (int a = 0; a < accum; ++a) {
+        auto offsets =
+            SequenceOffsets(options.seed, step, dist.rank * per_rank + a * options.micro_batch,
+                            options.micro_batch, options.model.context, corpus.train.size());
+        auto [x, y] = MakeBatch(corpus.train, offsets, options.model.context);
+        torch::Tensor l = model->Loss(x, y) / accum;
+        l.backward();
+        local_loss += l.item<double>();
+      }
+      compute_s = SecondsSince(step_start);
+      const auto comm_start = Clock::now();
+      loss = reducer ? reducer->AllReduce(local_loss, dist.world_size) : local_loss;
+      comm_s = SecondsSince(comm_start);
+      if (options.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, options.grad_clip);
+      optimizer.step();
     }
-    optimizer.zero_grad();
-    double local_loss = 0;
-    for (int a = 0; a < accum; ++a) {
-      auto offsets =
-          SequenceOffsets(options.seed, step, dist.rank * per_rank + a * options.micro_batch,
-                          options.micro_batch, options.model.context, corpus.train.size());
-      auto [x, y] = MakeBatch(corpus.train, offsets, options.model.context);
-      torch::Tensor l = model->Loss(x, y) / accum;
-      l.backward();
-      local_loss += l.item<double>();
-    }
-    const double compute_s = SecondsSince(step_start);
-    const auto comm_start = Clock::now();
-    loss = reducer ? reducer->AllReduce(local_loss, dist.world_size) : local_loss;
-    const double comm_s = SecondsSince(comm_start);
-    if (options.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, options.grad_clip);
-    optimizer.step();
 
     const int64_t done = step + 1;
     const bool save =
         !options.ckpt_dir.empty() &&
         ((options.ckpt_every > 0 && done % options.ckpt_every == 0) || done == options.steps);
+    double ckpt_stall_s = 0;
+    int64_t checkpoint_step = -1;
     if (save && leader) {
       // Data-parallel replicas are identical: rank 0 writes the whole state.
+      const auto ckpt_start = Clock::now();
       Result<checkpoint::CommitStats> stats =
           ckpt.Commit(CaptureState(model, optimizer, done, options));
       if (!stats.ok())
         return stats.status().WithContext("checkpoint at step " + std::to_string(done));
       ENDURE_RETURN_IF_ERROR(ckpt.Retain(options.ckpt_keep));
+      ckpt_stall_s = SecondsSince(ckpt_start);
+      checkpoint_step = done;
     }
-    if (leader) progress.Step(step, loss, lr, SecondsSince(step_start), compute_s, comm_s);
+    if (skip) {
+      session.EndSkippedStep(step, ckpt_stall_s, checkpoint_step);
+      continue;
+    }
+    // The loss as logged: an injected `nan` fault shows here, while the
+    // model itself is untouched.
+    const double logged_loss =
+        session.EndStep(step, loss, compute_s, comm_s, ckpt_stall_s, checkpoint_step);
+    if (leader) progress.Step(step, logged_loss, lr, SecondsSince(step_start), compute_s, comm_s);
   }
 
   summary.steps = options.steps;
@@ -563,9 +642,14 @@ Result<DistEnv> DistEnvFromEnvironment() {
   return d;
 }
 
-Result<TrainSummary> Train(const TrainerOptions& options, const DistEnv& dist) {
+Result<TrainSummary> Train(const TrainerOptions& options, const DistEnv& dist, Session* session) {
+  std::unique_ptr<Session> disabled;
+  if (session == nullptr) {
+    disabled = Session::Disabled();
+    session = disabled.get();
+  }
   try {
-    return TrainImpl(options, dist);
+    return TrainImpl(options, dist, *session);
   } catch (const c10::Error& e) {
     return Internal(std::string("libtorch: ") + e.what_without_backtrace());
   } catch (const std::exception& e) {

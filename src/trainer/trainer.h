@@ -13,6 +13,10 @@
 #include "common/status.h"
 #include "trainer/options.h"
 
+namespace endure {
+class Session;  // include/endure/client.h
+}
+
 namespace endure::trainer {
 
 // Where this process sits in the job, read from torchrun's variables.
@@ -40,7 +44,14 @@ struct TrainSummary {
 };
 
 // Trains as configured; progress and the summary go to stdout on rank 0.
-Result<TrainSummary> Train(const TrainerOptions& options, const DistEnv& dist);
+// `session` (may be null: none) reports to the Endure agent and carries its
+// instructions, which take precedence over `options`: ENDURE_CKPT_DIR and
+// ENDURE_CKPT_EVERY replace --ckpt-dir and --ckpt-every; ENDURE_RESTORE_STEP
+// replaces --resume (-1: newest checkpoint that verifies, 0: fresh start, N:
+// newest that verifies at or before step N); ENDURE_SKIP_STEPS names steps
+// whose data and update are skipped. Injected faults fire inside the steps.
+Result<TrainSummary> Train(const TrainerOptions& options, const DistEnv& dist,
+                           Session* session = nullptr);
 
 struct SampleOptions {
   std::string ckpt_dir;

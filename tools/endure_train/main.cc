@@ -1,10 +1,13 @@
 // endure-train: the reference GPT trainer. `endure-train [flags]` trains
 // (data-parallel when started with torchrun's variables); `endure-train
-// sample` generates from a checkpoint. Exit codes: 0 success, 2 usage or
-// configuration error, 1 failure.
+// sample` generates from a checkpoint. Started by an Endure agent, it reports
+// to it through the client library (ENDURE_* variables, include/endure/
+// client.h). Exit codes: 0 success, 2 usage or configuration error
+// (including a malformed ENDURE_* variable), 1 failure.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "endure/client.h"
 #include "trainer/trainer.h"
 
 namespace {
@@ -80,7 +83,14 @@ int main(int argc, char** argv) {
   }
   endure::Result<endure::trainer::DistEnv> dist = endure::trainer::DistEnvFromEnvironment();
   if (!dist.ok()) return ExitCodeFor(dist.status());
-  endure::Result<endure::trainer::TrainSummary> summary = endure::trainer::Train(o, *dist);
+  endure::Result<std::unique_ptr<endure::Session>> session = endure::Session::FromEnvironment();
+  if (!session.ok()) return ExitCodeFor(session.status());
+  endure::Result<endure::trainer::TrainSummary> summary =
+      endure::trainer::Train(o, *dist, session->get());
+  if ((*session)->dropped() > 0) {
+    std::fprintf(stderr, "endure-train: %lld reports to the agent were dropped\n",
+                 static_cast<long long>((*session)->dropped()));
+  }
   if (!summary.ok()) return ExitCodeFor(summary.status());
   return 0;
 }
