@@ -1,0 +1,340 @@
+// The job report; see report.h and docs/report.md for the definitions.
+#include "controller/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <sstream>
+
+#include "controller/state_store.h"
+#include "core/ettr_ledger.h"
+
+namespace endure::controller {
+namespace {
+
+using Json = nlohmann::json;
+
+// An optional number as JSON: null when absent.
+Json OrNull(const std::optional<double>& v) { return v ? Json(*v) : Json(nullptr); }
+
+std::optional<double> Between(const std::optional<core::TimePoint>& a,
+                              const std::optional<core::TimePoint>& b) {
+  if (!a || !b) return std::nullopt;
+  return Seconds(*b - *a);
+}
+
+// One incident's figures. The phases partition the time to recover:
+//   recovered_after = detected_after + teardown + wait + relaunch + restore.
+Json IncidentJson(const core::Incident& inc, core::TimePoint start) {
+  const std::optional<core::TimePoint> fault = inc.fault_at, detected = inc.detected_at;
+  const std::optional<double> detected_after = Between(fault, detected);
+  const std::optional<double> teardown = Between(detected, inc.stopped_at);
+  const std::optional<double> wait = Between(inc.stopped_at, inc.relaunched_at);
+  const std::optional<double> restore =
+      inc.ready_at ? std::optional<double>(inc.restore_s) : std::nullopt;
+  std::optional<double> relaunch = Between(inc.relaunched_at, inc.recovered_at);
+  if (relaunch) relaunch = std::max(0.0, *relaunch - inc.restore_s);
+  Json j;
+  j["id"] = inc.id;
+  j["generation"] = inc.generation;
+  j["cause"] = inc.cause;
+  j["rank"] = inc.rank;
+  j["node"] = inc.node_name;
+  j["injected_at_s"] = OrNull(Between(start, inc.injected_at));
+  j["fault_at_s"] = Seconds(inc.fault_at - start);
+  j["detected_at_s"] = Seconds(inc.detected_at - start);
+  j["detected_after_s"] = OrNull(detected_after);
+  j["recovered_after_s"] = OrNull(Between(fault, inc.recovered_at));
+  j["teardown_s"] = OrNull(teardown);
+  j["wait_s"] = OrNull(wait);
+  j["relaunch_s"] = OrNull(relaunch);
+  j["restore_s"] = OrNull(restore);
+  j["failed_at_step"] = inc.failed_at_step;
+  j["restored_step"] = inc.restored_step;
+  j["steps_lost"] = inc.steps_lost();
+  j["action"] = inc.action;
+  j["reason"] = inc.reason;
+  j["log_line"] = inc.log_line;
+  j["stacks"] = inc.stacks;
+  return j;
+}
+
+// Fills the ledger, ETTR, recovery totals and incidents into `report`.
+// `ledger_s` holds every category; `wall_s` is their sum.
+void AddAccounting(Json& report, const std::map<std::string, double>& ledger_s, double wall_s,
+                   const std::vector<core::Incident>& incidents, core::TimePoint start) {
+  report["wall_s"] = wall_s;
+  Json ledger = Json::object();
+  for (int i = 0; i < core::kNumLedgerCategories; ++i) {
+    const std::string name(core::LedgerCategoryName(static_cast<core::LedgerCategory>(i)));
+    auto it = ledger_s.find(name);
+    ledger[name] = it == ledger_s.end() ? 0.0 : it->second;
+  }
+  report["ettr"] = wall_s > 0 ? ledger["productive"].get<double>() / wall_s : 0.0;
+  report["ledger_s"] = ledger;
+  double teardown = 0, wait = 0, relaunch = 0, restore = 0;
+  Json list = Json::array();
+  for (const core::Incident& inc : incidents) {
+    Json j = IncidentJson(inc, start);
+    auto add = [&](const char* key, double& sum) {
+      if (j[key].is_number()) sum += j[key].get<double>();
+    };
+    add("teardown_s", teardown);
+    add("wait_s", wait);
+    add("relaunch_s", relaunch);
+    add("restore_s", restore);
+    list.push_back(std::move(j));
+  }
+  report["recovery_s"] = {
+      {"teardown", teardown}, {"wait", wait}, {"relaunch", relaunch}, {"restore", restore}};
+  report["incidents"] = std::move(list);
+}
+
+// ---- Rendering ----
+
+std::string Fixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", decimals, v);
+  return buf;
+}
+
+// Seconds for the table: millisecond resolution for the short figures that
+// detection and recovery are about.
+std::string Secs(const Json& v) {
+  if (!v.is_number()) return "-";
+  const double s = v.get<double>();
+  return Fixed(s, std::fabs(s) < 100 ? 3 : 1) + "s";
+}
+
+std::string Str(const Json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+  if (v.is_number()) return Fixed(v.get<double>(), 4);
+  return "-";
+}
+
+// Columns separated by two spaces; `right[i]` right-aligns column i.
+std::string Table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right,
+                  const std::string& indent) {
+  std::vector<size_t> width(right.size(), 0);
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size() && i < width.size(); ++i) {
+      width[i] = std::max(width[i], row[i].size());
+    }
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line = indent;
+    for (size_t i = 0; i < row.size() && i < width.size(); ++i) {
+      const std::string pad(width[i] - row[i].size(), ' ');
+      if (i > 0) line += "  ";
+      line += right[i] ? pad + row[i] : row[i] + (i + 1 < row.size() ? pad : "");
+    }
+    line.erase(line.find_last_not_of(' ') + 1);
+    out += line + "\n";
+  }
+  return out;
+}
+
+std::string Outcome(const Json& report) {
+  if (!report.value("final", true)) return "not finished";
+  const Json& code = report["exit_code"];
+  if (!code.is_number_integer()) return "not finished";
+  switch (code.get<int>()) {
+    case 0:
+      return "completed";
+    case 3:
+      return "gave up";
+    default:
+      return "failed";
+  }
+}
+
+}  // namespace
+
+Json BuildReport(const ReportInputs& in) {
+  const core::JobMachine& m = in.machine;
+  const core::EttrLedger& ledger = m.ledger();
+  std::map<std::string, double> ledger_s;
+  for (int i = 0; i < core::kNumLedgerCategories; ++i) {
+    const auto c = static_cast<core::LedgerCategory>(i);
+    ledger_s[std::string(core::LedgerCategoryName(c))] = Seconds(ledger.total(c));
+  }
+  // The ledger stops at the machine's last event; the rest up to `end`
+  // (stopping the workers, writing the report) is "other".
+  double wall_s = Seconds(ledger.wall());
+  const double tail = Seconds(in.end - in.start) - wall_s;
+  if (tail > 0) {
+    ledger_s["other"] += tail;
+    wall_s += tail;
+  }
+
+  Json report;
+  report["job"] = in.job;
+  report["final"] = true;
+  report["exit_code"] = in.exit_code;
+  report["verdict"] = in.verdict;
+  report["param_fingerprint"] = in.param_fingerprint;
+  report["steps"] = in.steps;
+  report["last_loss"] = std::isfinite(in.last_loss) ? Json(in.last_loss) : Json(nullptr);
+  report["generations"] = m.generation() + 1;
+  report["checkpoints"] = m.checkpoints().size();
+  report["nodes"] = in.nodes;
+  AddAccounting(report, ledger_s, wall_s, m.incidents(), in.start);
+  return report;
+}
+
+Result<Json> ReportFromStore(StateStore& store) {
+  Result<Json> saved = store.LoadReport();
+  if (saved.ok() || saved.status().code() != StatusCode::kNotFound) return saved;
+
+  ENDURE_ASSIGN_OR_RETURN(JobRecord job, store.LoadJob());
+  ENDURE_ASSIGN_OR_RETURN(auto ledger_s, store.LoadLedger());
+  // Stored times are seconds since the job start; any origin will do.
+  const core::TimePoint start{};
+  ENDURE_ASSIGN_OR_RETURN(std::vector<core::Incident> incidents, store.LoadIncidents(start));
+  ENDURE_ASSIGN_OR_RETURN(std::vector<GenerationRecord> generations, store.LoadGenerations());
+  double wall_s = 0;
+  for (const auto& [category, seconds] : ledger_s) wall_s += seconds;
+
+  Json report;
+  report["job"] = job.name;
+  report["final"] = false;
+  report["exit_code"] = job.exit_code ? Json(*job.exit_code) : Json(nullptr);
+  report["verdict"] = job.verdict.empty()
+                          ? std::string(
+                                "no final report: the job is still running, or its "
+                                "controller stopped before writing one; figures are "
+                                "as last saved")
+                          : job.verdict;
+  report["param_fingerprint"] = job.param_fingerprint;
+  report["steps"] = nullptr;
+  report["last_loss"] = nullptr;
+  report["generations"] = generations.size();
+  report["checkpoints"] = nullptr;
+  report["nodes"] = Json::array();
+  AddAccounting(report, ledger_s, wall_s, incidents, start);
+  return report;
+}
+
+std::string RenderReport(const Json& r) {
+  std::ostringstream out;
+  out << "Job " << Str(r.value("job", Json())) << ": " << Outcome(r);
+  if (r.contains("exit_code") && r["exit_code"].is_number_integer()) {
+    out << " (exit " << r["exit_code"].get<int>() << ")";
+  }
+  out << "\n";
+  if (r.contains("verdict") && !Str(r["verdict"]).empty()) out << "  " << Str(r["verdict"]) << "\n";
+  std::vector<std::string> facts;
+  if (r.contains("steps") && r["steps"].is_number()) facts.push_back("steps " + Str(r["steps"]));
+  if (r.contains("last_loss") && r["last_loss"].is_number()) {
+    facts.push_back("last loss " + Str(r["last_loss"]));
+  }
+  if (r.contains("generations") && r["generations"].is_number()) {
+    facts.push_back("generations " + Str(r["generations"]));
+  }
+  if (r.contains("checkpoints") && r["checkpoints"].is_number()) {
+    facts.push_back("checkpoints " + Str(r["checkpoints"]));
+  }
+  if (r.contains("nodes") && r["nodes"].is_array() && !r["nodes"].empty()) {
+    std::string nodes;
+    for (const Json& n : r["nodes"]) nodes += (nodes.empty() ? "" : ",") + Str(n);
+    facts.push_back("nodes " + nodes);
+  }
+  if (!facts.empty()) {
+    std::string joined;
+    for (const std::string& f : facts) joined += (joined.empty() ? "" : "; ") + f;
+    out << "  " << joined << "\n";
+  }
+  const std::string fingerprint = Str(r.value("param_fingerprint", Json()));
+  out << "  param_fingerprint " << (fingerprint.empty() || fingerprint == "-" ? "-" : fingerprint)
+      << "\n\n";
+
+  const Json ledger = r.value("ledger_s", Json::object());
+  const Json recovery = r.value("recovery_s", Json::object());
+  const double wall = r.value("wall_s", 0.0);
+  auto share = [&](double s) { return wall > 0 ? Fixed(100.0 * s / wall, 1) + "%" : "-"; };
+  std::vector<std::vector<std::string>> rows = {{"time", "seconds", "share"},
+                                                {"wall", Secs(wall), share(wall)}};
+  const std::pair<const char*, const char*> kCategories[] = {
+      {"productive", "productive"},
+      {"checkpoint_stall", "checkpoint stall"},
+      {"detection", "detection"},
+      {"recovery", "recovery"},
+      {"recompute", "recompute"},
+      {"startup", "startup"},
+      {"other", "other"}};
+  for (const auto& [key, label] : kCategories) {
+    const double s = ledger.value(key, 0.0);
+    rows.push_back({label, Secs(s), share(s)});
+    if (std::string_view(key) == "recovery") {
+      for (const char* part : {"teardown", "wait", "relaunch", "restore"}) {
+        if (std::string_view(part) == "wait" && recovery.value(part, 0.0) == 0.0) continue;
+        rows.push_back({std::string("  ") + part, Secs(recovery.value(part, Json())), ""});
+      }
+    }
+  }
+  out << Table(rows, {false, true, true}, "  ");
+  out << "  ETTR " << Fixed(r.value("ettr", 0.0), 3) << " (productive / wall)\n";
+
+  const Json incidents = r.value("incidents", Json::array());
+  out << "\nIncidents: " << incidents.size() << "\n";
+  if (incidents.empty()) return out.str();
+  std::vector<std::vector<std::string>> table = {{"id", "cause", "rank", "node", "injected at",
+                                                  "detected after", "recovered after", "steps lost",
+                                                  "action"}};
+  for (const Json& inc : incidents) {
+    table.push_back({Str(inc.value("id", Json())), Str(inc.value("cause", Json())),
+                     inc.value("rank", -1) >= 0 ? Str(inc["rank"]) : "-",
+                     Str(inc.value("node", Json())), Secs(inc.value("injected_at_s", Json())),
+                     Secs(inc.value("detected_after_s", Json())),
+                     Secs(inc.value("recovered_after_s", Json())),
+                     Str(inc.value("steps_lost", Json())), Str(inc.value("action", Json()))});
+  }
+  const std::string rendered =
+      Table(table, {true, false, true, false, true, true, true, true, false}, "  ");
+  // The header, then each incident's row followed by its details.
+  std::istringstream lines(rendered);
+  std::string line;
+  std::getline(lines, line);
+  out << line << "\n";
+  for (const Json& inc : incidents) {
+    std::getline(lines, line);
+    out << line << "\n";
+    const std::string pad = "      ";
+    auto detail = [&](const std::string& label, const std::string& text) {
+      if (!text.empty() && text != "-") out << pad << label << ": " << text << "\n";
+    };
+    detail("reason", Str(inc.value("reason", Json())));
+    std::string phases;
+    for (const char* key : {"teardown_s", "wait_s", "relaunch_s", "restore_s"}) {
+      const Json& v = inc.value(key, Json());
+      if (!v.is_number()) continue;
+      if (std::string_view(key) == "wait_s" && v.get<double>() == 0.0) continue;
+      const std::string name(key, std::string_view(key).size() - 2);
+      phases += (phases.empty() ? "" : ", ") + name + " " + Secs(v);
+    }
+    detail("recovery", phases);
+    detail("log", Str(inc.value("log_line", Json())));
+    for (const Json& stack : inc.value("stacks", Json::array())) {
+      std::istringstream stack_lines(Str(stack));
+      std::string first;
+      std::getline(stack_lines, first);
+      out << pad << "stack " << first << "\n";
+      std::string frame;
+      constexpr int kFrames = 5;
+      int shown = 0;
+      while (std::getline(stack_lines, frame)) {
+        if (shown++ == kFrames) {
+          out << pad << "  ...\n";
+          break;
+        }
+        out << pad << "  " << frame << "\n";
+      }
+    }
+  }
+  return out.str();
+}
+
+}  // namespace endure::controller
