@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -60,6 +61,7 @@ Result<Subprocess> Subprocess::Start(const ProcessSpec& spec) {
       return IOError("cannot open '" + spec.output_path + "': " + std::strerror(errno));
     }
   }
+  const pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) {
     if (out_fd >= 0) ::close(out_fd);
@@ -67,6 +69,11 @@ Result<Subprocess> Subprocess::Start(const ProcessSpec& spec) {
   }
   if (pid == 0) {
     if (spec.new_process_group) ::setpgid(0, 0);
+    if (spec.die_with_parent) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
+    }
+    if (out_fd < 0 && spec.output_fd >= 0) out_fd = spec.output_fd;
     if (out_fd >= 0) {
       ::dup2(out_fd, 1);
       ::dup2(out_fd, 2);
@@ -80,6 +87,10 @@ Result<Subprocess> Subprocess::Start(const ProcessSpec& spec) {
 
 void Subprocess::Signal(int sig) const {
   if (pid_ > 0) ::kill(pid_, sig);
+}
+
+void Subprocess::SignalGroup(int sig) const {
+  if (pid_ > 0) ::kill(-pid_, sig);
 }
 
 ExitStatus Subprocess::Wait() {

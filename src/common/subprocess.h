@@ -22,7 +22,9 @@ struct ProcessSpec {
   std::vector<std::pair<std::string, std::string>> env;  // set on top of the parent's
   std::vector<std::string> unset_env;                    // removed from the parent's
   std::string output_path;         // stdout and stderr appended here; empty: inherit
+  int output_fd = -1;              // or: stdout and stderr go to this descriptor (a pipe)
   bool new_process_group = false;  // so that a signal to -pid reaches its children
+  bool die_with_parent = false;    // SIGKILL when the parent dies (no orphans)
 };
 
 struct ExitStatus {
@@ -45,6 +47,8 @@ class Subprocess {
 
   pid_t pid() const { return pid_; }
   void Signal(int sig) const;
+  // Signals the child's process group (started with new_process_group).
+  void SignalGroup(int sig) const;
   // Blocks until the child exits.
   ExitStatus Wait();
   // Waits at most `timeout`; nullopt if it is still running.

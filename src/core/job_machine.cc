@@ -352,6 +352,13 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     fe.step = StepNumber{inc.failed_at_step};
     fe.during_recovery = !productive_;
     RecoveryDecision d = recovery_.Step(fe, now);
+    if (failure.log_action == "evict_node" && d.action == RecoveryAction::kRestartInPlace) {
+      // The log says the node itself is bad (an Xid, an uncorrectable ECC
+      // error): restarting on it would fail again.
+      d.action = RecoveryAction::kEvictAndWaitForRepair;
+      d.reason += "; the matching log rule's action is evict_node: evicting " +
+                  NodeName(failure.node) + " instead";
+    }
     inc.action = std::string(RecoveryActionName(d.action));
     reason += "; " + d.reason;
     delay = d.delay;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/env.h"
+#include "common/shipped_files.h"
 #include "core/log_classifier.h"
 #include "tools/endure/verbs.h"
 
@@ -36,32 +37,9 @@ struct ClassifyFlags {
   bool check = false;
 };
 
-// Where the shipped rules are, next to this binary: build/bin/endure uses
-// the source tree's config/, an installed PREFIX/bin/endure uses
-// PREFIX/share/endure/.
-std::vector<std::string> DefaultRulesCandidates() {
-  char exe[4096];
-  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n <= 0) return {"config/log_rules.toml"};
-  const std::string bin = DirName(std::string(exe, n));
-  std::vector<std::string> candidates;
-  for (const char* relative : {"/../../config/log_rules.toml", "/../share/endure/log_rules.toml"}) {
-    std::error_code ec;
-    const std::filesystem::path p = std::filesystem::weakly_canonical(bin + relative, ec);
-    candidates.push_back(ec ? bin + relative : p.string());
-  }
-  return candidates;
-}
-
 Result<std::string> FindRules(const std::string& flag) {
   if (!flag.empty()) return flag;
-  const std::vector<std::string> candidates = DefaultRulesCandidates();
-  std::string tried;
-  for (const std::string& c : candidates) {
-    if (Env::Default()->Exists(c)) return c;
-    tried += (tried.empty() ? "" : ", ") + c;
-  }
-  return InvalidArgument("no rules file found (looked for " + tried + "); pass --rules FILE");
+  return FindShippedConfig("log_rules.toml", "--rules FILE");
 }
 
 Result<std::string> ReadInput(const std::string& path) {

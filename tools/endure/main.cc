@@ -13,8 +13,9 @@ int main(int argc, char** argv) {
   app.fallthrough(false);
 
   std::vector<Verb> verbs = {
-      endure::cli::AddSimVerb(app),
-      endure::cli::AddClassifyVerb(app),
+      endure::cli::AddSimVerb(app),        endure::cli::AddClassifyVerb(app),
+      endure::cli::AddReportVerb(app),     endure::cli::AddRunVerb(app),
+      endure::cli::AddControllerVerb(app), endure::cli::AddAgentVerb(app),
   };
 
   try {

@@ -29,4 +29,14 @@ Verb AddSimVerb(CLI::App& root);
 // `endure classify`: runs the log rules over text (classify.cc).
 Verb AddClassifyVerb(CLI::App& root);
 
+// `endure report`: prints a job's report from its state directory (report.cc).
+Verb AddReportVerb(CLI::App& root);
+
+// `endure controller`, `endure agent`: the long-running processes (processes.cc).
+Verb AddControllerVerb(CLI::App& root);
+Verb AddAgentVerb(CLI::App& root);
+
+// `endure run JOB.toml`: the embedded single-machine mode (run.cc).
+Verb AddRunVerb(CLI::App& root);
+
 }  // namespace endure::cli

@@ -1,0 +1,381 @@
+// Agent: the gRPC stream to the controller, the worker datagram socket, and
+// the commands. Threads: the main thread reads commands and carries them
+// out in order; one thread receives worker datagrams; WorkerSet's watcher
+// threads report exits. Writes to the stream are serialised by write_mu_.
+#include "agent/agent.h"
+
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "agent/worker_set.h"
+#include "common/env.h"
+#include "core/log_classifier.h"
+#include "proto/endure.grpc.pb.h"
+
+namespace endure::agent {
+namespace {
+
+double WallSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// execve does not search PATH; a bare program name is looked up here.
+std::string ResolveProgram(const std::string& program) {
+  if (program.find('/') != std::string::npos) return program;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    std::string candidate = dirs.substr(start, end - start) + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return program;
+}
+
+double JsonLoss(const nlohmann::json& v) {
+  if (v.is_number()) return v.get<double>();
+  if (v.is_string()) {
+    const std::string s = v.get<std::string>();
+    if (s == "inf") return std::numeric_limits<double>::infinity();
+    if (s == "-inf") return -std::numeric_limits<double>::infinity();
+  }
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
+class Agent {
+ public:
+  Agent(AgentOptions options, core::LogClassifier classifier)
+      : o_(std::move(options)), classifier_(std::move(classifier)) {}
+
+  Status Run();
+
+ private:
+  void Send(proto::AgentEvent event, int64_t generation);
+  Status OpenSocket();
+  void ReceiveDatagrams();
+  void OnWorkerExit(int64_t generation, const WorkerEnd& end);
+  void Start(int64_t generation, const proto::StartGeneration& start);
+  void Stop(int64_t generation, double grace_s);
+  void DumpStacks(int64_t generation, double timeout_s);
+  void Inject(const proto::InjectFault& inject);
+
+  AgentOptions o_;
+  core::LogClassifier classifier_;
+  std::unique_ptr<grpc::ClientReaderWriter<proto::AgentEvent, proto::AgentCommand>> stream_;
+  std::mutex write_mu_;
+  std::atomic<int64_t> generation_{-1};
+  std::unique_ptr<WorkerSet> workers_;  // touched by the command thread only
+  int socket_fd_ = -1;
+  std::string socket_path_;
+  std::atomic<bool> done_{false};
+};
+
+void Agent::Send(proto::AgentEvent event, int64_t generation) {
+  event.set_token(o_.token);
+  event.set_generation(generation);
+  event.set_time_s(WallSeconds());
+  std::lock_guard<std::mutex> lock(write_mu_);
+  if (stream_) stream_->Write(event);
+}
+
+Status Agent::OpenSocket() {
+  socket_path_ = JoinPath(o_.work_dir, o_.node_id + ".sock");
+  if (socket_path_.size() >= sizeof(sockaddr_un::sun_path)) {
+    socket_path_ = "/tmp/endure-" + std::to_string(::getpid()) + "-" + o_.node_id + ".sock";
+  }
+  ::unlink(socket_path_.c_str());
+  socket_fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", socket_path_.c_str());
+  if (socket_fd_ < 0 || ::bind(socket_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    return IOError("cannot bind the worker socket " + socket_path_);
+  }
+  ::chmod(socket_path_.c_str(), 0600);
+  timeval tv{0, 200 * 1000};  // wake up to notice shutdown
+  ::setsockopt(socket_fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  int size = 4 << 20;
+  ::setsockopt(socket_fd_, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+  return Status::Ok();
+}
+
+void Agent::ReceiveDatagrams() {
+  char buf[65536];
+  while (!done_) {
+    ssize_t n = ::recv(socket_fd_, buf, sizeof buf, 0);
+    if (n <= 0) continue;
+    nlohmann::json m = nlohmann::json::parse(std::string_view(buf, n), nullptr, false);
+    if (!m.is_object() || m.value("token", "") != o_.token) continue;  // not from our workers
+    const int64_t gen = m.value("generation", int64_t{-1});
+    if (gen != generation_) continue;  // a stale generation
+    const std::string type = m.value("type", "");
+    const int rank = m.value("rank", -1);
+    proto::AgentEvent e;
+    if (type == "step") {
+      auto* s = e.mutable_step();
+      s->set_rank(rank);
+      s->set_step(m.value("step", int64_t{0}));
+      s->set_loss(JsonLoss(m.contains("loss") ? m["loss"] : nlohmann::json()));
+      s->set_compute_s(m.value("compute_s", 0.0));
+      s->set_comm_s(m.value("comm_s", 0.0));
+      s->set_ckpt_stall_s(m.value("ckpt_stall_s", 0.0));
+      s->set_checkpoint_step(m.value("checkpoint_step", int64_t{-1}));
+    } else if (type == "ready") {
+      auto* r = e.mutable_worker_ready();
+      r->set_rank(rank);
+      r->set_start_step(m.value("start_step", int64_t{0}));
+      r->set_restore_s(m.value("restore_s", 0.0));
+      r->set_init_s(m.value("init_s", 0.0));
+    } else if (type == "fault") {
+      auto* f = e.mutable_fault_fired();
+      f->set_rank(rank);
+      f->set_fault_id(m.value("id", ""));
+      f->set_kind(m.value("kind", ""));
+      f->set_step(m.value("step", int64_t{0}));
+    } else {
+      continue;  // heartbeats: the worker's liveness is its process, progress its steps
+    }
+    e.set_token(o_.token);
+    e.set_generation(gen);
+    // The worker's own clock says when it happened (a fault fires just before
+    // its process dies); the controller maps it onto its own clock.
+    e.set_time_s(m.value("t", WallSeconds()));
+    std::lock_guard<std::mutex> lock(write_mu_);
+    if (stream_) stream_->Write(e);
+  }
+}
+
+void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
+  if (!end.status.Success()) {
+    if (std::optional<core::LogMatch> m = classifier_.Classify(end.tail)) {
+      proto::AgentEvent e;
+      auto* lm = e.mutable_log_match();
+      lm->set_rank(end.rank);
+      lm->set_cause(m->cause);
+      lm->set_action(std::string(core::LogActionName(m->action)));
+      lm->set_rule(m->rule);
+      lm->set_line(m->line);
+      Send(std::move(e), generation);
+    }
+  }
+  proto::AgentEvent e;
+  auto* x = e.mutable_worker_exited();
+  x->set_rank(end.rank);
+  x->set_exited(end.status.exited);
+  x->set_exit_code(end.status.code);
+  x->set_signal(end.status.signal);
+  std::smatch match;
+  static const std::regex kFingerprint("param_fingerprint=([0-9a-f]{16})");
+  if (std::regex_search(end.tail, match, kFingerprint)) x->set_param_fingerprint(match[1].str());
+  Send(std::move(e), generation);
+}
+
+void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
+  if (workers_) workers_->StopAll(std::chrono::milliseconds(0));
+  generation_ = generation;
+  workers_ = std::make_unique<WorkerSet>(
+      [this, generation](const WorkerEnd& end) { OnWorkerExit(generation, end); });
+  std::vector<std::string> argv(start.command().begin(), start.command().end());
+  if (argv.empty()) return;
+  argv[0] = ResolveProgram(argv[0]);
+  std::string skip;
+  for (int64_t s : start.skip_steps()) skip += (skip.empty() ? "" : ",") + std::to_string(s);
+  const std::string logs = JoinPath(o_.work_dir, "logs");
+  (void)Env::Default()->CreateDirs(logs);
+  for (const proto::RankAssignment& r : start.ranks()) {
+    WorkerSpec spec;
+    spec.rank = r.rank();
+    spec.argv = argv;
+    spec.log_path = JoinPath(
+        logs, "gen" + std::to_string(generation) + "-rank" + std::to_string(r.rank()) + ".log");
+    spec.env = {{"RANK", std::to_string(r.rank())},
+                {"LOCAL_RANK", std::to_string(r.local_rank())},
+                {"WORLD_SIZE", std::to_string(start.world_size())},
+                {"LOCAL_WORLD_SIZE", std::to_string(start.ranks_size())},
+                {"GROUP_RANK", std::to_string(r.rank() / std::max(1, start.ranks_size()))},
+                {"MASTER_ADDR", start.master_addr()},
+                {"MASTER_PORT", std::to_string(start.master_port())},
+                {"ENDURE_AGENT_SOCKET", socket_path_},
+                {"ENDURE_TOKEN", o_.token},
+                {"ENDURE_GENERATION", std::to_string(generation)},
+                {"ENDURE_NODE_ID", o_.node_id},
+                {"ENDURE_RESTORE_STEP", std::to_string(start.restore_step())},
+                {"ENDURE_SKIP_STEPS", skip},
+                {"ENDURE_FAULTS", r.faults_json()}};
+    for (const auto& [k, v] : start.env()) spec.env.emplace_back(k, v);
+    Status st = workers_->Start(spec);
+    proto::AgentEvent e;
+    if (!st.ok()) {
+      // Reported as an exit, so the controller's policy handles it like one.
+      auto* x = e.mutable_worker_exited();
+      x->set_rank(r.rank());
+      x->set_exited(true);
+      x->set_exit_code(127);
+      std::fprintf(stderr, "endure agent %s: %s\n", o_.node_id.c_str(), st.message().c_str());
+    } else {
+      e.mutable_worker_started()->set_rank(r.rank());
+      e.mutable_worker_started()->set_pid(workers_->Pids()[r.rank()]);
+    }
+    Send(std::move(e), generation);
+  }
+}
+
+void Agent::Stop(int64_t generation, double grace_s) {
+  const auto start = std::chrono::steady_clock::now();
+  int count = 0;
+  if (workers_) {
+    count = static_cast<int>(workers_->Pids().size());
+    workers_->StopAll(std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000)));
+  }
+  proto::AgentEvent e;
+  e.mutable_stopped()->set_workers(count);
+  e.mutable_stopped()->set_teardown_s(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  Send(std::move(e), generation);
+}
+
+void Agent::DumpStacks(int64_t generation, double timeout_s) {
+  if (!workers_) return;
+  const auto start = std::chrono::steady_clock::now();
+  std::map<int, std::string> stacks =
+      workers_->CaptureStacks(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (const auto& [rank, text] : stacks) {
+    proto::AgentEvent e;
+    auto* d = e.mutable_stack_dump();
+    d->set_rank(rank);
+    d->set_text(text);
+    d->set_capture_s(took);
+    Send(std::move(e), generation);
+  }
+}
+
+void Agent::Inject(const proto::InjectFault& inject) {
+  if (inject.kind() == "kill-agent") {
+    // The node dies at once: no goodbye to the controller, workers with it.
+    std::fprintf(stderr, "endure agent %s: injected fault %s: the node dies now\n",
+                 o_.node_id.c_str(), inject.fault_id().c_str());
+    if (workers_) {
+      for (const auto& [rank, pid] : workers_->Pids()) ::kill(-pid, SIGKILL);
+    }
+    ::kill(::getpid(), SIGKILL);
+  }
+  if (!workers_) return;
+  if (inject.kind() == "hang") {
+    workers_->Signal(inject.rank(), SIGSTOP);
+  } else {
+    workers_->Signal(inject.rank(), SIGKILL);
+  }
+}
+
+Status Agent::Run() {
+  ENDURE_RETURN_IF_ERROR(Env::Default()->CreateDirs(o_.work_dir));
+  ENDURE_RETURN_IF_ERROR(OpenSocket());
+  auto channel = grpc::CreateChannel(o_.controller, grpc::InsecureChannelCredentials());
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(15))) {
+    return Unavailable("cannot reach the controller at " + o_.controller);
+  }
+  auto stub = proto::Controller::NewStub(channel);
+  grpc::ClientContext context;
+  stream_ = stub->Attach(&context);
+  proto::AgentEvent hello;
+  auto* reg = hello.mutable_register_();
+  reg->set_node_id(o_.node_id);
+  reg->set_slots(o_.slots);
+  reg->set_host(o_.host);
+  reg->set_pid(::getpid());
+  Send(std::move(hello), -1);
+  std::thread receiver(&Agent::ReceiveDatagrams, this);
+
+  Status result = Status::Ok();
+  proto::AgentCommand cmd;
+  bool shutdown = false;
+  while (!shutdown && stream_->Read(&cmd)) {
+    if (cmd.token() != o_.token) continue;
+    switch (cmd.command_case()) {
+      case proto::AgentCommand::kStart:
+        Start(cmd.generation(), cmd.start());
+        break;
+      case proto::AgentCommand::kStop:
+        Stop(cmd.generation(), cmd.stop().grace_s());
+        break;
+      case proto::AgentCommand::kDumpStacks:
+        DumpStacks(cmd.generation(), cmd.dump_stacks().timeout_s());
+        break;
+      case proto::AgentCommand::kInject:
+        Inject(cmd.inject());
+        break;
+      case proto::AgentCommand::kShutdown:
+        shutdown = true;
+        break;
+      default:
+        break;
+    }
+  }
+  if (workers_) workers_->StopAll(std::chrono::milliseconds(shutdown ? 2000 : 0));
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    stream_->WritesDone();
+  }
+  grpc::Status st = stream_->Finish();
+  if (!shutdown) {
+    if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      result = InvalidArgument("the controller refused this agent: " + st.error_message());
+    } else {
+      result = Unavailable("lost the controller at " + o_.controller + ": " +
+                           (st.ok() ? "stream closed" : st.error_message()));
+    }
+  }
+  done_ = true;
+  receiver.join();
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    stream_.reset();
+  }
+  ::close(socket_fd_);
+  ::unlink(socket_path_.c_str());
+  return result;
+}
+
+}  // namespace
+
+Status AgentOptions::Validate() const {
+  if (controller.empty()) return InvalidArgument("--controller: required (host:port)");
+  if (node_id.empty()) return InvalidArgument("--node-id: required");
+  if (slots < 1) return InvalidArgument("--ranks: must be at least 1");
+  if (token.empty()) {
+    return InvalidArgument("no job token: set ENDURE_TOKEN or pass --token-file");
+  }
+  if (work_dir.empty()) return InvalidArgument("--work-dir: required");
+  return Status::Ok();
+}
+
+Status RunAgent(const AgentOptions& options) {
+  ENDURE_RETURN_IF_ERROR(options.Validate());
+  Result<std::string> rules_text = Env::Default()->ReadFile(options.log_rules);
+  if (!rules_text.ok()) return InvalidArgument("--log-rules: " + rules_text.status().message());
+  ENDURE_ASSIGN_OR_RETURN(core::LogClassifier classifier,
+                          core::LogClassifier::FromToml(*rules_text, options.log_rules));
+  Agent agent(options, std::move(classifier));
+  return agent.Run();
+}
+
+}  // namespace endure::agent

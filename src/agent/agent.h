@@ -1,0 +1,34 @@
+// Agent: Endure's per-node process. It registers with the controller over
+// gRPC and holds one bidirectional stream: it carries out the controller's
+// commands (start a generation of workers, stop it, dump stacks, inject a
+// fault, shut down) and sends up what happens on the node (workers started,
+// ready, steps, exits with their classified last words, stacks, fired
+// faults). Workers report to it over a Unix datagram socket through the
+// client library (include/endure/client.h).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+
+namespace endure::agent {
+
+struct AgentOptions {
+  std::string controller;          // host:port of the controller
+  std::string node_id;             // e.g. "node0"
+  int slots = 1;                   // ranks this node can run
+  std::string token;               // the job token (ENDURE_TOKEN or --token-file)
+  std::string host = "127.0.0.1";  // address this node's workers are reachable at
+  std::string work_dir;            // logs/ and the worker socket go here
+  std::string log_rules;           // the log classification rules file
+
+  Status Validate() const;
+};
+
+// Runs the agent until the controller tells it to shut down (OK), the stream
+// breaks (kUnavailable), or the token is refused (kInvalidArgument). Workers
+// never outlive it.
+Status RunAgent(const AgentOptions& options);
+
+}  // namespace endure::agent

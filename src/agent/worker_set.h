@@ -1,0 +1,73 @@
+// WorkerSet: the worker processes of one generation on one node. Starts
+// them with their environment, pipes their output to per-rank log files
+// while keeping the last lines for classification, reports each exit once
+// its output is drained, stops them (SIGTERM to the process group, grace,
+// SIGKILL), and captures their stacks with gdb. Thread-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "common/subprocess.h"
+
+namespace endure::agent {
+
+struct WorkerSpec {
+  int rank = 0;
+  std::vector<std::string> argv;
+  std::vector<std::pair<std::string, std::string>> env;
+  std::string log_path;  // the worker's stdout and stderr go here
+};
+
+struct WorkerEnd {
+  int rank = 0;
+  ExitStatus status;
+  std::string tail;  // the last lines of its output
+};
+
+class WorkerSet {
+ public:
+  // `on_exit` runs on a watcher thread, once per worker, after the worker's
+  // output is fully drained. It must not call back into this WorkerSet.
+  explicit WorkerSet(std::function<void(const WorkerEnd&)> on_exit);
+  ~WorkerSet();  // kills and reaps what is left
+
+  Status Start(const WorkerSpec& spec);
+
+  // SIGTERM to every worker's process group, then SIGKILL after `grace`;
+  // returns once every watcher has finished.
+  void StopAll(std::chrono::milliseconds grace);
+
+  // Sends `sig` to the worker of `rank` (its process group); false if none.
+  bool Signal(int rank, int sig);
+
+  // gdb's "thread apply all bt" of each live worker, bounded by `timeout`
+  // each: rank -> text (or why it failed).
+  std::map<int, std::string> CaptureStacks(std::chrono::milliseconds timeout);
+
+  std::map<int, pid_t> Pids() const;
+
+ private:
+  struct Worker {
+    int rank = 0;
+    pid_t pid = -1;
+    std::thread watcher;
+    bool done = false;
+  };
+  void Watch(Worker* worker, Subprocess process, int out_fd, std::string log_path);
+
+  std::function<void(const WorkerEnd&)> on_exit_;
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Worker>> workers_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace endure::agent

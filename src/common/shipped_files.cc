@@ -1,0 +1,35 @@
+// Locating shipped configuration files.
+#include "common/shipped_files.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "common/env.h"
+
+namespace endure {
+
+std::vector<std::string> ShippedConfigCandidates(const std::string& name) {
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return {"config/" + name};
+  const std::string bin = DirName(std::string(exe, static_cast<size_t>(n)));
+  std::vector<std::string> candidates;
+  for (const std::string relative : {"/../../config/" + name, "/../share/endure/" + name}) {
+    std::error_code ec;
+    const std::filesystem::path p = std::filesystem::weakly_canonical(bin + relative, ec);
+    candidates.push_back(ec ? bin + relative : p.string());
+  }
+  return candidates;
+}
+
+Result<std::string> FindShippedConfig(const std::string& name, const std::string& flag) {
+  std::string tried;
+  for (const std::string& c : ShippedConfigCandidates(name)) {
+    if (Env::Default()->Exists(c)) return c;
+    tried += (tried.empty() ? "" : ", ") + c;
+  }
+  return InvalidArgument("no " + name + " found (looked for " + tried + "); pass " + flag);
+}
+
+}  // namespace endure

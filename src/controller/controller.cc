@@ -1,0 +1,474 @@
+// The controller's shell around core::JobMachine: gRPC service, event loop,
+// command dispatch, persistence and status.
+#include "controller/controller.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/env.h"
+#include "common/subprocess.h"
+#include "controller/report.h"
+#include "controller/state_store.h"
+#include "core/log_classifier.h"
+#include "proto/endure.grpc.pb.h"
+
+namespace endure::controller {
+namespace {
+
+using core::NodeId;
+using core::TimePoint;
+using Stream = grpc::ServerReaderWriter<proto::AgentCommand, proto::AgentEvent>;
+
+TimePoint Now() {
+  return TimePoint(
+      std::chrono::duration_cast<Duration>(std::chrono::steady_clock::now().time_since_epoch()));
+}
+
+double WallSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// One attached agent. The stream belongs to its Attach call; `open` turns
+// false (under `mu`) before that call returns, after which nobody writes.
+struct Connection {
+  std::mutex mu;
+  Stream* stream = nullptr;  // GUARDED_BY(mu); valid while open
+  bool open = true;          // GUARDED_BY(mu)
+  NodeId node;
+  std::string name;
+  std::string host;
+};
+
+class Controller final : public proto::Controller::Service {
+ public:
+  Controller(ControllerOptions options, TimePoint start)
+      : o_(std::move(options)),
+        start_(start),
+        start_unix_(WallSeconds()),
+        machine_(MachineOptions(o_.spec), ExternalFaults(o_.spec), start) {}
+
+  Result<int> Run();
+
+  grpc::Status Attach(grpc::ServerContext* context, Stream* stream) override;
+
+ private:
+  // What a stream thread hands to the loop: a core event, and what the shell
+  // alone needs of it.
+  struct Queued {
+    std::optional<core::JobEvent> event;
+    std::optional<proto::LogMatch> log_match;  // explains the exit that follows
+    std::string fingerprint;                   // from a worker's last words
+    int64_t tokens = 0;                        // tokens of a step
+    TimePoint at;
+  };
+  void Post(Queued item);
+  void Post(core::JobEvent event) { Post(Queued{std::move(event)}); }
+  Queued Translate(const proto::AgentEvent& e, NodeId node);
+  void Execute(const std::vector<core::JobAction>& actions, TimePoint now);
+  void Send(NodeId node, proto::AgentCommand cmd);
+  std::shared_ptr<Connection> Conn(NodeId node);
+  void WriteStatus(TimePoint now, bool force);
+  void Persist(TimePoint now);
+
+  ControllerOptions o_;
+  TimePoint start_;
+  double start_unix_;
+  core::JobMachine machine_;  // owned by the loop thread
+  std::optional<StateStore> store_;
+
+  std::mutex conns_mu_;
+  std::map<NodeId, std::shared_ptr<Connection>> conns_;  // GUARDED_BY(conns_mu_)
+  int next_node_ = 0;                                    // GUARDED_BY(conns_mu_)
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<Queued> queue_;  // GUARDED_BY(queue_mu_)
+
+  // Loop-thread state.
+  std::map<std::pair<int64_t, int>, proto::LogMatch> last_log_;  // (generation, rank)
+  std::string fingerprint_;
+  std::optional<core::FinishAction> finish_;
+  TimePoint last_status_{};
+  TimePoint last_step_at_{};
+  size_t saved_incidents_ = 0;
+  int64_t tokens_per_step_ = 0;
+  std::deque<std::pair<TimePoint, int64_t>> recent_steps_;  // for the rate
+};
+
+void Controller::Post(Queued item) {
+  item.at = Now();
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    queue_.push_back(std::move(item));
+  }
+  queue_cv_.notify_one();
+}
+
+std::shared_ptr<Connection> Controller::Conn(NodeId node) {
+  std::lock_guard<std::mutex> lock(conns_mu_);
+  auto it = conns_.find(node);
+  return it == conns_.end() ? nullptr : it->second;
+}
+
+void Controller::Send(NodeId node, proto::AgentCommand cmd) {
+  std::shared_ptr<Connection> c = Conn(node);
+  if (!c) return;
+  cmd.set_token(o_.token);
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (c->open) c->stream->Write(cmd);
+}
+
+grpc::Status Controller::Attach(grpc::ServerContext* context, Stream* stream) {
+  proto::AgentEvent first;
+  if (!stream->Read(&first)) return grpc::Status(grpc::StatusCode::CANCELLED, "no hello");
+  if (first.token() != o_.token) {
+    std::fprintf(stderr, "endure controller: refused an agent from %s: wrong or missing token\n",
+                 context->peer().c_str());
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "wrong or missing job token (ENDURE_TOKEN / --token-file)");
+  }
+  if (!first.has_register_()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "first message must register");
+  }
+  auto conn = std::make_shared<Connection>();
+  conn->stream = stream;
+  conn->name = first.register_().node_id();
+  conn->host = first.register_().host();
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    conn->node = NodeId{next_node_++};
+    conns_[conn->node] = conn;
+  }
+  Post(core::NodeUp{conn->node, conn->name, first.register_().slots()});
+  proto::AgentEvent e;
+  while (stream->Read(&e)) {
+    if (e.token() != o_.token) continue;
+    Post(Translate(e, conn->node));
+  }
+  {
+    std::lock_guard<std::mutex> lock(conn->mu);
+    conn->open = false;
+  }
+  Post(core::NodeDown{conn->node, "the agent's stream closed"});
+  return grpc::Status::OK;
+}
+
+// Runs on an agent's stream thread: a pure conversion.
+Controller::Queued Controller::Translate(const proto::AgentEvent& e, NodeId node) {
+  const int gen = static_cast<int>(e.generation());
+  Queued q;
+  switch (e.event_case()) {
+    case proto::AgentEvent::kWorkerReady:
+      q.event = core::WorkerReady{gen, e.worker_ready().rank(), e.worker_ready().start_step(),
+                                  e.worker_ready().restore_s()};
+      break;
+    case proto::AgentEvent::kStep: {
+      const auto& s = e.step();
+      q.event =
+          core::StepEnd{gen, s.rank(), s.step(), s.loss(), s.ckpt_stall_s(), s.checkpoint_step()};
+      q.tokens = s.tokens();
+      break;
+    }
+    case proto::AgentEvent::kLogMatch:
+      q.log_match = e.log_match();
+      break;
+    case proto::AgentEvent::kWorkerExited: {
+      const auto& x = e.worker_exited();
+      core::WorkerExitEvent exit;
+      exit.generation = gen;
+      exit.rank = x.rank();
+      exit.node = node;
+      if (x.exited()) {
+        exit.exit_code = x.exit_code();
+      } else {
+        exit.signal = x.signal();
+      }
+      q.event = exit;
+      q.fingerprint = x.param_fingerprint();
+      break;
+    }
+    case proto::AgentEvent::kStackDump:
+      q.event = core::StackDumpEvent{gen, e.stack_dump().rank(), e.stack_dump().text()};
+      break;
+    case proto::AgentEvent::kFaultFired: {
+      const auto& f = e.fault_fired();
+      // The worker's wall clock says when; map it onto the steady clock.
+      const double ago = std::max(0.0, WallSeconds() - e.time_s());
+      q.event = core::FaultFiredEvent{gen,      f.rank(), f.fault_id(),
+                                      f.kind(), f.step(), Now() - FromSeconds(ago)};
+      break;
+    }
+    case proto::AgentEvent::kStopped:
+      q.event = core::GenerationStoppedEvent{gen, node};
+      break;
+    default:
+      break;
+  }
+  return q;
+}
+
+void Controller::Execute(const std::vector<core::JobAction>& actions, TimePoint now) {
+  const JobSpec& spec = o_.spec;
+  for (const core::JobAction& action : actions) {
+    if (const auto* a = std::get_if<core::StartGenerationAction>(&action)) {
+      Result<int> port = PickFreePort();
+      std::shared_ptr<Connection> first = Conn(a->nodes.at(0));
+      proto::StartGeneration start;
+      start.set_world_size(spec.world_size());
+      start.set_master_addr(first ? first->host : "127.0.0.1");
+      start.set_master_port(port.ok() ? *port : 29500);
+      start.set_restore_step(a->restore_step);
+      for (int64_t s : a->skip_steps) start.add_skip_steps(s);
+      for (const std::string& arg : spec.command) start.add_command(arg);
+      for (const auto& [k, v] : spec.env) (*start.mutable_env())[k] = v;
+      if (spec.checkpoint.every_steps > 0) {
+        std::error_code ec;
+        (*start.mutable_env())["ENDURE_CKPT_DIR"] =
+            std::filesystem::absolute(spec.checkpoint.dir, ec).string();
+        (*start.mutable_env())["ENDURE_CKPT_EVERY"] = std::to_string(spec.checkpoint.every_steps);
+      }
+      std::string names;
+      for (size_t i = 0; i < a->nodes.size(); ++i) {
+        proto::AgentCommand cmd;
+        cmd.set_generation(a->generation);
+        *cmd.mutable_start() = start;
+        for (int l = 0; l < spec.ranks_per_node; ++l) {
+          const int rank = static_cast<int>(i) * spec.ranks_per_node + l;
+          proto::RankAssignment* r = cmd.mutable_start()->add_ranks();
+          r->set_rank(rank);
+          r->set_local_rank(l);
+          r->set_faults_json(
+              faults::EncodeFaults(faults::FaultsForRank(spec.faults, rank, a->fired_faults)));
+        }
+        Send(a->nodes[i], std::move(cmd));
+        names += (names.empty() ? "" : ",") + machine_.NodeName(a->nodes[i]);
+      }
+      if (store_) {
+        (void)store_->SaveGeneration({a->generation, Seconds(now - start_), a->restore_step,
+                                      spec.world_size(), names, std::nullopt});
+      }
+    } else if (const auto* a = std::get_if<core::StopGenerationAction>(&action)) {
+      std::vector<NodeId> members;
+      for (int r = 0; r < spec.world_size(); r += spec.ranks_per_node) {
+        members.push_back(machine_.NodeOfRank(r));
+      }
+      for (NodeId n : members) {
+        if (a->dump_stacks) {
+          proto::AgentCommand dump;
+          dump.set_generation(a->generation);
+          dump.mutable_dump_stacks()->set_timeout_s(Seconds(spec.detection.stack_timeout));
+          Send(n, std::move(dump));
+        }
+        proto::AgentCommand stop;
+        stop.set_generation(a->generation);
+        stop.mutable_stop()->set_grace_s(Seconds(spec.recovery.grace_period));
+        Send(n, std::move(stop));
+      }
+    } else if (const auto* a = std::get_if<core::EvictNodeAction>(&action)) {
+      proto::AgentCommand cmd;
+      cmd.set_generation(machine_.generation());
+      cmd.mutable_shutdown()->set_reason("evicted: " + a->reason);
+      Send(a->node, std::move(cmd));
+    } else if (const auto* a = std::get_if<core::InjectFaultAction>(&action)) {
+      proto::AgentCommand cmd;
+      cmd.set_generation(a->generation);
+      cmd.mutable_inject()->set_rank(a->fault.rank);
+      cmd.mutable_inject()->set_kind(a->fault.kind);
+      cmd.mutable_inject()->set_fault_id(a->fault.id);
+      std::fprintf(stderr, "endure controller: injecting fault %s (%s) on %s\n",
+                   a->fault.id.c_str(), a->fault.kind.c_str(), machine_.NodeName(a->node).c_str());
+      Send(a->node, std::move(cmd));
+    } else if (const auto* a = std::get_if<core::FinishAction>(&action)) {
+      finish_ = *a;
+      std::lock_guard<std::mutex> lock(conns_mu_);
+      for (const auto& [node, conn] : conns_) {
+        proto::AgentCommand cmd;
+        cmd.set_token(o_.token);
+        cmd.set_generation(machine_.generation());
+        cmd.mutable_shutdown()->set_reason("the job ended: " + a->reason);
+        std::lock_guard<std::mutex> conn_lock(conn->mu);
+        if (conn->open) conn->stream->Write(cmd);
+      }
+    }
+  }
+}
+
+void Controller::WriteStatus(TimePoint now, bool force) {
+  if (!force && now - last_status_ < std::chrono::milliseconds(250)) return;
+  last_status_ = now;
+  double steps_per_s = 0;
+  if (recent_steps_.size() >= 2) {
+    const double dt = Seconds(recent_steps_.back().first - recent_steps_.front().first);
+    const double ds = double(recent_steps_.back().second - recent_steps_.front().second);
+    if (dt > 0 && ds > 0) steps_per_s = ds / dt;
+  }
+  nlohmann::json status = {
+      {"phase", std::string(core::JobPhaseName(machine_.phase()))},
+      {"generation", machine_.generation()},
+      {"step", machine_.step()},
+      {"loss", std::isfinite(machine_.last_loss()) ? nlohmann::json(machine_.last_loss())
+                                                   : nlohmann::json("nan")},
+      {"steps_per_s", steps_per_s},
+      {"tokens_per_s", steps_per_s * double(tokens_per_step_)},
+      {"ettr", machine_.ledger().Ettr()},
+      {"elapsed_s", Seconds(now - start_)},
+      {"incidents", machine_.incidents().size()},
+  };
+  if (!machine_.incidents().empty()) {
+    const core::Incident& inc = machine_.incidents().back();
+    status["last_incident"] =
+        inc.cause + " (rank " + std::to_string(inc.rank) + ", " + inc.action + ")";
+  }
+  // Not durable on purpose: a live view, rewritten four times a second.
+  const std::string path = JoinPath(o_.state_dir, "status.json");
+  FILE* f = std::fopen((path + ".tmp").c_str(), "w");
+  if (f == nullptr) return;
+  std::fputs(status.dump().c_str(), f);
+  std::fclose(f);
+  std::rename((path + ".tmp").c_str(), path.c_str());
+}
+
+void Controller::Persist(TimePoint now) {
+  if (!store_) return;
+  // Incidents change while they recover: save the open one and any new ones.
+  const auto& incidents = machine_.incidents();
+  for (size_t i = saved_incidents_ > 0 ? saved_incidents_ - 1 : 0; i < incidents.size(); ++i) {
+    (void)store_->SaveIncident(incidents[i], start_);
+  }
+  saved_incidents_ = incidents.size();
+  (void)store_->SaveLedger(machine_.ledger());
+  (void)now;
+}
+
+Result<int> Controller::Run() {
+  ENDURE_RETURN_IF_ERROR(Env::Default()->CreateDirs(o_.state_dir));
+  Result<StateStore> store = StateStore::Open(StateStore::PathIn(o_.state_dir));
+  if (!store.ok()) return store.status();
+  store_.emplace(std::move(store).value());
+  JobRecord job;
+  job.name = o_.spec.name;
+  job.spec_path = o_.spec.path;
+  job.started_at_unix = start_unix_;
+  ENDURE_RETURN_IF_ERROR(store_->SaveJob(job));
+
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(o_.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(this);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    return InvalidArgument("--listen: cannot listen on '" + o_.listen + "'");
+  }
+  const std::string host = o_.listen.substr(0, o_.listen.rfind(':'));
+  const std::string address = host + ":" + std::to_string(port);
+  if (!o_.address_file.empty()) {
+    ENDURE_RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), o_.address_file, address));
+  }
+  std::fprintf(stderr, "endure controller: job '%s' listening on %s\n", o_.spec.name.c_str(),
+               address.c_str());
+
+  while (!finish_) {
+    Queued item;
+    bool have = false;
+    {
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      std::optional<TimePoint> deadline = machine_.NextDeadline();
+      auto ready = [&] { return !queue_.empty(); };
+      if (deadline) {
+        const auto wake = std::chrono::steady_clock::time_point(
+            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                deadline->time_since_epoch()));
+        queue_cv_.wait_until(lock, wake, ready);
+      } else {
+        queue_cv_.wait_for(lock, std::chrono::milliseconds(500), ready);
+      }
+      if (!queue_.empty()) {
+        item = std::move(queue_.front());
+        queue_.pop_front();
+        have = true;
+      }
+    }
+    const TimePoint now = Now();
+    if (!have) item.event = core::Tick{};
+    if (item.log_match) {
+      last_log_[{machine_.generation(), item.log_match->rank()}] = *item.log_match;
+      continue;
+    }
+    if (!item.event) continue;
+    if (auto* exit = std::get_if<core::WorkerExitEvent>(&*item.event)) {
+      auto it = last_log_.find({exit->generation, exit->rank});
+      if (it != last_log_.end()) {
+        exit->log_cause = it->second.cause();
+        exit->log_action = it->second.action();
+        exit->log_rule = it->second.rule();
+        exit->log_line = it->second.line();
+      }
+      if (!item.fingerprint.empty() && exit->rank == 0) fingerprint_ = item.fingerprint;
+    }
+    if (auto* step = std::get_if<core::StepEnd>(&*item.event); step && step->rank == 0) {
+      if (item.tokens > 0) tokens_per_step_ = item.tokens;
+      recent_steps_.emplace_back(item.at, step->step);
+      while (recent_steps_.size() > 20) recent_steps_.pop_front();
+    }
+    const size_t incidents_before = machine_.incidents().size();
+    // The machine's time never goes backwards: an event that waited in the
+    // queue behind a tick is stepped at the tick's time.
+    last_step_at_ = std::max(last_step_at_, std::min(item.at, now));
+    std::vector<core::JobAction> actions = machine_.Step(*item.event, last_step_at_);
+    Execute(actions, now);
+    const bool changed = !actions.empty() || machine_.incidents().size() != incidents_before;
+    if (changed) Persist(now);
+    WriteStatus(now, changed);
+  }
+
+  // The end: the report, then let the agents hang up.
+  const TimePoint end = Now();
+  Persist(end);
+  WriteStatus(end, true);
+  ReportInputs in{machine_,
+                  o_.spec.name,
+                  start_,
+                  end,
+                  finish_->exit_code,
+                  finish_->reason,
+                  fingerprint_,
+                  machine_.step(),
+                  machine_.last_loss(),
+                  {}};
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    for (const auto& [node, conn] : conns_) in.nodes.push_back(conn->name);
+  }
+  nlohmann::json report = BuildReport(in);
+  (void)store_->SaveReport(report);
+  job.finished_at_unix = WallSeconds();
+  job.exit_code = finish_->exit_code;
+  job.verdict = finish_->reason;
+  job.param_fingerprint = fingerprint_;
+  (void)store_->SaveJob(job);
+  ENDURE_RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), JoinPath(o_.state_dir, "report.json"),
+                                             report.dump(2) + "\n"));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  return finish_->exit_code;
+}
+
+}  // namespace
+
+Result<int> RunController(const ControllerOptions& options) {
+  ControllerOptions o = options;
+  if (o.token.empty()) return InvalidArgument("no job token: set ENDURE_TOKEN or --token-file");
+  Controller controller(std::move(o), Now());
+  return controller.Run();
+}
+
+}  // namespace endure::controller

@@ -1,0 +1,30 @@
+// The controller process: a gRPC server that agents attach to, and one event
+// loop that owns core::JobMachine. Events from the agents' streams are
+// queued with their arrival time; the loop steps the machine with them (and
+// with ticks at the machine's deadlines) and carries out its actions by
+// sending commands down the streams. Controller state — the job, its
+// generations, incidents and ledger — goes to SQLite under the state
+// directory, the live status to STATE_DIR/status.json, and the final report
+// to STATE_DIR/report.json.
+#pragma once
+
+#include <string>
+
+#include "common/status.h"
+#include "controller/job_spec.h"
+
+namespace endure::controller {
+
+struct ControllerOptions {
+  JobSpec spec;
+  std::string state_dir;
+  std::string listen = "127.0.0.1:0";
+  std::string token;         // every agent must present it
+  std::string address_file;  // if set, the bound host:port is written here
+};
+
+// Runs the job to its end. Returns its exit code: 0 when training completed,
+// 3 when the controller gave up (the report says why).
+Result<int> RunController(const ControllerOptions& options);
+
+}  // namespace endure::controller

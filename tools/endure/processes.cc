@@ -1,0 +1,94 @@
+// `endure controller` and `endure agent`: the two long-running processes,
+// as started by `endure run` on one machine or by Slurm/Kubernetes on many.
+#include <cstdio>
+#include <string>
+
+#include "agent/agent.h"
+#include "common/env.h"
+#include "common/shipped_files.h"
+#include "controller/controller.h"
+#include "tools/endure/verbs.h"
+
+namespace endure::cli {
+namespace {
+
+// The job token: ENDURE_TOKEN, else the first line of --token-file.
+Result<std::string> ReadToken(const std::string& token_file) {
+  if (!token_file.empty()) {
+    Result<std::string> text = Env::Default()->ReadFile(token_file);
+    if (!text.ok()) return InvalidArgument("--token-file: " + text.status().message());
+    std::string token = text->substr(0, text->find_first_of("\r\n"));
+    if (token.empty()) return InvalidArgument("--token-file: '" + token_file + "' is empty");
+    return token;
+  }
+  const char* env = std::getenv("ENDURE_TOKEN");
+  if (env != nullptr && *env != '\0') return std::string(env);
+  return InvalidArgument("no job token: set ENDURE_TOKEN or pass --token-file");
+}
+
+int Fail(const char* verb, const Status& st) {
+  std::fprintf(stderr, "endure %s: %s\n", verb, st.message().c_str());
+  return st.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitInternal;
+}
+
+}  // namespace
+
+Verb AddControllerVerb(CLI::App& root) {
+  struct Flags {
+    std::string spec, state_dir, listen, token_file, address_file;
+  };
+  auto flags = std::make_shared<Flags>();
+  CLI::App* cmd = root.add_subcommand("controller", "Run a job's controller (one per job)");
+  cmd->add_option("--spec", flags->spec, "Job spec (TOML)")->required();
+  cmd->add_option("--state-dir", flags->state_dir, "State directory (default: the spec's)");
+  cmd->add_option("--listen", flags->listen, "gRPC address (default: the spec's, 127.0.0.1:0)");
+  cmd->add_option("--token-file", flags->token_file,
+                  "File holding the job token (else ENDURE_TOKEN)");
+  cmd->add_option("--address-file", flags->address_file, "Write the bound host:port here");
+  return {cmd, [flags] {
+            Result<controller::JobSpec> spec = controller::LoadJobSpec(flags->spec);
+            if (!spec.ok()) return Fail("controller", spec.status());
+            Result<std::string> token = ReadToken(flags->token_file);
+            if (!token.ok()) return Fail("controller", token.status());
+            controller::ControllerOptions o;
+            o.spec = *spec;
+            o.state_dir = flags->state_dir.empty() ? spec->state_dir : flags->state_dir;
+            o.listen = flags->listen.empty() ? spec->listen : flags->listen;
+            o.token = *token;
+            o.address_file = flags->address_file;
+            Result<int> code = controller::RunController(o);
+            if (!code.ok()) return Fail("controller", code.status());
+            return *code;
+          }};
+}
+
+Verb AddAgentVerb(CLI::App& root) {
+  auto o = std::make_shared<agent::AgentOptions>();
+  auto token_file = std::make_shared<std::string>();
+  CLI::App* cmd = root.add_subcommand("agent", "Run a node's agent (one per node)");
+  cmd->add_option("--controller", o->controller, "Controller address host:port")->required();
+  cmd->add_option("--node-id", o->node_id, "This node's name, e.g. node0")->required();
+  cmd->add_option("--ranks", o->slots, "Ranks this node runs")->capture_default_str();
+  cmd->add_option("--host", o->host, "Address of this node's workers")->capture_default_str();
+  cmd->add_option("--work-dir", o->work_dir, "Logs and the worker socket (default ./endure-NODE)");
+  cmd->add_option("--log-rules", o->log_rules,
+                  "Log rules (default: the shipped config/log_rules.toml)");
+  cmd->add_option("--token-file", *token_file, "File holding the job token (else ENDURE_TOKEN)");
+  return {cmd, [o, token_file] {
+            Result<std::string> token = ReadToken(*token_file);
+            if (!token.ok()) return Fail("agent", token.status());
+            agent::AgentOptions opts = *o;
+            opts.token = *token;
+            if (opts.work_dir.empty()) opts.work_dir = "endure-" + opts.node_id;
+            if (opts.log_rules.empty()) {
+              Result<std::string> rules = FindShippedConfig("log_rules.toml", "--log-rules FILE");
+              if (!rules.ok()) return Fail("agent", rules.status());
+              opts.log_rules = *rules;
+            }
+            Status st = agent::RunAgent(opts);
+            if (!st.ok()) return Fail("agent", st);
+            return kExitOk;
+          }};
+}
+
+}  // namespace endure::cli

@@ -1,0 +1,316 @@
+// `endure run JOB.toml`: the embedded single-machine mode. Starts the
+// controller and one agent per node as child processes on 127.0.0.1, brings
+// up a replacement node when one dies (after the spec's repair_delay,
+// standing in for a spare machine), shows a live status line, prints the
+// report, and exits with the job's code: 0 completed, 3 gave up, 2 bad spec.
+// Ctrl-C stops everything it started.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "common/env.h"
+#include "common/shipped_files.h"
+#include "common/subprocess.h"
+#include "controller/job_spec.h"
+#include "controller/report.h"
+#include "tools/endure/verbs.h"
+
+namespace endure::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::atomic<int> g_signal{0};
+void OnSignal(int sig) { g_signal = sig; }
+
+std::string SelfExe() {
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  return n > 0 ? std::string(exe, static_cast<size_t>(n)) : "endure";
+}
+
+Result<std::string> NewToken() {
+  unsigned char bytes[16];
+  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::read(fd, bytes, sizeof bytes) != static_cast<ssize_t>(sizeof bytes)) {
+    if (fd >= 0) ::close(fd);
+    return IOError("cannot read /dev/urandom for the job token");
+  }
+  ::close(fd);
+  std::string hex;
+  for (unsigned char b : bytes) {
+    char h[3];
+    std::snprintf(h, sizeof h, "%02x", b);
+    hex += h;
+  }
+  return hex;
+}
+
+// The live status line, from the controller's STATE_DIR/status.json.
+std::string StatusLine(const std::string& state_dir) {
+  Result<std::string> text = Env::Default()->ReadFile(JoinPath(state_dir, "status.json"));
+  if (!text.ok()) return "";
+  nlohmann::json s = nlohmann::json::parse(*text, nullptr, false);
+  if (!s.is_object()) return "";
+  char line[320];
+  std::string loss = s["loss"].is_number() ? "" : "nan";
+  if (loss.empty()) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.4f", s["loss"].get<double>());
+    loss = b;
+  }
+  std::snprintf(line, sizeof line,
+                "[%7.1fs] gen %d | %-9s | step %6lld | loss %s | %6.0f tok/s | ETTR %.3f | "
+                "incidents %d%s",
+                s.value("elapsed_s", 0.0), s.value("generation", 0),
+                s.value("phase", std::string("?")).c_str(),
+                static_cast<long long>(s.value("step", int64_t{0})), loss.c_str(),
+                s.value("tokens_per_s", 0.0), s.value("ettr", 0.0), s.value("incidents", 0),
+                s.contains("last_incident")
+                    ? (" (last: " + s["last_incident"].get<std::string>() + ")").c_str()
+                    : "");
+  return line;
+}
+
+class EmbeddedRun {
+ public:
+  EmbeddedRun(controller::JobSpec spec, bool quiet) : spec_(std::move(spec)), quiet_(quiet) {}
+  int Run();
+
+ private:
+  Status StartController();
+  Status StartAgent();
+  void StopAll();
+
+  controller::JobSpec spec_;
+  bool quiet_;
+  std::string exe_ = SelfExe();
+  std::string token_file_, address_, rules_;
+  std::optional<Subprocess> controller_;
+  std::map<pid_t, std::pair<std::string, Subprocess>> agents_;  // pid -> (node, process)
+  int next_node_ = 0;
+};
+
+Status EmbeddedRun::StartController() {
+  const std::string address_file = JoinPath(spec_.state_dir, "controller.addr");
+  (void)Env::Default()->RemoveFile(address_file);
+  ProcessSpec ps;
+  ps.argv = {exe_,           "controller",    "--spec",         spec_.path,
+             "--state-dir",  spec_.state_dir, "--listen",       spec_.listen,
+             "--token-file", token_file_,     "--address-file", address_file};
+  ps.output_path = JoinPath(spec_.state_dir, "controller.log");
+  ps.new_process_group = true;
+  ps.die_with_parent = true;
+  ENDURE_ASSIGN_OR_RETURN(Subprocess p, Subprocess::Start(ps));
+  controller_.emplace(std::move(p));
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (Clock::now() < deadline) {
+    Result<std::string> addr = Env::Default()->ReadFile(address_file);
+    if (addr.ok() && !addr->empty()) {
+      address_ = *addr;
+      return Status::Ok();
+    }
+    if (std::optional<ExitStatus> e = controller_->WaitFor(std::chrono::milliseconds(20))) {
+      controller_.reset();
+      return Internal("the controller exited at start (" + e->ToString() + "); see " +
+                      ps.output_path);
+    }
+  }
+  return Internal("the controller did not start listening within 30s; see " + ps.output_path);
+}
+
+Status EmbeddedRun::StartAgent() {
+  const std::string node = "node" + std::to_string(next_node_++);
+  const std::string work = JoinPath(JoinPath(spec_.state_dir, "nodes"), node);
+  ENDURE_RETURN_IF_ERROR(Env::Default()->CreateDirs(work));
+  ProcessSpec ps;
+  ps.argv = {exe_,           "agent",     "--controller", address_,
+             "--node-id",    node,        "--ranks",      std::to_string(spec_.ranks_per_node),
+             "--token-file", token_file_, "--work-dir",   work,
+             "--log-rules",  rules_};
+  ps.output_path = JoinPath(work, "agent.log");
+  ps.new_process_group = true;
+  ps.die_with_parent = true;
+  ENDURE_ASSIGN_OR_RETURN(Subprocess p, Subprocess::Start(ps));
+  const pid_t pid = p.pid();
+  agents_.emplace(pid, std::make_pair(node, std::move(p)));
+  return Status::Ok();
+}
+
+void EmbeddedRun::StopAll() {
+  if (controller_) controller_->SignalGroup(SIGTERM);
+  for (auto& [pid, agent] : agents_) agent.second.SignalGroup(SIGTERM);
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  auto reap = [&](Subprocess& p) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (!p.WaitFor(std::max(left, std::chrono::milliseconds(0)))) {
+      p.SignalGroup(SIGKILL);
+      p.Signal(SIGKILL);
+      p.Wait();
+    }
+  };
+  for (auto& [pid, agent] : agents_) reap(agent.second);
+  agents_.clear();
+  if (controller_) reap(*controller_);
+  controller_.reset();
+}
+
+int EmbeddedRun::Run() {
+  Env* env = Env::Default();
+  if (Status st = env->CreateDirs(spec_.state_dir); !st.ok()) {
+    std::fprintf(stderr, "endure run: %s\n", st.message().c_str());
+    return kExitUsage;
+  }
+  Result<std::string> rules = spec_.detection.log_rules.empty()
+                                  ? FindShippedConfig("log_rules.toml", "[detection] log_rules")
+                                  : Result<std::string>(spec_.detection.log_rules);
+  if (!rules.ok()) {
+    std::fprintf(stderr, "endure run: %s\n", rules.status().message().c_str());
+    return kExitUsage;
+  }
+  rules_ = *rules;
+  Result<std::string> token = spec_.token.empty() ? NewToken() : Result<std::string>(spec_.token);
+  if (!token.ok()) {
+    std::fprintf(stderr, "endure run: %s\n", token.status().message().c_str());
+    return kExitInternal;
+  }
+  token_file_ = JoinPath(spec_.state_dir, "token");
+  (void)env->RemoveFile(token_file_);
+  int fd = ::open(token_file_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 || ::write(fd, token->data(), token->size()) < 0) {
+    std::fprintf(stderr, "endure run: cannot write %s\n", token_file_.c_str());
+    return kExitInternal;
+  }
+  ::close(fd);
+  for (const char* f :
+       {"report.json", "status.json", "controller.db", "controller.db-wal", "controller.db-shm"}) {
+    (void)env->RemoveFile(JoinPath(spec_.state_dir, f));
+  }
+
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  std::printf("endure run: job '%s', %d node(s) x %d rank(s), state in %s\n", spec_.name.c_str(),
+              spec_.nodes, spec_.ranks_per_node, spec_.state_dir.c_str());
+  if (Status st = StartController(); !st.ok()) {
+    std::fprintf(stderr, "endure run: %s\n", st.message().c_str());
+    StopAll();
+    return kExitInternal;
+  }
+  for (int i = 0; i < spec_.nodes; ++i) {
+    if (Status st = StartAgent(); !st.ok()) {
+      std::fprintf(stderr, "endure run: %s\n", st.message().c_str());
+      StopAll();
+      return kExitInternal;
+    }
+  }
+
+  const bool tty = isatty(STDOUT_FILENO) == 1;
+  std::vector<Clock::time_point> replacements;
+  auto last_line = Clock::now() - std::chrono::hours(1);
+  std::optional<ExitStatus> controller_exit;
+  while (!controller_exit) {
+    if (g_signal != 0) {
+      std::printf("\nendure run: interrupted; stopping the controller, agents and workers\n");
+      StopAll();
+      return 128 + g_signal;
+    }
+    controller_exit = controller_->WaitFor(std::chrono::milliseconds(100));
+    if (controller_exit) break;
+    for (auto it = agents_.begin(); it != agents_.end();) {
+      if (std::optional<ExitStatus> e = it->second.second.WaitFor(std::chrono::milliseconds(0))) {
+        std::printf("%sendure run: %s's agent ended (%s); a replacement node comes up in %s\n",
+                    tty ? "\n" : "", it->second.first.c_str(), e->ToString().c_str(),
+                    FormatDuration(spec_.recovery.repair_delay).c_str());
+        replacements.push_back(Clock::now() + spec_.recovery.repair_delay);
+        it = agents_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = replacements.begin(); it != replacements.end();) {
+      if (Clock::now() >= *it) {
+        if (Status st = StartAgent(); !st.ok()) {
+          std::fprintf(stderr, "endure run: %s\n", st.message().c_str());
+        }
+        it = replacements.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!quiet_ && (tty || Clock::now() - last_line > std::chrono::seconds(5))) {
+      std::string line = StatusLine(spec_.state_dir);
+      if (!line.empty()) {
+        std::printf(tty ? "\r\033[K%s" : "%s\n", line.c_str());
+        std::fflush(stdout);
+        last_line = Clock::now();
+      }
+    }
+  }
+  if (tty) std::printf("\n");
+  // The controller told the agents to shut down; give them a moment.
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  for (auto& [pid, agent] : agents_) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (!agent.second.WaitFor(std::max(left, std::chrono::milliseconds(0)))) {
+      agent.second.SignalGroup(SIGKILL);
+      agent.second.Signal(SIGKILL);
+      agent.second.Wait();
+    }
+  }
+  agents_.clear();
+  controller_.reset();
+
+  Result<std::string> report = env->ReadFile(JoinPath(spec_.state_dir, "report.json"));
+  nlohmann::json j =
+      report.ok() ? nlohmann::json::parse(*report, nullptr, false) : nlohmann::json();
+  if (!j.is_object()) {
+    std::fprintf(stderr, "endure run: the controller ended (%s) without a report; see %s\n",
+                 controller_exit->ToString().c_str(),
+                 JoinPath(spec_.state_dir, "controller.log").c_str());
+    return kExitInternal;
+  }
+  std::printf("%s", controller::RenderReport(j).c_str());
+  std::printf("report: %s (endure report %s)\n", JoinPath(spec_.state_dir, "report.json").c_str(),
+              spec_.state_dir.c_str());
+  if (controller_exit->exited && controller_exit->code == kExitGaveUp) {
+    std::printf("endure run: the job gave up: %s\n", j.value("verdict", std::string()).c_str());
+  }
+  return controller_exit->exited ? controller_exit->code : kExitInternal;
+}
+
+}  // namespace
+
+Verb AddRunVerb(CLI::App& root) {
+  auto path = std::make_shared<std::string>();
+  auto quiet = std::make_shared<bool>(false);
+  CLI::App* cmd = root.add_subcommand(
+      "run", "Run a job on this machine: controller, one agent per node, the report at the end");
+  cmd->add_option("spec", *path, "Job spec (TOML)")->required();
+  cmd->add_flag("--quiet", *quiet, "No live status line");
+  return {cmd, [path, quiet] {
+            Result<controller::JobSpec> spec = controller::LoadJobSpec(*path);
+            if (!spec.ok()) {
+              std::fprintf(stderr, "endure run: %s\n", spec.status().message().c_str());
+              return kExitUsage;
+            }
+            EmbeddedRun run(std::move(spec).value(), *quiet);
+            return run.Run();
+          }};
+}
+
+}  // namespace endure::cli
