@@ -1,0 +1,71 @@
+// `endure report STATE_DIR [--json]`: prints a job's report again from its
+// controller database (STATE_DIR/controller.db): the ETTR ledger and the
+// incidents as a table, or the report JSON. For a job that is still running,
+// or whose controller stopped before the end, it shows the figures as last
+// saved and says so. The report itself is built in src/controller/report.
+#include "controller/report.h"
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "common/env.h"
+#include "controller/state_store.h"
+#include "tools/endure/verbs.h"
+
+namespace endure::cli {
+namespace {
+
+struct ReportFlags {
+  std::string state_dir;
+  bool json = false;
+};
+
+int Run(const ReportFlags& flags) {
+  const std::string hint =
+      "pass the state directory of a job, the state_dir of its [job] table (e.g. runs/demo)";
+  if (!Env::Default()->Exists(flags.state_dir)) {
+    std::fprintf(stderr, "endure report: %s: no such directory; %s\n", flags.state_dir.c_str(),
+                 hint.c_str());
+    return kExitUsage;
+  }
+  const std::string db = controller::StateStore::PathIn(flags.state_dir);
+  if (!Env::Default()->Exists(db)) {
+    std::fprintf(stderr, "endure report: %s: no controller database (%s) here; %s\n",
+                 flags.state_dir.c_str(), db.c_str(), hint.c_str());
+    return kExitUsage;
+  }
+  Result<controller::StateStore> store = controller::StateStore::OpenExisting(db);
+  if (!store.ok()) {
+    std::fprintf(stderr, "endure report: %s\n", store.status().message().c_str());
+    return store.status().code() == StatusCode::kIOError ? kExitInternal : kExitUsage;
+  }
+  Result<nlohmann::json> report = controller::ReportFromStore(*store);
+  if (!report.ok()) {
+    std::fprintf(stderr, "endure report: %s\n", report.status().message().c_str());
+    return report.status().code() == StatusCode::kNotFound ? kExitUsage : kExitInternal;
+  }
+  if (flags.json) {
+    std::cout << report->dump(2) << "\n";
+  } else {
+    std::cout << controller::RenderReport(*report);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Verb AddReportVerb(CLI::App& root) {
+  auto flags = std::make_shared<ReportFlags>();
+  CLI::App* cmd = root.add_subcommand(
+      "report",
+      "Print a job's report again from its state directory: wall time by category, ETTR and "
+      "every incident");
+  cmd->add_option("state_dir", flags->state_dir, "The job's state directory ([job] state_dir)")
+      ->required();
+  cmd->add_flag("--json", flags->json, "Print the report as JSON");
+  return {cmd, [flags] { return Run(*flags); }};
+}
+
+}  // namespace endure::cli
