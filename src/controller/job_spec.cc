@@ -182,19 +182,26 @@ class SpecParser {
   // without one, listing the valid keys.
   Status Keys(const toml::table& table, const std::string& section,
               const std::vector<std::pair<std::string, Handler>>& handlers) const {
-    for (const auto& [k, value] : table) {
-      const std::string name(k.str());
-      const std::string key = section.empty() ? name : section + "." + name;
+    // In file order, so that the first error reported is the first in the file.
+    std::vector<std::pair<const toml::key*, const toml::node*>> entries;
+    for (const auto& [k, value] : table) entries.emplace_back(&k, &value);
+    std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+      return a.first->source().begin.line < b.first->source().begin.line;
+    });
+    const std::string label = section.rfind("faults[", 0) == 0 ? "[[faults]]" : "[" + section + "]";
+    for (const auto& [k, value] : entries) {
+      const std::string name(k->str());
+      const std::string key = section + "." + name;
       auto it = std::find_if(handlers.begin(), handlers.end(),
                              [&](const auto& h) { return h.first == name; });
       if (it == handlers.end()) {
         std::string valid;
         for (const auto& h : handlers) valid += (valid.empty() ? "" : ", ") + h.first;
-        return Error(LineOf(k.source()), key,
-                     std::string(value.is_table() ? "unknown table" : "unknown key") + " in [" +
-                         section + "]; valid keys are " + valid);
+        return Error(LineOf(k->source()), key,
+                     std::string(value->is_table() ? "unknown table" : "unknown key") + " in " +
+                         label + "; valid keys are " + valid);
       }
-      ENDURE_RETURN_IF_ERROR(it->second(value, key));
+      ENDURE_RETURN_IF_ERROR(it->second(*value, key));
     }
     return Status::Ok();
   }

@@ -305,7 +305,10 @@ TEST(JobSpec, UnknownKeyNamesItsLine) {
   EXPECT_THAT(ErrorOf("[job]\nname = \"j\"\ncomand = [\"x\"]\n"),
               HasSubstr("job.toml:3: key 'job.comand': unknown key in [job]"));
   EXPECT_THAT(ErrorOf(std::string(kIssueExample) + "colour = \"red\"\n"),
-              HasSubstr("job.toml:18: key 'faults[0].colour': unknown key"));
+              HasSubstr("job.toml:18: key 'faults[0].colour': unknown key in [[faults]]"));
+  // The first offending key in the file, not in alphabetical order.
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "zeta = 1\nalpha = 2\n"),
+              HasSubstr("job.toml:5: key 'job.zeta': unknown key"));
 }
 
 TEST(JobSpec, UnknownTableNamesItsLine) {
