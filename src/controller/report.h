@@ -10,12 +10,13 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "common/status.h"
 #include "core/ids.h"
 #include "core/job_machine.h"
-#include "nlohmann/json.hpp"
 
 namespace endure::controller {
 

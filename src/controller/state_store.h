@@ -19,6 +19,7 @@
 
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,7 +28,6 @@
 #include "core/ettr_ledger.h"
 #include "core/ids.h"
 #include "core/job_machine.h"
-#include "nlohmann/json.hpp"
 
 struct sqlite3;
 
