@@ -154,17 +154,22 @@ std::map<int, std::string> WorkerSet::CaptureStacks(std::chrono::milliseconds ti
     } else {
       std::ifstream f(path);
       std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      // Keep the frames, not gdb's chatter about loading symbols.
-      std::string frames;
+      // Keep the frames, not gdb's chatter about loading symbols, with the
+      // main thread (gdb's "Thread 1", printed last) first: that is where
+      // the training loop is.
+      std::string main_thread, others, *current = &others;
       size_t pos = 0;
       while (pos < text.size()) {
         size_t nl = text.find('\n', pos);
         if (nl == std::string::npos) nl = text.size();
         std::string line = text.substr(pos, nl - pos);
-        if (line.rfind("#", 0) == 0 || line.rfind("Thread ", 0) == 0) frames += line + "\n";
+        if (line.rfind("Thread ", 0) == 0) {
+          current = line.rfind("Thread 1 ", 0) == 0 ? &main_thread : &others;
+        }
+        if (line.rfind("#", 0) == 0 || line.rfind("Thread ", 0) == 0) *current += line + "\n";
         pos = nl + 1;
       }
-      out[rank] = frames.empty() ? text : frames;
+      out[rank] = main_thread.empty() && others.empty() ? text : main_thread + others;
     }
     std::remove(path);
   }

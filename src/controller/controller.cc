@@ -399,7 +399,10 @@ Result<int> Controller::Run() {
       }
     }
     const TimePoint now = Now();
-    if (!have) item.event = core::Tick{};
+    if (!have) {
+      item.event = core::Tick{};
+      item.at = now;
+    }
     if (item.log_match) {
       last_log_[{machine_.generation(), item.log_match->rank()}] = *item.log_match;
       continue;

@@ -220,7 +220,9 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
     f.node = e->node;
     f.fault_at = now;
     for (const auto& [gen, fired] : fired_events_) {
-      if (gen == generation_ && fired.rank == e->rank) {
+      // Only faults that end a worker explain its exit (not, say, `slow`).
+      const bool ends_worker = fired.kind == "kill" || fired.kind == "exit" || fired.kind == "log";
+      if (gen == generation_ && fired.rank == e->rank && ends_worker) {
         f.fault_at = fired.at;
         f.injected_at = fired.at;
       }

@@ -233,6 +233,40 @@ TEST(JobMachine, SameUserExceptionAtTheSameStepStopsTheJob) {
   EXPECT_EQ(job.m.phase(), JobPhase::kDone);
 }
 
+TEST(JobMachine, ALogRuleThatSaysEvictEvictsTheNode) {
+  Job job;
+  job.Up();
+  job.Ready(0);
+  job.Run(1, 10);
+  job.Do(FaultFiredEvent{0, 1, "xid", "log", 11, T(job.now)});
+  WorkerExitEvent exit{0, 1, NodeId{1}, 1, std::nullopt};
+  exit.log_cause = "xid_79";
+  exit.log_action = "evict_node";
+  exit.log_rule = "xid_hardware";
+  exit.log_line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.";
+  auto a = job.Do(exit);
+  auto evict = Find<EvictNodeAction>(a);
+  ASSERT_EQ(evict.size(), 1u);
+  EXPECT_EQ(evict[0].node, NodeId{1});
+  const Incident& inc = job.m.incidents().at(0);
+  EXPECT_EQ(inc.cause, "xid_79");
+  EXPECT_EQ(inc.action, "evict_and_wait_for_repair");
+  EXPECT_EQ(inc.log_line, exit.log_line);
+}
+
+TEST(JobMachine, OnlyFaultsThatEndAWorkerExplainItsExit) {
+  Job job;
+  job.Up();
+  job.Ready(0);
+  job.Run(1, 5);
+  job.Do(FaultFiredEvent{0, 1, "slow", "slow", 3, T(1)});
+  job.now += 1;
+  job.Do(WorkerExitEvent{0, 1, NodeId{1}, 1, std::nullopt});
+  const Incident& inc = job.m.incidents().at(0);
+  EXPECT_FALSE(inc.injected_at.has_value());
+  EXPECT_EQ(inc.fault_at, inc.detected_at);
+}
+
 TEST(JobMachine, ExternalFaultsFireByStepAndByTime) {
   std::vector<ExternalFault> faults = {{"agent", "kill-agent", 1, 8, std::nullopt},
                                        {"sched", "kill", 0, -1, std::chrono::seconds(30)}};

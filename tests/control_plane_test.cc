@@ -1,0 +1,203 @@
+// `endure run` end to end: a controller, one agent per node and real
+// endure-train workers on 127.0.0.1. For each injected fault kind the job
+// completes every step, ends with the parameters of a failure-free run, and
+// the incident names the right cause. Also: hang detection latency, spec
+// errors (exit 2 with file, line and key), and an agent without the job
+// token being refused.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/subprocess.h"
+
+namespace endure {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+std::string ReadAll(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct JobResult {
+  ExitStatus exit;
+  std::string output;
+  nlohmann::json report;
+};
+
+class ControlPlaneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/endure_control_plane_test.XXXXXX";
+    dir_ = mkdtemp(tmpl);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A 2-node job of 30 steps with checkpoints every 5, plus `extra` TOML.
+  std::string Spec(const std::string& name, const std::string& extra) {
+    std::ostringstream s;
+    s << "[job]\nname = \"" << name << "\"\n"
+      << "command = [\"" << ENDURE_TRAIN_BIN << "\", \"--steps\", \"30\", \"--layers\", \"2\", "
+      << "\"--d-model\", \"64\", \"--context\", \"64\", \"--global-batch\", \"16\", "
+      << "\"--micro-batch\", \"8\", \"--threads\", \"1\", \"--log-every\", \"5\", "
+      << "\"--eval-batches\", \"1\", \"--sample-tokens\", \"16\", "
+      << "\"--data\", \"/usr/share/games/fortunes\"]\n"
+      << "nodes = 2\nranks_per_node = 1\nstate_dir = \"" << (dir_ / name).string() << "\"\n"
+      << "[checkpoint]\nevery_steps = 5\n"
+      << "[recovery]\nrepair_delay = \"1s\"\nbackoff_initial = \"0s\"\n"
+      << extra;
+    const fs::path path = dir_ / (name + ".toml");
+    std::ofstream(path) << s.str();
+    return path.string();
+  }
+
+  JobResult Run(const std::string& spec_path) {
+    const fs::path out = dir_ / (fs::path(spec_path).stem().string() + ".out");
+    auto p = Subprocess::Start(
+        {.argv = {ENDURE_BIN, "run", spec_path, "--quiet"}, .output_path = out.string()});
+    JobResult r;
+    std::optional<ExitStatus> e = p->WaitFor(300s);
+    if (!e) {
+      p->Signal(SIGINT);
+      e = p->Wait();
+    }
+    r.exit = *e;
+    r.output = ReadAll(out);
+    const std::string state = fs::path(spec_path).replace_extension("").string();
+    const std::string report = ReadAll(fs::path(state) / "report.json");
+    r.report = nlohmann::json::parse(report.empty() ? "{}" : report, nullptr, false);
+    return r;
+  }
+
+  // The fingerprint of the same job without faults, computed once.
+  static std::string Reference(ControlPlaneTest* t) {
+    static std::string fingerprint;
+    if (fingerprint.empty()) {
+      JobResult r = t->Run(t->Spec("reference", ""));
+      EXPECT_TRUE(r.exit.Success()) << r.output;
+      fingerprint = r.report.value("param_fingerprint", "");
+      EXPECT_EQ(fingerprint.size(), 16u) << r.output;
+    }
+    return fingerprint;
+  }
+
+  // Runs the job with one fault and checks the outcome.
+  nlohmann::json ExpectRecovered(const std::string& name, const std::string& fault,
+                                 const std::string& cause) {
+    const std::string reference = Reference(this);
+    JobResult r = Run(Spec(name, "[[faults]]\n" + fault));
+    EXPECT_TRUE(r.exit.Success()) << r.exit.ToString() << "\n" << r.output;
+    EXPECT_EQ(r.report.value("steps", 0), 30) << r.output;
+    EXPECT_EQ(r.report.value("param_fingerprint", ""), reference) << r.output;
+    const nlohmann::json& incidents = r.report["incidents"];
+    EXPECT_GE(incidents.size(), 1u) << r.output;
+    if (incidents.empty()) return {};
+    EXPECT_EQ(incidents[0].value("cause", ""), cause) << r.output;
+    return incidents[0];
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(ControlPlaneTest, KilledRankIsRestartedFromItsCheckpoint) {
+  nlohmann::json inc =
+      ExpectRecovered("kill", "kind = \"kill\"\nrank = 1\nstep = 12\n", "signal 9 SIGKILL");
+  EXPECT_EQ(inc.value("rank", -1), 1);
+  EXPECT_EQ(inc.value("steps_lost", -1), 1);  // step 11 ran after the step-10 checkpoint
+}
+
+TEST_F(ControlPlaneTest, ExitCodeIsTheCause) {
+  ExpectRecovered("exit", "kind = \"exit\"\nrank = 0\nstep = 9\nexit_code = 3\n",
+                  "worker_exit code 3");
+}
+
+TEST_F(ControlPlaneTest, HangIsDetectedWithinItsTimeoutPlusOneSecond) {
+  nlohmann::json inc = ExpectRecovered("hang", "kind = \"hang\"\nrank = 0\nstep = 14\n", "hang");
+  // The floor (2 s) dominates 3 x p99 of these ~50 ms steps.
+  EXPECT_LE(inc.value("detected_after_s", 99.0), 2.0 + 1.0);
+  EXPECT_GE(inc.value("detected_after_s", 0.0), 2.0 - 0.2);
+  ASSERT_TRUE(inc.contains("stacks"));
+  EXPECT_FALSE(inc["stacks"].empty()) << inc.dump(2);
+}
+
+TEST_F(ControlPlaneTest, NanLossRollsBackToTheCheckpointBeforeIt) {
+  nlohmann::json inc = ExpectRecovered("nan", "kind = \"nan\"\nrank = 1\nstep = 13\n", "loss_nan");
+  EXPECT_EQ(inc.value("action", ""), "roll_back");
+}
+
+TEST_F(ControlPlaneTest, XidLineEvictsTheNode) {
+  nlohmann::json inc = ExpectRecovered(
+      "log",
+      "kind = \"log\"\nrank = 1\nstep = 11\n"
+      "line = \"NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus.\"\n",
+      "xid_79");
+  EXPECT_NE(inc.value("log_line", "").find("Xid"), std::string::npos);
+}
+
+TEST_F(ControlPlaneTest, LostNodeIsReplaced) {
+  nlohmann::json inc =
+      ExpectRecovered("agent", "kind = \"kill-agent\"\nrank = 1\nstep = 12\n", "node_lost");
+  EXPECT_GE(inc.value("recovered_after_s", 0.0), 1.0);  // repair_delay
+}
+
+TEST_F(ControlPlaneTest, MalformedSpecsExitTwoWithFileLineAndKey) {
+  struct Case {
+    std::string text, expected;
+  };
+  const std::vector<Case> cases = {
+      {"[job]\nname = \"x\"\ncommand = [\"a\"]\nstate_dir = \"s\"\nbogus = 1\n",
+       ":5: key 'job.bogus'"},
+      {"[job]\nname = \"x\"\ncommand = [\"a\"]\nstate_dir = \"s\"\nnodes = \"two\"\n",
+       ":5: key 'job.nodes'"},
+      {"[job]\nname = \"x\"\nstate_dir = \"s\"\n", "key 'job.command'"},
+      {"[job]\nname = \"x\"\ncommand = [\"a\"]\nstate_dir = \"s\"\n[detection]\n"
+       "hang_timeout_floor = \"2 parsecs\"\n",
+       ":6: key 'detection.hang_timeout_floor'"},
+  };
+  for (const Case& c : cases) {
+    const fs::path path = dir_ / "bad.toml";
+    std::ofstream(path) << c.text;
+    JobResult r = Run(path.string());
+    EXPECT_TRUE(r.exit.exited && r.exit.code == 2) << r.exit.ToString() << "\n" << r.output;
+    EXPECT_NE(r.output.find("bad.toml"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(c.expected), std::string::npos) << c.expected << "\n" << r.output;
+  }
+}
+
+TEST_F(ControlPlaneTest, AnAgentWithoutTheTokenIsRefused) {
+  const std::string spec = Spec("token", "");
+  std::ofstream(dir_ / "right") << "right-token\n";
+  std::ofstream(dir_ / "wrong") << "wrong-token\n";
+  const fs::path addr = dir_ / "addr";
+  auto controller =
+      Subprocess::Start({.argv = {ENDURE_BIN, "controller", "--spec", spec, "--token-file",
+                                  (dir_ / "right").string(), "--address-file", addr.string()},
+                         .output_path = (dir_ / "controller.out").string()});
+  for (int i = 0; i < 300 && ReadAll(addr).empty(); ++i) std::this_thread::sleep_for(20ms);
+  ASSERT_FALSE(ReadAll(addr).empty()) << ReadAll(dir_ / "controller.out");
+  const fs::path out = dir_ / "agent.out";
+  auto agent = Subprocess::Start(
+      {.argv = {ENDURE_BIN, "agent", "--controller", ReadAll(addr), "--node-id", "intruder",
+                "--token-file", (dir_ / "wrong").string(), "--work-dir", (dir_ / "w").string()},
+       .unset_env = {"ENDURE_TOKEN"},
+       .output_path = out.string()});
+  std::optional<ExitStatus> e = agent->WaitFor(30s);
+  controller->Signal(SIGKILL);
+  controller->Wait();
+  ASSERT_TRUE(e.has_value());
+  EXPECT_TRUE(e->exited && e->code == 2) << e->ToString() << "\n" << ReadAll(out);
+  EXPECT_NE(ReadAll(out).find("refused"), std::string::npos) << ReadAll(out);
+  EXPECT_NE(ReadAll(dir_ / "controller.out").find("wrong or missing token"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace endure
