@@ -28,8 +28,9 @@
 //   ENDURE_RESTORE_STEP        -1: newest checkpoint that verifies; 0: fresh start;
 //                              N > 0: newest verifying checkpoint at or before step N.
 //                              Unset: the trainer's own --resume decides.
-//   ENDURE_SKIP_STEPS          comma-separated 0-based step indices (the index passed
-//                              to BeginStep) whose data and update are skipped; may be empty
+//   ENDURE_SKIP_STEPS          comma-separated step numbers (1-based, as in the "step"
+//                              datagram: step index + 1) whose data and update are
+//                              skipped; may be empty
 //   ENDURE_HEARTBEAT_INTERVAL  duration such as "500ms" (default 500ms)
 //   ENDURE_FAULTS              JSON array of faults (format in src/faults/fault.h);
 //                              only step-keyed faults of this RANK are fired here
@@ -41,11 +42,15 @@
 //   {"type":"ready","start_step":N,"restore_s":x,"init_s":y}
 //   {"type":"heartbeat","step":N}   N: steps completed (-1 before Ready)
 //   {"type":"step","step":N,"loss":x,"compute_s":a,"comm_s":b,"ckpt_stall_s":c,
-//    "checkpoint_step":k}
+//    "checkpoint_step":k[,"tokens":T]}
 //       N: steps completed, i.e. step index + 1; k: the step a checkpoint was
 //       committed at during this step, or -1. A non-finite loss is sent as
-//       the string "nan", "inf" or "-inf" (JSON has no such numbers). A
-//       skipped step (ENDURE_SKIP_STEPS) has "skipped":true and no "loss".
+//       the string "nan", "inf" or "-inf" (JSON has no such numbers). T:
+//       tokens the whole job processed in the step, once SetTokensPerStep
+//       was called.
+//   {"type":"skip","step":N,"ckpt_stall_s":c,"checkpoint_step":k}
+//       instead of "step" for a step skipped through ENDURE_SKIP_STEPS: it
+//       has no loss, and must not count as progress or be judged as one.
 //   {"type":"fault","id":"f1","kind":"kill","step":N}
 //       sent right before an injected fault takes effect; N is the fault's
 //       1-based step number (= the step index + 1).
@@ -107,9 +112,15 @@ class Session {
   std::optional<int64_t> checkpoint_every() const { return checkpoint_every_; }
   // nullopt: not set; otherwise -1, 0 or N > 0 as documented above.
   std::optional<int64_t> restore_step() const { return restore_step_; }
-  // Ascending 0-based step indices.
+  // Ascending 1-based step numbers (ENDURE_SKIP_STEPS).
   const std::vector<int64_t>& skip_steps() const { return skip_steps_; }
+  // Whether step index `step_index` (0-based, as passed to BeginStep), i.e.
+  // step number step_index + 1, is to be skipped.
   bool ShouldSkip(int64_t step_index) const;
+
+  // Tokens the whole job processes per step, sent as "tokens" in each
+  // "step" datagram from now on (0: not sent).
+  void SetTokensPerStep(int64_t tokens) { tokens_per_step_ = tokens; }
 
   // Datagrams dropped so far because the agent could not take them.
   int64_t dropped() const { return dropped_.load(); }
@@ -133,8 +144,8 @@ class Session {
   double EndStep(int64_t step_index, double loss, double compute_s, double comm_s,
                  double ckpt_stall_s, int64_t checkpoint_step);
 
-  // Step index `step_index` was skipped (ShouldSkip): sends its "step"
-  // datagram with "skipped":true and no loss.
+  // Step index `step_index` was skipped (ShouldSkip): sends its "skip"
+  // datagram; heartbeats count it as completed.
   void EndSkippedStep(int64_t step_index, double ckpt_stall_s, int64_t checkpoint_step);
 
  private:
@@ -158,6 +169,7 @@ class Session {
   std::chrono::nanoseconds heartbeat_interval_{500'000'000};
   std::vector<PendingFault> faults_;  // only touched by the training thread
   double slow_factor_ = 1.0;          // active slow fault; training thread only
+  int64_t tokens_per_step_ = 0;       // training thread only
 
   int fd_ = -1;
   std::atomic<int64_t> dropped_{0};

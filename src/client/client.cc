@@ -55,13 +55,13 @@ Result<std::vector<int64_t>> ParseStepList(const char* name, const std::string& 
     const size_t b = item.find_first_not_of(" \t");
     if (b == std::string::npos) {
       if (text.find_first_not_of(" \t,") == std::string::npos) continue;  // all empty
-      return BadVariable(name, text, "empty entry in the comma-separated step indices");
+      return BadVariable(name, text, "empty entry in the comma-separated step numbers");
     }
     item = item.substr(b, item.find_last_not_of(" \t") - b + 1);
-    Result<int64_t> step = ParseInteger(name, item, 0, INT64_MAX, "");
+    Result<int64_t> step = ParseInteger(name, item, 1, INT64_MAX, "");
     if (!step.ok()) {
       return BadVariable(name, text,
-                         "'" + item + "' is not a step index (comma-separated integers >= 0)");
+                         "'" + item + "' is not a step number (comma-separated integers >= 1)");
     }
     steps.push_back(*step);
   }
@@ -212,7 +212,7 @@ Session::~Session() {
 }
 
 bool Session::ShouldSkip(int64_t step_index) const {
-  return std::binary_search(skip_steps_.begin(), skip_steps_.end(), step_index);
+  return std::binary_search(skip_steps_.begin(), skip_steps_.end(), step_index + 1);
 }
 
 bool Session::Send(const std::string& datagram, bool retry) {
@@ -340,6 +340,7 @@ double Session::EndStep(int64_t step_index, double loss, double compute_s, doubl
     j["comm_s"] = comm_s;
     j["ckpt_stall_s"] = ckpt_stall_s;
     j["checkpoint_step"] = checkpoint_step;
+    if (tokens_per_step_ > 0) j["tokens"] = tokens_per_step_;
     Send(j.dump(), /*retry=*/false);
   }
   return logged;
@@ -349,11 +350,8 @@ void Session::EndSkippedStep(int64_t step_index, double ckpt_stall_s, int64_t ch
   const int64_t step = step_index + 1;
   steps_done_.store(step);
   if (fd_ < 0) return;
-  nlohmann::json j = Envelope("step", token_, generation_, rank_);
+  nlohmann::json j = Envelope("skip", token_, generation_, rank_);
   j["step"] = step;
-  j["skipped"] = true;
-  j["compute_s"] = 0.0;
-  j["comm_s"] = 0.0;
   j["ckpt_stall_s"] = ckpt_stall_s;
   j["checkpoint_step"] = checkpoint_step;
   Send(j.dump(), /*retry=*/false);

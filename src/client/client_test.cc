@@ -140,8 +140,9 @@ TEST(Session, ReadsEveryVariable) {
   EXPECT_EQ(s->checkpoint_every(), 0);
   EXPECT_EQ(s->restore_step(), -1);
   EXPECT_EQ(s->skip_steps(), (std::vector<int64_t>{3, 12}));
-  EXPECT_TRUE(s->ShouldSkip(3));
-  EXPECT_FALSE(s->ShouldSkip(4));
+  EXPECT_TRUE(s->ShouldSkip(2));  // index 2 is step 3
+  EXPECT_FALSE(s->ShouldSkip(3));
+  EXPECT_TRUE(s->ShouldSkip(11));
   EXPECT_TRUE(MustCreate({{"ENDURE_SKIP_STEPS", ""}})->skip_steps().empty());
 }
 
@@ -154,7 +155,8 @@ TEST(Session, MalformedVariablesAreConfigurationErrors) {
       {"ENDURE_GENERATION", "-1", "ENDURE_GENERATION='-1'"},
       {"ENDURE_CKPT_EVERY", "10x", "ENDURE_CKPT_EVERY='10x': expected a number of steps"},
       {"ENDURE_RESTORE_STEP", "-2", "ENDURE_RESTORE_STEP='-2': expected -1 (newest checkpoint)"},
-      {"ENDURE_SKIP_STEPS", "3,x", "ENDURE_SKIP_STEPS='3,x': 'x' is not a step index"},
+      {"ENDURE_SKIP_STEPS", "3,x", "ENDURE_SKIP_STEPS='3,x': 'x' is not a step number"},
+      {"ENDURE_SKIP_STEPS", "0", "'0' is not a step number (comma-separated integers >= 1)"},
       {"ENDURE_SKIP_STEPS", "3,,4", "empty entry"},
       {"ENDURE_HEARTBEAT_INTERVAL", "500", "ENDURE_HEARTBEAT_INTERVAL='500': invalid duration"},
       {"ENDURE_HEARTBEAT_INTERVAL", "0s", "must be longer than zero"},
@@ -207,21 +209,27 @@ TEST(Session, SendsReadyStepAndHeartbeatDatagrams) {
   EXPECT_EQ(step["comm_s"], 0.02);
   EXPECT_EQ(step["ckpt_stall_s"], 0.003);
   EXPECT_EQ(step["checkpoint_step"], 11);
-  EXPECT_FALSE(step.contains("skipped"));
+  EXPECT_FALSE(step.contains("tokens"));
 
-  s->EndSkippedStep(11, 0, -1);
+  s->EndSkippedStep(11, 0.25, 12);
   Json skipped = r.NextReport();
-  ExpectEnvelope(skipped, "step");
+  ExpectEnvelope(skipped, "skip");
   EXPECT_EQ(skipped["step"], 12);
-  EXPECT_EQ(skipped["skipped"], true);
   EXPECT_FALSE(skipped.contains("loss"));
-  EXPECT_EQ(skipped["checkpoint_step"], -1);
+  EXPECT_EQ(skipped["ckpt_stall_s"], 0.25);
+  EXPECT_EQ(skipped["checkpoint_step"], 12);
+
+  s->SetTokensPerStep(4096);
+  s->EndStep(12, 2.4, 0.1, 0.02, 0, -1);
+  EXPECT_EQ(r.NextReport()["tokens"], 4096);
 
   // Heartbeats carry the steps completed.
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
   while (true) {
     Json j = r.Next();
     ASSERT_FALSE(j.is_discarded());
-    if (j["type"] == "heartbeat" && j["step"] == 12) break;
+    ASSERT_LT(Clock::now(), deadline) << "no heartbeat with step 13";
+    if (j["type"] == "heartbeat" && j["step"] == 13) break;
   }
   EXPECT_EQ(s->dropped(), 0);
 }

@@ -526,6 +526,7 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
   const int accum = options.AccumulationSteps(dist.world_size);
   const int per_rank = options.global_batch / dist.world_size;
   model->train();
+  session.SetTokensPerStep(int64_t{options.global_batch} * options.model.context);
   session.Ready(summary.start_step, restore_s, SecondsSinceProcessStart());
   double loss = std::nan("");
   for (int64_t step = summary.start_step; step < options.steps; ++step) {
@@ -538,9 +539,8 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
     double compute_s = 0, comm_s = 0;
     if (skip) {
       if (leader) {
-        std::printf("step %6lld/%lld skipped (ENDURE_SKIP_STEPS has index %lld)\n",
-                    static_cast<long long>(step + 1), static_cast<long long>(options.steps),
-                    static_cast<long long>(step));
+        std::printf("step %6lld/%lld skipped (ENDURE_SKIP_STEPS)\n",
+                    static_cast<long long>(step + 1), static_cast<long long>(options.steps));
         std::fflush(stdout);
       }
     } else {
