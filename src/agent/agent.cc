@@ -128,11 +128,14 @@ void Agent::ReceiveDatagrams() {
     const std::string type = m.value("type", "");
     const int rank = m.value("rank", -1);
     proto::AgentEvent e;
-    if (type == "step") {
+    if (type == "step" || type == "skip") {
       auto* s = e.mutable_step();
       s->set_rank(rank);
       s->set_step(m.value("step", int64_t{0}));
-      s->set_loss(JsonLoss(m.contains("loss") ? m["loss"] : nlohmann::json()));
+      s->set_skipped(type == "skip");
+      s->set_tokens(m.value("tokens", int64_t{0}));
+      s->set_loss(type == "skip" ? 0.0
+                                 : JsonLoss(m.contains("loss") ? m["loss"] : nlohmann::json()));
       s->set_compute_s(m.value("compute_s", 0.0));
       s->set_comm_s(m.value("comm_s", 0.0));
       s->set_ckpt_stall_s(m.value("ckpt_stall_s", 0.0));

@@ -174,8 +174,8 @@ Controller::Queued Controller::Translate(const proto::AgentEvent& e, NodeId node
       break;
     case proto::AgentEvent::kStep: {
       const auto& s = e.step();
-      q.event =
-          core::StepEnd{gen, s.rank(), s.step(), s.loss(), s.ckpt_stall_s(), s.checkpoint_step()};
+      q.event = core::StepEnd{
+          gen, s.rank(), s.step(), s.loss(), s.ckpt_stall_s(), s.checkpoint_step(), s.skipped()};
       q.tokens = s.tokens();
       break;
     }

@@ -165,8 +165,8 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
       }
     }
     if (productive_) job_step_ = job_step;
+    if (e->rank == 0 && !e->skipped) last_loss_ = e->loss;
     if (e->rank == 0) {
-      last_loss_ = e->loss;
       if (productive_ && e->ckpt_stall_s > 0) {
         ledger_.Reclassify(FromSeconds(e->ckpt_stall_s), LedgerCategory::kCheckpointStall, now);
       }
@@ -175,7 +175,8 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
         ledger_.Commit(now);
       }
     }
-    if (options_.detect_loss_anomalies && (e->rank == 0 || !std::isfinite(e->loss))) {
+    if (options_.detect_loss_anomalies && !e->skipped &&
+        (e->rank == 0 || !std::isfinite(e->loss))) {
       if (std::optional<LossAnomaly> a = loss_.Observe(StepNumber{e->step}, e->loss)) {
         Failure f;
         f.cause = std::string(LossAnomalyCause(a->kind));

@@ -74,6 +74,7 @@ struct StepEnd {
   double loss = 0;
   double ckpt_stall_s = 0;
   int64_t checkpoint_step = -1;
+  bool skipped = false;  // skipped on purpose after an anomaly: no loss to judge
 };
 struct WorkerExitEvent {
   int generation = 0;

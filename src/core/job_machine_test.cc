@@ -183,6 +183,13 @@ TEST(JobMachine, NanRollsBackThenSkipsTheStepWhenItRecurs) {
   ASSERT_EQ(restart.size(), 1u);
   EXPECT_EQ(restart[0].restore_step, 20);
   EXPECT_EQ(restart[0].skip_steps, std::vector<int64_t>{25});
+  // The re-run skips step 25: reported as skipped, it is not judged.
+  job.Ready(20);
+  job.Run(21, 24);
+  for (int r = 0; r < 2; ++r) job.Do(StepEnd{job.m.generation(), r, 25, 0, 0, -1, true});
+  job.Run(26, 30);
+  EXPECT_EQ(job.m.step(), 30);
+  EXPECT_EQ(job.m.phase(), JobPhase::kRunning);
   ASSERT_EQ(job.m.incidents().size(), 2u);
   EXPECT_EQ(job.m.incidents()[0].cause, "loss_nan");
   EXPECT_EQ(job.m.incidents()[0].action, "roll_back");

@@ -1,6 +1,7 @@
 // Runs the built `endure` binary: exit codes and messages of `endure sim`.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
@@ -20,7 +21,8 @@ struct Outcome {
 };
 
 Outcome RunEndure(std::vector<std::string> args) {
-  std::string out_path = testing::TempDir() + "endure_cli_test.out";
+  std::string out_path =
+      testing::TempDir() + "endure_cli_test." + std::to_string(getpid()) + ".out";
   (void)Env::Default()->RemoveFile(out_path);
   ProcessSpec spec;
   spec.argv = {ENDURE_BIN};
@@ -61,7 +63,7 @@ TEST(EndureSimCli, InvalidParametersExitTwoNamingTheFlag) {
 }
 
 TEST(EndureSimCli, TomlErrorsNameFileLineAndKey) {
-  std::string path = testing::TempDir() + "endure_cli_bad.toml";
+  std::string path = testing::TempDir() + "endure_cli_bad." + std::to_string(getpid()) + ".toml";
   ASSERT_TRUE(WriteFileAtomically(Env::Default(), path, "nodes = 10\nrestart = \"-1m\"\n").ok());
   Outcome o = RunEndure({"sim", "--scenario", path});
   EXPECT_EQ(o.code, 2);
@@ -99,8 +101,8 @@ TEST(EndureSimCli, AnalyticAndHelp) {
 }
 
 TEST(EndureSimCli, SweepWritesCsvAndSvg) {
-  std::string csv = testing::TempDir() + "endure_cli_sweep.csv";
-  std::string svg = testing::TempDir() + "endure_cli_sweep.svg";
+  std::string csv = testing::TempDir() + "endure_cli_sweep." + std::to_string(getpid()) + ".csv";
+  std::string svg = testing::TempDir() + "endure_cli_sweep." + std::to_string(getpid()) + ".svg";
   Outcome o = RunEndure({"sim", "--nodes", "1000", "--duration", "5d", "--runs", "3", "--seed", "1",
                          "--sweep", "ckpt-interval=10m:60m:3", "--csv", csv, "--svg", svg});
   ASSERT_EQ(o.code, 0) << o.output;

@@ -3,6 +3,7 @@
 // usage errors (exit 2) for a missing directory or database.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -24,7 +25,8 @@ struct Outcome {
 };
 
 Outcome RunEndure(std::vector<std::string> args) {
-  std::string out_path = testing::TempDir() + "endure_report_test.out";
+  std::string out_path =
+      testing::TempDir() + "endure_report_test." + std::to_string(getpid()) + ".out";
   (void)Env::Default()->RemoveFile(out_path);
   ProcessSpec spec;
   spec.argv = {ENDURE_BIN};
@@ -39,7 +41,8 @@ Outcome RunEndure(std::vector<std::string> args) {
 }
 
 std::string FreshDir(const std::string& name) {
-  const std::string dir = testing::TempDir() + "endure_report_test_" + name;
+  const std::string dir =
+      testing::TempDir() + "endure_report_test_" + std::to_string(getpid()) + "_" + name;
   (void)Env::Default()->RemoveAll(dir);
   EXPECT_TRUE(Env::Default()->CreateDirs(dir).ok());
   return dir;
