@@ -35,13 +35,15 @@ nlohmann::json RunJob(const fs::path& dir, const std::string& name, int64_t step
                       const std::string& faults) {
   const fs::path spec = dir / (name + ".toml");
   std::ofstream(spec) << "[job]\nname = \"" << name << "\"\n"
-                      << "command = [\"" << BinDir() << "/endure-train\", \"--steps\", \""
-                      << steps << "\", \"--log-every\", \"20\", \"--sample-tokens\", \"0\"]\n"
+                      << "command = [\"" << BinDir() << "/endure-train\", \"--steps\", \"" << steps
+                      << "\", \"--log-every\", \"20\", \"--sample-tokens\", \"0\"]\n"
                       << "nodes = 2\nranks_per_node = 1\nstate_dir = \"" << (dir / name).string()
-                      << "\"\n[checkpoint]\nevery_steps = 20\n" << faults;
+                      << "\"\n[checkpoint]\nevery_steps = 20\n"
+                      << faults;
   fs::remove_all(dir / name);
-  auto p = endure::Subprocess::Start({.argv = {BinDir() + "/endure", "run", spec.string(), "--quiet"},
-                                      .output_path = (dir / (name + ".out")).string()});
+  auto p =
+      endure::Subprocess::Start({.argv = {BinDir() + "/endure", "run", spec.string(), "--quiet"},
+                                 .output_path = (dir / (name + ".out")).string()});
   if (!p.ok() || !p->Wait().Success()) {
     std::fprintf(stderr, "control_plane_bench: %s failed; see %s\n", name.c_str(),
                  (dir / (name + ".out")).c_str());
@@ -62,7 +64,7 @@ double Median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   const fs::path dir = argc > 1 ? argv[1] : "/tmp/endure_control_plane_bench";
-  const int runs = argc > 2 ? std::atoi(argv[2]) : 3;
+  const int runs = std::max(1, argc > 2 ? std::atoi(argv[2]) : 3);
   const double ettr_seconds = argc > 3 ? std::atof(argv[3]) : 300;
   fs::create_directories(dir);
 
@@ -89,13 +91,14 @@ int main(int argc, char** argv) {
               Median(teardown), Median(relaunch), Median(restore));
 
   const int64_t steps = std::max<int64_t>(100, static_cast<int64_t>(ettr_seconds / step_s));
-  std::printf("\n== ETTR under a Poisson schedule of rank kills, MTBF 60s, seed 1 "
-              "(%lld steps, about %.0f s)\n",
-              static_cast<long long>(steps), ettr_seconds);
+  std::printf(
+      "\n== ETTR under a Poisson schedule of rank kills, MTBF 60s, seed 1 "
+      "(%lld steps, about %.0f s)\n",
+      static_cast<long long>(steps), ettr_seconds);
   nlohmann::json r = RunJob(dir, "poisson", steps,
                             "[faults_schedule]\nmtbf = \"60s\"\nseed = 1\nkind = \"kill\"\n"
-                            "horizon = \"" + std::to_string(static_cast<int>(ettr_seconds)) +
-                                "s\"\n");
+                            "horizon = \"" +
+                                std::to_string(static_cast<int>(ettr_seconds)) + "s\"\n");
   std::printf("wall %.1f s, incidents %zu, ETTR %.3f\n", r["wall_s"].get<double>(),
               r["incidents"].size(), r["ettr"].get<double>());
   for (const auto& [category, seconds] : r["ledger_s"].items()) {

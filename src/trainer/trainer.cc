@@ -5,6 +5,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <dlfcn.h>
+#include <malloc.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -59,6 +61,25 @@ void SetThreads(int threads) {
   if (auto fn = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
     fn(threads);
   }
+}
+
+// --threads, else OMP_NUM_THREADS (torchrun sets it to 1; `endure run` to
+// cores / ranks on the machine), else 1: on small machines extra intra-op
+// threads spin against the other ranks and are slower than one (measured:
+// 716 ms against 359 ms a step for one rank on 2 cores).
+int ThreadsPerRank(const TrainerOptions& options) {
+  if (options.threads > 0) return options.threads;
+  if (Result<int> omp = EnvInt("OMP_NUM_THREADS", 0); omp.ok() && *omp > 0) return *omp;
+  return 1;
+}
+
+// glibc returns large freed blocks to the kernel (mmap'd chunks, heap
+// trimming), so every step faults its activations in again; on VMs a fresh
+// page costs microseconds. Keeping freed memory in the heap made a step 2.1x
+// faster here (771 -> 364 ms, one rank of the demo model).
+void KeepFreedMemory() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's maximum; fixes it (no dynamic growth)
+  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
 }
 
 // ---- State boundary: model + optimizer <-> named tensors and metadata ----
@@ -410,9 +431,8 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
   ENDURE_RETURN_IF_ERROR(options.Validate(dist.world_size));
   const bool leader = dist.rank == 0;
   ENDURE_ASSIGN_OR_RETURN(Corpus corpus, LoadCorpus(options.data, options.val_fraction));
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  SetThreads(options.threads > 0 ? options.threads
-                                 : std::max(1, static_cast<int>(cores) / dist.local_world_size));
+  KeepFreedMemory();
+  SetThreads(ThreadsPerRank(options));
 
   torch::manual_seed(options.seed);
   GPT model(options.model);

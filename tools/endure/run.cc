@@ -141,6 +141,12 @@ Status EmbeddedRun::StartAgent() {
              "--token-file", token_file_, "--work-dir",   work,
              "--log-rules",  rules_};
   ps.output_path = JoinPath(work, "agent.log");
+  // Every "node" shares this machine: one BLAS/OpenMP thread pool per core,
+  // not per node, or the ranks fight over the cores (3x slower on 2 cores).
+  if (std::getenv("OMP_NUM_THREADS") == nullptr && !spec_.env.count("OMP_NUM_THREADS")) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    ps.env.emplace_back("OMP_NUM_THREADS", std::to_string(std::max(1, cores / spec_.world_size())));
+  }
   ps.new_process_group = true;
   ps.die_with_parent = true;
   ENDURE_ASSIGN_OR_RETURN(Subprocess p, Subprocess::Start(ps));

@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   app.add_option("--eval-batches", o.eval_batches, "Validation micro-batches at the end");
   app.add_option("--sample-tokens", o.sample_tokens, "Bytes of text generated at the end");
   app.add_option("--sample-prompt", o.sample_prompt, "Prompt of the final sample");
-  app.add_option("--threads", o.threads, "Threads per rank (0: cores / LOCAL_WORLD_SIZE)");
+  app.add_option("--threads", o.threads, "Threads per rank (0: OMP_NUM_THREADS, else 1)");
   app.add_option("--bucket-mb", o.bucket_mb, "Gradient allreduce bucket size in MiB");
   app.add_option("--collective-timeout", o.collective_timeout_s,
                  "Seconds before a blocked rendezvous or allreduce fails");
