@@ -39,6 +39,10 @@ nlohmann::json RunJob(const fs::path& dir, const std::string& name, int64_t step
                       << "\", \"--log-every\", \"20\", \"--sample-tokens\", \"0\"]\n"
                       << "nodes = 2\nranks_per_node = 1\nstate_dir = \"" << (dir / name).string()
                       << "\"\n[checkpoint]\nevery_steps = 20\n"
+                      << "[recovery]\nwarm_standby = true\n"
+                      // Kills hit random ranks of 2 nodes, so the same node
+                      // fails again soon; isolating it is for real clusters.
+                      << "evict_node_after = 0\n"
                       << faults;
   fs::remove_all(dir / name);
   auto p =

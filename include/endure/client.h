@@ -87,6 +87,19 @@ using EnvLookup = std::function<const char*(const char*)>;
 // /proc is unavailable. Resolution: one clock tick (usually 10 ms).
 double SecondsSinceProcessStart();
 
+// Warm standby. An agent may start a worker before it is needed, so that a
+// restart does not wait for the program to load (libtorch: ~0.7 s). Such a
+// worker has ENDURE_STANDBY=1 and its assignment — the KEY=VALUE lines of
+// its environment for the generation it will serve (RANK, MASTER_PORT,
+// ENDURE_*, ...) — arrives on standard input, closed after the last line.
+// Call this first thing in main(), after parsing flags: without
+// ENDURE_STANDBY it returns at once; otherwise it blocks until the
+// assignment arrives, sets the variables, and returns. When standard input
+// closes with no assignment (the standby was discarded), the process exits
+// with code 0. From then on SecondsSinceProcessStart counts from the
+// assignment, not from the process start.
+void AwaitStandbyAssignment();
+
 class Session {
  public:
   // Reads the ENDURE_* variables above through `lookup`. When

@@ -76,8 +76,19 @@ class Agent {
   void DumpStacks(int64_t generation, double timeout_s);
   void Inject(const proto::InjectFault& inject);
 
+  // Warm standbys: workers started ahead of the next generation so that a
+  // restart skips loading the program. Refilled once a generation has made
+  // its first step, so that their start does not slow the restart itself.
+  void RefillStandbys();
+  std::optional<Standby> TakeStandby(const std::vector<std::string>& argv);
+
   AgentOptions o_;
   core::LogClassifier classifier_;
+  std::mutex standby_mu_;
+  std::vector<Standby> standbys_;          // GUARDED_BY(standby_mu_)
+  std::vector<std::string> standby_argv_;  // GUARDED_BY(standby_mu_)
+  int standby_count_ = 0;                  // GUARDED_BY(standby_mu_)
+  bool refill_pending_ = false;            // GUARDED_BY(standby_mu_)
   std::unique_ptr<grpc::ClientReaderWriter<proto::AgentEvent, proto::AgentCommand>> stream_;
   std::mutex write_mu_;
   std::atomic<int64_t> generation_{-1};
@@ -128,6 +139,7 @@ void Agent::ReceiveDatagrams() {
     const std::string type = m.value("type", "");
     const int rank = m.value("rank", -1);
     proto::AgentEvent e;
+    if (type == "step") RefillStandbys();
     if (type == "step" || type == "skip") {
       auto* s = e.mutable_step();
       s->set_rank(rank);
@@ -190,6 +202,29 @@ void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
   Send(std::move(e), generation);
 }
 
+void Agent::RefillStandbys() {
+  std::lock_guard<std::mutex> lock(standby_mu_);
+  if (!refill_pending_) return;
+  refill_pending_ = false;
+  while (static_cast<int>(standbys_.size()) < standby_count_) {
+    Result<Standby> s = StartStandby(standby_argv_, {});
+    if (!s.ok()) break;  // cold starts still work
+    standbys_.push_back(std::move(s).value());
+  }
+}
+
+std::optional<Standby> Agent::TakeStandby(const std::vector<std::string>& argv) {
+  std::lock_guard<std::mutex> lock(standby_mu_);
+  for (auto it = standbys_.begin(); it != standbys_.end(); ++it) {
+    if (it->argv == argv) {
+      Standby s = std::move(*it);
+      standbys_.erase(it);
+      return s;
+    }
+  }
+  return std::nullopt;
+}
+
 void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   if (workers_) workers_->StopAll(std::chrono::milliseconds(0));
   generation_ = generation;
@@ -198,6 +233,17 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   std::vector<std::string> argv(start.command().begin(), start.command().end());
   if (argv.empty()) return;
   argv[0] = ResolveProgram(argv[0]);
+  {
+    std::lock_guard<std::mutex> lock(standby_mu_);
+    // Standbys of another program (a changed command) are of no use.
+    for (Standby& s : standbys_) {
+      if (s.argv != argv) DiscardStandby(s);
+    }
+    std::erase_if(standbys_, [](const Standby& s) { return !s.process; });
+    standby_argv_ = argv;
+    standby_count_ = o_.standby ? start.ranks_size() : 0;
+    refill_pending_ = true;
+  }
   std::string skip;
   for (int64_t s : start.skip_steps()) skip += (skip.empty() ? "" : ",") + std::to_string(s);
   const std::string logs = JoinPath(o_.work_dir, "logs");
@@ -223,7 +269,11 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
                 {"ENDURE_SKIP_STEPS", skip},
                 {"ENDURE_FAULTS", r.faults_json()}};
     for (const auto& [k, v] : start.env()) spec.env.emplace_back(k, v);
-    Status st = workers_->Start(spec);
+    Status st = Unavailable("no standby");
+    if (std::optional<Standby> standby = TakeStandby(argv)) {
+      st = workers_->Adopt(std::move(*standby), spec);
+    }
+    if (!st.ok()) st = workers_->Start(spec);
     proto::AgentEvent e;
     if (!st.ok()) {
       // Reported as an exit, so the controller's policy handles it like one.
@@ -335,6 +385,12 @@ Status Agent::Run() {
   }
   if (workers_) workers_->StopAll(std::chrono::milliseconds(shutdown ? 2000 : 0));
   {
+    std::lock_guard<std::mutex> lock(standby_mu_);
+    for (Standby& s : standbys_) DiscardStandby(s);
+    standbys_.clear();
+    standby_count_ = 0;
+  }
+  {
     std::lock_guard<std::mutex> lock(write_mu_);
     stream_->WritesDone();
   }
@@ -373,6 +429,8 @@ Status AgentOptions::Validate() const {
 
 Status RunAgent(const AgentOptions& options) {
   ENDURE_RETURN_IF_ERROR(options.Validate());
+  // A worker that dies while we write to it must not take the agent along.
+  ::signal(SIGPIPE, SIG_IGN);
   Result<std::string> rules_text = Env::Default()->ReadFile(options.log_rules);
   if (!rules_text.ok()) return InvalidArgument("--log-rules: " + rules_text.status().message());
   ENDURE_ASSIGN_OR_RETURN(core::LogClassifier classifier,

@@ -22,6 +22,10 @@ struct AgentOptions {
   std::string host = "127.0.0.1";  // address this node's workers are reachable at
   std::string work_dir;            // logs/ and the worker socket go here
   std::string log_rules;           // the log classification rules file
+  // Keep one warm standby per rank, started ahead of the next generation
+  // (the program must call endure::AwaitStandbyAssignment, as endure-train
+  // does); a restart then skips loading the program.
+  bool standby = false;
 
   Status Validate() const;
 };

@@ -21,6 +21,80 @@ WorkerSet::WorkerSet(std::function<void(const WorkerEnd&)> on_exit)
 
 WorkerSet::~WorkerSet() { StopAll(std::chrono::milliseconds(0)); }
 
+Result<Standby> StartStandby(const std::vector<std::string>& argv,
+                             const std::vector<std::pair<std::string, std::string>>& env) {
+  int in[2], out[2];
+  if (::pipe2(in, O_CLOEXEC) != 0) return IOError("pipe: cannot create");
+  if (::pipe2(out, O_CLOEXEC) != 0) {
+    ::close(in[0]);
+    ::close(in[1]);
+    return IOError("pipe: cannot create");
+  }
+  ProcessSpec ps;
+  ps.argv = argv;
+  ps.env = env;
+  ps.env.emplace_back("ENDURE_STANDBY", "1");
+  ps.input_fd = in[0];
+  ps.output_fd = out[1];
+  ps.new_process_group = true;
+  ps.die_with_parent = true;
+  Result<Subprocess> p = Subprocess::Start(ps);
+  ::close(in[0]);
+  ::close(out[1]);
+  if (!p.ok()) {
+    ::close(in[1]);
+    ::close(out[0]);
+    return p.status();
+  }
+  Standby s;
+  s.argv = argv;
+  s.process.emplace(std::move(p).value());
+  s.input_fd = in[1];
+  s.output_fd = out[0];
+  return s;
+}
+
+void DiscardStandby(Standby& standby) {
+  if (standby.input_fd >= 0) ::close(standby.input_fd);
+  if (standby.output_fd >= 0) ::close(standby.output_fd);
+  standby.input_fd = standby.output_fd = -1;
+  if (standby.process) {
+    // End-of-file tells it to exit; a kill makes sure, and reaps it.
+    standby.process->SignalGroup(SIGKILL);
+    standby.process->Wait();
+    standby.process.reset();
+  }
+}
+
+Status WorkerSet::Adopt(Standby standby, const WorkerSpec& spec) {
+  if (!standby.process || standby.process->WaitFor(std::chrono::milliseconds(0))) {
+    standby.process.reset();  // already reaped above
+    DiscardStandby(standby);
+    return Unavailable("the standby worker had exited");
+  }
+  std::string assignment;
+  for (const auto& [k, v] : spec.env) assignment += k + "=" + v + "\n";
+  // The assignment fits the pipe's buffer (64 KiB); a failed write means the
+  // standby is gone.
+  const bool written = ::write(standby.input_fd, assignment.data(), assignment.size()) ==
+                       static_cast<ssize_t>(assignment.size());
+  ::close(standby.input_fd);
+  standby.input_fd = -1;
+  if (!written) {
+    DiscardStandby(standby);
+    return Unavailable("could not hand the standby worker its assignment");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto w = std::make_unique<Worker>();
+  w->rank = spec.rank;
+  w->pid = standby.process->pid();
+  Worker* raw = w.get();  // owned by workers_, which outlives the watcher (joined in StopAll)
+  w->watcher = std::thread(&WorkerSet::Watch, this, raw, std::move(*standby.process),
+                           standby.output_fd, spec.log_path);
+  workers_.push_back(std::move(w));
+  return Status::Ok();
+}
+
 Status WorkerSet::Start(const WorkerSpec& spec) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return IOError("pipe: cannot create");

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +29,22 @@ struct WorkerSpec {
   std::string log_path;  // the worker's stdout and stderr go here
 };
 
+// A worker started ahead of need (ENDURE_STANDBY=1): the program is loaded
+// and blocks reading its assignment from `input_fd` (see
+// endure::AwaitStandbyAssignment). Owns both descriptors.
+struct Standby {
+  std::vector<std::string> argv;
+  std::optional<Subprocess> process;
+  int input_fd = -1;   // write end of its stdin
+  int output_fd = -1;  // read end of its stdout and stderr
+};
+
+// Starts a standby for `argv`, whose base environment is `env`.
+Result<Standby> StartStandby(const std::vector<std::string>& argv,
+                             const std::vector<std::pair<std::string, std::string>>& env);
+// Ends a standby that will not be used: it reads end-of-file and exits.
+void DiscardStandby(Standby& standby);
+
 struct WorkerEnd {
   int rank = 0;
   ExitStatus status;
@@ -42,6 +59,11 @@ class WorkerSet {
   ~WorkerSet();  // kills and reaps what is left
 
   Status Start(const WorkerSpec& spec);
+
+  // Turns `standby` (same argv as spec.argv) into the worker of `spec`: its
+  // environment is written to the standby's stdin. Fails, leaving nothing
+  // behind, when the standby has died.
+  Status Adopt(Standby standby, const WorkerSpec& spec);
 
   // SIGTERM to every worker's process group, then SIGKILL after `grace`;
   // returns once every watcher has finished.

@@ -14,7 +14,9 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "common/duration.h"
@@ -93,7 +95,31 @@ struct Session::PendingFault {
   bool fired = false;
 };
 
+namespace {
+// Set when a standby worker received its assignment: the worker's useful
+// life starts then.
+std::optional<std::chrono::steady_clock::time_point> g_assigned_at;
+}  // namespace
+
+void AwaitStandbyAssignment() {
+  const char* standby = std::getenv("ENDURE_STANDBY");
+  if (standby == nullptr || std::string(standby) != "1") return;
+  std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  if (text.empty()) std::exit(0);  // discarded before it was needed
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    ::setenv(line.substr(0, eq).c_str(), line.substr(eq + 1).c_str(), 1);
+  }
+  ::unsetenv("ENDURE_STANDBY");
+  g_assigned_at = std::chrono::steady_clock::now();
+}
+
 double SecondsSinceProcessStart() {
+  if (g_assigned_at) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - *g_assigned_at).count();
+  }
   auto fallback = [] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - kLibraryLoaded).count();
   };

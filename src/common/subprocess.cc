@@ -73,6 +73,7 @@ Result<Subprocess> Subprocess::Start(const ProcessSpec& spec) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
     }
+    if (spec.input_fd >= 0) ::dup2(spec.input_fd, 0);
     if (out_fd < 0 && spec.output_fd >= 0) out_fd = spec.output_fd;
     if (out_fd >= 0) {
       ::dup2(out_fd, 1);

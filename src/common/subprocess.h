@@ -23,6 +23,7 @@ struct ProcessSpec {
   std::vector<std::string> unset_env;                    // removed from the parent's
   std::string output_path;         // stdout and stderr appended here; empty: inherit
   int output_fd = -1;              // or: stdout and stderr go to this descriptor (a pipe)
+  int input_fd = -1;               // stdin reads from this descriptor; -1: inherit
   bool new_process_group = false;  // so that a signal to -pid reaches its children
   bool die_with_parent = false;    // SIGKILL when the parent dies (no orphans)
 };

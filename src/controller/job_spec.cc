@@ -491,6 +491,11 @@ Status SpecParser::ParseRecovery(const toml::table& t, JobSpec& spec) {
             {"structural_repeats", integer(&r.structural_repeats)},
             {"evict_node_after", integer(&r.evict_node_after)},
             {"repair_delay", duration(&r.repair_delay, false)},
+            {"warm_standby",
+             [&](const toml::node& v, const std::string& key) -> Status {
+               ENDURE_ASSIGN_OR_RETURN(r.warm_standby, Bool(v, key));
+               return Status::Ok();
+             }},
             {"paths", [&](const toml::node& v, const std::string& key) -> Status {
                const toml::table* paths = v.as_table();
                if (paths == nullptr) {

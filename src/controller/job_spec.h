@@ -62,6 +62,10 @@ struct RecoverySpec {
   int structural_repeats = 3;
   int evict_node_after = 2;
   Duration repair_delay = std::chrono::seconds(5);  // embedded mode: replacement node
+  // Agents keep a warm standby worker per rank, so that a restart does not
+  // wait for the program to load. The program must call
+  // endure::AwaitStandbyAssignment() (endure-train does).
+  bool warm_standby = false;
   // Cause -> recovery path, the defaults ("node_lost" -> evict) merged with
   // the spec's [recovery] paths.
   std::map<std::string, core::RecoveryPath> paths;

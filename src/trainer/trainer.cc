@@ -6,6 +6,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <dlfcn.h>
 #include <malloc.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -322,6 +324,29 @@ struct Cluster {
   c10::intrusive_ptr<c10d::ProcessGroup> group;
 };
 
+// Waits until something listens at addr:port (at most `timeout`). c10d's
+// TCPStore client retries a refused connection only after about a second,
+// which a restarted worker that beats rank 0's store would pay in full.
+void WaitUntilListening(const std::string& addr, int port, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* info = nullptr;
+  if (getaddrinfo(addr.c_str(), std::to_string(port).c_str(), &hints, &info) != 0) return;
+  const auto deadline = Clock::now() + timeout;
+  bool connected = false;
+  while (!connected && Clock::now() < deadline) {
+    for (addrinfo* a = info; a != nullptr && !connected; a = a->ai_next) {
+      int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      connected = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+      ::close(fd);
+    }
+    if (!connected) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  freeaddrinfo(info);
+}
+
 Cluster Connect(const DistEnv& dist, const TrainerOptions& options) {
   Cluster c;
   // Under torchrun the agent already hosts the store at MASTER_PORT; rank 0
@@ -333,6 +358,10 @@ Cluster Connect(const DistEnv& dist, const TrainerOptions& options) {
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<uint16_t>(dist.master_port);
   store_options.isServer = dist.rank == 0 && !use_agent_store;
+  if (!store_options.isServer) {
+    WaitUntilListening(dist.master_addr, dist.master_port,
+                       std::chrono::seconds(options.collective_timeout_s));
+  }
   store_options.waitWorkers = !use_agent_store;
   store_options.numWorkers = static_cast<size_t>(dist.world_size);
   store_options.timeout = std::chrono::seconds(options.collective_timeout_s);

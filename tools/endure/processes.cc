@@ -74,6 +74,9 @@ Verb AddAgentVerb(CLI::App& root) {
   cmd->add_option("--log-rules", o->log_rules,
                   "Log rules (default: the shipped config/log_rules.toml)");
   cmd->add_option("--token-file", *token_file, "File holding the job token (else ENDURE_TOKEN)");
+  cmd->add_flag("--standby", o->standby,
+                "Keep a warm standby worker per rank (the program must call "
+                "endure::AwaitStandbyAssignment, as endure-train does)");
   return {cmd, [o, token_file] {
             Result<std::string> token = ReadToken(*token_file);
             if (!token.ok()) return Fail("agent", token.status());

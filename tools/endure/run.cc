@@ -140,6 +140,7 @@ Status EmbeddedRun::StartAgent() {
              "--node-id",    node,        "--ranks",      std::to_string(spec_.ranks_per_node),
              "--token-file", token_file_, "--work-dir",   work,
              "--log-rules",  rules_};
+  if (spec_.recovery.warm_standby) ps.argv.push_back("--standby");
   ps.output_path = JoinPath(work, "agent.log");
   // Every "node" shares this machine: one BLAS/OpenMP thread pool per core,
   // not per node, or the ranks fight over the cores (3x slower on 2 cores).

@@ -81,6 +81,8 @@ int main(int argc, char** argv) {
     std::printf("%s\n", text->c_str());
     return 0;
   }
+  // A warm standby waits here, libtorch loaded, for its rank and rendezvous.
+  endure::AwaitStandbyAssignment();
   endure::Result<endure::trainer::DistEnv> dist = endure::trainer::DistEnvFromEnvironment();
   if (!dist.ok()) return ExitCodeFor(dist.status());
   endure::Result<std::unique_ptr<endure::Session>> session = endure::Session::FromEnvironment();
