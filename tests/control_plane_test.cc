@@ -43,7 +43,8 @@ class ControlPlaneTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // A 2-node job of 30 steps with checkpoints every 5, plus `extra` TOML.
-  std::string Spec(const std::string& name, const std::string& extra) {
+  std::string Spec(const std::string& name, const std::string& extra,
+                   const std::string& recovery = "") {
     std::ostringstream s;
     s << "[job]\nname = \"" << name << "\"\n"
       << "command = [\"" << ENDURE_TRAIN_BIN << "\", \"--steps\", \"30\", \"--layers\", \"2\", "
@@ -54,7 +55,7 @@ class ControlPlaneTest : public ::testing::Test {
       << "nodes = 2\nranks_per_node = 1\nstate_dir = \"" << (dir_ / name).string() << "\"\n"
       << "[checkpoint]\nevery_steps = 5\n"
       << "[recovery]\nrepair_delay = \"1s\"\nbackoff_initial = \"0s\"\n"
-      << extra;
+      << recovery << extra;
     const fs::path path = dir_ / (name + ".toml");
     std::ofstream(path) << s.str();
     return path.string();
@@ -92,9 +93,9 @@ class ControlPlaneTest : public ::testing::Test {
 
   // Runs the job with one fault and checks the outcome.
   nlohmann::json ExpectRecovered(const std::string& name, const std::string& fault,
-                                 const std::string& cause) {
+                                 const std::string& cause, const std::string& recovery = "") {
     const std::string reference = Reference(this);
-    JobResult r = Run(Spec(name, "[[faults]]\n" + fault));
+    JobResult r = Run(Spec(name, "[[faults]]\n" + fault, recovery));
     EXPECT_TRUE(r.exit.Success()) << r.exit.ToString() << "\n" << r.output;
     EXPECT_EQ(r.report.value("steps", 0), 30) << r.output;
     EXPECT_EQ(r.report.value("param_fingerprint", ""), reference) << r.output;
@@ -113,6 +114,14 @@ TEST_F(ControlPlaneTest, KilledRankIsRestartedFromItsCheckpoint) {
       ExpectRecovered("kill", "kind = \"kill\"\nrank = 1\nstep = 12\n", "signal 9 SIGKILL");
   EXPECT_EQ(inc.value("rank", -1), 1);
   EXPECT_EQ(inc.value("steps_lost", -1), 1);  // step 11 ran after the step-10 checkpoint
+}
+
+TEST_F(ControlPlaneTest, WarmStandbyWorkersTakeOverAfterAKill) {
+  nlohmann::json inc = ExpectRecovered("standby", "kind = \"kill\"\nrank = 0\nstep = 12\n",
+                                       "signal 9 SIGKILL", "warm_standby = true\n");
+  EXPECT_EQ(inc.value("restored_step", -1), 10);
+  // The standby had the program loaded: the relaunch is well under a cold start.
+  EXPECT_LT(inc.value("relaunch_s", 99.0), 5.0);
 }
 
 TEST_F(ControlPlaneTest, ExitCodeIsTheCause) {
