@@ -21,34 +21,18 @@
 #include <sstream>
 
 #include "common/subprocess.h"
+#include "tests/support/test_support.h"
 
 namespace endure {
 namespace {
+
+using testing_support::ReadAll;
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using namespace std::chrono_literals;
 
-// As in trainer_integration_test.cc: a small model, so that a run takes about
-// two seconds (most of it loading libtorch).
-const std::vector<std::string> kSmall = {"--layers",        "2",
-                                         "--d-model",       "64",
-                                         "--heads",         "4",
-                                         "--context",       "64",
-                                         "--global-batch",  "16",
-                                         "--micro-batch",   "8",
-                                         "--threads",       "1",
-                                         "--log-every",     "1",
-                                         "--eval-batches",  "1",
-                                         "--sample-tokens", "16",
-                                         "--data",          "/usr/share/games/fortunes"};
-
-std::string ReadAll(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+const std::vector<std::string>& kSmall = testing_support::SmallTrainerFlags();
 
 struct TrainerRun {
   ExitStatus exit;

@@ -14,19 +14,15 @@
 #include <sstream>
 
 #include "common/subprocess.h"
+#include "tests/support/test_support.h"
 
 namespace endure {
 namespace {
 
+using testing_support::ReadAll;
+
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-
-std::string ReadAll(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 struct JobResult {
   ExitStatus exit;

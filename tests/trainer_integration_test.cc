@@ -16,32 +16,17 @@
 
 #include "checkpoint/checkpoint_dir.h"
 #include "common/subprocess.h"
+#include "tests/support/test_support.h"
 
 namespace endure {
 namespace {
 
+using testing_support::ReadAll;
+
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-// A small model so that each run takes seconds; 2 ranks, 1 thread each.
-const std::vector<std::string> kSmall = {"--layers",        "2",
-                                         "--d-model",       "64",
-                                         "--heads",         "4",
-                                         "--context",       "64",
-                                         "--global-batch",  "16",
-                                         "--micro-batch",   "8",
-                                         "--threads",       "1",
-                                         "--log-every",     "1",
-                                         "--eval-batches",  "1",
-                                         "--sample-tokens", "16",
-                                         "--data",          "/usr/share/games/fortunes"};
-
-std::string ReadAll(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+const std::vector<std::string>& kSmall = testing_support::SmallTrainerFlags();
 
 struct TrainRun {
   std::vector<ExitStatus> exits;

@@ -9,31 +9,18 @@
 
 #include "common/env.h"
 #include "common/subprocess.h"
+#include "tests/support/test_support.h"
 
 namespace endure {
 namespace {
 
 using testing::HasSubstr;
 
-struct Outcome {
-  int code = -1;
-  std::string output;
-};
+using Outcome = testing_support::CommandOutcome;
 
 Outcome RunEndure(std::vector<std::string> args) {
-  std::string out_path =
-      testing::TempDir() + "endure_cli_test." + std::to_string(getpid()) + ".out";
-  (void)Env::Default()->RemoveFile(out_path);
-  ProcessSpec spec;
-  spec.argv = {ENDURE_BIN};
-  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
-  spec.output_path = out_path;
-  Result<Subprocess> p = Subprocess::Start(spec);
-  EXPECT_TRUE(p.ok()) << p.status().ToString();
-  if (!p.ok()) return {};
-  ExitStatus st = p->Wait();
-  Result<std::string> text = Env::Default()->ReadFile(out_path);
-  return {st.exited ? st.code : -st.signal, text.ok() ? *text : ""};
+  args.insert(args.begin(), ENDURE_BIN);
+  return testing_support::RunCommand(args);
 }
 
 TEST(EndureSimCli, InvalidParametersExitTwoNamingTheFlag) {

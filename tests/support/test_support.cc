@@ -1,0 +1,53 @@
+// Test helpers; see test_support.h.
+#include "tests/support/test_support.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <sstream>
+
+#include "common/env.h"
+#include "common/subprocess.h"
+
+namespace endure::testing_support {
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+CommandOutcome RunCommand(const std::vector<std::string>& argv) {
+  static std::atomic<int> counter{0};
+  const std::string out = "/tmp/endure_test_command." + std::to_string(getpid()) + "." +
+                          std::to_string(counter++) + ".out";
+  (void)Env::Default()->RemoveFile(out);
+  ProcessSpec spec;
+  spec.argv = argv;
+  spec.output_path = out;
+  Result<Subprocess> p = Subprocess::Start(spec);
+  if (!p.ok()) return {-1, p.status().ToString()};
+  const ExitStatus st = p->Wait();
+  CommandOutcome outcome{st.exited ? st.code : -st.signal, ReadAll(out)};
+  (void)Env::Default()->RemoveFile(out);
+  return outcome;
+}
+
+const std::vector<std::string>& SmallTrainerFlags() {
+  static const std::vector<std::string> flags = {"--layers",        "2",
+                                                 "--d-model",       "64",
+                                                 "--heads",         "4",
+                                                 "--context",       "64",
+                                                 "--global-batch",  "16",
+                                                 "--micro-batch",   "8",
+                                                 "--threads",       "1",
+                                                 "--log-every",     "1",
+                                                 "--eval-batches",  "1",
+                                                 "--sample-tokens", "16",
+                                                 "--data",          "/usr/share/games/fortunes"};
+  return flags;
+}
+
+}  // namespace endure::testing_support
