@@ -334,7 +334,7 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     for (int64_t s : checkpoints_) ckpts.push_back(StepNumber{s});
     AnomalyDecision d = anomaly_.Decide(*failure.loss_anomaly, ckpts);
     inc.action = std::string(AnomalyActionName(d.action));
-    reason += "; " + d.reason;
+    reason = d.reason;  // it restates the anomaly itself
     if (d.action == AnomalyAction::kStop) {
       stop = true;
     } else {
