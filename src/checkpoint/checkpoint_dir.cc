@@ -61,7 +61,14 @@ Result<CommitStats> CheckpointDir::Commit(const TrainingState& state) {
     manifest["files"][name] = {{"size", bytes.size()}, {"xxh3", HexU64(Xxh3(bytes))}};
     stats.bytes += bytes.size();
   }
-  ENDURE_RETURN_IF_ERROR(WriteFileAtomically(env_, JoinPath(dir, kManifest), manifest.dump(1)));
+  Status st = WriteFileAtomically(env_, JoinPath(dir, kManifest), manifest.dump(1));
+  if (!st.ok()) {
+    // The manifest may be in place with the fsync of its directory failed:
+    // the step would load, and count for Retain(), although a crash may still
+    // drop it. Remove it: nothing is committed on failure.
+    (void)env_->RemoveAll(dir);
+    return st;
+  }
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }
