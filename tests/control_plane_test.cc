@@ -154,6 +154,25 @@ TEST_F(ControlPlaneTest, LostNodeIsReplaced) {
   EXPECT_GE(inc.value("recovered_after_s", 0.0), 1.0);  // repair_delay
 }
 
+TEST_F(ControlPlaneTest, ACrashLoopGivesUpWithExitThreeAndSaysWhy) {
+  // Every worker dies at start with a user error: the restart budget (3)
+  // runs out and the job gives up instead of looping.
+  const fs::path spec = dir_ / "loop.toml";
+  std::ofstream(spec) << "[job]\nname = \"loop\"\n"
+                      << "command = [\"/bin/sh\", \"-c\", "
+                      << "\"echo 'ValueError: shard 17 is empty' >&2; exit 1\"]\n"
+                      << "nodes = 2\nstate_dir = \"" << (dir_ / "loop").string() << "\"\n"
+                      << "[recovery]\nmax_restarts = 3\nbackoff_initial = \"0s\"\n";
+  JobResult r = Run(spec.string());
+  EXPECT_TRUE(r.exit.exited && r.exit.code == 3) << r.exit.ToString() << "\n" << r.output;
+  EXPECT_EQ(r.report.value("exit_code", -1), 3);
+  EXPECT_NE(r.report.value("verdict", "").find("retry budget exhausted"), std::string::npos)
+      << r.report.dump(2);
+  ASSERT_FALSE(r.report["incidents"].empty());
+  EXPECT_EQ(r.report["incidents"][0].value("cause", ""), "user_exception");
+  EXPECT_NE(r.output.find("the job gave up"), std::string::npos) << r.output;
+}
+
 TEST_F(ControlPlaneTest, MalformedSpecsExitTwoWithFileLineAndKey) {
   struct Case {
     std::string text, expected;
