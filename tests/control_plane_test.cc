@@ -5,6 +5,7 @@
 // errors (exit 2 with file, line and key), and an agent without the job
 // token being refused.
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -195,6 +196,33 @@ TEST_F(ControlPlaneTest, MalformedSpecsExitTwoWithFileLineAndKey) {
     EXPECT_NE(r.output.find("bad.toml"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(c.expected), std::string::npos) << c.expected << "\n" << r.output;
   }
+}
+
+TEST_F(ControlPlaneTest, TheControllerServesMetricsAndStatusOverHttp) {
+  const std::string spec = Spec("http", "");
+  std::ofstream(dir_ / "right") << "right-token\n";
+  auto controller = Subprocess::Start({.argv = {ENDURE_BIN, "controller", "--spec", spec,
+                                                "--token-file", (dir_ / "right").string()},
+                                       .output_path = (dir_ / "controller.out").string()});
+  const fs::path addr = dir_ / "http" / "http.addr";
+  for (int i = 0; i < 300 && ReadAll(addr).empty(); ++i) std::this_thread::sleep_for(20ms);
+  const std::string hostport = ReadAll(addr);
+  ASSERT_FALSE(hostport.empty()) << ReadAll(dir_ / "controller.out");
+  httplib::Client http("http://" + hostport);
+  auto metrics = http.Get("/metrics");
+  auto status = http.Get("/api/status");
+  controller->Signal(SIGKILL);
+  controller->Wait();
+  ASSERT_TRUE(metrics && status);
+  EXPECT_EQ(metrics->status, 200);
+  // No node has registered yet: generation -1, all time is start-up so far.
+  EXPECT_NE(metrics->body.find("endure_generation{job=\"http\"} -1"), std::string::npos)
+      << metrics->body;
+  EXPECT_NE(metrics->body.find("endure_ledger_seconds{job=\"http\",category=\"startup\"}"),
+            std::string::npos);
+  EXPECT_NE(metrics->body.find("# TYPE endure_incidents_total counter"), std::string::npos);
+  nlohmann::json j = nlohmann::json::parse(status->body, nullptr, false);
+  EXPECT_EQ(j.value("phase", ""), "waiting_for_nodes") << status->body;
 }
 
 TEST_F(ControlPlaneTest, AnAgentWithoutTheTokenIsRefused) {

@@ -3,6 +3,7 @@
 #include "controller/controller.h"
 
 #include <grpcpp/grpcpp.h>
+#include <httplib.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -78,6 +79,10 @@ class Controller final : public proto::Controller::Service {
   void Send(NodeId node, proto::AgentCommand cmd);
   std::shared_ptr<Connection> Conn(NodeId node);
   void WriteStatus(TimePoint now, bool force);
+  // Hands the live status to the HTTP server: /api/status as is, /metrics in
+  // Prometheus' text format with the ETTR ledger.
+  void Publish(const nlohmann::json& status);
+  Result<std::string> StartHttp();
   void Persist(TimePoint now);
 
   ControllerOptions o_;
@@ -98,6 +103,12 @@ class Controller final : public proto::Controller::Service {
   std::map<std::pair<int64_t, int>, proto::LogMatch> last_log_;  // (generation, rank)
   std::string fingerprint_;
   std::optional<core::FinishAction> finish_;
+  httplib::Server http_;
+  std::thread http_thread_;
+  std::mutex http_mu_;
+  std::string status_json_ = "{}";  // GUARDED_BY(http_mu_)
+  std::string metrics_text_;        // GUARDED_BY(http_mu_)
+
   TimePoint last_status_{};
   TimePoint last_step_at_{};
   size_t saved_incidents_ = 0;
@@ -329,6 +340,7 @@ void Controller::WriteStatus(TimePoint now, bool force) {
     status["last_incident"] =
         inc.cause + " (rank " + std::to_string(inc.rank) + ", " + inc.action + ")";
   }
+  Publish(status);
   // Not durable on purpose: a live view, rewritten four times a second.
   const std::string path = JoinPath(o_.state_dir, "status.json");
   FILE* f = std::fopen((path + ".tmp").c_str(), "w");
@@ -348,6 +360,66 @@ void Controller::Persist(TimePoint now) {
   saved_incidents_ = incidents.size();
   (void)store_->SaveLedger(machine_.ledger());
   (void)now;
+}
+
+void Controller::Publish(const nlohmann::json& status) {
+  const std::string job = "{job=\"" + o_.spec.name + "\"}";
+  std::string m;
+  auto gauge = [&](const char* name, const char* help, double value, const char* type = "gauge") {
+    char line[64];
+    std::snprintf(line, sizeof line, "%.9g", value);
+    m += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
+         name + job + " " + line + "\n";
+  };
+  gauge("endure_generation", "Current generation of the worker set.", machine_.generation());
+  gauge("endure_step", "Steps every rank has completed.", static_cast<double>(machine_.step()));
+  gauge("endure_loss", "Loss reported by rank 0 for its last step.", machine_.last_loss());
+  gauge("endure_tokens_per_second", "Training throughput.", status.value("tokens_per_s", 0.0));
+  gauge("endure_ettr", "Effective training time ratio so far (productive / wall).",
+        machine_.ledger().Ettr());
+  gauge("endure_incidents_total", "Failures detected so far.",
+        static_cast<double>(machine_.incidents().size()), "counter");
+  m += "# HELP endure_ledger_seconds Wall time so far, by ETTR ledger category.\n"
+       "# TYPE endure_ledger_seconds counter\n";
+  for (int c = 0; c < core::kNumLedgerCategories; ++c) {
+    const auto category = static_cast<core::LedgerCategory>(c);
+    char line[160];
+    std::snprintf(line, sizeof line, "endure_ledger_seconds{job=\"%s\",category=\"%s\"} %.6f\n",
+                  o_.spec.name.c_str(), std::string(core::LedgerCategoryName(category)).c_str(),
+                  Seconds(machine_.ledger().total(category)));
+    m += line;
+  }
+  std::lock_guard<std::mutex> lock(http_mu_);
+  status_json_ = status.dump();
+  metrics_text_ = std::move(m);
+}
+
+Result<std::string> Controller::StartHttp() {
+  http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    std::lock_guard<std::mutex> lock(http_mu_);
+    res.set_content(metrics_text_, "text/plain; version=0.0.4");
+  });
+  http_.Get("/api/status", [this](const httplib::Request&, httplib::Response& res) {
+    std::lock_guard<std::mutex> lock(http_mu_);
+    res.set_content(status_json_, "application/json");
+  });
+  http_.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    // A minimal dashboard: the live status, refreshed every second.
+    res.set_content(
+        "<!doctype html><title>Endure</title><h1>Endure job</h1><pre id=s>loading</pre>"
+        "<p><a href=/metrics>/metrics</a> <a href=/api/status>/api/status</a></p><script>"
+        "setInterval(()=>fetch('/api/status').then(r=>r.json()).then(j=>"
+        "document.getElementById('s').textContent=JSON.stringify(j,null,2)),1000)</script>",
+        "text/html");
+  });
+  const std::string host = o_.http_listen.substr(0, o_.http_listen.rfind(':'));
+  const int wanted = std::atoi(o_.http_listen.substr(o_.http_listen.rfind(':') + 1).c_str());
+  const int port = wanted > 0 && http_.bind_to_port(host.c_str(), wanted)
+                       ? wanted
+                       : (wanted > 0 ? -1 : http_.bind_to_any_port(host.c_str()));
+  if (port <= 0) return InvalidArgument("--http: cannot listen on '" + o_.http_listen + "'");
+  http_thread_ = std::thread([this] { http_.listen_after_bind(); });
+  return host + ":" + std::to_string(port);
 }
 
 Result<int> Controller::Run() {
@@ -374,8 +446,13 @@ Result<int> Controller::Run() {
   if (!o_.address_file.empty()) {
     ENDURE_RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), o_.address_file, address));
   }
-  std::fprintf(stderr, "endure controller: job '%s' listening on %s\n", o_.spec.name.c_str(),
-               address.c_str());
+  Result<std::string> http = StartHttp();
+  if (!http.ok()) return http.status();
+  ENDURE_RETURN_IF_ERROR(
+      WriteFileAtomically(Env::Default(), JoinPath(o_.state_dir, "http.addr"), *http));
+  WriteStatus(Now(), true);
+  std::fprintf(stderr, "endure controller: job '%s' listening on %s (gRPC), http://%s/ (metrics)\n",
+               o_.spec.name.c_str(), address.c_str(), http->c_str());
 
   while (!finish_) {
     Queued item;
@@ -462,6 +539,8 @@ Result<int> Controller::Run() {
   ENDURE_RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), JoinPath(o_.state_dir, "report.json"),
                                              report.dump(2) + "\n"));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  http_.stop();
+  if (http_thread_.joinable()) http_thread_.join();
   return finish_->exit_code;
 }
 

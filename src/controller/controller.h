@@ -4,8 +4,8 @@
 // with ticks at the machine's deadlines) and carries out its actions by
 // sending commands down the streams. Controller state — the job, its
 // generations, incidents and ledger — goes to SQLite under the state
-// directory, the live status to STATE_DIR/status.json, and the final report
-// to STATE_DIR/report.json.
+// directory, the live status to STATE_DIR/status.json and over HTTP
+// (/metrics, /api/status, /), and the final report to STATE_DIR/report.json.
 #pragma once
 
 #include <string>
@@ -21,6 +21,9 @@ struct ControllerOptions {
   std::string listen = "127.0.0.1:0";
   std::string token;         // every agent must present it
   std::string address_file;  // if set, the bound host:port is written here
+  // HTTP: /metrics (Prometheus), /api/status (JSON), / (dashboard). The
+  // bound host:port is written to STATE_DIR/http.addr.
+  std::string http_listen = "127.0.0.1:0";
 };
 
 // Runs the job to its end. Returns its exit code: 0 when training completed,

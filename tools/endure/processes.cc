@@ -35,7 +35,7 @@ int Fail(const char* verb, const Status& st) {
 
 Verb AddControllerVerb(CLI::App& root) {
   struct Flags {
-    std::string spec, state_dir, listen, token_file, address_file;
+    std::string spec, state_dir, listen, token_file, address_file, http = "127.0.0.1:0";
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* cmd = root.add_subcommand("controller", "Run a job's controller (one per job)");
@@ -45,6 +45,9 @@ Verb AddControllerVerb(CLI::App& root) {
   cmd->add_option("--token-file", flags->token_file,
                   "File holding the job token (else ENDURE_TOKEN)");
   cmd->add_option("--address-file", flags->address_file, "Write the bound host:port here");
+  cmd->add_option("--http", flags->http,
+                  "HTTP address for /metrics, /api/status and / (bound one in STATE_DIR/http.addr)")
+      ->capture_default_str();
   return {cmd, [flags] {
             Result<controller::JobSpec> spec = controller::LoadJobSpec(flags->spec);
             if (!spec.ok()) return Fail("controller", spec.status());
@@ -56,6 +59,7 @@ Verb AddControllerVerb(CLI::App& root) {
             o.listen = flags->listen.empty() ? spec->listen : flags->listen;
             o.token = *token;
             o.address_file = flags->address_file;
+            o.http_listen = flags->http;
             Result<int> code = controller::RunController(o);
             if (!code.ok()) return Fail("controller", code.status());
             return *code;
