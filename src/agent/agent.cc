@@ -129,7 +129,16 @@ Status Agent::OpenSocket() {
 
 void Agent::ReceiveDatagrams() {
   char buf[65536];
+  auto next_beat = std::chrono::steady_clock::now();
   while (!done_) {
+    // The controller hears from the agent every second, whatever the
+    // workers do; silence means a frozen or cut-off node.
+    if (std::chrono::steady_clock::now() >= next_beat) {
+      proto::AgentEvent beat;
+      beat.mutable_heartbeat();
+      Send(std::move(beat), generation_);
+      next_beat += std::chrono::seconds(1);
+    }
     ssize_t n = ::recv(socket_fd_, buf, sizeof buf, 0);
     if (n <= 0) continue;
     nlohmann::json m = nlohmann::json::parse(std::string_view(buf, n), nullptr, false);

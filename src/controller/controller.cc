@@ -222,6 +222,9 @@ Controller::Queued Controller::Translate(const proto::AgentEvent& e, NodeId node
     case proto::AgentEvent::kStopped:
       q.event = core::GenerationStoppedEvent{gen, node};
       break;
+    case proto::AgentEvent::kHeartbeat:
+      q.event = core::NodeHeartbeat{node};
+      break;
     default:
       break;
   }

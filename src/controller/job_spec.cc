@@ -678,6 +678,7 @@ core::JobMachineOptions MachineOptions(const JobSpec& spec) {
   o.ranks_per_node = spec.ranks_per_node;
   const DetectionSpec& d = spec.detection;
   o.hang.floor = d.hang_timeout_floor;
+  o.heartbeat.timeout = d.heartbeat_timeout;
   o.hang.k = d.hang_timeout_k;
   o.hang.window = d.hang_window;
   o.hang.min_samples = std::min(o.hang.min_samples, d.hang_window);

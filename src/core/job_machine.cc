@@ -33,6 +33,7 @@ Status JobMachineOptions::Validate() const {
   if (nodes < 1) return InvalidArgument("nodes must be at least 1");
   if (ranks_per_node < 1) return InvalidArgument("ranks_per_node must be at least 1");
   ENDURE_RETURN_IF_ERROR(hang.Validate());
+  ENDURE_RETURN_IF_ERROR(heartbeat.Validate());
   ENDURE_RETURN_IF_ERROR(loss.Validate());
   ENDURE_RETURN_IF_ERROR(anomaly.Validate());
   return recovery.Validate();
@@ -45,6 +46,7 @@ JobMachine::JobMachine(JobMachineOptions options, std::vector<ExternalFault> ext
       start_(start),
       ledger_(start),
       hang_(options_.hang),
+      heartbeats_(options_.heartbeat),
       loss_(options_.loss),
       anomaly_(options_.anomaly),
       recovery_(options_.recovery) {
@@ -87,6 +89,7 @@ std::optional<TimePoint> JobMachine::NextDeadline() const {
     if (t && (!next || *t < *next)) next = t;
   };
   if (phase_ == JobPhase::kRunning) consider(hang_.NextDeadline());
+  if (phase_ != JobPhase::kDone) consider(heartbeats_.NextDeadline());
   if (phase_ == JobPhase::kWaiting && wait_until_) consider(wait_until_);
   if (phase_ != JobPhase::kDone) {
     for (const ExternalFault& f : external_) {
@@ -103,36 +106,15 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
 
   if (const auto* e = std::get_if<NodeUp>(&event)) {
     nodes_[e->node] = Node{e->name, e->slots, true};
+    heartbeats_.Register(e->node, now);
     MaybeStart(now, out);
 
+  } else if (const auto* e = std::get_if<NodeHeartbeat>(&event)) {
+    (void)heartbeats_.OnHeartbeat(e->node, now);
+
   } else if (const auto* e = std::get_if<NodeDown>(&event)) {
-    auto it = nodes_.find(e->node);
-    if (it == nodes_.end() || !it->second.up) return out;
-    it->second.up = false;
-    const bool member = std::find(members_.begin(), members_.end(), e->node) != members_.end();
-    if (phase_ == JobPhase::kRunning && member) {
-      Failure f;
-      f.cause = "node_lost";
-      f.node = e->node;
-      f.rank = static_cast<int>(std::find(members_.begin(), members_.end(), e->node) -
-                                members_.begin()) *
-               options_.ranks_per_node;
-      f.fault_at = now;
-      for (const auto& [gen, fired] : fired_events_) {
-        if (gen == generation_ && fired.kind == "kill-agent" && NodeOfRank(fired.rank) == e->node) {
-          f.fault_at = fired.at;
-          f.injected_at = fired.at;
-        }
-      }
-      f.extra_reason = e->reason;
-      OnFailure(f, now, out);
-    } else if (phase_ == JobPhase::kStopping && awaiting_stop_.erase(e->node) > 0 &&
-               awaiting_stop_.empty()) {
-      // The node went away while stopping: its workers are gone with it.
-      if (Incident* inc = OpenIncident()) inc->stopped_at = now;
-      phase_ = JobPhase::kWaiting;
-      MaybeStart(now, out);
-    }
+    heartbeats_.Remove(e->node);
+    OnNodeLost(e->node, e->reason, now, out);
 
   } else if (const auto* e = std::get_if<WorkerReady>(&event)) {
     if (e->generation != generation_ || phase_ != JobPhase::kRunning) return out;
@@ -258,6 +240,11 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
 
   } else if (std::holds_alternative<Tick>(event)) {
     FireDueFaults(now, out);
+    // A frozen or partitioned agent: handled like a dead one (the recovery
+    // policy's path for node_lost evicts it).
+    for (const CrashReport& lost : heartbeats_.Check(now)) {
+      OnNodeLost(lost.node, lost.reason, now, out);
+    }
     if (phase_ == JobPhase::kRunning) {
       if (std::optional<HangVerdict> v = hang_.Check(now)) {
         Failure f;
@@ -281,6 +268,37 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
     }
   }
   return out;
+}
+
+void JobMachine::OnNodeLost(NodeId node, const std::string& reason, TimePoint now,
+                            std::vector<JobAction>& out) {
+  auto it = nodes_.find(node);
+  if (it == nodes_.end() || !it->second.up) return;
+  it->second.up = false;
+  const bool member = std::find(members_.begin(), members_.end(), node) != members_.end();
+  if (phase_ == JobPhase::kRunning && member) {
+    Failure f;
+    f.cause = "node_lost";
+    f.node = node;
+    f.rank =
+        static_cast<int>(std::find(members_.begin(), members_.end(), node) - members_.begin()) *
+        options_.ranks_per_node;
+    f.fault_at = now;
+    for (const auto& [gen, fired] : fired_events_) {
+      if (gen == generation_ && fired.kind == "kill-agent" && NodeOfRank(fired.rank) == node) {
+        f.fault_at = fired.at;
+        f.injected_at = fired.at;
+      }
+    }
+    f.extra_reason = reason;
+    OnFailure(f, now, out);
+  } else if (phase_ == JobPhase::kStopping && awaiting_stop_.erase(node) > 0 &&
+             awaiting_stop_.empty()) {
+    // The node went away while stopping: its workers are gone with it.
+    if (Incident* inc = OpenIncident()) inc->stopped_at = now;
+    phase_ = JobPhase::kWaiting;
+    MaybeStart(now, out);
+  }
 }
 
 void JobMachine::FireDueFaults(TimePoint now, std::vector<JobAction>& out) {

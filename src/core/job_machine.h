@@ -23,6 +23,7 @@
 #include "core/anomaly_policy.h"
 #include "core/ettr_ledger.h"
 #include "core/hang_detector.h"
+#include "core/heartbeat_monitor.h"
 #include "core/ids.h"
 #include "core/loss_anomaly_detector.h"
 #include "core/recovery_policy.h"
@@ -33,6 +34,7 @@ struct JobMachineOptions {
   int nodes = 1;           // nodes a generation needs
   int ranks_per_node = 1;  // ranks each node runs
   HangDetectorOptions hang;
+  HeartbeatMonitorOptions heartbeat;  // agents silent this long are lost
   LossAnomalyOptions loss;
   AnomalyPolicyOptions anomaly;
   RecoveryPolicyOptions recovery;
@@ -60,6 +62,9 @@ struct NodeUp {
 struct NodeDown {  // the agent's stream dropped or it exited
   NodeId node;
   std::string reason;
+};
+struct NodeHeartbeat {  // the agent is alive
+  NodeId node;
 };
 struct WorkerReady {
   int generation = 0;
@@ -103,8 +108,9 @@ struct StackDumpEvent {
 };
 struct Tick {};
 
-using JobEvent = std::variant<NodeUp, NodeDown, WorkerReady, StepEnd, WorkerExitEvent,
-                              FaultFiredEvent, GenerationStoppedEvent, StackDumpEvent, Tick>;
+using JobEvent =
+    std::variant<NodeUp, NodeDown, NodeHeartbeat, WorkerReady, StepEnd, WorkerExitEvent,
+                 FaultFiredEvent, GenerationStoppedEvent, StackDumpEvent, Tick>;
 
 // ---- Actions ----
 struct StartGenerationAction {
@@ -207,6 +213,8 @@ class JobMachine {
   };
 
   void OnFailure(const Failure& failure, TimePoint now, std::vector<JobAction>& out);
+  void OnNodeLost(NodeId node, const std::string& reason, TimePoint now,
+                  std::vector<JobAction>& out);
   void MaybeStart(TimePoint now, std::vector<JobAction>& out);
   void FireDueFaults(TimePoint now, std::vector<JobAction>& out);
   void Finish(int code, std::string reason, TimePoint now, std::vector<JobAction>& out);
@@ -219,6 +227,7 @@ class JobMachine {
   TimePoint start_;
   EttrLedger ledger_;
   HangDetector hang_;
+  HeartbeatMonitor heartbeats_;
   LossAnomalyDetector loss_;
   AnomalyPolicy anomaly_;
   RecoveryPolicy recovery_;

@@ -51,6 +51,9 @@ class Job {
   // Both ranks finish `step`; checkpoint every `every` steps.
   std::vector<JobAction> StepBoth(int64_t step, double loss = 2.0, int every = 10) {
     std::vector<JobAction> all;
+    // Agents beat every second; here, with every step.
+    Do(NodeHeartbeat{NodeId{0}});
+    Do(NodeHeartbeat{NodeId{1}});
     for (int r = 0; r < 2; ++r) {
       StepEnd e{m.generation(), r, step, loss, 0, (r == 0 && step % every == 0) ? step : -1};
       auto a = Do(e);
@@ -215,6 +218,30 @@ TEST(JobMachine, LostNodeIsEvictedAndAReplacementJoins) {
   EXPECT_GT(job.m.ledger().total(LedgerCategory::kOther), Duration(0));
 }
 
+TEST(JobMachine, ASilentAgentIsLostAfterTheHeartbeatTimeout) {
+  JobMachineOptions o = Options();
+  o.hang.floor = std::chrono::seconds(60);  // only the heartbeat decides here
+  o.hang.startup_timeout = std::chrono::seconds(120);
+  Job job(o);
+  job.Up();
+  job.Ready(0);
+  job.Run(1, 5);
+  // node0 keeps beating; node1's last heartbeat came with step 5 (t = 0.75).
+  for (double t = 1; t <= 10.5; t += 1) {
+    job.now = t;
+    job.Do(NodeHeartbeat{NodeId{0}});
+    EXPECT_TRUE(Find<StopGenerationAction>(job.Do(Tick{})).empty()) << t;
+  }
+  job.now = 10.8;
+  job.Do(NodeHeartbeat{NodeId{0}});
+  auto a = job.Do(Tick{});
+  ASSERT_EQ(Find<StopGenerationAction>(a).size(), 1u);
+  auto evict = Find<EvictNodeAction>(a);
+  ASSERT_EQ(evict.size(), 1u);
+  EXPECT_EQ(evict[0].node, NodeId{1});
+  EXPECT_EQ(job.m.incidents().at(0).cause, "node_lost");
+}
+
 TEST(JobMachine, SameUserExceptionAtTheSameStepStopsTheJob) {
   Job job;
   job.Up();
@@ -278,7 +305,8 @@ TEST(JobMachine, ExternalFaultsFireByStepAndByTime) {
   std::vector<ExternalFault> faults = {{"agent", "kill-agent", 1, 8, std::nullopt},
                                        {"sched", "kill", 0, -1, std::chrono::seconds(30)}};
   JobMachineOptions o = Options();
-  o.hang.floor = std::chrono::seconds(60);  // no hang verdict in this test
+  o.hang.floor = std::chrono::seconds(60);         // no hang verdict in this test
+  o.heartbeat.timeout = std::chrono::seconds(60);  // nor a lost node
   Job job(o, faults);
   job.Up();
   job.Ready(0);
