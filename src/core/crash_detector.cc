@@ -61,7 +61,11 @@ const SignalInfo* FindSignal(int signal) {
 
 std::string Who(const WorkerExit& e) {
   std::string who = "rank " + std::to_string(e.rank);
-  if (e.node.valid()) who += " on node " + std::to_string(e.node.value);
+  if (!e.node_name.empty()) {
+    who += " on " + e.node_name;
+  } else if (e.node.valid()) {
+    who += " on node " + std::to_string(e.node.value);
+  }
   return who;
 }
 

@@ -36,6 +36,7 @@ struct CrashReport {
 // How a worker process ended.
 struct WorkerExit {
   NodeId node;
+  std::string node_name;  // for the reason, e.g. "node3"; empty: "node <id>"
   int rank = -1;
   // Exactly one of these is set: WEXITSTATUS when WIFEXITED, WTERMSIG when
   // WIFSIGNALED.

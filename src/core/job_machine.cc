@@ -192,6 +192,7 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
     }
     WorkerExit exit;
     exit.node = e->node;
+    exit.node_name = NodeName(e->node);
     exit.rank = e->rank;
     exit.exit_code = e->exit_code;
     exit.signal = e->signal;
@@ -368,7 +369,9 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     stop = true;
   } else {
     FailureEvent fe;
+    const std::string node_name = NodeName(failure.node);
     fe.node = failure.node;
+    fe.node_name = node_name;
     fe.cause = failure.cause;
     fe.step = StepNumber{inc.failed_at_step};
     fe.during_recovery = !productive_;

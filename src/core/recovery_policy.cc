@@ -93,7 +93,9 @@ RecoveryDecision RecoveryPolicy::Step(const FailureEvent& event, TimePoint now) 
   RecoveryDecision d;
   d.node = event.node;
   const std::string cause(event.cause);
-  const std::string where = NodeName(event.node) + " failed with " + cause + " at step " +
+  const std::string where =
+      (event.node_name.empty() ? NodeName(event.node) : std::string(event.node_name)) +
+      " failed with " + cause + " at step " +
                             std::to_string(event.step.value);
 
   // 1. Structural: the same cause stops training at the same step again and again.
