@@ -95,8 +95,7 @@ RecoveryDecision RecoveryPolicy::Step(const FailureEvent& event, TimePoint now) 
   const std::string cause(event.cause);
   const std::string where =
       (event.node_name.empty() ? NodeName(event.node) : std::string(event.node_name)) +
-      " failed with " + cause + " at step " +
-                            std::to_string(event.step.value);
+      " failed with " + cause + " at step " + std::to_string(event.step.value);
 
   // 1. Structural: the same cause stops training at the same step again and again.
   bool repeats_at_step = false;

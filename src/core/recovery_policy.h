@@ -63,7 +63,7 @@ struct RecoveryPolicyOptions {
 struct FailureEvent {
   NodeId node;
   std::string_view node_name;  // for reasons, e.g. "node3"; empty: "node <id>"
-  std::string_view cause;  // e.g. "faulty_gpu", "software_bug", "straggler"
+  std::string_view cause;      // e.g. "faulty_gpu", "software_bug", "straggler"
   // The step being executed when the fault hit; during a restart, the step
   // the job was restoring to.
   StepNumber step;
