@@ -662,6 +662,19 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
 
 }  // namespace
 
+void WarmUp(const TrainerOptions& options) {
+  try {
+    KeepFreedMemory();
+    SetThreads(ThreadsPerRank(options));
+    GPT model(options.model);
+    torch::Tensor x = torch::randint(0, options.model.vocab,
+                                     {options.micro_batch, options.model.context}, torch::kLong);
+    model->Loss(x, x).backward();
+  } catch (const std::exception&) {
+    // Only an optimisation: the real start reports any real problem.
+  }
+}
+
 Result<DistEnv> DistEnvFromEnvironment() {
   DistEnv d;
   const char* world = std::getenv("WORLD_SIZE");

@@ -6,6 +6,7 @@
 // (including a malformed ENDURE_* variable), 1 failure.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 
 #include "endure/client.h"
 #include "trainer/trainer.h"
@@ -81,7 +82,11 @@ int main(int argc, char** argv) {
     std::printf("%s\n", text->c_str());
     return 0;
   }
-  // A warm standby waits here, libtorch loaded, for its rank and rendezvous.
+  // A warm standby waits here, libtorch loaded and warmed up, for its rank
+  // and rendezvous.
+  if (const char* standby = std::getenv("ENDURE_STANDBY"); standby && *standby == '1') {
+    endure::trainer::WarmUp(o);
+  }
   endure::AwaitStandbyAssignment();
   endure::Result<endure::trainer::DistEnv> dist = endure::trainer::DistEnvFromEnvironment();
   if (!dist.ok()) return ExitCodeFor(dist.status());
