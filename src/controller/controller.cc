@@ -83,7 +83,7 @@ class Controller final : public proto::Controller::Service {
   // Prometheus' text format with the ETTR ledger.
   void Publish(const nlohmann::json& status);
   Result<std::string> StartHttp();
-  void Persist(TimePoint now);
+  void Persist();
 
   ControllerOptions o_;
   TimePoint start_;
@@ -353,7 +353,7 @@ void Controller::WriteStatus(TimePoint now, bool force) {
   std::rename((path + ".tmp").c_str(), path.c_str());
 }
 
-void Controller::Persist(TimePoint now) {
+void Controller::Persist() {
   if (!store_) return;
   // Incidents change while they recover: save the open one and any new ones.
   const auto& incidents = machine_.incidents();
@@ -362,7 +362,6 @@ void Controller::Persist(TimePoint now) {
   }
   saved_incidents_ = incidents.size();
   (void)store_->SaveLedger(machine_.ledger());
-  (void)now;
 }
 
 void Controller::Publish(const nlohmann::json& status) {
@@ -510,13 +509,13 @@ Result<int> Controller::Run() {
     std::vector<core::JobAction> actions = machine_.Step(*item.event, last_step_at_);
     Execute(actions, now);
     const bool changed = !actions.empty() || machine_.incidents().size() != incidents_before;
-    if (changed) Persist(now);
+    if (changed) Persist();
     WriteStatus(now, changed);
   }
 
   // The end: the report, then let the agents hang up.
   const TimePoint end = Now();
-  Persist(end);
+  Persist();
   WriteStatus(end, true);
   ReportInputs in{machine_,
                   o_.spec.name,

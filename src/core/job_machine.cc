@@ -165,12 +165,8 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
         f.rank = e->rank;
         f.node = NodeOfRank(e->rank);
         f.fault_at = now;
-        for (const auto& [gen, fired] : fired_events_) {
-          if (gen == generation_ && fired.kind == "nan" && fired.rank == e->rank) {
-            f.fault_at = fired.at;
-            f.injected_at = fired.at;
-          }
-        }
+        f.InjectedBy(LastFiredFault(
+            [&](const FaultFiredEvent& x) { return x.kind == "nan" && x.rank == e->rank; }));
         f.anomaly = true;
         f.extra_reason = a->reason;
         f.loss_anomaly = *a;
@@ -203,14 +199,10 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
     f.rank = e->rank;
     f.node = e->node;
     f.fault_at = now;
-    for (const auto& [gen, fired] : fired_events_) {
-      // Only faults that end a worker explain its exit (not, say, `slow`).
-      const bool ends_worker = fired.kind == "kill" || fired.kind == "exit" || fired.kind == "log";
-      if (gen == generation_ && fired.rank == e->rank && ends_worker) {
-        f.fault_at = fired.at;
-        f.injected_at = fired.at;
-      }
-    }
+    // Only faults that end a worker explain its exit (not, say, `slow`).
+    f.InjectedBy(LastFiredFault([&](const FaultFiredEvent& x) {
+      return x.rank == e->rank && (x.kind == "kill" || x.kind == "exit" || x.kind == "log");
+    }));
     f.log_action = e->log_action;
     f.log_line = e->log_line;
     f.extra_reason = crash->reason;
@@ -253,12 +245,10 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
         f.rank = v->behind_ranks.empty() ? (v->stalled_ranks.empty() ? -1 : v->stalled_ranks[0])
                                          : v->behind_ranks[0];
         f.fault_at = v->stalled_since;
-        for (const auto& [gen, fired] : fired_events_) {
-          if (gen == generation_ && (fired.kind == "hang")) {
-            f.fault_at = fired.at;
-            f.injected_at = fired.at;
-            f.rank = fired.rank;
-          }
+        if (const FaultFiredEvent* fired =
+                LastFiredFault([](const FaultFiredEvent& x) { return x.kind == "hang"; })) {
+          f.InjectedBy(fired);
+          f.rank = fired->rank;
         }
         f.node = NodeOfRank(f.rank);
         f.extra_reason = v->reason;
@@ -285,12 +275,9 @@ void JobMachine::OnNodeLost(NodeId node, const std::string& reason, TimePoint no
         static_cast<int>(std::find(members_.begin(), members_.end(), node) - members_.begin()) *
         options_.ranks_per_node;
     f.fault_at = now;
-    for (const auto& [gen, fired] : fired_events_) {
-      if (gen == generation_ && fired.kind == "kill-agent" && NodeOfRank(fired.rank) == node) {
-        f.fault_at = fired.at;
-        f.injected_at = fired.at;
-      }
-    }
+    f.InjectedBy(LastFiredFault([&](const FaultFiredEvent& x) {
+      return x.kind == "kill-agent" && NodeOfRank(x.rank) == node;
+    }));
     f.extra_reason = reason;
     OnFailure(f, now, out);
   } else if (phase_ == JobPhase::kStopping && awaiting_stop_.erase(node) > 0 &&
@@ -300,6 +287,15 @@ void JobMachine::OnNodeLost(NodeId node, const std::string& reason, TimePoint no
     phase_ = JobPhase::kWaiting;
     MaybeStart(now, out);
   }
+}
+
+const FaultFiredEvent* JobMachine::LastFiredFault(
+    const std::function<bool(const FaultFiredEvent&)>& matches) const {
+  const FaultFiredEvent* last = nullptr;
+  for (const auto& [gen, fired] : fired_events_) {
+    if (gen == generation_ && matches(fired)) last = &fired;
+  }
+  return last;
 }
 
 void JobMachine::FireDueFaults(TimePoint now, std::vector<JobAction>& out) {

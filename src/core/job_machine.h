@@ -12,6 +12,7 @@
 // [backoff / waiting for a replacement node] -> kRunning(g+1) ... -> kDone.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -210,7 +211,18 @@ class JobMachine {
     bool evict = false;    // the node itself is bad
     bool anomaly = false;  // a loss anomaly: roll back to a checkpoint before it
     std::optional<LossAnomaly> loss_anomaly;
+
+    // An injected fault explains this failure: it happened when it fired.
+    void InjectedBy(const FaultFiredEvent* fired) {
+      if (fired == nullptr) return;
+      fault_at = fired->at;
+      injected_at = fired->at;
+    }
   };
+
+  // The last fault fired in the current generation that `matches`, or null.
+  const FaultFiredEvent* LastFiredFault(
+      const std::function<bool(const FaultFiredEvent&)>& matches) const;
 
   void OnFailure(const Failure& failure, TimePoint now, std::vector<JobAction>& out);
   void OnNodeLost(NodeId node, const std::string& reason, TimePoint now,

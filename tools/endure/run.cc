@@ -84,6 +84,16 @@ std::string StatusLine(const std::string& state_dir) {
   return line;
 }
 
+// Waits for `p` to end until `deadline`, then kills its process group; reaps it.
+void ReapBy(Subprocess& p, Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  if (!p.WaitFor(std::max(left, std::chrono::milliseconds(0)))) {
+    p.SignalGroup(SIGKILL);
+    p.Signal(SIGKILL);
+    p.Wait();
+  }
+}
+
 class EmbeddedRun {
  public:
   EmbeddedRun(controller::JobSpec spec, bool quiet) : spec_(std::move(spec)), quiet_(quiet) {}
@@ -160,17 +170,9 @@ void EmbeddedRun::StopAll() {
   if (controller_) controller_->SignalGroup(SIGTERM);
   for (auto& [pid, agent] : agents_) agent.second.SignalGroup(SIGTERM);
   const auto deadline = Clock::now() + std::chrono::seconds(3);
-  auto reap = [&](Subprocess& p) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (!p.WaitFor(std::max(left, std::chrono::milliseconds(0)))) {
-      p.SignalGroup(SIGKILL);
-      p.Signal(SIGKILL);
-      p.Wait();
-    }
-  };
-  for (auto& [pid, agent] : agents_) reap(agent.second);
+  for (auto& [pid, agent] : agents_) ReapBy(agent.second, deadline);
   agents_.clear();
-  if (controller_) reap(*controller_);
+  if (controller_) ReapBy(*controller_, deadline);
   controller_.reset();
 }
 
@@ -271,14 +273,7 @@ int EmbeddedRun::Run() {
   if (tty) std::printf("\n");
   // The controller told the agents to shut down; give them a moment.
   const auto deadline = Clock::now() + std::chrono::seconds(5);
-  for (auto& [pid, agent] : agents_) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (!agent.second.WaitFor(std::max(left, std::chrono::milliseconds(0)))) {
-      agent.second.SignalGroup(SIGKILL);
-      agent.second.Signal(SIGKILL);
-      agent.second.Wait();
-    }
-  }
+  for (auto& [pid, agent] : agents_) ReapBy(agent.second, deadline);
   agents_.clear();
   controller_.reset();
 
