@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <optional>
 
 #include "common/hash.h"
 
@@ -13,9 +15,7 @@ namespace endure::checkpoint {
 namespace {
 
 constexpr char kManifest[] = "MANIFEST.json";
-constexpr char kTensorsFile[] = "tensors.bin";
-constexpr char kMetaFile[] = "meta.json";
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;
 
 // Parses "step-00000010"; -1 for anything else (including ".tmp" files).
 int64_t ParseStepDirName(const std::string& name) {
@@ -29,6 +29,20 @@ int64_t ParseStepDirName(const std::string& name) {
   return step;
 }
 
+// Checks `bytes`, read from `path`, against the size and checksum expected.
+Status CheckBytes(const std::string& path, std::string_view bytes, uint64_t size, uint64_t xxh3) {
+  if (bytes.size() != size) {
+    return DataLoss(path + ": size " + std::to_string(bytes.size()) + " bytes, manifest says " +
+                    std::to_string(size) + " (truncated or partial file)");
+  }
+  const uint64_t actual = Xxh3(bytes);
+  if (actual != xxh3) {
+    return DataLoss(path + ": checksum mismatch (xxh3 " + HexU64(actual) + ", manifest says " +
+                    HexU64(xxh3) + ")");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 CheckpointDir::CheckpointDir(Env* env, std::string root) : env_(env), root_(std::move(root)) {}
@@ -39,38 +53,67 @@ std::string CheckpointDir::StepDir(int64_t step) const {
   return JoinPath(root_, name);
 }
 
+std::string CheckpointDir::ShardFileName(int shard) {
+  char name[32];
+  std::snprintf(name, sizeof name, "shard-%05d.bin", shard);
+  return name;
+}
+
+std::string CheckpointDir::ShardPath(int64_t step, int shard) const {
+  return JoinPath(StepDir(step), ShardFileName(shard));
+}
+
 Result<CommitStats> CheckpointDir::Commit(const TrainingState& state) {
   auto start = std::chrono::steady_clock::now();
   const std::string dir = StepDir(state.step);
   // Leftovers of an interrupted attempt at this step are never committed
   // (or Commit would not be called for it again): start clean.
   if (env_->Exists(dir)) ENDURE_RETURN_IF_ERROR(env_->RemoveAll(dir));
-  ENDURE_RETURN_IF_ERROR(env_->CreateDirs(dir));
-  ENDURE_RETURN_IF_ERROR(env_->SyncDir(root_));
 
   nlohmann::json meta = state.meta;
   meta["step"] = state.step;
-  const std::map<std::string, std::string> files = {
-      {kTensorsFile, EncodeTensors(state.tensors)},
-      {kMetaFile, meta.dump(1)},
-  };
-  nlohmann::json manifest = {{"format", kFormatVersion}, {"step", state.step}, {"files", {}}};
+  const std::string meta_text = meta.dump();
+  std::vector<TensorView> views;
+  for (const TensorBlob& t : state.tensors) views.push_back(ViewOf(t));
+  views = ShardViews(meta_text, std::move(views));
+  std::string bytes(EncodedSize(views), '\0');
+  EncodeTensorsInto(views, bytes.data());
+  ENDURE_ASSIGN_OR_RETURN(ShardEntry entry, WriteShard(state.step, 0, bytes));
+  ENDURE_RETURN_IF_ERROR(CommitStep(state.step, {entry}));
   CommitStats stats;
-  for (const auto& [name, bytes] : files) {
-    ENDURE_RETURN_IF_ERROR(WriteFileAtomically(env_, JoinPath(dir, name), bytes));
-    manifest["files"][name] = {{"size", bytes.size()}, {"xxh3", HexU64(Xxh3(bytes))}};
-    stats.bytes += bytes.size();
+  stats.bytes = entry.bytes;
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
+}
+
+Result<ShardEntry> CheckpointDir::WriteShard(int64_t step, int shard, std::string_view bytes) {
+  const std::string dir = StepDir(step);
+  if (!env_->Exists(dir)) {
+    ENDURE_RETURN_IF_ERROR(env_->CreateDirs(dir));
+    ENDURE_RETURN_IF_ERROR(env_->SyncDir(root_));
   }
-  Status st = WriteFileAtomically(env_, JoinPath(dir, kManifest), manifest.dump(1));
+  ENDURE_RETURN_IF_ERROR(WriteFileAtomically(env_, ShardPath(step, shard), bytes));
+  return ShardEntry{bytes.size(), Xxh3(bytes)};
+}
+
+Status CheckpointDir::CommitStep(int64_t step, const std::vector<ShardEntry>& shards) {
+  nlohmann::json manifest = {{"format", kFormatVersion},
+                             {"step", step},
+                             {"shards", shards.size()},
+                             {"files", nlohmann::json::object()}};
+  for (size_t i = 0; i < shards.size(); ++i) {
+    manifest["files"][ShardFileName(static_cast<int>(i))] = {{"size", shards[i].bytes},
+                                                             {"xxh3", HexU64(shards[i].xxh3)}};
+  }
+  Status st = WriteFileAtomically(env_, JoinPath(StepDir(step), kManifest), manifest.dump(1));
   if (!st.ok()) {
     // The manifest may be in place with the fsync of its directory failed:
     // the step would load, and count for Retain(), although a crash may still
     // drop it. Remove it: nothing is committed on failure.
-    (void)env_->RemoveAll(dir);
+    (void)env_->RemoveFile(JoinPath(StepDir(step), kManifest));
     return st;
   }
-  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return stats;
+  return Status::Ok();
 }
 
 std::vector<int64_t> CheckpointDir::ListSteps() const {
@@ -96,51 +139,72 @@ Result<nlohmann::json> CheckpointDir::ReadManifest(int64_t step) const {
   }
   nlohmann::json manifest = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (manifest.is_discarded() || !manifest.is_object() || !manifest.contains("files") ||
-      !manifest["files"].is_object() || manifest.value("step", int64_t{-1}) != step) {
+      !manifest["files"].is_object() || manifest.value("step", int64_t{-1}) != step ||
+      !manifest.contains("shards") || !manifest["shards"].is_number_unsigned() ||
+      manifest["shards"].get<uint64_t>() == 0 || manifest["shards"].get<uint64_t>() > 1'000'000) {
     return DataLoss(path + ": manifest is malformed");
+  }
+  const uint64_t shards = manifest["shards"].get<uint64_t>();
+  for (uint64_t i = 0; i < shards; ++i) {
+    const std::string name = ShardFileName(static_cast<int>(i));
+    const nlohmann::json& files = manifest["files"];
+    if (!files.contains(name) || !files[name].is_object() ||
+        !files[name].value("size", nlohmann::json()).is_number_unsigned() ||
+        !files[name].value("xxh3", nlohmann::json()).is_string()) {
+      return DataLoss(path + ": does not list " + name);
+    }
   }
   return manifest;
 }
 
-Status CheckpointDir::Verify(int64_t step) const {
+Result<std::vector<ShardEntry>> CheckpointDir::CommittedShards(int64_t step) const {
   ENDURE_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadManifest(step));
-  for (const char* name : {kTensorsFile, kMetaFile}) {
-    if (!manifest["files"].contains(name)) {
-      return DataLoss(JoinPath(StepDir(step), kManifest) + ": does not list " + name);
-    }
+  std::vector<ShardEntry> shards;
+  for (uint64_t i = 0; i < manifest["shards"].get<uint64_t>(); ++i) {
+    const nlohmann::json& entry = manifest["files"][ShardFileName(static_cast<int>(i))];
+    ShardEntry e;
+    e.bytes = entry["size"].get<uint64_t>();
+    e.xxh3 = std::strtoull(entry["xxh3"].get<std::string>().c_str(), nullptr, 16);
+    shards.push_back(e);
   }
-  for (const auto& [name, entry] : manifest["files"].items()) {
-    const std::string path = JoinPath(StepDir(step), name);
-    Result<std::string> bytes = env_->ReadFile(path);
-    if (!bytes.ok()) return DataLoss(path + ": " + bytes.status().message());
-    const uint64_t size = entry.value("size", uint64_t{0});
-    if (bytes->size() != size) {
-      return DataLoss(path + ": size " + std::to_string(bytes->size()) + " bytes, manifest says " +
-                      std::to_string(size) + " (truncated or partial file)");
-    }
-    const std::string expected = entry.value("xxh3", "");
-    const std::string actual = HexU64(Xxh3(*bytes));
-    if (actual != expected) {
-      return DataLoss(path + ": checksum mismatch (xxh3 " + actual + ", manifest says " + expected +
-                      ")");
-    }
+  return shards;
+}
+
+Result<std::string> CheckpointDir::ReadShard(int64_t step, int shard) const {
+  ENDURE_ASSIGN_OR_RETURN(std::vector<ShardEntry> shards, CommittedShards(step));
+  if (shard < 0 || static_cast<size_t>(shard) >= shards.size()) {
+    return DataLoss(JoinPath(StepDir(step), kManifest) + ": has no shard " + std::to_string(shard));
+  }
+  const std::string path = ShardPath(step, shard);
+  Result<std::string> bytes = env_->ReadFile(path);
+  if (!bytes.ok()) return DataLoss(path + ": " + bytes.status().message());
+  ENDURE_RETURN_IF_ERROR(CheckBytes(path, *bytes, shards[shard].bytes, shards[shard].xxh3));
+  return bytes;
+}
+
+Status CheckpointDir::Verify(int64_t step) const {
+  ENDURE_ASSIGN_OR_RETURN(std::vector<ShardEntry> shards, CommittedShards(step));
+  for (size_t i = 0; i < shards.size(); ++i) {
+    ENDURE_RETURN_IF_ERROR(ReadShard(step, static_cast<int>(i)).status());
   }
   return Status::Ok();
 }
 
 Result<TrainingState> CheckpointDir::Load(int64_t step) const {
-  ENDURE_RETURN_IF_ERROR(Verify(step));
-  const std::string dir = StepDir(step);
+  ENDURE_ASSIGN_OR_RETURN(std::vector<ShardEntry> shards, CommittedShards(step));
   TrainingState state;
   state.step = step;
-  ENDURE_ASSIGN_OR_RETURN(std::string meta_text, env_->ReadFile(JoinPath(dir, kMetaFile)));
-  state.meta = nlohmann::json::parse(meta_text, nullptr, /*allow_exceptions=*/false);
-  if (state.meta.is_discarded() || !state.meta.is_object()) {
-    return DataLoss(JoinPath(dir, kMetaFile) + ": not a JSON object");
+  for (size_t i = 0; i < shards.size(); ++i) {
+    ENDURE_ASSIGN_OR_RETURN(std::string bytes, ReadShard(step, static_cast<int>(i)));
+    const std::string path = ShardPath(step, static_cast<int>(i));
+    ENDURE_ASSIGN_OR_RETURN(DecodedShard shard, DecodeShard(bytes, path));
+    if (shard.meta["step"].get<int64_t>() != step) {
+      return DataLoss(path + ": holds step " + shard.meta["step"].dump() + ", not " +
+                      std::to_string(step));
+    }
+    if (i == 0) state.meta = std::move(shard.meta);
+    for (TensorBlob& t : shard.tensors) state.tensors.push_back(std::move(t));
   }
-  const std::string tensors_path = JoinPath(dir, kTensorsFile);
-  ENDURE_ASSIGN_OR_RETURN(std::string bytes, env_->ReadFile(tensors_path));
-  ENDURE_ASSIGN_OR_RETURN(state.tensors, DecodeTensors(bytes, tensors_path));
   return state;
 }
 
@@ -170,15 +234,35 @@ Status CheckpointDir::Retain(int keep) {
     if (ReadManifest(step).ok()) committed.push_back(step);
   }
   if (committed.empty()) return Status::Ok();
+  // A readable manifest is not enough to delete older steps for: the newest
+  // step that verifies is kept whatever `keep` says.
+  std::optional<int64_t> newest_good;
+  for (auto it = committed.rbegin(); it != committed.rend() && !newest_good; ++it) {
+    if (Verify(*it).ok()) newest_good = *it;
+  }
   const int64_t newest = committed.back();
   const size_t drop = committed.size() > static_cast<size_t>(keep) ? committed.size() - keep : 0;
-  std::vector<int64_t> doomed(committed.begin(), committed.begin() + static_cast<long>(drop));
+  std::vector<int64_t> doomed;
+  for (size_t i = 0; i < drop; ++i) {
+    if (committed[i] != newest_good) doomed.push_back(committed[i]);
+  }
   for (int64_t step : steps) {
     bool is_committed = std::binary_search(committed.begin(), committed.end(), step);
     if (!is_committed && step < newest) doomed.push_back(step);
   }
   for (int64_t step : doomed) ENDURE_RETURN_IF_ERROR(env_->RemoveAll(StepDir(step)));
   return Status::Ok();
+}
+
+Result<std::vector<int64_t>> CheckpointDir::RemoveAfter(int64_t step) {
+  std::vector<int64_t> removed;
+  for (int64_t s : ListSteps()) {
+    if (s <= step) continue;
+    ENDURE_RETURN_IF_ERROR(env_->RemoveAll(StepDir(s)));
+    removed.push_back(s);
+  }
+  if (!removed.empty()) ENDURE_RETURN_IF_ERROR(env_->SyncDir(root_));
+  return removed;
 }
 
 }  // namespace endure::checkpoint

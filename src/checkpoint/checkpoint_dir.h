@@ -1,14 +1,17 @@
 // CheckpointDir: durable checkpoints of a training state in one directory,
 // committed atomically and verified before they are loaded.
 //
-// Layout: ROOT/step-00000010/{tensors.bin, meta.json, MANIFEST.json}. Each
-// file is written tmp -> fsync -> rename -> fsync(dir); MANIFEST.json, which
-// lists every file with its size and XXH3-64 checksum, is written last the
-// same way, and its presence is what commits the step. A step whose manifest
+// Layout: ROOT/step-00000010/{shard-00000.bin, ..., MANIFEST.json}: one
+// shard per rank that saved a part of the state (DecodeShard form; a single
+// writer saves everything as shard 0). Each file is written tmp -> fsync ->
+// rename -> fsync(dir); MANIFEST.json, which lists every shard with its size
+// and XXH3-64 checksum, is written last the same way, once every shard is
+// durable, and its presence is what commits the step. A step whose manifest
 // is missing, unreadable, or whose files do not match it is refused with a
 // message naming the file, and never loaded.
 //
-// Not thread-safe; one writer per directory.
+// Shards of one step may be written by different processes (one per node);
+// the manifest and Retain by one committer.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +32,12 @@ struct TrainingState {
   std::vector<TensorBlob> tensors;
 };
 
+// A durable shard as the manifest lists it.
+struct ShardEntry {
+  uint64_t bytes = 0;
+  uint64_t xxh3 = 0;
+};
+
 struct CommitStats {
   uint64_t bytes = 0;
   double seconds = 0;
@@ -42,9 +51,24 @@ class CheckpointDir {
   const std::string& root() const { return root_; }
   std::string StepDir(int64_t step) const;
 
-  // Writes and commits `state` as step `state.step`, replacing any
-  // uncommitted leftovers of that step. On failure nothing is committed.
+  static std::string ShardFileName(int shard);  // "shard-00003.bin"
+  std::string ShardPath(int64_t step, int shard) const;
+
+  // Writes and commits `state` as step `state.step` in one shard, replacing
+  // any uncommitted leftovers of that step. On failure nothing is committed.
   Result<CommitStats> Commit(const TrainingState& state);
+
+  // Writes one shard of `step` durably (creating the step's directory);
+  // does not commit the step. Returns its size and checksum.
+  Result<ShardEntry> WriteShard(int64_t step, int shard, std::string_view bytes);
+
+  // Commits `step`, whose shards (index = shard) are already durable, by
+  // writing its manifest. On failure nothing is committed.
+  Status CommitStep(int64_t step, const std::vector<ShardEntry>& shards);
+
+  // The shards a committed step's manifest lists (index = shard), without
+  // reading them; kDataLoss when the manifest is missing or malformed.
+  Result<std::vector<ShardEntry>> CommittedShards(int64_t step) const;
 
   // Steps that have a directory, committed or not, ascending.
   std::vector<int64_t> ListSteps() const;
@@ -52,7 +76,10 @@ class CheckpointDir {
   // Checks the manifest and every file of `step` against it.
   Status Verify(int64_t step) const;
 
-  // Loads and verifies `step`.
+  // Reads one shard of a committed step and checks it against the manifest.
+  Result<std::string> ReadShard(int64_t step, int shard) const;
+
+  // Loads and verifies `step` (every shard, merged).
   Result<TrainingState> Load(int64_t step) const;
 
   // Loads the newest step that verifies. Each refused step is described in
@@ -67,8 +94,12 @@ class CheckpointDir {
 
   // Deletes all but the newest `keep` committed steps, and uncommitted
   // leftovers older than the newest committed one. Never deletes the newest
-  // committed step.
+  // committed step that verifies.
   Status Retain(int keep);
+
+  // Deletes every step after `step`, committed or not (a rollback abandons
+  // them). Returns the steps deleted.
+  Result<std::vector<int64_t>> RemoveAfter(int64_t step);
 
  private:
   Result<nlohmann::json> ReadManifest(int64_t step) const;

@@ -47,20 +47,20 @@ TEST_F(CheckpointDirTest, CommitThenLoadNewest) {
   EXPECT_TRUE(refused.empty());
   // Only committed files remain: no temporaries.
   EXPECT_EQ(*env_->ListDir(dir_.StepDir(20)),
-            (std::vector<std::string>{"MANIFEST.json", "meta.json", "tensors.bin"}));
+            (std::vector<std::string>{"MANIFEST.json", "shard-00000.bin"}));
 }
 
 TEST_F(CheckpointDirTest, FlippedByteIsRefusedAndOlderStepUsed) {
   dir_ = CheckpointDir(env_, root_);
   ASSERT_TRUE(dir_.Commit(State(10)).ok());
   ASSERT_TRUE(dir_.Commit(State(20)).ok());
-  Corrupt(20, "tensors.bin", 30);
+  Corrupt(20, "shard-00000.bin", 30);
   std::vector<std::string> refused;
   Result<TrainingState> s = dir_.LoadNewest(&refused);
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->step, 10);
   ASSERT_EQ(refused.size(), 1u);
-  EXPECT_NE(refused[0].find("step-00000020/tensors.bin: checksum mismatch"), std::string::npos)
+  EXPECT_NE(refused[0].find("step-00000020/shard-00000.bin: checksum mismatch"), std::string::npos)
       << refused[0];
 }
 
@@ -73,12 +73,12 @@ TEST_F(CheckpointDirTest, LoadNewestAtOrBeforeIgnoresNewerSteps) {
   EXPECT_EQ(dir_.LoadNewestAtOrBefore(1000, &refused)->step, 30);
   EXPECT_TRUE(refused.empty());  // newer steps are skipped, not refused
   // A damaged step at the bound falls back to an older one and says why.
-  Corrupt(20, "tensors.bin", 30);
+  Corrupt(20, "shard-00000.bin", 30);
   Result<TrainingState> s = dir_.LoadNewestAtOrBefore(25, &refused);
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->step, 10);
   ASSERT_EQ(refused.size(), 1u);
-  EXPECT_NE(refused[0].find("step-00000020/tensors.bin"), std::string::npos) << refused[0];
+  EXPECT_NE(refused[0].find("step-00000020/shard-00000.bin"), std::string::npos) << refused[0];
   Result<TrainingState> none = dir_.LoadNewestAtOrBefore(9, nullptr);
   EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
   EXPECT_NE(none.status().message().find("at or before step 9"), std::string::npos);
@@ -87,11 +87,11 @@ TEST_F(CheckpointDirTest, LoadNewestAtOrBeforeIgnoresNewerSteps) {
 TEST_F(CheckpointDirTest, TruncatedFileIsRefused) {
   dir_ = CheckpointDir(env_, root_);
   ASSERT_TRUE(dir_.Commit(State(10)).ok());
-  std::string path = JoinPath(dir_.StepDir(10), "meta.json");
+  std::string path = dir_.ShardPath(10, 0);
   ASSERT_TRUE(truncate(path.c_str(), 3) == 0);
   Status st = dir_.Verify(10);
   EXPECT_EQ(st.code(), StatusCode::kDataLoss);
-  EXPECT_NE(st.message().find("meta.json: size 3 bytes"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("shard-00000.bin: size 3 bytes"), std::string::npos) << st.message();
   EXPECT_EQ(dir_.LoadNewest(nullptr).status().code(), StatusCode::kNotFound);
 }
 
@@ -113,6 +113,53 @@ TEST_F(CheckpointDirTest, RetainKeepsNewestAndDropsOldLeftovers) {
   ASSERT_TRUE(env_->CreateDirs(dir_.StepDir(50)).ok());  // a save in progress
   ASSERT_TRUE(dir_.Retain(2).ok());
   EXPECT_EQ(dir_.ListSteps(), (std::vector<int64_t>{30, 40, 50}));
+}
+
+// Shards written by separate writers (one per node) commit together.
+std::string ShardBytes(int64_t step, int shard) {
+  TensorBlob t{"w" + std::to_string(shard), "float32", {2}, std::string(8, char('a' + shard))};
+  const std::string meta = nlohmann::json{{"step", step}, {"shard", shard}}.dump();
+  std::vector<TensorView> views = ShardViews(meta, {ViewOf(t)});
+  std::string bytes(EncodedSize(views), '\0');
+  EncodeTensorsInto(views, bytes.data());
+  return bytes;
+}
+
+TEST_F(CheckpointDirTest, ShardedStepCommitsOnlyWithItsManifest) {
+  dir_ = CheckpointDir(env_, root_);
+  Result<ShardEntry> a = dir_.WriteShard(30, 0, ShardBytes(30, 0));
+  Result<ShardEntry> b = dir_.WriteShard(30, 1, ShardBytes(30, 1));
+  ASSERT_TRUE(a.ok() && b.ok());
+  // Both shards are durable, but nothing commits the step yet.
+  EXPECT_EQ(dir_.LoadNewest(nullptr).status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(dir_.CommitStep(30, {*a, *b}).ok());
+  Result<TrainingState> s = dir_.Load(30);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_EQ(s->tensors.size(), 2u);
+  EXPECT_EQ(s->tensors[0].name, "w0");
+  EXPECT_EQ(s->tensors[1].name, "w1");
+  EXPECT_EQ(s->meta["shard"], 0);  // the metadata of shard 0
+  EXPECT_EQ(dir_.CommittedShards(30)->at(1).xxh3, b->xxh3);
+  EXPECT_EQ(*dir_.ReadShard(30, 1), ShardBytes(30, 1));
+  // A manifest that lists a shard the directory lacks is refused.
+  ASSERT_TRUE(env_->RemoveFile(dir_.ShardPath(30, 1)).ok());
+  EXPECT_NE(dir_.Verify(30).message().find("shard-00001.bin"), std::string::npos);
+}
+
+TEST_F(CheckpointDirTest, RetainNeverDropsTheNewestStepThatVerifies) {
+  dir_ = CheckpointDir(env_, root_);
+  for (int64_t s : {10, 20, 30}) ASSERT_TRUE(dir_.Commit(State(s)).ok());
+  Corrupt(30, "shard-00000.bin", 30);  // the newest has a readable manifest but is bad
+  ASSERT_TRUE(dir_.Retain(1).ok());
+  EXPECT_EQ(dir_.ListSteps(), (std::vector<int64_t>{20, 30}));
+  EXPECT_EQ(dir_.LoadNewest(nullptr)->step, 20);
+}
+
+TEST_F(CheckpointDirTest, RemoveAfterAbandonsNewerSteps) {
+  dir_ = CheckpointDir(env_, root_);
+  for (int64_t s : {10, 20, 30}) ASSERT_TRUE(dir_.Commit(State(s)).ok());
+  EXPECT_EQ(*dir_.RemoveAfter(15), (std::vector<int64_t>{20, 30}));
+  EXPECT_EQ(dir_.ListSteps(), (std::vector<int64_t>{10}));
 }
 
 }  // namespace

@@ -50,24 +50,44 @@ size_t DTypeSize(std::string_view dtype) {
   return 0;
 }
 
-std::string EncodeTensors(const std::vector<TensorBlob>& tensors) {
+TensorView ViewOf(const TensorBlob& blob) {
+  return {blob.name, blob.dtype, blob.shape, blob.data.data(), blob.data.size()};
+}
+
+size_t EncodedSize(const std::vector<TensorView>& tensors) {
   size_t total = kMagic.size() + 4;
-  for (const TensorBlob& t : tensors)
-    total += 64 + t.name.size() + 8 * t.shape.size() + t.data.size();
-  std::string out;
-  out.reserve(total);
-  out.append(kMagic);
-  Put<uint32_t>(out, static_cast<uint32_t>(tensors.size()));
-  for (const TensorBlob& t : tensors) {
-    Put<uint32_t>(out, static_cast<uint32_t>(t.name.size()));
-    out.append(t.name);
-    Put<uint32_t>(out, static_cast<uint32_t>(t.dtype.size()));
-    out.append(t.dtype);
-    Put<uint32_t>(out, static_cast<uint32_t>(t.shape.size()));
-    for (int64_t d : t.shape) Put<int64_t>(out, d);
-    Put<uint64_t>(out, t.data.size());
-    out.append(t.data);
+  for (const TensorView& t : tensors)
+    total += 4 + t.name.size() + 4 + t.dtype.size() + 4 + 8 * t.shape.size() + 8 + t.bytes;
+  return total;
+}
+
+void EncodeTensorsInto(const std::vector<TensorView>& tensors, char* out) {
+  auto put = [&out](const void* p, size_t n) {
+    if (n > 0) std::memcpy(out, p, n);
+    out += n;
+  };
+  auto put_u32 = [&put](uint32_t v) { put(&v, sizeof v); };
+  put(kMagic.data(), kMagic.size());
+  put_u32(static_cast<uint32_t>(tensors.size()));
+  for (const TensorView& t : tensors) {
+    put_u32(static_cast<uint32_t>(t.name.size()));
+    put(t.name.data(), t.name.size());
+    put_u32(static_cast<uint32_t>(t.dtype.size()));
+    put(t.dtype.data(), t.dtype.size());
+    put_u32(static_cast<uint32_t>(t.shape.size()));
+    put(t.shape.data(), 8 * t.shape.size());
+    const uint64_t n = t.bytes;
+    put(&n, sizeof n);
+    put(t.data, t.bytes);
   }
+}
+
+std::string EncodeTensors(const std::vector<TensorBlob>& tensors) {
+  std::vector<TensorView> views;
+  views.reserve(tensors.size());
+  for (const TensorBlob& t : tensors) views.push_back(ViewOf(t));
+  std::string out(EncodedSize(views), '\0');
+  EncodeTensorsInto(views, out.data());
   return out;
 }
 
@@ -108,6 +128,35 @@ Result<std::vector<TensorBlob>> DecodeTensors(std::string_view bytes, const std:
   }
   if (r.remaining() != 0) return DataLoss(source + ": trailing bytes after the last tensor");
   return tensors;
+}
+
+namespace {
+constexpr char kMetaTensor[] = "meta.json";
+}  // namespace
+
+std::vector<TensorView> ShardViews(const std::string& meta_text, std::vector<TensorView> tensors) {
+  tensors.insert(tensors.begin(), TensorView{kMetaTensor,
+                                             "uint8",
+                                             {static_cast<int64_t>(meta_text.size())},
+                                             meta_text.data(),
+                                             meta_text.size()});
+  return tensors;
+}
+
+Result<DecodedShard> DecodeShard(std::string_view bytes, const std::string& source) {
+  ENDURE_ASSIGN_OR_RETURN(std::vector<TensorBlob> tensors, DecodeTensors(bytes, source));
+  if (tensors.empty() || tensors[0].name != kMetaTensor) {
+    return DataLoss(source + ": not a checkpoint shard (no meta.json first)");
+  }
+  DecodedShard shard;
+  shard.meta = nlohmann::json::parse(tensors[0].data, nullptr, /*allow_exceptions=*/false);
+  if (shard.meta.is_discarded() || !shard.meta.is_object() || !shard.meta.contains("step") ||
+      !shard.meta["step"].is_number_integer()) {
+    return DataLoss(source + ": shard metadata is not a JSON object with a step");
+  }
+  tensors.erase(tensors.begin());
+  shard.tensors = std::move(tensors);
+  return shard;
 }
 
 }  // namespace endure::checkpoint

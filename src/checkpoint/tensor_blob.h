@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,10 +26,40 @@ struct TensorBlob {
 // Bytes per element of `dtype`, or 0 for an unknown dtype.
 size_t DTypeSize(std::string_view dtype);
 
+// A tensor to be saved, seen in place: EncodeTensorsInto copies straight
+// from `data`, with no intermediate buffer (the checkpoint stall is that copy).
+struct TensorView {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  // `bytes` bytes, row-major, contiguous
+  size_t bytes = 0;
+};
+
+TensorView ViewOf(const TensorBlob& blob);
+
 std::string EncodeTensors(const std::vector<TensorBlob>& tensors);
+
+// The exact size EncodeTensorsInto writes for `tensors`.
+size_t EncodedSize(const std::vector<TensorView>& tensors);
+// Writes the EncodeTensors form of `tensors` to `out`, which must hold
+// EncodedSize(tensors) bytes.
+void EncodeTensorsInto(const std::vector<TensorView>& tensors, char* out);
 
 // Parses EncodeTensors output. Truncation, a bad magic number or sizes that
 // do not add up give kDataLoss naming `source` (a file name, for messages).
 Result<std::vector<TensorBlob>> DecodeTensors(std::string_view bytes, const std::string& source);
+
+// One shard of a checkpoint: the JSON metadata (which holds "step") travels
+// as a first uint8 tensor named "meta.json", then the shard's tensors, all
+// in the EncodeTensors form.
+std::vector<TensorView> ShardViews(const std::string& meta_text, std::vector<TensorView> tensors);
+
+struct DecodedShard {
+  nlohmann::json meta;
+  std::vector<TensorBlob> tensors;
+};
+// Parses a shard; kDataLoss naming `source` when it is not one.
+Result<DecodedShard> DecodeShard(std::string_view bytes, const std::string& source);
 
 }  // namespace endure::checkpoint

@@ -1,0 +1,155 @@
+// Restore point selection: newest complete, verified step; fastest tier.
+#include "checkpoint/restore_plan.h"
+
+#include <algorithm>
+#include <optional>
+#include <set>
+
+#include "common/hash.h"
+
+namespace endure::checkpoint {
+
+std::string_view TierName(Tier tier) {
+  switch (tier) {
+    case Tier::kT0:
+      return "T0";
+    case Tier::kT1:
+      return "T1";
+    case Tier::kT2:
+      return "T2";
+  }
+  return "?";
+}
+
+Result<Tier> TierFromName(std::string_view name) {
+  for (Tier t : {Tier::kT0, Tier::kT1, Tier::kT2}) {
+    if (TierName(t) == name) return t;
+  }
+  return InvalidArgument("unknown checkpoint tier '" + std::string(name) + "' (T0, T1 or T2)");
+}
+
+std::string ShardCopy::Describe() const {
+  std::string s = "step " + std::to_string(step) + " shard " + std::to_string(shard) + " in " +
+                  std::string(TierName(tier));
+  if (!node.empty()) s += " on " + node;
+  return s;
+}
+
+std::string RestorePlan::Summary() const {
+  if (sources.empty()) return "fresh start";
+  std::map<Tier, int> count;
+  for (const RestoreSource& s : sources) ++count[s.copy.tier];
+  std::string s = "step " + std::to_string(step) + " from ";
+  bool first = true;
+  for (const auto& [tier, n] : count) {
+    s += (first ? "" : ", ") + std::string(TierName(tier)) + " x" + std::to_string(n);
+    first = false;
+  }
+  return s;
+}
+
+RestorePlan ChooseRestorePoint(const std::vector<ShardCopy>& copies, int shards, int64_t limit) {
+  RestorePlan plan;
+  std::set<int64_t, std::greater<>> steps;
+  for (const ShardCopy& c : copies) {
+    if (c.shards == shards && c.step <= limit && c.step > 0) steps.insert(c.step);
+  }
+  for (int64_t step : steps) {
+    // The best verified copy of each shard, and what was refused on the way.
+    std::vector<std::optional<ShardCopy>> best(static_cast<size_t>(shards));
+    std::vector<std::string> refused;
+    for (const ShardCopy& c : copies) {
+      if (c.step != step || c.shards != shards || c.shard < 0 || c.shard >= shards) continue;
+      if (!c.refused.empty()) {
+        refused.push_back("refused " + c.Describe() + ": " + c.refused);
+        continue;
+      }
+      std::optional<ShardCopy>& b = best[static_cast<size_t>(c.shard)];
+      if (!b || c.tier < b->tier) b = c;
+    }
+    std::sort(refused.begin(), refused.end());
+    plan.notes.insert(plan.notes.end(), refused.begin(), refused.end());
+    std::vector<int> missing;
+    for (int s = 0; s < shards; ++s) {
+      if (!best[static_cast<size_t>(s)]) missing.push_back(s);
+    }
+    if (!missing.empty()) {
+      std::string m;
+      for (int s : missing) m += (m.empty() ? "" : ", ") + std::to_string(s);
+      plan.notes.push_back("step " + std::to_string(step) +
+                           " incomplete: no verified copy of shard " + m);
+      continue;
+    }
+    plan.step = step;
+    for (auto& b : best) plan.sources.push_back(RestoreSource{std::move(*b), -1});
+    return plan;
+  }
+  return plan;
+}
+
+Status AssignLoaders(RestorePlan& plan, const std::map<std::string, std::vector<int>>& node_ranks) {
+  std::map<std::string, size_t> next;
+  for (RestoreSource& s : plan.sources) {
+    if (s.copy.tier == Tier::kT2) {
+      s.loader_rank = s.copy.shard;
+      continue;
+    }
+    auto it = node_ranks.find(s.copy.node);
+    if (it == node_ranks.end() || it->second.empty()) {
+      return Unavailable(s.copy.Describe() + ": its node runs no rank of this generation");
+    }
+    s.loader_rank = it->second[next[s.copy.node]++ % it->second.size()];
+  }
+  return Status::Ok();
+}
+
+nlohmann::json RestorePlanToJson(const RestorePlan& plan) {
+  nlohmann::json j = {{"step", plan.step}, {"sources", nlohmann::json::array()}};
+  for (const RestoreSource& s : plan.sources) {
+    j["sources"].push_back({{"shard", s.copy.shard},
+                            {"shards", s.copy.shards},
+                            {"tier", TierName(s.copy.tier)},
+                            {"node", s.copy.node},
+                            {"path", s.copy.path},
+                            {"bytes", s.copy.bytes},
+                            {"xxh3", HexU64(s.copy.xxh3)},
+                            {"loader_rank", s.loader_rank}});
+  }
+  return j;
+}
+
+Result<RestorePlan> RestorePlanFromJson(std::string_view text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  auto bad = [&](const std::string& why) {
+    return InvalidArgument("restore plan: " + why + " in '" + std::string(text.substr(0, 200)) +
+                           "'");
+  };
+  if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer() ||
+      !j.contains("sources") || !j["sources"].is_array()) {
+    return bad("not an object with a step and sources");
+  }
+  RestorePlan plan;
+  plan.step = j["step"].get<int64_t>();
+  for (const nlohmann::json& s : j["sources"]) {
+    if (!s.is_object()) return bad("a source is not an object");
+    RestoreSource src;
+    try {
+      src.copy.step = plan.step;
+      src.copy.shard = s.at("shard").get<int>();
+      src.copy.shards = s.at("shards").get<int>();
+      ENDURE_ASSIGN_OR_RETURN(src.copy.tier, TierFromName(s.at("tier").get<std::string>()));
+      src.copy.node = s.at("node").get<std::string>();
+      src.copy.path = s.at("path").get<std::string>();
+      src.copy.bytes = s.at("bytes").get<uint64_t>();
+      src.copy.xxh3 = std::stoull(s.at("xxh3").get<std::string>(), nullptr, 16);
+      src.loader_rank = s.at("loader_rank").get<int>();
+    } catch (const std::exception& e) {
+      return bad(std::string("a source is malformed (") + e.what() + ")");
+    }
+    if (src.copy.shard != static_cast<int>(plan.sources.size())) return bad("shards out of order");
+    plan.sources.push_back(std::move(src));
+  }
+  return plan;
+}
+
+}  // namespace endure::checkpoint

@@ -1,0 +1,87 @@
+#include "checkpoint/restore_plan.h"
+
+#include <gtest/gtest.h>
+
+namespace endure::checkpoint {
+namespace {
+
+ShardCopy Copy(int64_t step, int shard, Tier tier, std::string node, std::string refused = "") {
+  ShardCopy c;
+  c.step = step;
+  c.shard = shard;
+  c.shards = 2;
+  c.tier = tier;
+  c.node = std::move(node);
+  c.path = "/p/" + std::to_string(step) + "/" + std::to_string(shard);
+  c.bytes = 100;
+  c.xxh3 = 7;
+  c.refused = std::move(refused);
+  return c;
+}
+
+TEST(RestorePlanTest, NewestCompleteStepFromTheFastestTier) {
+  std::vector<ShardCopy> copies = {
+      Copy(42, 0, Tier::kT0, "node0"), Copy(42, 0, Tier::kT2, ""),
+      Copy(42, 1, Tier::kT1, "node0"), Copy(42, 1, Tier::kT2, ""),
+      Copy(43, 0, Tier::kT0, "node0"),  // shard 1 of step 43 was lost with its node
+      Copy(40, 0, Tier::kT2, ""),      Copy(40, 1, Tier::kT2, ""),
+  };
+  RestorePlan plan = ChooseRestorePoint(copies, 2, INT64_MAX);
+  EXPECT_EQ(plan.step, 42);
+  ASSERT_EQ(plan.sources.size(), 2u);
+  EXPECT_EQ(plan.sources[0].copy.tier, Tier::kT0);
+  EXPECT_EQ(plan.sources[1].copy.tier, Tier::kT1);
+  EXPECT_EQ(plan.Summary(), "step 42 from T0 x1, T1 x1");
+  ASSERT_EQ(plan.notes.size(), 1u);
+  EXPECT_EQ(plan.notes[0], "step 43 incomplete: no verified copy of shard 1");
+  // A rollback bound.
+  EXPECT_EQ(ChooseRestorePoint(copies, 2, 41).step, 40);
+  EXPECT_EQ(ChooseRestorePoint(copies, 2, 41).Summary(), "step 40 from T2 x2");
+  // Nothing complete: a fresh start; another world size does not count.
+  EXPECT_EQ(ChooseRestorePoint(copies, 3, INT64_MAX).Summary(), "fresh start");
+}
+
+TEST(RestorePlanTest, RefusedCopiesFallBackToAnotherTierOrAnOlderStep) {
+  std::vector<ShardCopy> copies = {
+      Copy(42, 0, Tier::kT0, "node0", "checksum mismatch"),
+      Copy(42, 0, Tier::kT1, "node1"),
+      Copy(42, 1, Tier::kT0, "node1"),
+  };
+  RestorePlan plan = ChooseRestorePoint(copies, 2, INT64_MAX);
+  EXPECT_EQ(plan.step, 42);
+  EXPECT_EQ(plan.sources[0].copy.tier, Tier::kT1);
+  ASSERT_EQ(plan.notes.size(), 1u);
+  EXPECT_EQ(plan.notes[0], "refused step 42 shard 0 in T0 on node0: checksum mismatch");
+
+  copies[1].refused = "truncated";
+  copies.push_back(Copy(41, 0, Tier::kT2, ""));
+  copies.push_back(Copy(41, 1, Tier::kT2, ""));
+  plan = ChooseRestorePoint(copies, 2, INT64_MAX);
+  EXPECT_EQ(plan.step, 41);
+  EXPECT_EQ(plan.notes.back(), "step 42 incomplete: no verified copy of shard 0");
+}
+
+TEST(RestorePlanTest, LoadersAndJsonRoundTrip) {
+  std::vector<ShardCopy> copies = {Copy(42, 0, Tier::kT0, "node0"), Copy(42, 1, Tier::kT2, "")};
+  RestorePlan plan = ChooseRestorePoint(copies, 2, INT64_MAX);
+  ASSERT_TRUE(AssignLoaders(plan, {{"node0", {2, 3}}, {"node1", {0, 1}}}).ok());
+  EXPECT_EQ(plan.sources[0].loader_rank, 2);
+  EXPECT_EQ(plan.sources[1].loader_rank, 1);  // T2: the shard's own rank
+  Result<RestorePlan> back = RestorePlanFromJson(RestorePlanToJson(plan).dump());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->step, 42);
+  EXPECT_EQ(back->sources[0].copy.path, "/p/42/0");
+  EXPECT_EQ(back->sources[1].copy.tier, Tier::kT2);
+  EXPECT_EQ(back->sources[0].copy.xxh3, 7u);
+  EXPECT_EQ(back->sources[1].loader_rank, 1);
+
+  EXPECT_FALSE(AssignLoaders(plan, {{"node1", {0, 1}}}).ok());  // node0 left the job
+  for (const char* bad : {"", "[]", "{\"step\":1}", "{\"step\":1,\"sources\":[{\"shard\":0}]}"}) {
+    Result<RestorePlan> r = RestorePlanFromJson(bad);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("restore plan"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace endure::checkpoint

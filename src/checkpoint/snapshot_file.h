@@ -1,0 +1,121 @@
+// Snapshot files: the checkpoint engine's memory tiers (T0 and T1).
+//
+// A snapshot file lives in shared memory (a tmpfs such as /dev/shm) and holds
+// one shard of one step: a 64-byte header, then the shard's bytes (the
+// DecodeShard form). The header's state word is shared between processes
+// (std::atomic_ref over the mapping):
+//
+//   kEmpty --writer--> kWriting --writer--> kReady <--agent--> kPinned
+//
+// T0: each rank's worker owns two slot files, rank-R.slot-0/1, in the
+// directory its agent names (double buffering): SnapshotWriter writes step s
+// into the slot that does not hold the newest snapshot, while the agent may
+// still be reading (pinned) the other. The worker never waits for the agent:
+// when the slot it needs is pinned, that save is skipped. The files outlive a
+// crashed worker; a restarted one continues with them.
+//
+// T1: an agent keeps a peer's replicas as snapshot files written whole
+// (WriteSnapshotFile), so that workers read both tiers the same way.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "checkpoint/tensor_blob.h"
+#include "common/status.h"
+
+namespace endure::checkpoint {
+
+enum class SlotState : uint32_t { kEmpty = 0, kWriting = 1, kReady = 2, kPinned = 3 };
+
+// What a snapshot file's header says.
+struct SnapshotInfo {
+  SlotState state = SlotState::kEmpty;
+  int64_t step = 0;
+  int shard = 0;
+  int shards = 1;
+  uint64_t bytes = 0;  // payload size
+  uint64_t xxh3 = 0;   // payload checksum, computed by the writer
+};
+
+// "DIR/rank-3.slot-1".
+std::string SlotPath(const std::string& dir, int rank, int slot);
+
+// Worker side: the two T0 slots of one rank.
+class SnapshotWriter {
+ public:
+  // Opens (creating) DIR/rank-R.slot-{0,1}. Slots left kWriting by a crashed
+  // predecessor are reset to kEmpty. `max_bytes` (0: no limit) bounds one
+  // slot's payload: the memory budget's share of this rank.
+  static Result<std::unique_ptr<SnapshotWriter>> Open(const std::string& dir, int rank, int shards,
+                                                      uint64_t max_bytes);
+  ~SnapshotWriter();
+
+  struct Saved {
+    int slot = 0;
+    std::string path;
+    uint64_t bytes = 0;
+    uint64_t xxh3 = 0;
+  };
+  // Copies `views` (ShardViews form) into a slot as step `step`. nullopt when
+  // no slot is free (the agent still reads the other one): nothing was saved.
+  // kInvalidArgument when the snapshot exceeds max_bytes.
+  Result<std::optional<Saved>> Save(int64_t step, const std::vector<TensorView>& views);
+
+ private:
+  struct Slot;
+  SnapshotWriter();
+  Status Reserve(Slot& slot, uint64_t payload);
+
+  int rank_ = 0;
+  int shards_ = 1;
+  uint64_t max_bytes_ = 0;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  int newest_ = -1;  // the slot holding the newest snapshot
+};
+
+// Agent and reader side: one snapshot file, mapped.
+class SnapshotFile {
+ public:
+  static Result<std::unique_ptr<SnapshotFile>> Open(const std::string& path);
+  ~SnapshotFile();
+
+  const std::string& path() const { return path_; }
+  SnapshotInfo info() const;
+  // The payload as the header sizes it (valid while this object lives).
+  Result<std::string_view> payload() const;
+
+  // kReady at `step` -> kPinned; false when the file holds something else.
+  bool Pin(int64_t step);
+  void Unpin();  // kPinned -> kReady
+  // Marks it empty (a rollback abandons its step).
+  void Invalidate();
+  // Re-reads the payload and checks it against the header's size and
+  // checksum; kDataLoss naming the file otherwise.
+  Status Verify() const;
+  // Flips one payload byte (fault injection: memory corruption).
+  void CorruptForTest();
+
+ private:
+  SnapshotFile() = default;
+  std::string path_;
+  int fd_ = -1;
+  char* base_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Writes a whole snapshot file (a T1 replica): to a temporary name, then
+// renamed into place, in state kReady.
+Status WriteSnapshotFile(const std::string& path, const SnapshotInfo& info,
+                         std::string_view payload);
+
+// Reads a snapshot file's payload for a restore and checks it is `step`,
+// `bytes` long and hashes to `xxh3`: kDataLoss naming the file otherwise.
+Result<std::string> ReadSnapshotPayload(const std::string& path, int64_t step, uint64_t bytes,
+                                        uint64_t xxh3);
+
+}  // namespace endure::checkpoint
