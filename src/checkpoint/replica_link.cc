@@ -1,0 +1,526 @@
+// Replica link over blocking-style TCP: non-blocking sockets whose every wait
+// goes through poll(), so that the sender's deadline, the receiver's idle
+// limit and the receiver's shutdown all bound each wait.
+#include "checkpoint/replica_link.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <new>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "common/hash.h"
+
+namespace endure::checkpoint {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::string_view kMagic = "ENDREPL1";
+constexpr uint32_t kMaxHeaderBytes = 64 << 10;
+constexpr size_t kMaxReplyBytes = 4096;
+constexpr size_t kMaxReasonBytes = 1024;
+// How long the receiver waits for a sender to make progress before cutting it
+// off; it serves one connection at a time, so this bounds what a stalled
+// sender costs the others.
+constexpr Duration kReceiverIdleLimit = std::chrono::seconds(10);
+
+std::string ErrnoText(const char* call) { return std::string(call) + ": " + std::strerror(errno); }
+
+// A connected non-blocking socket, owned: reads and writes that wait (poll)
+// until `deadline`, at most `idle` without progress when `idle` is positive,
+// and not at all once `stop_fd` is readable.
+class Stream {
+ public:
+  Stream(int fd, Clock::time_point deadline, Duration idle, int stop_fd)
+      : fd_(fd), deadline_(deadline), idle_(idle), stop_fd_(stop_fd) {}
+  ~Stream() { ::close(fd_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  // Reads exactly n bytes; `what` names them in the error ("the payload").
+  Status ReadFull(char* buf, size_t n, const char* what) {
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::recv(fd_, buf + got, n - got, 0);
+      if (r > 0) {
+        got += static_cast<size_t>(r);
+      } else if (r == 0) {
+        return Unavailable("connection closed after " + std::to_string(got) + " of " +
+                           std::to_string(n) + " bytes of " + what);
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        ENDURE_RETURN_IF_ERROR(Wait(POLLIN, what));
+      } else if (errno != EINTR) {
+        return Unavailable(ErrnoText("recv") + " while reading " + what);
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status WriteAll(std::string_view data, const char* what) {
+    while (!data.empty()) {
+      // MSG_NOSIGNAL: a peer that went away is an EPIPE here, not a SIGPIPE.
+      const ssize_t r = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
+      if (r >= 0) {
+        data.remove_prefix(static_cast<size_t>(r));
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        ENDURE_RETURN_IF_ERROR(Wait(POLLOUT, what));
+      } else if (errno != EINTR) {
+        return Unavailable(ErrnoText("send") + " while sending " + what);
+      }
+    }
+    return Status::Ok();
+  }
+
+  // One '\n'-terminated line, without the '\n'. Reads a byte at a time so
+  // that nothing after the line is consumed; replies are a few bytes.
+  Result<std::string> ReadLine(const char* what) {
+    std::string line;
+    char c = 0;
+    while (line.size() < kMaxReplyBytes) {
+      ENDURE_RETURN_IF_ERROR(ReadFull(&c, 1, what));
+      if (c == '\n') return line;
+      line.push_back(c);
+    }
+    return Unavailable(std::string(what) + " is longer than " + std::to_string(kMaxReplyBytes) +
+                       " bytes: the peer does not speak the replica protocol");
+  }
+
+ private:
+  Status Wait(short events, const char* what) {
+    Clock::time_point until = deadline_;
+    if (idle_ > Duration::zero()) until = std::min(until, Clock::now() + idle_);
+    while (true) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now());
+      if (left.count() <= 0) {
+        return Unavailable(idle_ > Duration::zero()
+                               ? "no progress for " + FormatDuration(idle_) + " on " + what
+                               : std::string("deadline passed while waiting on ") + what);
+      }
+      pollfd fds[2] = {{fd_, events, 0}, {stop_fd_, POLLIN, 0}};  // poll skips a negative fd
+      const int n = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left.count(), INT_MAX)));
+      if (n < 0 && errno != EINTR) return Unavailable(ErrnoText("poll"));
+      if (n <= 0) continue;
+      if (fds[1].revents != 0) return Unavailable("the receiver is shutting down");
+      // Readiness, or an error/hangup that the next recv or send reports.
+      return Status::Ok();
+    }
+  }
+
+  const int fd_;
+  const Clock::time_point deadline_;
+  const Duration idle_;
+  const int stop_fd_;
+};
+
+// Closes a descriptor on the error paths of Start and Connect.
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  ~FdCloser() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+struct AddrInfoDeleter {
+  void operator()(addrinfo* ai) const { ::freeaddrinfo(ai); }
+};
+using AddrInfoList = std::unique_ptr<addrinfo, AddrInfoDeleter>;
+
+Result<AddrInfoList> Resolve(const std::string& host, int port, bool passive) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+  addrinfo* list = nullptr;
+  const char* node = host.empty() ? nullptr : host.c_str();
+  const int rc = ::getaddrinfo(node, std::to_string(port).c_str(), &hints, &list);
+  if (rc != 0) {
+    return Unavailable("cannot resolve '" + host + "': " + ::gai_strerror(rc));
+  }
+  return AddrInfoList(list);
+}
+
+std::string PeerName(const sockaddr_storage& addr, socklen_t len) {
+  char host[NI_MAXHOST];
+  char serv[NI_MAXSERV];
+  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof host, serv,
+                    sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return "an unknown peer";
+  }
+  return std::string(host) + ":" + serv;
+}
+
+void SetNoDelay(int fd) {
+  // Each side writes a whole message and then waits for the other; Nagle
+  // would only hold back the last segment of each.
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+std::string ErrLine(const Status& st) {
+  std::string reason = st.message().substr(0, kMaxReasonBytes);
+  std::replace(reason.begin(), reason.end(), '\n', ' ');
+  return "ERR " + std::string(StatusCodeName(st.code())) + " " + reason + "\n";
+}
+
+// The receiver's answer `line` as a Status: OK when it is `expected`.
+Status ParseReply(const std::string& line, std::string_view expected) {
+  if (line == expected) return Status::Ok();
+  if (line.rfind("ERR ", 0) == 0) {
+    const std::string rest = line.substr(4);
+    const size_t space = rest.find(' ');
+    const std::string name = rest.substr(0, space);
+    const std::string reason = space == std::string::npos ? "" : rest.substr(space + 1);
+    for (StatusCode code :
+         {StatusCode::kInvalidArgument, StatusCode::kNotFound, StatusCode::kDataLoss,
+          StatusCode::kIOError, StatusCode::kUnavailable, StatusCode::kInternal}) {
+      if (name == StatusCodeName(code)) return Status(code, "refused by the receiver: " + reason);
+    }
+    return Unavailable("refused by the receiver: " + rest);
+  }
+  return Unavailable("unexpected reply '" + line.substr(0, 80) +
+                     "': is a replica receiver listening on that port?");
+}
+
+struct Frame {
+  std::string token;
+  ReplicaHeader header;
+};
+
+struct Replica {
+  ReplicaHeader header;
+  std::string payload;
+};
+
+std::string EncodeHeader(const std::string& token, const ReplicaHeader& h) {
+  const nlohmann::json j = {{"token", token},        {"node", h.node}, {"shard", h.shard},
+                            {"shards", h.shards},    {"step", h.step}, {"bytes", h.bytes},
+                            {"xxh3", HexU64(h.xxh3)}};
+  // `replace`: dump() would throw on a name that is not UTF-8.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+Result<Frame> DecodeHeader(std::string_view text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return InvalidArgument("the frame header is not a JSON object");
+  // Checked before any get<>(), which would throw on a missing or mistyped field.
+  const std::pair<const char*, bool> fields[] = {
+      {"token", j.contains("token") && j["token"].is_string()},
+      {"node", j.contains("node") && j["node"].is_string()},
+      {"shard", j.contains("shard") && j["shard"].is_number_integer()},
+      {"shards", j.contains("shards") && j["shards"].is_number_integer()},
+      {"step", j.contains("step") && j["step"].is_number_integer()},
+      {"bytes", j.contains("bytes") && j["bytes"].is_number_unsigned()},
+      {"xxh3", j.contains("xxh3") && j["xxh3"].is_string()},
+  };
+  for (const auto& [name, ok] : fields) {
+    if (!ok) return InvalidArgument(std::string("the frame header lacks a valid '") + name + "'");
+  }
+  Frame f;
+  f.token = j["token"].get<std::string>();
+  f.header.node = j["node"].get<std::string>();
+  const int64_t shard = j["shard"].get<int64_t>();
+  const int64_t shards = j["shards"].get<int64_t>();
+  f.header.step = j["step"].get<int64_t>();
+  f.header.bytes = j["bytes"].get<uint64_t>();
+  const std::string xxh3 = j["xxh3"].get<std::string>();
+  if (shards < 1 || shards > INT_MAX || shard < 0 || shard >= shards) {
+    return InvalidArgument("shard " + std::to_string(shard) + " of " + std::to_string(shards) +
+                           " is not a valid shard");
+  }
+  f.header.shard = static_cast<int>(shard);
+  f.header.shards = static_cast<int>(shards);
+  if (f.header.step < 0) return InvalidArgument("negative step " + std::to_string(f.header.step));
+  const auto [end, ec] = std::from_chars(xxh3.data(), xxh3.data() + xxh3.size(), f.header.xxh3, 16);
+  if (xxh3.size() != 16 || ec != std::errc() || end != xxh3.data() + xxh3.size()) {
+    return InvalidArgument("xxh3 '" + xxh3.substr(0, 40) + "' is not 16 hex digits");
+  }
+  return f;
+}
+
+// Reads one frame up to and including its payload, refusing what `token` and
+// `max_bytes` do not allow before the payload is asked for.
+Result<Replica> ReadFrame(Stream& s, const std::string& token, uint64_t max_bytes) {
+  char magic[kMagic.size()];
+  ENDURE_RETURN_IF_ERROR(s.ReadFull(magic, sizeof magic, "the magic"));
+  if (std::string_view(magic, sizeof magic) != kMagic) {
+    return InvalidArgument("bad magic: not a replica frame (expected " + std::string(kMagic) + ")");
+  }
+  unsigned char len_be[4];
+  ENDURE_RETURN_IF_ERROR(s.ReadFull(reinterpret_cast<char*>(len_be), 4, "the header length"));
+  const uint32_t len = (uint32_t{len_be[0]} << 24) | (uint32_t{len_be[1]} << 16) |
+                       (uint32_t{len_be[2]} << 8) | uint32_t{len_be[3]};
+  if (len > kMaxHeaderBytes) {
+    return InvalidArgument("frame header of " + std::to_string(len) + " bytes; the limit is " +
+                           std::to_string(kMaxHeaderBytes));
+  }
+  std::string json(len, '\0');
+  ENDURE_RETURN_IF_ERROR(s.ReadFull(json.data(), len, "the header"));
+  ENDURE_ASSIGN_OR_RETURN(Frame f, DecodeHeader(json));
+  if (f.token != token) {
+    return InvalidArgument("wrong token: the sender's job token is not this agent's");
+  }
+  if (f.header.bytes > max_bytes) {
+    return InvalidArgument("payload of " + std::to_string(f.header.bytes) +
+                           " bytes exceeds this agent's limit of " + std::to_string(max_bytes));
+  }
+  // Allocated only now that the size has been checked against max_bytes, and
+  // before the go-ahead, so that a receiver short of memory refuses the
+  // replica instead of dying.
+  Replica r;
+  try {
+    r.payload.resize(f.header.bytes);
+  } catch (const std::bad_alloc&) {
+    return Unavailable("cannot allocate " + std::to_string(f.header.bytes) +
+                       " bytes for the payload");
+  }
+  ENDURE_RETURN_IF_ERROR(s.WriteAll("GO\n", "the go-ahead"));
+  ENDURE_RETURN_IF_ERROR(s.ReadFull(r.payload.data(), r.payload.size(), "the payload"));
+  const uint64_t actual = Xxh3(r.payload);
+  if (actual != f.header.xxh3) {
+    return DataLoss("checksum mismatch: the payload's xxh3 is " + HexU64(actual) +
+                    ", the header says " + HexU64(f.header.xxh3));
+  }
+  r.header = std::move(f.header);
+  return r;
+}
+
+Result<int> Connect(const std::string& host, int port, Clock::time_point deadline) {
+  ENDURE_ASSIGN_OR_RETURN(AddrInfoList list, Resolve(host, port, /*passive=*/false));
+  std::string last = "no address";
+  for (const addrinfo* ai = list.get(); ai != nullptr; ai = ai->ai_next) {
+    FdCloser fd(::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (fd.get() < 0) {
+      last = ErrnoText("socket");
+      continue;
+    }
+    // A non-blocking connect (EINTR also leaves it in progress) finishes when
+    // the socket turns writable; SO_ERROR then says how.
+    if (::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
+      if (errno != EINPROGRESS && errno != EINTR) {
+        last = ErrnoText("connect");
+        continue;
+      }
+      pollfd p = {fd.get(), POLLOUT, 0};
+      int n = 0;
+      while (true) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+        if (left.count() <= 0) break;
+        n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), INT_MAX)));
+        if (n >= 0 || errno != EINTR) break;
+      }
+      if (n <= 0) return Unavailable("deadline passed while connecting");
+      int err = 0;
+      socklen_t len = sizeof err;
+      ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err != 0) {
+        last = std::string("connect: ") + std::strerror(err);
+        continue;
+      }
+    }
+    SetNoDelay(fd.get());
+    return fd.release();
+  }
+  return Unavailable(last + " (is the peer's agent running?)");
+}
+
+Status Exchange(Stream& s, const std::string& token, const ReplicaHeader& header,
+                std::string_view payload) {
+  const std::string json = EncodeHeader(token, header);
+  if (json.size() > kMaxHeaderBytes) {
+    return InvalidArgument("frame header of " + std::to_string(json.size()) +
+                           " bytes; the limit is " + std::to_string(kMaxHeaderBytes));
+  }
+  const uint32_t len = static_cast<uint32_t>(json.size());
+  std::string frame(kMagic);
+  for (int shift : {24, 16, 8, 0}) frame.push_back(static_cast<char>((len >> shift) & 0xff));
+  frame += json;
+  ENDURE_RETURN_IF_ERROR(s.WriteAll(frame, "the header"));
+  ENDURE_ASSIGN_OR_RETURN(std::string go, s.ReadLine("the go-ahead"));
+  ENDURE_RETURN_IF_ERROR(ParseReply(go, "GO"));
+  ENDURE_RETURN_IF_ERROR(s.WriteAll(payload, "the payload"));
+  ENDURE_ASSIGN_OR_RETURN(std::string ack, s.ReadLine("the acknowledgement"));
+  return ParseReply(ack, "OK");
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ReplicaServer>> ReplicaServer::Start(const std::string& host, int port,
+                                                            std::string token, uint64_t max_bytes,
+                                                            Sink sink) {
+  if (!sink) return InvalidArgument("ReplicaServer needs a sink");
+  if (max_bytes == 0) return InvalidArgument("ReplicaServer: max_bytes must be positive");
+  const std::string where = (host.empty() ? "*" : host) + ":" + std::to_string(port);
+  Result<AddrInfoList> list = Resolve(host, port, /*passive=*/true);
+  if (!list.ok())
+    return IOError("cannot listen for replicas on " + where + ": " + list.status().message());
+  std::string last = "no address";
+  for (const addrinfo* ai = list->get(); ai != nullptr; ai = ai->ai_next) {
+    // Non-blocking, so that a connection that vanishes between poll() and
+    // accept() cannot block the accept loop.
+    FdCloser fd(::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (fd.get() < 0) {
+      last = ErrnoText("socket");
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
+      last = ErrnoText("bind");
+      continue;
+    }
+    if (::listen(fd.get(), 16) != 0) {
+      last = ErrnoText("listen");
+      continue;
+    }
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      last = ErrnoText("getsockname");
+      continue;
+    }
+    const int bound = addr.ss_family == AF_INET6
+                          ? ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port)
+                          : ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+    FdCloser stop(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (stop.get() < 0) return IOError(ErrnoText("eventfd"));
+    return std::unique_ptr<ReplicaServer>(new ReplicaServer(
+        fd.release(), stop.release(), bound, std::move(token), max_bytes, std::move(sink)));
+  }
+  return IOError("cannot listen for replicas on " + where + ": " + last);
+}
+
+ReplicaServer::ReplicaServer(int listen_fd, int stop_fd, int port, std::string token,
+                             uint64_t max_bytes, Sink sink)
+    : listen_fd_(listen_fd),
+      stop_fd_(stop_fd),
+      port_(port),
+      token_(std::move(token)),
+      max_bytes_(max_bytes),
+      sink_(std::move(sink)),
+      thread_([this] { Serve(); }) {}
+
+ReplicaServer::~ReplicaServer() {
+  stopping_ = true;
+  // The eventfd stays readable from now on, so every poll in Serve() returns.
+  const uint64_t one = 1;
+  while (::write(stop_fd_, &one, sizeof one) < 0 && errno == EINTR) {
+  }
+  thread_.join();
+  ::close(listen_fd_);
+  ::close(stop_fd_);
+}
+
+std::string ReplicaServer::last_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_error_;
+}
+
+void ReplicaServer::RecordError(const std::string& message) {
+  ++errors_;
+  std::lock_guard<std::mutex> lock(mu_);
+  last_error_ = message;
+}
+
+void ReplicaServer::Serve() {
+  while (!stopping_) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      ENDURE_CHECK(errno == EINTR);  // other poll errors are bad arguments
+      continue;
+    }
+    if (fds[1].revents != 0) return;
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len,
+                             SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      HandleConnection(fd, PeerName(addr, len));
+    } else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      // The pending connection stays queued and poll() would report it again
+      // at once: back off instead of spinning.
+      RecordError(ErrnoText("accept"));
+      pollfd stop = {stop_fd_, POLLIN, 0};
+      ::poll(&stop, 1, 100);
+    }
+    // Anything else (EAGAIN, ECONNABORTED, EINTR, ...) concerns one
+    // connection that is gone already.
+  }
+}
+
+void ReplicaServer::HandleConnection(int fd, const std::string& peer) {
+  SetNoDelay(fd);
+  Stream s(fd, Clock::time_point::max(), kReceiverIdleLimit, stop_fd_);
+  Status st = [&]() -> Status {
+    ENDURE_ASSIGN_OR_RETURN(Replica r, ReadFrame(s, token_, max_bytes_));
+    sink_(r.header, std::move(r.payload));
+    ++received_;
+    return s.WriteAll("OK\n", "the acknowledgement");
+  }();
+  if (st.ok()) return;
+  // Recorded before the reply, so that a sender that has read the refusal
+  // also finds it counted.
+  if (!stopping_) RecordError("replica from " + peer + ": " + st.message());
+  // Best effort: a sender that broke the connection will not read it.
+  (void)s.WriteAll(ErrLine(st), "the refusal");
+}
+
+Status SendReplica(const std::string& address, const std::string& token,
+                   const ReplicaHeader& header, std::string_view payload, Duration timeout) {
+  const std::string what = "replica of " + header.node + " shard " + std::to_string(header.shard) +
+                           "/" + std::to_string(header.shards) + " step " +
+                           std::to_string(header.step) + " to " + address;
+  if (header.bytes != payload.size()) {
+    return InvalidArgument(what + ": the header says " + std::to_string(header.bytes) +
+                           " bytes, the payload has " + std::to_string(payload.size()));
+  }
+  // "host:port" or "[v6addr]:port".
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  const char* port_end = address.data() + address.size();
+  if (colon == std::string::npos ||
+      std::from_chars(address.data() + colon + 1, port_end, port).ptr != port_end || port <= 0 ||
+      port > 65535) {
+    return InvalidArgument(what + ": expected host:port, got '" + address + "'");
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const Clock::time_point deadline = Clock::now() + timeout;
+  const auto annotate = [&](const Status& st) {
+    if (st.code() == StatusCode::kUnavailable && Clock::now() >= deadline) {
+      return Unavailable(what + ": timed out after " + FormatDuration(timeout) + " (" +
+                         st.message() + ")");
+    }
+    return st.WithContext(what);
+  };
+  Result<int> fd = Connect(host, port, deadline);
+  if (!fd.ok()) return annotate(fd.status());
+  Stream s(*fd, deadline, Duration::zero(), /*stop_fd=*/-1);
+  const Status st = Exchange(s, token, header, payload);
+  return st.ok() ? st : annotate(st);
+}
+
+}  // namespace endure::checkpoint

@@ -1,0 +1,116 @@
+// Replica link: pushes a checkpoint shard snapshot (bytes in memory, up to
+// about 1 GB) over TCP to a peer node's agent, which keeps it in memory (tier
+// T1, "peer memory"), so that a node lost with its disk can be restored from
+// a neighbour.
+//
+// Protocol, one replica per connection:
+//   sender   -> "ENDREPL1", u32 big-endian length, JSON header (token and the
+//               ReplicaHeader fields; at most 64 KiB)
+//   receiver -> "GO\n" when it will take the payload, else "ERR CODE reason\n"
+//   sender   -> `bytes` payload bytes
+//   receiver -> "OK\n" once the sink has the payload, else "ERR CODE reason\n"
+// CODE is a StatusCodeName ("DATA_LOSS", "INVALID_ARGUMENT"). The receiver
+// answers before the payload is sent so that a refused replica (wrong token,
+// too large) costs no transfer and its reason always reaches the sender.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "common/duration.h"
+#include "common/status.h"
+
+namespace endure::checkpoint {
+
+// What a replica frame says about its payload.
+struct ReplicaHeader {
+  std::string node;    // the sending node's name, e.g. "node0"
+  int shard = 0;       // the shard (= the rank that saved it)
+  int shards = 1;      // how many shards the step has (world size)
+  int64_t step = 0;    // training steps completed when saved
+  uint64_t bytes = 0;  // payload size
+  uint64_t xxh3 = 0;   // XXH3-64 of the payload
+};
+
+// Receives replicas on a background thread it owns. For each frame whose
+// token, size (<= max_bytes) and checksum are right, calls `sink` (on the
+// server's thread) and then acknowledges it; anything else (wrong token, bad
+// magic, malformed header, oversize, truncated, checksum mismatch) is refused:
+// an error reply, the connection closed, errors() incremented and
+// last_error() set. It never calls the sink with bad data.
+//
+// Connections are served one at a time; a sender that makes no progress for
+// 10 s is cut off, so a stalled peer delays others at most that long. The
+// accessors are thread-safe. The sink must not throw and must not destroy the
+// server; while it runs, no other replica is received.
+class ReplicaServer {
+ public:
+  using Sink = std::function<void(const ReplicaHeader&, std::string payload)>;
+
+  // Listens on host:port (port 0: any free port; host "" or "0.0.0.0": all
+  // interfaces). `max_bytes` bounds the payload, and so the memory one
+  // replica can make the receiver allocate. kIOError when the address cannot
+  // be resolved or bound, kInvalidArgument when max_bytes is 0 or `sink` is
+  // empty.
+  static Result<std::unique_ptr<ReplicaServer>> Start(const std::string& host, int port,
+                                                      std::string token, uint64_t max_bytes,
+                                                      Sink sink);
+
+  // Stops accepting, cuts the connection being served (its sender sees
+  // kUnavailable) and joins the thread. Returns promptly, unless the sink is
+  // running, which it waits for.
+  ~ReplicaServer();
+
+  ReplicaServer(const ReplicaServer&) = delete;
+  ReplicaServer& operator=(const ReplicaServer&) = delete;
+
+  // The port it listens on (the one picked when Start was given 0).
+  int port() const { return port_; }
+  // Replicas handed to the sink.
+  int64_t received() const { return received_.load(); }
+  // Connections refused or broken off, and failed accepts.
+  int64_t errors() const { return errors_.load(); }
+  // Why the last refused connection was refused; empty when none was.
+  std::string last_error() const;
+
+ private:
+  ReplicaServer(int listen_fd, int stop_fd, int port, std::string token, uint64_t max_bytes,
+                Sink sink);
+
+  void Serve();
+  // Serves one connection, takes ownership of `fd` and closes it.
+  void HandleConnection(int fd, const std::string& peer);
+  void RecordError(const std::string& message);
+
+  const int listen_fd_;
+  const int stop_fd_;  // an eventfd the destructor makes readable, to stop every wait in Serve()
+  const int port_;
+  const std::string token_;
+  const uint64_t max_bytes_;
+  const Sink sink_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> received_{0};
+  std::atomic<int64_t> errors_{0};
+  mutable std::mutex mu_;
+  std::string last_error_;  // GUARDED_BY(mu_)
+  std::thread thread_;      // runs Serve(); started last, joined by the destructor
+};
+
+// Sends one replica to "host:port" ("[v6addr]:port" also works) and waits for
+// the acknowledgement, at most `timeout` in all. `header.bytes` must equal
+// payload.size() (kInvalidArgument otherwise); `header.xxh3` is sent as given,
+// so the receiver checks the payload against the checksum taken when the
+// snapshot was made. Returns kUnavailable when the peer cannot be reached, the
+// connection breaks or `timeout` passes (the message says which), and the
+// peer's code (kDataLoss, kInvalidArgument) and reason when it refuses the
+// replica.
+Status SendReplica(const std::string& address, const std::string& token,
+                   const ReplicaHeader& header, std::string_view payload, Duration timeout);
+
+}  // namespace endure::checkpoint

@@ -1,0 +1,372 @@
+// ReplicaServer and SendReplica over 127.0.0.1: intact delivery, every kind
+// of refusal, hostile and stalled clients, and prompt shutdown.
+#include "checkpoint/replica_link.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <vector>
+
+#include "common/hash.h"
+#include "common/subprocess.h"
+
+namespace endure::checkpoint {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr Duration kTimeout = 30s;
+constexpr char kToken[] = "job-42-token";
+
+ReplicaHeader HeaderFor(std::string_view payload) {
+  ReplicaHeader h;
+  h.node = "node1";
+  h.shard = 2;
+  h.shards = 4;
+  h.step = 120;
+  h.bytes = payload.size();
+  h.xxh3 = Xxh3(payload);
+  return h;
+}
+
+// Magic, big-endian length and `json`: the start of a frame, for raw clients.
+std::string FrameStart(const std::string& json) {
+  std::string s = "ENDREPL1";
+  const uint32_t len = static_cast<uint32_t>(json.size());
+  for (int shift : {24, 16, 8, 0}) s.push_back(static_cast<char>((len >> shift) & 0xff));
+  return s + json;
+}
+
+nlohmann::json HeaderJson(uint64_t bytes) {
+  return {{"token", kToken}, {"node", "node9"},           {"shard", 0}, {"shards", 1}, {"step", 5},
+          {"bytes", bytes},  {"xxh3", "0000000000000000"}};
+}
+
+// A blocking client that speaks whatever bytes the test gives it.
+class RawClient {
+ public:
+  explicit RawClient(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    timeval tv{10, 0};  // a broken server fails the test instead of hanging it
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  }
+  ~RawClient() { ::close(fd_); }
+
+  bool connected() const { return connected_; }
+
+  bool Send(std::string_view bytes) {
+    while (!bytes.empty()) {
+      const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      bytes.remove_prefix(static_cast<size_t>(n));
+    }
+    return true;
+  }
+
+  // The next line without its '\n'; what came before EOF or an error otherwise.
+  std::string ReadLine() {
+    std::string line;
+    char c = 0;
+    while (::recv(fd_, &c, 1, 0) == 1 && c != '\n') line.push_back(c);
+    return line;
+  }
+
+  // True when the server has closed the connection (EOF or reset).
+  bool ClosedByServer() {
+    char c = 0;
+    const ssize_t n = ::recv(fd_, &c, 1, 0);
+    return n == 0 || (n < 0 && errno == ECONNRESET);
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+struct Delivery {
+  ReplicaHeader header;
+  std::string payload;
+};
+
+class ReplicaLinkTest : public ::testing::Test {
+ protected:
+  void StartServer(uint64_t max_bytes = 64 << 20) {
+    auto server = ReplicaServer::Start("127.0.0.1", 0, kToken, max_bytes,
+                                       [this](const ReplicaHeader& h, std::string payload) {
+                                         std::lock_guard<std::mutex> lock(mu_);
+                                         deliveries_.push_back({h, std::move(payload)});
+                                       });
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    server_ = std::move(*server);
+  }
+
+  std::string Address() const { return "127.0.0.1:" + std::to_string(server_->port()); }
+
+  size_t DeliveryCount() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return deliveries_.size();
+  }
+
+  // Sends `payload` with a correct header and checks that the sink got it exactly.
+  void ExpectDelivered(const std::string& payload) {
+    const size_t before = DeliveryCount();
+    const ReplicaHeader h = HeaderFor(payload);
+    const Status st = SendReplica(Address(), kToken, h, payload, kTimeout);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    // SendReplica returns after the acknowledgement, which follows the sink.
+    std::lock_guard<std::mutex> lock(mu_);
+    ASSERT_EQ(deliveries_.size(), before + 1);
+    const Delivery& d = deliveries_.back();
+    EXPECT_EQ(d.header.node, "node1");
+    EXPECT_EQ(d.header.shard, 2);
+    EXPECT_EQ(d.header.shards, 4);
+    EXPECT_EQ(d.header.step, 120);
+    EXPECT_EQ(d.header.bytes, payload.size());
+    EXPECT_EQ(d.header.xxh3, h.xxh3);
+    EXPECT_EQ(d.payload.size(), payload.size());
+    EXPECT_TRUE(d.payload == payload) << "payload bytes differ";
+  }
+
+  std::mutex mu_;
+  std::vector<Delivery> deliveries_;  // GUARDED_BY(mu_)
+  // Declared last so that it is destroyed first, while the sink's state lives.
+  std::unique_ptr<ReplicaServer> server_;
+};
+
+TEST_F(ReplicaLinkTest, DeliversOneBytePayload) {
+  StartServer();
+  ExpectDelivered("x");
+  EXPECT_EQ(server_->received(), 1);
+  EXPECT_EQ(server_->errors(), 0);
+  EXPECT_EQ(server_->last_error(), "");
+}
+
+TEST_F(ReplicaLinkTest, DeliversEmptyPayload) {
+  StartServer();
+  ExpectDelivered("");
+  EXPECT_EQ(server_->received(), 1);
+  EXPECT_EQ(server_->errors(), 0);
+}
+
+TEST_F(ReplicaLinkTest, DeliversTwentyMegabytePayload) {
+  StartServer();
+  std::mt19937_64 rng(20240611);  // fixed seed: the same bytes every run
+  std::string payload(20 << 20, '\0');
+  for (size_t i = 0; i + 8 <= payload.size(); i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(payload.data() + i, &v, 8);
+  }
+  ExpectDelivered(payload);
+  ExpectDelivered("after the big one");
+  EXPECT_EQ(server_->received(), 2);
+  EXPECT_EQ(server_->errors(), 0);
+}
+
+TEST_F(ReplicaLinkTest, RefusesWrongToken) {
+  StartServer();
+  const std::string payload = "secret shard";
+  const Status st = SendReplica(Address(), "other-job", HeaderFor(payload), payload, kTimeout);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("token"), std::string::npos) << st.message();
+  EXPECT_EQ(DeliveryCount(), 0u);
+  EXPECT_EQ(server_->received(), 0);
+  EXPECT_EQ(server_->errors(), 1);
+  EXPECT_NE(server_->last_error().find("wrong token"), std::string::npos) << server_->last_error();
+  EXPECT_NE(server_->last_error().find("127.0.0.1"), std::string::npos) << server_->last_error();
+}
+
+TEST_F(ReplicaLinkTest, RefusesOversizePayload) {
+  StartServer(/*max_bytes=*/1024);
+  const std::string big(1025, 'b');
+  const Status st = SendReplica(Address(), kToken, HeaderFor(big), big, kTimeout);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("exceeds"), std::string::npos) << st.message();
+  EXPECT_EQ(DeliveryCount(), 0u);
+  EXPECT_EQ(server_->errors(), 1);
+  ExpectDelivered(std::string(1024, 'a'));  // exactly the limit is allowed
+}
+
+TEST_F(ReplicaLinkTest, RefusesChecksumMismatch) {
+  StartServer();
+  const std::string payload = "bytes that rotted in memory";
+  ReplicaHeader h = HeaderFor(payload);
+  h.xxh3 ^= 1;
+  const Status st = SendReplica(Address(), kToken, h, payload, kTimeout);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
+  EXPECT_NE(st.message().find("checksum mismatch"), std::string::npos) << st.message();
+  EXPECT_EQ(DeliveryCount(), 0u);
+  EXPECT_EQ(server_->received(), 0);
+  EXPECT_EQ(server_->errors(), 1);
+}
+
+TEST_F(ReplicaLinkTest, SurvivesGarbageThenServesTheNextFrame) {
+  StartServer();
+  {
+    RawClient raw(server_->port());
+    ASSERT_TRUE(raw.connected());
+    ASSERT_TRUE(raw.Send("GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
+    // The server closes with the rest of the request unread, so the kernel
+    // may reset the connection before the refusal can be read.
+    const std::string reply = raw.ReadLine();
+    EXPECT_TRUE(reply.empty() || reply.rfind("ERR INVALID_ARGUMENT bad magic", 0) == 0) << reply;
+    EXPECT_TRUE(raw.ClosedByServer());
+  }
+  ExpectDelivered("good frame");
+  EXPECT_EQ(server_->errors(), 1);
+  EXPECT_NE(server_->last_error().find("bad magic"), std::string::npos) << server_->last_error();
+  EXPECT_EQ(server_->received(), 1);
+}
+
+TEST_F(ReplicaLinkTest, SurvivesTruncatedPayloadThenServesTheNextFrame) {
+  StartServer();
+  {
+    RawClient raw(server_->port());
+    ASSERT_TRUE(raw.connected());
+    ASSERT_TRUE(raw.Send(FrameStart(HeaderJson(1000).dump())));
+    ASSERT_EQ(raw.ReadLine(), "GO");
+    ASSERT_TRUE(raw.Send(std::string(10, 'p')));
+  }  // closes with 990 bytes missing
+  // The server serves connections in order, so the truncated one is done
+  // when this one is acknowledged.
+  ExpectDelivered("good frame");
+  EXPECT_EQ(server_->errors(), 1);
+  EXPECT_NE(server_->last_error().find("10 of 1000 bytes of the payload"), std::string::npos)
+      << server_->last_error();
+  EXPECT_EQ(DeliveryCount(), 1u);
+}
+
+TEST_F(ReplicaLinkTest, RefusesMalformedHeaders) {
+  StartServer();
+  nlohmann::json no_node = HeaderJson(1);
+  no_node.erase("node");
+  nlohmann::json bad_shard = HeaderJson(1);
+  bad_shard["shard"] = 1;  // of 1 shard
+  nlohmann::json bad_xxh3 = HeaderJson(1);
+  bad_xxh3["xxh3"] = "not-hex";
+  nlohmann::json step_as_string = HeaderJson(1);
+  step_as_string["step"] = "5";
+  std::string too_long = "ENDREPL1";
+  too_long += std::string("\x00\x10\x00\x00", 4);  // 1 MiB of header announced
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {too_long, "frame header of 1048576 bytes"},
+      {FrameStart("{not json"), "not a JSON object"},
+      {FrameStart(no_node.dump()), "'node'"},
+      {FrameStart(bad_shard.dump()), "shard 1 of 1"},
+      {FrameStart(bad_xxh3.dump()), "16 hex digits"},
+      {FrameStart(step_as_string.dump()), "'step'"},
+  };
+  for (const auto& [frame, reason] : cases) {
+    RawClient raw(server_->port());
+    ASSERT_TRUE(raw.connected());
+    ASSERT_TRUE(raw.Send(frame));
+    const std::string reply = raw.ReadLine();
+    EXPECT_EQ(reply.rfind("ERR INVALID_ARGUMENT ", 0), 0u) << reply;
+    EXPECT_NE(reply.find(reason), std::string::npos) << reply;
+  }
+  EXPECT_EQ(server_->errors(), static_cast<int64_t>(cases.size()));
+  EXPECT_EQ(DeliveryCount(), 0u);
+  ExpectDelivered("still serving");
+}
+
+TEST_F(ReplicaLinkTest, NoListenerIsUnavailableQuickly) {
+  Result<int> port = PickFreePort();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  const auto start = Clock::now();
+  const Status st =
+      SendReplica("127.0.0.1:" + std::to_string(*port), kToken, HeaderFor("x"), "x", kTimeout);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("refused"), std::string::npos) << st.message();
+  EXPECT_LT(Clock::now() - start, 5s);
+}
+
+TEST_F(ReplicaLinkTest, TimesOutWhenTheReceiverNeverAnswers) {
+  // A socket that listens but is never accepted from: the kernel completes
+  // the connection and buffers the header, and no reply ever comes.
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const auto start = Clock::now();
+  const Status st = SendReplica("127.0.0.1:" + std::to_string(ntohs(addr.sin_port)), kToken,
+                                HeaderFor("x"), "x", 300ms);
+  const auto elapsed = Clock::now() - start;
+  ::close(fd);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("timed out after"), std::string::npos) << st.message();
+  EXPECT_GE(elapsed, 300ms);
+  EXPECT_LT(elapsed, 5s);
+}
+
+TEST_F(ReplicaLinkTest, DestructorReturnsPromptlyWithAnIdleConnection) {
+  StartServer();
+  RawClient raw(server_->port());
+  ASSERT_TRUE(raw.connected());
+  ASSERT_TRUE(raw.Send(FrameStart(HeaderJson(1000).dump())));
+  ASSERT_EQ(raw.ReadLine(), "GO");  // the server now waits for a payload that never comes
+  const auto start = Clock::now();
+  server_.reset();
+  EXPECT_LT(Clock::now() - start, 2s);
+  EXPECT_EQ(raw.ReadLine().rfind("ERR UNAVAILABLE", 0), 0u);
+  EXPECT_TRUE(raw.ClosedByServer());
+  EXPECT_EQ(DeliveryCount(), 0u);
+}
+
+TEST_F(ReplicaLinkTest, DestructorReturnsPromptlyWithAnUnservedConnection) {
+  StartServer();
+  RawClient raw(server_->port());
+  ASSERT_TRUE(raw.connected());
+  const auto start = Clock::now();
+  server_.reset();
+  EXPECT_LT(Clock::now() - start, 2s);
+  // Served and cut off, or reset while still queued: either way, closed.
+  const std::string reply = raw.ReadLine();
+  EXPECT_TRUE(reply.empty() || reply.rfind("ERR UNAVAILABLE", 0) == 0) << reply;
+  EXPECT_TRUE(raw.ClosedByServer());
+}
+
+TEST(ReplicaLink, RefusesBadArguments) {
+  const std::string payload = "abc";
+  ReplicaHeader h = HeaderFor(payload);
+  h.bytes = 4;
+  EXPECT_EQ(SendReplica("127.0.0.1:1", kToken, h, payload, kTimeout).code(),
+            StatusCode::kInvalidArgument);
+  for (const char* address : {"127.0.0.1", "127.0.0.1:", "127.0.0.1:http", "127.0.0.1:70000"}) {
+    EXPECT_EQ(SendReplica(address, kToken, HeaderFor(payload), payload, kTimeout).code(),
+              StatusCode::kInvalidArgument)
+        << address;
+  }
+  auto no_sink = ReplicaServer::Start("127.0.0.1", 0, kToken, 1024, nullptr);
+  EXPECT_EQ(no_sink.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ReplicaLink, StartFailsOnAPortInUse) {
+  auto sink = [](const ReplicaHeader&, std::string) {};
+  auto first = ReplicaServer::Start("127.0.0.1", 0, kToken, 1024, sink);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  auto second = ReplicaServer::Start("127.0.0.1", (*first)->port(), kToken, 1024, sink);
+  EXPECT_EQ(second.status().code(), StatusCode::kIOError);
+  EXPECT_NE(second.status().message().find("127.0.0.1:"), std::string::npos)
+      << second.status().message();
+}
+
+}  // namespace
+}  // namespace endure::checkpoint
