@@ -39,9 +39,11 @@ class ControlPlaneTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // A 2-node job of 30 steps with checkpoints every 5, plus `extra` TOML.
+  // A 2-node job of 30 steps with checkpoints every 5 (or the `checkpoint`
+  // section given), plus `extra` TOML.
   std::string Spec(const std::string& name, const std::string& extra,
-                   const std::string& recovery = "") {
+                   const std::string& recovery = "",
+                   const std::string& checkpoint = "every_steps = 5\n") {
     std::ostringstream s;
     s << "[job]\nname = \"" << name << "\"\n"
       << "command = [\"" << ENDURE_TRAIN_BIN << "\", \"--steps\", \"30\", \"--layers\", \"2\", "
@@ -50,8 +52,8 @@ class ControlPlaneTest : public ::testing::Test {
       << "\"--eval-batches\", \"1\", \"--sample-tokens\", \"16\", "
       << "\"--data\", \"/usr/share/games/fortunes\"]\n"
       << "nodes = 2\nranks_per_node = 1\nstate_dir = \"" << (dir_ / name).string() << "\"\n"
-      << "[checkpoint]\nevery_steps = 5\n"
-      << "[recovery]\nrepair_delay = \"1s\"\nbackoff_initial = \"0s\"\n"
+      << "[checkpoint]\n"
+      << checkpoint << "[recovery]\nrepair_delay = \"1s\"\nbackoff_initial = \"0s\"\n"
       << recovery << extra;
     const fs::path path = dir_ / (name + ".toml");
     std::ofstream(path) << s.str();
@@ -88,11 +90,15 @@ class ControlPlaneTest : public ::testing::Test {
     return fingerprint;
   }
 
-  // Runs the job with one fault and checks the outcome.
+  // Runs the job with one fault (or several, "[[faults]]"-separated) and
+  // checks the outcome.
   nlohmann::json ExpectRecovered(const std::string& name, const std::string& fault,
-                                 const std::string& cause, const std::string& recovery = "") {
+                                 const std::string& cause, const std::string& recovery = "",
+                                 const std::string& checkpoint = "every_steps = 5\n",
+                                 JobResult* result = nullptr) {
     const std::string reference = Reference(this);
-    JobResult r = Run(Spec(name, "[[faults]]\n" + fault, recovery));
+    JobResult r = Run(Spec(name, "[[faults]]\n" + fault, recovery, checkpoint));
+    if (result != nullptr) *result = r;
     EXPECT_TRUE(r.exit.Success()) << r.exit.ToString() << "\n" << r.output;
     EXPECT_EQ(r.report.value("steps", 0), 30) << r.output;
     EXPECT_EQ(r.report.value("param_fingerprint", ""), reference) << r.output;
@@ -153,6 +159,78 @@ TEST_F(ControlPlaneTest, LostNodeIsReplaced) {
   nlohmann::json inc =
       ExpectRecovered("agent", "kind = \"kill-agent\"\nrank = 1\nstep = 12\n", "node_lost");
   EXPECT_GE(inc.value("recovered_after_s", 0.0), 1.0);  // repair_delay
+}
+
+// ---- The checkpoint tiers: every-step snapshots in memory, replicas, durable ----
+
+constexpr char kEveryStep[] = "every_steps = 1\npersist_every_steps = 5\n";
+
+TEST_F(ControlPlaneTest, WorkerCrashRestoresFromLocalMemory) {
+  JobResult r;
+  nlohmann::json inc = ExpectRecovered("t0", "kind = \"kill\"\nrank = 1\nstep = 12\n",
+                                       "signal 9 SIGKILL", "", kEveryStep, &r);
+  // Step 11 was in node memory: nothing but the killed step is recomputed.
+  EXPECT_EQ(inc.value("restored_step", -1), 11) << inc.dump(2);
+  EXPECT_EQ(inc.value("restore", "").rfind("step 11 from T0 x2", 0), 0u) << inc.dump(2);
+  // The final state is durable: committed once both ranks finished.
+  EXPECT_EQ(r.report["checkpoint"].value("newest_durable_step", 0), 30) << r.output;
+}
+
+TEST_F(ControlPlaneTest, LostNodeRestoresFromItsPeersReplica) {
+  JobResult r;
+  nlohmann::json inc = ExpectRecovered("t1", "kind = \"kill-agent\"\nrank = 1\nstep = 12\n",
+                                       "node_lost", "", kEveryStep, &r);
+  // Node 1's memory died with it; node 0 kept a replica of its shard.
+  EXPECT_GE(inc.value("restored_step", -1), 10) << inc.dump(2);
+  EXPECT_NE(inc.value("restore", "").find("T0 x1, T1 x1"), std::string::npos) << inc.dump(2);
+  EXPECT_EQ(r.report["checkpoint"]["restored_shards_by_tier"].value("T1", 0), 1) << r.output;
+}
+
+TEST_F(ControlPlaneTest, BothMemoryCopiesLostRestoresFromDurableStorage) {
+  // No peer replicas: the lost node's shard exists only in the durable
+  // directory, persisted every 5 steps.
+  nlohmann::json inc =
+      ExpectRecovered("t2", "kind = \"kill-agent\"\nrank = 1\nstep = 12\n", "node_lost", "",
+                      "every_steps = 1\npersist_every_steps = 5\nreplicas = 0\n");
+  EXPECT_EQ(inc.value("restored_step", -1), 10) << inc.dump(2);
+  EXPECT_EQ(inc.value("restore", "").rfind("step 10 from T0 x1, T2 x1", 0), 0u) << inc.dump(2);
+}
+
+TEST_F(ControlPlaneTest, ACorruptMemoryCopyIsRefusedAndAnotherTierUsed) {
+  // Rank 0's snapshots in node 0's memory get a flipped byte; it is killed
+  // at step 14. Its shard comes from node 1's replica instead.
+  nlohmann::json inc =
+      ExpectRecovered("corrupt",
+                      "kind = \"corrupt-t0\"\nrank = 0\nstep = 8\n[[faults]]\nkind = \"kill\"\n"
+                      "rank = 0\nstep = 14\n",
+                      "signal 9 SIGKILL", "", kEveryStep);
+  const std::string restore = inc.value("restore", "");
+  EXPECT_NE(restore.find("T1 x1"), std::string::npos) << inc.dump(2);
+  EXPECT_NE(restore.find("refused step 13 shard 0 in T0 on node0"), std::string::npos) << restore;
+  EXPECT_NE(restore.find("checksum mismatch"), std::string::npos) << restore;
+}
+
+TEST_F(ControlPlaneTest, AFullDiskKeepsTrainingFromMemoryAndSaysSo) {
+  JobResult r;
+  const std::string reference = Reference(this);
+  r = Run(Spec("diskfull",
+               "[[faults]]\nkind = \"disk-full\"\nrank = 0\nstep = 3\n"
+               "[[faults]]\nkind = \"kill\"\nrank = 1\nstep = 20\n",
+               "", "every_steps = 1\npersist_every_steps = 1\n"));
+  EXPECT_TRUE(r.exit.Success()) << r.exit.ToString() << "\n" << r.output;
+  EXPECT_EQ(r.report.value("param_fingerprint", ""), reference) << r.output;
+  const nlohmann::json& incidents = r.report["incidents"];
+  ASSERT_EQ(incidents.size(), 2u) << r.output;
+  EXPECT_EQ(incidents[0].value("cause", ""), "checkpoint persistence failing");
+  EXPECT_NE(incidents[0].value("reason", "").find("No space left on device"), std::string::npos)
+      << incidents[0].dump(2);
+  // The kill is restored from memory, at the step before it.
+  EXPECT_EQ(incidents[1].value("restored_step", -1), 19) << incidents[1].dump(2);
+  // Nothing was committed after the disk filled: no half-written step counts.
+  const nlohmann::json& ckpt = r.report["checkpoint"];
+  EXPECT_GT(ckpt.value("persist_failures", 0), 0);
+  ASSERT_TRUE(ckpt["newest_durable_step"].is_number()) << ckpt.dump();
+  EXPECT_LT(ckpt["newest_durable_step"].get<int>(), 10) << ckpt.dump();
 }
 
 TEST_F(ControlPlaneTest, ACrashLoopGivesUpWithExitThreeAndSaysWhy) {

@@ -28,6 +28,11 @@
 //   ENDURE_RESTORE_STEP        -1: newest checkpoint that verifies; 0: fresh start;
 //                              N > 0: newest verifying checkpoint at or before step N.
 //                              Unset: the trainer's own --resume decides.
+//   ENDURE_T0_DIR              directory (in shared memory) of this node's T0 snapshot
+//                              slots; set: SaveSnapshot saves there (see below)
+//   ENDURE_T0_SLOT_BYTES       integer >= 0: the most bytes one slot may hold (0: no limit)
+//   ENDURE_RESTORE_PLAN        JSON restore plan (src/checkpoint/restore_plan.h): which
+//                              step to restore and, per shard, which rank reads which copy
 //   ENDURE_SKIP_STEPS          comma-separated step numbers (1-based, as in the "step"
 //                              datagram: step index + 1) whose data and update are
 //                              skipped; may be empty
@@ -51,6 +56,8 @@
 //   {"type":"skip","step":N,"ckpt_stall_s":c,"checkpoint_step":k}
 //       instead of "step" for a step skipped through ENDURE_SKIP_STEPS: it
 //       has no loss, and must not count as progress or be judged as one.
+//   {"type":"snapshot","step":N,"shard":r,"shards":W,"path":P,"bytes":B,"xxh3":"hex"}
+//       a T0 snapshot of this rank's shard of step N is ready in slot file P.
 //   {"type":"fault","id":"f1","kind":"kill","step":N}
 //       sent right before an injected fault takes effect; N is the fault's
 //       1-based step number (= the step index + 1).
@@ -74,6 +81,9 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint/restore_plan.h"
+#include "checkpoint/snapshot_file.h"
+#include "checkpoint/tensor_blob.h"
 #include "common/status.h"
 
 namespace endure {
@@ -125,6 +135,21 @@ class Session {
   std::optional<int64_t> checkpoint_every() const { return checkpoint_every_; }
   // nullopt: not set; otherwise -1, 0 or N > 0 as documented above.
   std::optional<int64_t> restore_step() const { return restore_step_; }
+  // The agent's restore plan, when it gave one (ENDURE_RESTORE_PLAN).
+  const std::optional<checkpoint::RestorePlan>& restore_plan() const { return restore_plan_; }
+  // Whether the agent keeps this rank's checkpoints in node memory
+  // (ENDURE_T0_DIR): the trainer then saves through SaveSnapshot.
+  bool memory_checkpoints() const { return !t0_dir_.empty(); }
+
+  // Saves this rank's shard (`tensors`, in ShardViews form) of step `step`
+  // of a `shards`-way state into node memory and tells the agent; the agent
+  // replicates and persists it behind training. Blocks only for the copy.
+  // Returns false when the save was skipped because the agent still reads
+  // the other slot. kInvalidArgument when the shard exceeds the memory
+  // budget's share; kIOError when shared memory cannot be written.
+  Result<bool> SaveSnapshot(int64_t step, int shards,
+                            const std::vector<checkpoint::TensorView>& tensors);
+
   // Ascending 1-based step numbers (ENDURE_SKIP_STEPS).
   const std::vector<int64_t>& skip_steps() const { return skip_steps_; }
   // Whether step index `step_index` (0-based, as passed to BeginStep), i.e.
@@ -179,6 +204,10 @@ class Session {
   std::optional<int64_t> checkpoint_every_;
   std::optional<int64_t> restore_step_;
   std::vector<int64_t> skip_steps_;
+  std::optional<checkpoint::RestorePlan> restore_plan_;
+  std::string t0_dir_;
+  uint64_t t0_slot_bytes_ = 0;
+  std::unique_ptr<checkpoint::SnapshotWriter> snapshots_;  // training thread only
   std::chrono::nanoseconds heartbeat_interval_{500'000'000};
   std::vector<PendingFault> faults_;  // only touched by the training thread
   double slow_factor_ = 1.0;          // active slow fault; training thread only

@@ -21,8 +21,10 @@
 #include <regex>
 #include <thread>
 
+#include "agent/tier_store.h"
 #include "agent/worker_set.h"
 #include "common/env.h"
+#include "common/hash.h"
 #include "core/log_classifier.h"
 #include "proto/endure.grpc.pb.h"
 
@@ -75,6 +77,7 @@ class Agent {
   void Stop(int64_t generation, double grace_s);
   void DumpStacks(int64_t generation, double timeout_s);
   void Inject(const proto::InjectFault& inject);
+  void OnPersisted(const PersistReport& report);
 
   // Warm standbys: workers started ahead of the next generation so that a
   // restart skips loading the program. Refilled once a generation has made
@@ -93,6 +96,9 @@ class Agent {
   std::mutex write_mu_;
   std::atomic<int64_t> generation_{-1};
   std::unique_ptr<WorkerSet> workers_;  // touched by the command thread only
+  std::unique_ptr<TierStore> tiers_;    // checkpoint memory (T0, T1) and persistence
+  // Injected memory corruption (tier, shard), applied once the workers stop.
+  std::vector<std::pair<checkpoint::Tier, int>> pending_corruption_;  // command thread only
   int socket_fd_ = -1;
   std::string socket_path_;
   std::atomic<bool> done_{false};
@@ -167,6 +173,10 @@ void Agent::ReceiveDatagrams() {
       r->set_start_step(m.value("start_step", int64_t{0}));
       r->set_restore_s(m.value("restore_s", 0.0));
       r->set_init_s(m.value("init_s", 0.0));
+    } else if (type == "snapshot") {
+      tiers_->Notify(
+          {rank, m.value("step", int64_t{0}), m.value("shards", 1), m.value("path", "")});
+      continue;
     } else if (type == "fault") {
       auto* f = e.mutable_fault_fired();
       f->set_rank(rank);
@@ -187,6 +197,9 @@ void Agent::ReceiveDatagrams() {
 }
 
 void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
+  // A worker that finished leaves its final state durable before the
+  // controller hears that it finished.
+  if (end.status.Success()) tiers_->PersistNewest(end.rank);
   if (!end.status.Success()) {
     if (std::optional<core::LogMatch> m = classifier_.Classify(end.tail)) {
       proto::AgentEvent e;
@@ -253,6 +266,13 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
     standby_count_ = o_.standby ? start.ranks_size() : 0;
     refill_pending_ = true;
   }
+  const proto::CheckpointConfig& ckpt = start.checkpoint();
+  TierConfig tiers;
+  tiers.durable_dir = ckpt.dir();
+  tiers.persist_every_steps = ckpt.persist_every_steps();
+  tiers.replica_peer = ckpt.replica_peer();
+  tiers.memory_budget = ckpt.memory_budget();
+  tiers_->Configure(tiers, ckpt.discard_after());
   std::string skip;
   for (int64_t s : start.skip_steps()) skip += (skip.empty() ? "" : ",") + std::to_string(s);
   const std::string logs = JoinPath(o_.work_dir, "logs");
@@ -278,6 +298,13 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
                 {"ENDURE_SKIP_STEPS", skip},
                 {"ENDURE_FAULTS", r.faults_json()}};
     for (const auto& [k, v] : start.env()) spec.env.emplace_back(k, v);
+    if (ckpt.enabled()) {
+      spec.env.emplace_back("ENDURE_T0_DIR", tiers_->t0_dir());
+      spec.env.emplace_back("ENDURE_T0_SLOT_BYTES", std::to_string(ckpt.slot_bytes()));
+    }
+    if (!ckpt.restore_plan_json().empty()) {
+      spec.env.emplace_back("ENDURE_RESTORE_PLAN", ckpt.restore_plan_json());
+    }
     Status st = Unavailable("no standby");
     if (std::optional<Standby> standby = TakeStandby(argv)) {
       st = workers_->Adopt(std::move(*standby), spec);
@@ -306,10 +333,30 @@ void Agent::Stop(int64_t generation, double grace_s) {
     count = static_cast<int>(workers_->Pids().size());
     workers_->StopAll(std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000)));
   }
+  const double teardown_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // With the workers gone the memory tiers hold still: report them, verified.
+  tiers_->Drain();
+  for (const auto& [tier, shard] : pending_corruption_) tiers_->Corrupt(tier, shard);
+  pending_corruption_.clear();
   proto::AgentEvent e;
-  e.mutable_stopped()->set_workers(count);
-  e.mutable_stopped()->set_teardown_s(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  auto* stopped = e.mutable_stopped();
+  stopped->set_workers(count);
+  stopped->set_teardown_s(teardown_s);
+  for (const checkpoint::ShardCopy& c : tiers_->Inventory()) {
+    proto::ShardCopy* p = stopped->add_inventory();
+    p->set_step(c.step);
+    p->set_shard(c.shard);
+    p->set_shards(c.shards);
+    p->set_tier(std::string(checkpoint::TierName(c.tier)));
+    p->set_path(c.path);
+    p->set_bytes(c.bytes);
+    p->set_xxh3(HexU64(c.xxh3));
+    p->set_refused(c.refused);
+  }
+  const MemoryUsage used = tiers_->Usage();
+  stopped->set_t0_bytes(used.t0_bytes);
+  stopped->set_t1_bytes(used.t1_bytes);
   Send(std::move(e), generation);
 }
 
@@ -338,7 +385,23 @@ void Agent::Inject(const proto::InjectFault& inject) {
     if (workers_) {
       for (const auto& [rank, pid] : workers_->Pids()) ::kill(-pid, SIGKILL);
     }
+    (void)Env::Default()->RemoveAll(tiers_->shm_dir());  // its memory goes with it
     ::kill(::getpid(), SIGKILL);
+  }
+  if (inject.kind() == "disk-full" || inject.kind() == "disk-error") {
+    std::fprintf(stderr,
+                 "endure agent %s: injected fault %s: persisting fails with %s from now on\n",
+                 o_.node_id.c_str(), inject.fault_id().c_str(),
+                 inject.kind() == "disk-full" ? "ENOSPC" : "EIO");
+    tiers_->FailPersistence(inject.kind() == "disk-full" ? InjectedError::kNoSpace
+                                                         : InjectedError::kIO);
+    return;
+  }
+  if (inject.kind() == "corrupt-t0" || inject.kind() == "corrupt-t1") {
+    pending_corruption_.emplace_back(
+        inject.kind() == "corrupt-t0" ? checkpoint::Tier::kT0 : checkpoint::Tier::kT1,
+        inject.rank());
+    return;
   }
   if (!workers_) return;
   if (inject.kind() == "hang") {
@@ -348,9 +411,33 @@ void Agent::Inject(const proto::InjectFault& inject) {
   }
 }
 
+void Agent::OnPersisted(const PersistReport& report) {
+  proto::AgentEvent e;
+  auto* p = e.mutable_persisted();
+  p->set_step(report.step);
+  p->set_shard(report.shard);
+  p->set_shards(report.shards);
+  p->set_bytes(report.entry.bytes);
+  p->set_xxh3(HexU64(report.entry.xxh3));
+  p->set_error(report.error);
+  const MemoryUsage used = tiers_->Usage();
+  p->set_t0_bytes(used.t0_bytes);
+  p->set_t1_bytes(used.t1_bytes);
+  Send(std::move(e), generation_);
+}
+
 Status Agent::Run() {
   ENDURE_RETURN_IF_ERROR(Env::Default()->CreateDirs(o_.work_dir));
   ENDURE_RETURN_IF_ERROR(OpenSocket());
+  TierStoreOptions tier_options;
+  tier_options.node = o_.node_id;
+  // Checkpoint memory lives in shared memory, which outlives a crashed worker.
+  const std::string shm = Env::Default()->Exists("/dev/shm") ? "/dev/shm" : o_.work_dir;
+  tier_options.shm_dir = JoinPath(shm, "endure-" + std::to_string(::getpid()) + "-" + o_.node_id);
+  tier_options.token = o_.token;
+  tier_options.host = o_.host;
+  ENDURE_ASSIGN_OR_RETURN(
+      tiers_, TierStore::Start(tier_options, [this](const PersistReport& r) { OnPersisted(r); }));
   auto channel = grpc::CreateChannel(o_.controller, grpc::InsecureChannelCredentials());
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(15))) {
     return Unavailable("cannot reach the controller at " + o_.controller);
@@ -364,6 +451,7 @@ Status Agent::Run() {
   reg->set_slots(o_.slots);
   reg->set_host(o_.host);
   reg->set_pid(::getpid());
+  reg->set_replica_address(o_.host + ":" + std::to_string(tiers_->replica_port()));
   Send(std::move(hello), -1);
   std::thread receiver(&Agent::ReceiveDatagrams, this);
 
@@ -420,6 +508,7 @@ Status Agent::Run() {
   }
   ::close(socket_fd_);
   ::unlink(socket_path_.c_str());
+  tiers_.reset();
   return result;
 }
 

@@ -323,4 +323,22 @@ Result<std::string> ReadSnapshotPayload(const std::string& path, int64_t step, u
   return payload;
 }
 
+Result<std::string> ReadShardCopy(const ShardCopy& copy) {
+  if (copy.tier != Tier::kT2) {
+    return ReadSnapshotPayload(copy.path, copy.step, copy.bytes, copy.xxh3);
+  }
+  Result<std::string> bytes = Env::Default()->ReadFile(copy.path);
+  if (!bytes.ok()) return DataLoss(copy.path + ": " + bytes.status().message());
+  if (bytes->size() != copy.bytes) {
+    return DataLoss(copy.path + ": size " + std::to_string(bytes->size()) + " bytes, expected " +
+                    std::to_string(copy.bytes));
+  }
+  const uint64_t got = Xxh3(*bytes);
+  if (got != copy.xxh3) {
+    return DataLoss(copy.path + ": checksum mismatch (xxh3 " + HexU64(got) + ", expected " +
+                    HexU64(copy.xxh3) + ")");
+  }
+  return bytes;
+}
+
 }  // namespace endure::checkpoint

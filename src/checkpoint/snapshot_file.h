@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "checkpoint/restore_plan.h"
 #include "checkpoint/tensor_blob.h"
 #include "common/status.h"
 
@@ -117,5 +118,9 @@ Status WriteSnapshotFile(const std::string& path, const SnapshotInfo& info,
 // `bytes` long and hashes to `xxh3`: kDataLoss naming the file otherwise.
 Result<std::string> ReadSnapshotPayload(const std::string& path, int64_t step, uint64_t bytes,
                                         uint64_t xxh3);
+
+// Reads the copy a restore plan names, from any tier, and checks its size
+// and checksum: kDataLoss naming the file when it does not match.
+Result<std::string> ReadShardCopy(const ShardCopy& copy);
 
 }  // namespace endure::checkpoint

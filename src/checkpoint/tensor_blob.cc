@@ -3,6 +3,7 @@
 // bytes. Integers are little-endian (host order on every supported machine).
 #include "checkpoint/tensor_blob.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace endure::checkpoint {
@@ -157,6 +158,18 @@ Result<DecodedShard> DecodeShard(std::string_view bytes, const std::string& sour
   tensors.erase(tensors.begin());
   shard.tensors = std::move(tensors);
   return shard;
+}
+
+std::vector<int> PartitionBySize(const std::vector<uint64_t>& bytes, int shards) {
+  std::vector<uint64_t> load(static_cast<size_t>(std::max(shards, 1)), 0);
+  std::vector<int> owner;
+  owner.reserve(bytes.size());
+  for (uint64_t b : bytes) {
+    const auto it = std::min_element(load.begin(), load.end());
+    *it += b;
+    owner.push_back(static_cast<int>(it - load.begin()));
+  }
+  return owner;
 }
 
 }  // namespace endure::checkpoint

@@ -62,4 +62,9 @@ struct DecodedShard {
 // Parses a shard; kDataLoss naming `source` when it is not one.
 Result<DecodedShard> DecodeShard(std::string_view bytes, const std::string& source);
 
+// Splits tensors of the given sizes among `shards` savers: each tensor, in
+// order, goes to the shard with the fewest bytes so far (ties: the lowest).
+// Every rank computes the same assignment from the same list.
+std::vector<int> PartitionBySize(const std::vector<uint64_t>& bytes, int shards);
+
 }  // namespace endure::checkpoint

@@ -33,5 +33,11 @@ TEST(TensorBlob, SizeMustMatchShape) {
   EXPECT_FALSE(DecodeTensors(EncodeTensors(bad), "f").ok());
 }
 
+TEST(PartitionBySizeTest, BalancesBytesDeterministically) {
+  EXPECT_EQ(PartitionBySize({100, 10, 10, 80, 5}, 2), (std::vector<int>{0, 1, 1, 1, 0}));
+  EXPECT_EQ(PartitionBySize({1, 1, 1}, 1), (std::vector<int>{0, 0, 0}));
+  EXPECT_EQ(PartitionBySize({4, 4, 4, 4}, 4), (std::vector<int>{0, 1, 2, 3}));
+}
+
 }  // namespace
 }  // namespace endure::checkpoint

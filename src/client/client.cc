@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "common/duration.h"
+#include "common/hash.h"
 #include "faults/fault.h"
 
 namespace endure {
@@ -181,6 +182,18 @@ Result<std::unique_ptr<Session>> Session::FromEnvironment(const EnvLookup& looku
         s->restore_step_,
         ParseInteger("ENDURE_RESTORE_STEP", *v, -1, INT64_MAX,
                      "expected -1 (newest checkpoint), 0 (fresh start) or a step N > 0"));
+  }
+  if (auto v = get_set("ENDURE_RESTORE_PLAN")) {
+    Result<checkpoint::RestorePlan> plan = checkpoint::RestorePlanFromJson(*v);
+    if (!plan.ok()) return plan.status().WithContext("ENDURE_RESTORE_PLAN");
+    s->restore_plan_ = std::move(plan).value();
+  }
+  if (auto v = get_set("ENDURE_T0_DIR")) s->t0_dir_ = *v;
+  if (auto v = get_set("ENDURE_T0_SLOT_BYTES")) {
+    ENDURE_ASSIGN_OR_RETURN(int64_t bytes,
+                            ParseInteger("ENDURE_T0_SLOT_BYTES", *v, 0, INT64_MAX,
+                                         "expected a number of bytes >= 0 (0: no limit)"));
+    s->t0_slot_bytes_ = static_cast<uint64_t>(bytes);
   }
   if (auto v = get("ENDURE_SKIP_STEPS")) {
     ENDURE_ASSIGN_OR_RETURN(s->skip_steps_, ParseStepList("ENDURE_SKIP_STEPS", *v));
@@ -381,6 +394,31 @@ void Session::EndSkippedStep(int64_t step_index, double ckpt_stall_s, int64_t ch
   j["ckpt_stall_s"] = ckpt_stall_s;
   j["checkpoint_step"] = checkpoint_step;
   Send(j.dump(), /*retry=*/false);
+}
+
+Result<bool> Session::SaveSnapshot(int64_t step, int shards,
+                                   const std::vector<checkpoint::TensorView>& tensors) {
+  if (t0_dir_.empty()) return InvalidArgument("SaveSnapshot: ENDURE_T0_DIR is not set");
+  if (!snapshots_) {
+    ENDURE_ASSIGN_OR_RETURN(
+        snapshots_, checkpoint::SnapshotWriter::Open(t0_dir_, rank_, shards, t0_slot_bytes_));
+  }
+  ENDURE_ASSIGN_OR_RETURN(std::optional<checkpoint::SnapshotWriter::Saved> saved,
+                          snapshots_->Save(step, tensors));
+  if (!saved) return false;
+  if (fd_ >= 0) {
+    nlohmann::json j = Envelope("snapshot", token_, generation_, rank_);
+    j["step"] = step;
+    j["shard"] = rank_;
+    j["shards"] = shards;
+    j["path"] = saved->path;
+    j["bytes"] = saved->bytes;
+    j["xxh3"] = HexU64(saved->xxh3);
+    // Not retried: a training step never waits for the agent. The agent
+    // also finds the slot when it next scans them.
+    Send(j.dump(), /*retry=*/false);
+  }
+  return true;
 }
 
 }  // namespace endure

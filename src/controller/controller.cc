@@ -17,7 +17,9 @@
 #include <thread>
 
 #include "common/env.h"
+#include "common/hash.h"
 #include "common/subprocess.h"
+#include "controller/checkpoint_coordinator.h"
 #include "controller/report.h"
 #include "controller/state_store.h"
 #include "core/log_classifier.h"
@@ -48,7 +50,20 @@ struct Connection {
   NodeId node;
   std::string name;
   std::string host;
+  std::string replica_address;  // where peers send this node's checkpoint replicas
 };
+
+CoordinatorOptions CoordinatorFor(const JobSpec& spec) {
+  std::error_code ec;
+  CoordinatorOptions o;
+  o.dir = std::filesystem::absolute(spec.checkpoint.dir, ec).string();
+  o.keep = spec.checkpoint.keep;
+  o.world_size = spec.world_size();
+  o.ranks_per_node = spec.ranks_per_node;
+  o.memory_budget = static_cast<uint64_t>(spec.checkpoint.memory_budget_bytes);
+  o.replicas = spec.checkpoint.replicas;
+  return o;
+}
 
 class Controller final : public proto::Controller::Service {
  public:
@@ -56,7 +71,8 @@ class Controller final : public proto::Controller::Service {
       : o_(std::move(options)),
         start_(start),
         start_unix_(WallSeconds()),
-        machine_(MachineOptions(o_.spec), ExternalFaults(o_.spec), start) {}
+        machine_(MachineOptions(o_.spec), ExternalFaults(o_.spec), start),
+        checkpoints_(Env::Default(), CoordinatorFor(o_.spec)) {}
 
   Result<int> Run();
 
@@ -67,9 +83,12 @@ class Controller final : public proto::Controller::Service {
   // alone needs of it.
   struct Queued {
     std::optional<core::JobEvent> event;
-    std::optional<proto::LogMatch> log_match;  // explains the exit that follows
-    std::string fingerprint;                   // from a worker's last words
-    int64_t tokens = 0;                        // tokens of a step
+    std::optional<proto::LogMatch> log_match;         // explains the exit that follows
+    std::string fingerprint;                          // from a worker's last words
+    int64_t tokens = 0;                               // tokens of a step
+    std::optional<proto::GenerationStopped> stopped;  // with the node's checkpoint inventory
+    std::optional<proto::ShardPersisted> persisted;
+    NodeId node;
     TimePoint at;
   };
   void Post(Queued item);
@@ -84,11 +103,20 @@ class Controller final : public proto::Controller::Service {
   void Publish(const nlohmann::json& status);
   Result<std::string> StartHttp();
   void Persist();
+  // Inventories, durable shards and lost nodes, for the checkpoint engine.
+  void OnCheckpointEvent(const Queued& item);
+  // The checkpoint part of a StartGeneration for the nodes `members`.
+  proto::CheckpointConfig CheckpointFor(const core::StartGenerationAction& start);
+  std::string NameOf(NodeId node) {
+    std::shared_ptr<Connection> c = Conn(node);
+    return c ? c->name : machine_.NodeName(node);
+  }
 
   ControllerOptions o_;
   TimePoint start_;
   double start_unix_;
-  core::JobMachine machine_;  // owned by the loop thread
+  core::JobMachine machine_;           // owned by the loop thread
+  CheckpointCoordinator checkpoints_;  // owned by the loop thread
   std::optional<StateStore> store_;
 
   std::mutex conns_mu_;
@@ -155,6 +183,7 @@ grpc::Status Controller::Attach(grpc::ServerContext* context, Stream* stream) {
   conn->stream = stream;
   conn->name = first.register_().node_id();
   conn->host = first.register_().host();
+  conn->replica_address = first.register_().replica_address();
   {
     std::lock_guard<std::mutex> lock(conns_mu_);
     conn->node = NodeId{next_node_++};
@@ -178,6 +207,7 @@ grpc::Status Controller::Attach(grpc::ServerContext* context, Stream* stream) {
 Controller::Queued Controller::Translate(const proto::AgentEvent& e, NodeId node) {
   const int gen = static_cast<int>(e.generation());
   Queued q;
+  q.node = node;
   switch (e.event_case()) {
     case proto::AgentEvent::kWorkerReady:
       q.event = core::WorkerReady{gen, e.worker_ready().rank(), e.worker_ready().start_step(),
@@ -221,7 +251,16 @@ Controller::Queued Controller::Translate(const proto::AgentEvent& e, NodeId node
     }
     case proto::AgentEvent::kStopped:
       q.event = core::GenerationStoppedEvent{gen, node};
+      q.stopped = e.stopped();
       break;
+    case proto::AgentEvent::kPersisted: {
+      const auto& p = e.persisted();
+      q.persisted = p;
+      if (!p.error().empty()) {
+        q.event = core::PersistFailedEvent{gen, p.shard(), p.step(), node, p.error()};
+      }
+      break;
+    }
     case proto::AgentEvent::kHeartbeat:
       q.event = core::NodeHeartbeat{node};
       break;
@@ -251,11 +290,18 @@ void Controller::Execute(const std::vector<core::JobAction>& actions, TimePoint 
             std::filesystem::absolute(spec.checkpoint.dir, ec).string();
         (*start.mutable_env())["ENDURE_CKPT_EVERY"] = std::to_string(spec.checkpoint.every_steps);
       }
+      *start.mutable_checkpoint() = CheckpointFor(*a);
       std::string names;
       for (size_t i = 0; i < a->nodes.size(); ++i) {
         proto::AgentCommand cmd;
         cmd.set_generation(a->generation);
         *cmd.mutable_start() = start;
+        // Each node replicates to the next one, never to itself.
+        if (spec.checkpoint.replicas > 0 && a->nodes.size() > 1) {
+          std::shared_ptr<Connection> peer = Conn(a->nodes[(i + 1) % a->nodes.size()]);
+          if (peer)
+            cmd.mutable_start()->mutable_checkpoint()->set_replica_peer(peer->replica_address);
+        }
         for (int l = 0; l < spec.ranks_per_node; ++l) {
           const int rank = static_cast<int>(i) * spec.ranks_per_node + l;
           proto::RankAssignment* r = cmd.mutable_start()->add_ranks();
@@ -299,9 +345,16 @@ void Controller::Execute(const std::vector<core::JobAction>& actions, TimePoint 
       cmd.mutable_inject()->set_rank(a->fault.rank);
       cmd.mutable_inject()->set_kind(a->fault.kind);
       cmd.mutable_inject()->set_fault_id(a->fault.id);
+      NodeId target = a->node;
+      if (a->fault.kind == "corrupt-t1") {
+        // The replica of a node's shards lives on the next node of the generation.
+        const int nodes = spec.nodes;
+        const int i = a->fault.rank / spec.ranks_per_node;
+        target = machine_.NodeOfRank(((i + 1) % nodes) * spec.ranks_per_node);
+      }
       std::fprintf(stderr, "endure controller: injecting fault %s (%s) on %s\n",
-                   a->fault.id.c_str(), a->fault.kind.c_str(), machine_.NodeName(a->node).c_str());
-      Send(a->node, std::move(cmd));
+                   a->fault.id.c_str(), a->fault.kind.c_str(), machine_.NodeName(target).c_str());
+      Send(target, std::move(cmd));
     } else if (const auto* a = std::get_if<core::FinishAction>(&action)) {
       finish_ = *a;
       std::lock_guard<std::mutex> lock(conns_mu_);
@@ -351,6 +404,72 @@ void Controller::WriteStatus(TimePoint now, bool force) {
   std::fputs(status.dump().c_str(), f);
   std::fclose(f);
   std::rename((path + ".tmp").c_str(), path.c_str());
+}
+
+void Controller::OnCheckpointEvent(const Queued& item) {
+  if (item.stopped) {
+    std::vector<checkpoint::ShardCopy> copies;
+    for (const proto::ShardCopy& p : item.stopped->inventory()) {
+      Result<checkpoint::Tier> tier = checkpoint::TierFromName(p.tier());
+      if (!tier.ok()) continue;
+      checkpoint::ShardCopy c;
+      c.step = p.step();
+      c.shard = p.shard();
+      c.shards = p.shards();
+      c.tier = *tier;
+      c.node = NameOf(item.node);
+      c.path = p.path();
+      c.bytes = p.bytes();
+      c.xxh3 = std::strtoull(p.xxh3().c_str(), nullptr, 16);
+      c.refused = p.refused();
+      copies.push_back(std::move(c));
+    }
+    checkpoints_.OnInventory(NameOf(item.node), std::move(copies), item.stopped->t0_bytes(),
+                             item.stopped->t1_bytes());
+  }
+  if (item.persisted) {
+    const proto::ShardPersisted& p = *item.persisted;
+    checkpoints_.OnMemory(p.t0_bytes(), p.t1_bytes());
+    if (!p.error().empty()) {
+      checkpoints_.OnPersistFailed();
+    } else {
+      Status st =
+          checkpoints_.OnPersisted(p.step(), p.shard(), p.shards(),
+                                   {p.bytes(), std::strtoull(p.xxh3().c_str(), nullptr, 16)});
+      if (!st.ok()) {
+        std::fprintf(stderr, "endure controller: committing step %lld failed: %s\n",
+                     static_cast<long long>(p.step()), st.message().c_str());
+        checkpoints_.OnPersistFailed();
+      }
+    }
+  }
+  if (item.event) {
+    if (const auto* down = std::get_if<core::NodeDown>(&*item.event)) {
+      checkpoints_.OnNodeGone(NameOf(down->node));
+    }
+  }
+}
+
+proto::CheckpointConfig Controller::CheckpointFor(const core::StartGenerationAction& a) {
+  const CheckpointSpec& spec = o_.spec.checkpoint;
+  proto::CheckpointConfig c;
+  if (spec.every_steps <= 0) return c;
+  std::error_code ec;
+  c.set_enabled(true);
+  c.set_dir(std::filesystem::absolute(spec.dir, ec).string());
+  c.set_persist_every_steps(spec.persist_every_steps);
+  c.set_memory_budget(static_cast<uint64_t>(spec.memory_budget_bytes));
+  c.set_slot_bytes(checkpoints_.SlotBytes());
+  std::vector<std::string> members;
+  for (NodeId n : a.nodes) members.push_back(NameOf(n));
+  const bool rollback = a.generation > 0 && a.restore_step >= 0;
+  checkpoint::RestorePlan plan = checkpoints_.Plan(members, a.restore_step, rollback);
+  c.set_discard_after(a.generation > 0 ? plan.step : -1);
+  c.set_restore_plan_json(checkpoint::RestorePlanToJson(plan).dump());
+  std::string note = plan.Summary();
+  for (const std::string& n : plan.notes) note += "; " + n;
+  machine_.NoteRestore(a.generation, note);
+  return c;
 }
 
 void Controller::Persist() {
@@ -486,6 +605,7 @@ Result<int> Controller::Run() {
       last_log_[{machine_.generation(), item.log_match->rank()}] = *item.log_match;
       continue;
     }
+    OnCheckpointEvent(item);
     if (!item.event) continue;
     if (auto* exit = std::get_if<core::WorkerExitEvent>(&*item.event)) {
       auto it = last_log_.find({exit->generation, exit->rank});
@@ -532,6 +652,7 @@ Result<int> Controller::Run() {
     for (const auto& [node, conn] : conns_) in.nodes.push_back(conn->name);
   }
   nlohmann::json report = BuildReport(in);
+  report["checkpoint"] = checkpoints_.ReportJson();
   (void)store_->SaveReport(report);
   job.finished_at_unix = WallSeconds();
   job.exit_code = finish_->exit_code;

@@ -403,6 +403,11 @@ Status SpecParser::ParseCheckpoint(const toml::table& t, JobSpec& spec) {
                {"replicas",
                 [&](const toml::node& v, const std::string& key) -> Status {
                   ENDURE_ASSIGN_OR_RETURN(c.replicas, Int(v, key, 0));
+                  if (c.replicas > 1) {
+                    return Error(v, key,
+                                 "must be 0 or 1 (one peer replica per node), got " +
+                                     std::to_string(c.replicas));
+                  }
                   return Status::Ok();
                 }},
                {"memory_budget", [&](const toml::node& v, const std::string& key) -> Status {
@@ -595,8 +600,10 @@ Status SpecParser::ParseFault(const toml::table& t, int index, JobSpec& spec) {
           return Status::Ok();
         }}}));
   if (t.get("kind") == nullptr) {
-    return Error(line, prefix + ".kind",
-                 "missing: say which fault (kill, exit, hang, nan, slow, log or kill-agent)");
+    return Error(
+        line, prefix + ".kind",
+        "missing: say which fault (kill, exit, hang, nan, slow, log, kill-agent, disk-full, "
+        "disk-error, corrupt-t0 or corrupt-t1)");
   }
   if (f.kind == faults::FaultKind::kKillAgent && !f.node.empty() && f.rank >= 0 &&
       f.rank / spec.ranks_per_node != std::stoi(f.node.substr(4))) {
@@ -704,7 +711,7 @@ std::vector<core::ExternalFault> ExternalFaults(const JobSpec& spec) {
   std::vector<core::ExternalFault> out;
   for (const faults::Fault& f : spec.faults) {
     const bool agent = f.kind == faults::FaultKind::kKillAgent;
-    if (!agent && !f.at) continue;
+    if (!faults::FiredByController(f.kind) && !f.at) continue;
     core::ExternalFault e;
     e.id = f.id;
     e.kind = std::string(faults::FaultKindName(f.kind));

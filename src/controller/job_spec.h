@@ -31,10 +31,11 @@ struct CheckpointSpec {
   int64_t every_steps = 0;  // 0: no checkpoints
   std::string dir;          // default: STATE_DIR/ckpt
   int keep = 3;             // durable checkpoints kept (>= 1)
-  // For the tiered checkpoint engine (stored, not yet acted on):
-  int64_t persist_every_steps = 0;  // 0: persist every checkpoint to durable storage
-  int replicas = 1;                 // peer-memory replicas of each node's checkpoint
-  int64_t memory_budget_bytes = 0;  // node-local checkpoint memory; 0: no limit
+  // Checkpoints go to node memory (T0) every `every_steps`, are replicated
+  // to a peer node's memory (T1, when `replicas` is 1) and persisted (T2).
+  int64_t persist_every_steps = 0;  // persist every N-th step; 0: every checkpoint
+  int replicas = 1;                 // peer-memory replicas of each node's checkpoint (0 or 1)
+  int64_t memory_budget_bytes = 0;  // T0 + T1 bytes per node; 0: no limit
 };
 
 // [detection]

@@ -133,7 +133,7 @@ every_steps = 100
 dir = "/nfs/ckpt"
 keep = 5
 persist_every_steps = 1000
-replicas = 2
+replicas = 0
 memory_budget = "2GiB"
 
 [detection]
@@ -201,7 +201,7 @@ horizon = "5m"
   EXPECT_EQ(spec->checkpoint.dir, "/nfs/ckpt");
   EXPECT_EQ(spec->checkpoint.keep, 5);
   EXPECT_EQ(spec->checkpoint.persist_every_steps, 1000);
-  EXPECT_EQ(spec->checkpoint.replicas, 2);
+  EXPECT_EQ(spec->checkpoint.replicas, 0);
   EXPECT_EQ(spec->checkpoint.memory_budget_bytes, int64_t{2} << 30);
   EXPECT_EQ(spec->detection.hang_timeout_floor, std::chrono::milliseconds(500));
   EXPECT_DOUBLE_EQ(spec->detection.hang_timeout_k, 4.0);
@@ -406,6 +406,9 @@ TEST(JobSpec, NegativeAndOutOfRangeValues) {
            {"[checkpoint]\nevery_steps = -10\n",
             "job.toml:6: key 'checkpoint.every_steps': must be at least 0, got -10"},
            {"[checkpoint]\nkeep = 0\n", "job.toml:6: key 'checkpoint.keep': must be at least 1"},
+           {"[checkpoint]\nreplicas = 2\n",
+            "job.toml:6: key 'checkpoint.replicas': must be 0 or 1 (one peer replica per node), "
+            "got 2"},
            {"[recovery]\nmax_restarts = -1\n",
             "job.toml:6: key 'recovery.max_restarts': must be at least 0, got -1"},
            {"[detection]\nhang_timeout_k = 0.5\n",

@@ -55,6 +55,7 @@ Json IncidentJson(const core::Incident& inc, core::TimePoint start) {
   j["steps_lost"] = inc.steps_lost();
   j["action"] = inc.action;
   j["reason"] = inc.reason;
+  j["restore"] = inc.restore;
   j["log_line"] = inc.log_line;
   j["stacks"] = inc.stacks;
   return j;
@@ -307,6 +308,7 @@ std::string RenderReport(const Json& r) {
       if (!text.empty() && text != "-") out << pad << label << ": " << text << "\n";
     };
     detail("reason", Str(inc.value("reason", Json())));
+    detail("restore", Str(inc.value("restore", Json())));
     std::string phases;
     for (const char* key : {"teardown_s", "wait_s", "relaunch_s", "restore_s"}) {
       const Json& v = inc.value(key, Json());

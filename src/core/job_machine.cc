@@ -81,6 +81,15 @@ std::vector<NodeId> JobMachine::HealthyNodes() const {
   return out;
 }
 
+void JobMachine::NoteRestore(int generation, std::string text) {
+  for (auto it = incidents_.rbegin(); it != incidents_.rend(); ++it) {
+    if (it->generation == generation - 1 && it->relaunched_at) {
+      it->restore = std::move(text);
+      return;
+    }
+  }
+}
+
 Incident* JobMachine::OpenIncident() { return incident_open_ ? &incidents_.back() : nullptr; }
 
 std::optional<TimePoint> JobMachine::NextDeadline() const {
@@ -152,7 +161,8 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
       if (productive_ && e->ckpt_stall_s > 0) {
         ledger_.Reclassify(FromSeconds(e->ckpt_stall_s), LedgerCategory::kCheckpointStall, now);
       }
-      if (e->checkpoint_step >= 0) {
+      if (e->checkpoint_step >= 0 &&
+          (checkpoints_.empty() || e->checkpoint_step > checkpoints_.back())) {
         checkpoints_.push_back(e->checkpoint_step);
         ledger_.Commit(now);
       }
@@ -224,6 +234,24 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
       MaybeStart(now, out);
     }
 
+  } else if (const auto* e = std::get_if<PersistFailedEvent>(&event)) {
+    if (e->generation == generation_ && !persist_failure_reported_ && !incident_open_) {
+      persist_failure_reported_ = true;
+      Incident inc;
+      inc.id = static_cast<int>(incidents_.size()) + 1;
+      inc.generation = generation_;
+      inc.cause = "checkpoint persistence failing";
+      inc.rank = e->shard;
+      inc.node = e->node;
+      inc.node_name = NodeName(e->node);
+      inc.fault_at = inc.detected_at = now;
+      inc.failed_at_step = job_step_;
+      inc.action = "continue";
+      inc.reason = "writing step " + std::to_string(e->step) + " shard " +
+                   std::to_string(e->shard) + " to durable storage failed (" + e->error +
+                   "); training goes on, restorable from the memory tiers (T0/T1) only";
+      incidents_.push_back(std::move(inc));
+    }
   } else if (const auto* e = std::get_if<StackDumpEvent>(&event)) {
     for (Incident& inc : incidents_) {
       if (inc.generation == e->generation && inc.cause == "hang") {

@@ -107,11 +107,22 @@ struct StackDumpEvent {
   int rank = 0;
   std::string text;
 };
+// Writing a checkpoint shard to durable storage (T2) failed. Training goes
+// on from the memory tiers; the job's first such failure is an incident (the
+// report counts them all).
+struct PersistFailedEvent {
+  int generation = 0;
+  int shard = 0;
+  int64_t step = 0;
+  NodeId node;
+  std::string error;
+};
+
 struct Tick {};
 
 using JobEvent =
     std::variant<NodeUp, NodeDown, NodeHeartbeat, WorkerReady, StepEnd, WorkerExitEvent,
-                 FaultFiredEvent, GenerationStoppedEvent, StackDumpEvent, Tick>;
+                 FaultFiredEvent, GenerationStoppedEvent, StackDumpEvent, PersistFailedEvent, Tick>;
 
 // ---- Actions ----
 struct StartGenerationAction {
@@ -162,6 +173,7 @@ struct Incident {
   std::string action;
   std::string reason;
   std::string log_line;
+  std::string restore;              // where the restart restored from, and what it refused
   std::vector<std::string> stacks;  // "rank N:\n<stack>" per rank, for hangs
 
   int64_t steps_lost() const {
@@ -192,6 +204,9 @@ class JobMachine {
   const std::vector<int64_t>& checkpoints() const { return checkpoints_; }
   const std::set<std::string>& fired_faults() const { return fired_; }
   std::string NodeName(NodeId node) const;
+  // Records on the incident that generation `generation` recovers from
+  // where its restore came from (the shell chooses the copies).
+  void NoteRestore(int generation, std::string text);
   // The node running `rank` in the current generation (invalid if none).
   NodeId NodeOfRank(int rank) const;
 
@@ -265,6 +280,7 @@ class JobMachine {
   std::vector<int64_t> skip_steps_;
   std::vector<Incident> incidents_;
   bool incident_open_ = false;
+  bool persist_failure_reported_ = false;  // the first persistence failure is an incident
 };
 
 }  // namespace endure::core

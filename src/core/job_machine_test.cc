@@ -327,5 +327,30 @@ TEST(JobMachine, ExternalFaultsFireByStepAndByTime) {
   EXPECT_EQ(a[0].fault.id, "sched");
 }
 
+TEST(JobMachine, FailingPersistenceIsOneIncidentThatStopsNothing) {
+  Job job;
+  job.Up();
+  job.Ready(0);
+  job.Run(1, 5);
+  auto a = job.Do(PersistFailedEvent{0, 1, 5, NodeId{1}, "No space left on device"});
+  EXPECT_TRUE(a.empty());  // training goes on
+  job.Do(PersistFailedEvent{0, 1, 6, NodeId{1}, "No space left on device"});
+  ASSERT_EQ(job.m.incidents().size(), 1u);
+  const Incident& inc = job.m.incidents()[0];
+  EXPECT_EQ(inc.cause, "checkpoint persistence failing");
+  EXPECT_EQ(inc.node_name, "node1");
+  EXPECT_NE(inc.reason.find("step 5 shard 1"), std::string::npos) << inc.reason;
+  EXPECT_NE(inc.reason.find("memory tiers"), std::string::npos) << inc.reason;
+  // A later crash is its own incident, and the restore note lands on it.
+  job.Run(6, 12);
+  job.Do(WorkerExitEvent{0, 0, NodeId{0}, std::nullopt, 9});
+  auto start = Find<StartGenerationAction>(job.StopBoth());
+  ASSERT_EQ(start.size(), 1u);
+  job.m.NoteRestore(start[0].generation, "step 10 from T0 x2");
+  ASSERT_EQ(job.m.incidents().size(), 2u);
+  EXPECT_EQ(job.m.incidents()[1].restore, "step 10 from T0 x2");
+  EXPECT_EQ(job.m.incidents()[0].restore, "");
+}
+
 }  // namespace
 }  // namespace endure::core

@@ -21,6 +21,10 @@ constexpr KindName kKinds[] = {
     {FaultKind::kSlow, "slow"},
     {FaultKind::kLog, "log"},
     {FaultKind::kKillAgent, "kill-agent"},
+    {FaultKind::kDiskFull, "disk-full"},
+    {FaultKind::kDiskError, "disk-error"},
+    {FaultKind::kCorruptT0, "corrupt-t0"},
+    {FaultKind::kCorruptT1, "corrupt-t1"},
 };
 
 std::string KindList() {
@@ -69,6 +73,12 @@ Result<FaultKind> ParseFaultKind(std::string_view name) {
   }
   return InvalidArgument("unknown fault kind '" + std::string(name) + "' (one of " + KindList() +
                          ")");
+}
+
+bool FiredByController(FaultKind kind) {
+  return kind == FaultKind::kKillAgent || kind == FaultKind::kDiskFull ||
+         kind == FaultKind::kDiskError || kind == FaultKind::kCorruptT0 ||
+         kind == FaultKind::kCorruptT1;
 }
 
 Status Validate(const Fault& f) {
@@ -238,7 +248,7 @@ std::vector<Fault> FaultsForRank(const std::vector<Fault>& faults, int rank,
                                  const std::set<std::string>& fired) {
   std::vector<Fault> mine;
   for (const Fault& f : faults) {
-    if (f.kind == FaultKind::kKillAgent || f.at || f.step < 1 || f.rank != rank) continue;
+    if (FiredByController(f.kind) || f.at || f.step < 1 || f.rank != rank) continue;
     if (fired.count(f.id) > 0) continue;
     mine.push_back(f);
   }

@@ -32,10 +32,20 @@ enum class FaultKind {
   kSlow,       // the rank runs `factor` times slower from the step on
   kLog,        // the rank prints `line` on stderr, then exits with 1
   kKillAgent,  // a whole node dies: its agent, its workers, its memory
+  kDiskFull,   // the rank's node cannot persist checkpoints any more: ENOSPC
+  kDiskError,  // the same with EIO
+  kCorruptT0,  // a flipped byte in the rank's shard in its node's memory (T0), seen at the next
+               // stop
+  kCorruptT1,  // the same in the peer's replica of it (T1)
 };
 
-// "kill", "exit", "hang", "nan", "slow", "log", "kill-agent".
+// "kill", "exit", "hang", "nan", "slow", "log", "kill-agent", "disk-full",
+// "disk-error", "corrupt-t0", "corrupt-t1".
 std::string_view FaultKindName(FaultKind kind);
+
+// Whether the controller (through an agent) fires faults of `kind`, rather
+// than the worker itself: kill-agent and the storage and memory faults.
+bool FiredByController(FaultKind kind);
 // The inverse of FaultKindName; the error lists the valid names.
 Result<FaultKind> ParseFaultKind(std::string_view name);
 

@@ -27,6 +27,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/restore_plan.h"
+#include "checkpoint/snapshot_file.h"
 #include "common/hash.h"
 #include "endure/client.h"
 #include "trainer/corpus.h"
@@ -86,26 +88,27 @@ void KeepFreedMemory() {
 
 // ---- State boundary: model + optimizer <-> named tensors and metadata ----
 
+std::string DTypeName(torch::ScalarType type) {
+  switch (type) {
+    case torch::kFloat:
+      return "float32";
+    case torch::kDouble:
+      return "float64";
+    case torch::kLong:
+      return "int64";
+    case torch::kByte:
+      return "uint8";
+    default:
+      ENDURE_CHECK(false && "unsupported dtype in training state");
+  }
+  return "";
+}
+
 TensorBlob ToBlob(const std::string& name, const torch::Tensor& t) {
   torch::Tensor c = t.detach().contiguous().cpu();
   TensorBlob blob;
   blob.name = name;
-  switch (c.scalar_type()) {
-    case torch::kFloat:
-      blob.dtype = "float32";
-      break;
-    case torch::kDouble:
-      blob.dtype = "float64";
-      break;
-    case torch::kLong:
-      blob.dtype = "int64";
-      break;
-    case torch::kByte:
-      blob.dtype = "uint8";
-      break;
-    default:
-      ENDURE_CHECK(false && "unsupported dtype in training state");
-  }
+  blob.dtype = DTypeName(c.scalar_type());
   blob.shape.assign(c.sizes().begin(), c.sizes().end());
   blob.data.assign(static_cast<const char*>(c.data_ptr()), c.nbytes());
   return blob;
@@ -146,32 +149,120 @@ std::string OptimizerKey(const torch::Tensor& p) {
   return c10::guts::to_string(p.unsafeGetTensorImpl());
 }
 
-TrainingState CaptureState(GPT& model, torch::optim::AdamW& optimizer, int64_t step,
-                           const TrainerOptions& options) {
-  TrainingState state;
-  state.step = step;
+// The training state as named tensors, in a fixed order every rank agrees
+// on, and its metadata. `holders` keeps tensors made for the occasion (the
+// RNG state) alive.
+struct StateParts {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  nlohmann::json meta;
+};
+
+StateParts CollectState(GPT& model, torch::optim::AdamW& optimizer, int64_t step,
+                        const TrainerOptions& options) {
+  StateParts parts;
   int64_t adam_step = 0;
   for (const auto& p : model->named_parameters()) {
-    state.tensors.push_back(ToBlob("model/" + p.key(), p.value()));
+    parts.tensors.emplace_back("model/" + p.key(), p.value().detach());
     auto it = optimizer.state().find(OptimizerKey(p.value()));
     if (it == optimizer.state().end()) continue;  // no optimizer step taken yet
     auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
-    state.tensors.push_back(ToBlob("optim/" + p.key() + "/exp_avg", s.exp_avg()));
-    state.tensors.push_back(ToBlob("optim/" + p.key() + "/exp_avg_sq", s.exp_avg_sq()));
+    parts.tensors.emplace_back("optim/" + p.key() + "/exp_avg", s.exp_avg());
+    parts.tensors.emplace_back("optim/" + p.key() + "/exp_avg_sq", s.exp_avg_sq());
     adam_step = s.step();
   }
   {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    state.tensors.push_back(ToBlob("rng/cpu", gen.get_state()));
+    parts.tensors.emplace_back("rng/cpu", gen.get_state());
   }
-  state.meta = {{"model", ModelJson(options.model)},
+  parts.meta = {{"step", step},
+                {"model", ModelJson(options.model)},
                 {"adam_step", adam_step},
                 {"seed", options.seed},
                 {"global_batch", options.global_batch},
                 // The batch of step s is a pure function of (seed, s), so the
                 // data position is the next step index.
                 {"data_position", {{"next_step", step}}}};
+  return parts;
+}
+
+TrainingState CaptureState(GPT& model, torch::optim::AdamW& optimizer, int64_t step,
+                           const TrainerOptions& options) {
+  StateParts parts = CollectState(model, optimizer, step, options);
+  TrainingState state;
+  state.step = step;
+  state.meta = std::move(parts.meta);
+  for (const auto& [name, t] : parts.tensors) state.tensors.push_back(ToBlob(name, t));
+  return state;
+}
+
+// Saves this rank's shard of the state into node memory through the agent:
+// the tensors are split among the ranks by size, and each rank copies only
+// its own, straight from the tensors. Returns whether it was saved.
+Result<bool> SaveShard(Session& session, GPT& model, torch::optim::AdamW& optimizer, int64_t step,
+                       const TrainerOptions& options, const DistEnv& dist) {
+  StateParts parts = CollectState(model, optimizer, step, options);
+  std::vector<uint64_t> sizes;
+  for (const auto& [name, t] : parts.tensors) sizes.push_back(t.nbytes());
+  const std::vector<int> owner = checkpoint::PartitionBySize(sizes, dist.world_size);
+  std::vector<checkpoint::TensorView> views;
+  for (size_t i = 0; i < parts.tensors.size(); ++i) {
+    if (owner[i] != dist.rank) continue;
+    const torch::Tensor& t = parts.tensors[i].second;
+    ENDURE_CHECK(t.is_contiguous() && t.device().is_cpu());
+    views.push_back(checkpoint::TensorView{parts.tensors[i].first, DTypeName(t.scalar_type()),
+                                           std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
+                                           t.data_ptr(), t.nbytes()});
+  }
+  parts.meta["shard"] = dist.rank;
+  parts.meta["shards"] = dist.world_size;
+  const std::string meta = parts.meta.dump();
+  return session.SaveSnapshot(step, dist.world_size,
+                              checkpoint::ShardViews(meta, std::move(views)));
+}
+
+// Loads the agent's restore plan: each shard's loader rank reads and checks
+// its copy, then broadcasts the bytes to every rank; all ranks decode all
+// shards into one state. A copy that fails its check fails every rank.
+Result<TrainingState> LoadPlanned(const checkpoint::RestorePlan& plan, const DistEnv& dist,
+                                  c10d::ProcessGroup* group) {
+  TrainingState state;
+  state.step = plan.step;
+  for (const checkpoint::RestoreSource& src : plan.sources) {
+    const bool loader = group == nullptr || src.loader_rank == dist.rank;
+    std::string bytes, error;
+    if (loader) {
+      Result<std::string> r = checkpoint::ReadShardCopy(src.copy);
+      if (r.ok()) {
+        bytes = std::move(r).value();
+      } else {
+        error = r.status().message();
+      }
+    }
+    if (group != nullptr) {
+      c10d::BroadcastOptions from;
+      from.rootRank = src.loader_rank;
+      std::vector<torch::Tensor> size = {
+          torch::full({1}, error.empty() ? static_cast<int64_t>(bytes.size()) : -1, torch::kLong)};
+      group->broadcast(size, from)->wait();
+      const int64_t n = size[0].item<int64_t>();
+      if (n < 0 && !loader)
+        error = "rank " + std::to_string(src.loader_rank) + " could not read it";
+      if (n > 0) {
+        if (!loader) bytes.resize(static_cast<size_t>(n));
+        std::vector<torch::Tensor> data = {torch::from_blob(bytes.data(), {n}, torch::kByte)};
+        group->broadcast(data, from)->wait();
+      }
+    }
+    if (!error.empty()) return DataLoss("restore of " + src.copy.Describe() + ": " + error);
+    ENDURE_ASSIGN_OR_RETURN(checkpoint::DecodedShard shard,
+                            checkpoint::DecodeShard(bytes, src.copy.Describe()));
+    if (shard.meta["step"] != plan.step) {
+      return DataLoss(src.copy.Describe() + ": holds step " + shard.meta["step"].dump());
+    }
+    if (src.copy.shard == 0) state.meta = std::move(shard.meta);
+    for (TensorBlob& t : shard.tensors) state.tensors.push_back(std::move(t));
+  }
   return state;
 }
 
@@ -491,7 +582,20 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
   if (!options.ckpt_dir.empty())
     ENDURE_RETURN_IF_ERROR(Env::Default()->CreateDirs(options.ckpt_dir));
   const auto restore_start = Clock::now();
-  if (const std::optional<int64_t> limit = RestoreLimit(options, session)) {
+  if (const auto& plan = session.restore_plan()) {
+    // The agent chose the restore point across the checkpoint tiers.
+    if (plan->step > 0) {
+      ENDURE_ASSIGN_OR_RETURN(TrainingState state, LoadPlanned(*plan, dist, cluster.group.get()));
+      if (ModelFromJson(state.meta.value("model", nlohmann::json::object())) != options.model) {
+        return InvalidArgument("checkpoint step " + std::to_string(plan->step) +
+                               " holds a model of config " + state.meta["model"].dump() +
+                               "; pass the same --layers/--d-model/--heads/--context");
+      }
+      ENDURE_RETURN_IF_ERROR(RestoreState(state, model, &optimizer));
+      summary.start_step = plan->step;
+    }
+    if (leader && plan->step > 0) std::printf("restored %s\n", plan->Summary().c_str());
+  } else if (const std::optional<int64_t> limit = RestoreLimit(options, session)) {
     // Rank 0 chooses the restore point; every rank loads that same step.
     int64_t step = -1;
     std::optional<TrainingState> chosen;  // rank 0 keeps what it verified and loaded
@@ -541,7 +645,7 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
       }
     }
   }
-  if (leader && !options.ckpt_dir.empty() && session.restore_step() &&
+  if (leader && !options.ckpt_dir.empty() && !session.restore_plan() && session.restore_step() &&
       *session.restore_step() != -1) {
     // A rollback (or fresh start) ordered by the agent abandons the steps
     // after the restore point: checkpoints taken there must never be
@@ -616,12 +720,19 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
     }
 
     const int64_t done = step + 1;
-    const bool save =
-        !options.ckpt_dir.empty() &&
-        ((options.ckpt_every > 0 && done % options.ckpt_every == 0) || done == options.steps);
+    const bool due =
+        (options.ckpt_every > 0 && done % options.ckpt_every == 0) || done == options.steps;
     double ckpt_stall_s = 0;
     int64_t checkpoint_step = -1;
-    if (save && leader) {
+    if (due && session.memory_checkpoints()) {
+      // Every rank copies its shard into node memory; the agent does the rest.
+      const auto ckpt_start = Clock::now();
+      Result<bool> saved = SaveShard(session, model, optimizer, done, options, dist);
+      if (!saved.ok())
+        return saved.status().WithContext("checkpoint at step " + std::to_string(done));
+      ckpt_stall_s = SecondsSince(ckpt_start);
+      if (*saved) checkpoint_step = done;
+    } else if (due && !options.ckpt_dir.empty() && leader) {
       // Data-parallel replicas are identical: rank 0 writes the whole state.
       const auto ckpt_start = Clock::now();
       Result<checkpoint::CommitStats> stats =
