@@ -1,9 +1,13 @@
-// Recovery and ETTR of `endure run` on the demo job (4 layers, d-model 128,
-// 2 nodes x 1 rank, checkpoints every 20 steps), printed as figures:
-//  1. time to recover from a SIGKILLed rank (fault to the first productive
-//     step after it), split into detection, teardown, relaunch and restore,
-//     over several runs;
-//  2. ETTR of about five minutes of training under a seeded Poisson schedule
+// Checkpoint stall, recovery and ETTR of `endure run` on the demo job (4
+// layers, d-model 128, 2 nodes x 1 rank), printed as figures:
+//  1. checkpoint stall as a share of step time when saving every step: into
+//     node memory (Endure's tiers, persisted every 20 steps) and, in the same
+//     run, synchronously to disk inside the step (`memory = false`, as
+//     torch.save does);
+//  2. time to recover from a SIGKILLed rank (fault to the first productive
+//     step after it), split into detection, teardown, relaunch and restore
+//     (from T0, node memory), over several runs;
+//  3. ETTR of about five minutes of training under a seeded Poisson schedule
 //     of rank kills with a 60 s MTBF.
 //
 //   build/bin/control_plane_bench [WORK_DIR] [KILL_RUNS] [ETTR_SECONDS]
@@ -31,14 +35,18 @@ std::string BinDir() {
   return fs::path(std::string(exe, n > 0 ? static_cast<size_t>(n) : 0)).parent_path().string();
 }
 
+// Every step into node memory, every 20th step to disk.
+constexpr char kTiers[] = "every_steps = 1\npersist_every_steps = 20\n";
+
 nlohmann::json RunJob(const fs::path& dir, const std::string& name, int64_t steps,
-                      const std::string& faults) {
+                      const std::string& faults, const std::string& checkpoint = kTiers) {
   const fs::path spec = dir / (name + ".toml");
   std::ofstream(spec) << "[job]\nname = \"" << name << "\"\n"
                       << "command = [\"" << BinDir() << "/endure-train\", \"--steps\", \"" << steps
                       << "\", \"--log-every\", \"20\", \"--sample-tokens\", \"0\"]\n"
                       << "nodes = 2\nranks_per_node = 1\nstate_dir = \"" << (dir / name).string()
-                      << "\"\n[checkpoint]\nevery_steps = 20\n"
+                      << "\"\n[checkpoint]\n"
+                      << checkpoint
                       << "[recovery]\nwarm_standby = true\n"
                       // Kills hit random ranks of 2 nodes, so the same node
                       // fails again soon; isolating it is for real clusters.
@@ -72,7 +80,24 @@ int main(int argc, char** argv) {
   const double ettr_seconds = argc > 3 ? std::atof(argv[3]) : 300;
   fs::create_directories(dir);
 
-  std::printf("== time to recover from a killed rank (kill at step 50, checkpoints every 20)\n");
+  std::printf("== checkpoint stall, saving every step (100 steps, no faults)\n");
+  std::printf("%-34s %10s %12s %12s\n", "mode", "step_ms", "stall_ms", "stall_share");
+  double stall_share[2] = {0, 0};
+  for (int sync = 0; sync < 2; ++sync) {
+    nlohmann::json r = RunJob(dir, sync ? "stall-sync" : "stall-tiers", 100, "",
+                              sync ? "every_steps = 1\nmemory = false\n" : std::string(kTiers));
+    const double productive = r["ledger_s"]["productive"].get<double>();
+    const double stall = r["ledger_s"].value("checkpoint_stall", 0.0);
+    const double steps = r["steps"].get<double>();
+    stall_share[sync] = stall / (productive + stall);
+    std::printf("%-34s %10.1f %12.2f %11.2f%%\n",
+                sync ? "synchronous to disk (baseline)" : "Endure: T0 copy (+T1, T2 behind)",
+                (productive + stall) / steps * 1e3, stall / steps * 1e3, 100 * stall_share[sync]);
+  }
+  std::printf("stall ratio synchronous / Endure: %.0fx\n\n",
+              stall_share[0] > 0 ? stall_share[1] / stall_share[0] : 0.0);
+
+  std::printf("== time to recover from a killed rank (kill at step 50, checkpoints every step)\n");
   std::printf("%4s %10s %10s %10s %10s %10s %10s %6s\n", "run", "recover_s", "detect_s",
               "teardown_s", "relaunch_s", "restore_s", "step_ms", "lost");
   std::vector<double> recover, detect, teardown, relaunch, restore;

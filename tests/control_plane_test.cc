@@ -197,7 +197,7 @@ TEST_F(ControlPlaneTest, BothMemoryCopiesLostRestoresFromDurableStorage) {
 }
 
 TEST_F(ControlPlaneTest, ACorruptMemoryCopyIsRefusedAndAnotherTierUsed) {
-  // Rank 0's snapshots in node 0's memory get a flipped byte; it is killed
+  // Rank 0's snapshots in its node's memory get a flipped byte; it is killed
   // at step 14. Its shard comes from node 1's replica instead.
   nlohmann::json inc =
       ExpectRecovered("corrupt",
@@ -206,7 +206,8 @@ TEST_F(ControlPlaneTest, ACorruptMemoryCopyIsRefusedAndAnotherTierUsed) {
                       "signal 9 SIGKILL", "", kEveryStep);
   const std::string restore = inc.value("restore", "");
   EXPECT_NE(restore.find("T1 x1"), std::string::npos) << inc.dump(2);
-  EXPECT_NE(restore.find("refused step 13 shard 0 in T0 on node0"), std::string::npos) << restore;
+  // (rank 0 runs on whichever node registered first)
+  EXPECT_NE(restore.find("refused step 13 shard 0 in T0 on node"), std::string::npos) << restore;
   EXPECT_NE(restore.find("checksum mismatch"), std::string::npos) << restore;
 }
 

@@ -177,7 +177,7 @@ class CorruptionTest : public TrainerTest {
 TEST_F(CorruptionTest, FlippedByteIsRefused) {
   ExpectFallback(
       [](const fs::path& step) {
-        std::fstream f(step / "tensors.bin", std::ios::in | std::ios::out | std::ios::binary);
+        std::fstream f(step / "shard-00000.bin", std::ios::in | std::ios::out | std::ios::binary);
         f.seekg(5000);
         char c = 0;
         f.read(&c, 1);
@@ -185,12 +185,12 @@ TEST_F(CorruptionTest, FlippedByteIsRefused) {
         f.seekp(5000);
         f.write(&c, 1);
       },
-      "step-00000020/tensors.bin: checksum mismatch");
+      "step-00000020/shard-00000.bin: checksum mismatch");
 }
 
 TEST_F(CorruptionTest, TruncatedFileIsRefused) {
-  ExpectFallback([](const fs::path& step) { fs::resize_file(step / "tensors.bin", 1000); },
-                 "step-00000020/tensors.bin: size 1000 bytes");
+  ExpectFallback([](const fs::path& step) { fs::resize_file(step / "shard-00000.bin", 1000); },
+                 "step-00000020/shard-00000.bin: size 1000 bytes");
 }
 
 TEST_F(CorruptionTest, MissingManifestIsRefused) {

@@ -453,7 +453,7 @@ void Controller::OnCheckpointEvent(const Queued& item) {
 proto::CheckpointConfig Controller::CheckpointFor(const core::StartGenerationAction& a) {
   const CheckpointSpec& spec = o_.spec.checkpoint;
   proto::CheckpointConfig c;
-  if (spec.every_steps <= 0) return c;
+  if (spec.every_steps <= 0 || !spec.memory) return c;
   std::error_code ec;
   c.set_enabled(true);
   c.set_dir(std::filesystem::absolute(spec.dir, ec).string());

@@ -410,6 +410,11 @@ Status SpecParser::ParseCheckpoint(const toml::table& t, JobSpec& spec) {
                   }
                   return Status::Ok();
                 }},
+               {"memory",
+                [&](const toml::node& v, const std::string& key) -> Status {
+                  ENDURE_ASSIGN_OR_RETURN(c.memory, Bool(v, key));
+                  return Status::Ok();
+                }},
                {"memory_budget", [&](const toml::node& v, const std::string& key) -> Status {
                   ENDURE_ASSIGN_OR_RETURN(c.memory_budget_bytes, Bytes(v, key));
                   return Status::Ok();

@@ -36,6 +36,9 @@ struct CheckpointSpec {
   int64_t persist_every_steps = 0;  // persist every N-th step; 0: every checkpoint
   int replicas = 1;                 // peer-memory replicas of each node's checkpoint (0 or 1)
   int64_t memory_budget_bytes = 0;  // T0 + T1 bytes per node; 0: no limit
+  // false: no memory tiers; rank 0 writes each checkpoint to `dir` inside
+  // the step, synchronously (the baseline the benchmark compares with).
+  bool memory = true;
 };
 
 // [detection]

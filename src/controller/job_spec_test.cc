@@ -134,6 +134,7 @@ dir = "/nfs/ckpt"
 keep = 5
 persist_every_steps = 1000
 replicas = 0
+memory = false
 memory_budget = "2GiB"
 
 [detection]
@@ -202,6 +203,7 @@ horizon = "5m"
   EXPECT_EQ(spec->checkpoint.keep, 5);
   EXPECT_EQ(spec->checkpoint.persist_every_steps, 1000);
   EXPECT_EQ(spec->checkpoint.replicas, 0);
+  EXPECT_FALSE(spec->checkpoint.memory);
   EXPECT_EQ(spec->checkpoint.memory_budget_bytes, int64_t{2} << 30);
   EXPECT_EQ(spec->detection.hang_timeout_floor, std::chrono::milliseconds(500));
   EXPECT_DOUBLE_EQ(spec->detection.hang_timeout_k, 4.0);
