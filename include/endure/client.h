@@ -144,8 +144,10 @@ class Session {
   // Saves this rank's shard (`tensors`, in ShardViews form) of step `step`
   // of a `shards`-way state into node memory and tells the agent; the agent
   // replicates and persists it behind training. Blocks only for the copy.
-  // Returns false when the save was skipped because the agent still reads
-  // the other slot. kInvalidArgument when the shard exceeds the memory
+  // When the agent still reads the slot this save needs (it is more than a
+  // step behind), waits for it: every rank must hold every step, or no step
+  // is complete for a restore. Returns false when it waited 30 s in vain
+  // and skipped the save. kInvalidArgument when the shard exceeds the memory
   // budget's share; kIOError when shared memory cannot be written.
   Result<bool> SaveSnapshot(int64_t step, int shards,
                             const std::vector<checkpoint::TensorView>& tensors);

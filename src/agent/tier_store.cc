@@ -1,7 +1,9 @@
 // The node's checkpoint tiers: T0 slots, T1 replicas, persistence to T2.
 #include "agent/tier_store.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -28,6 +30,17 @@ bool Holds(const checkpoint::SnapshotInfo& info) {
 uint64_t FileSize(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+}
+
+// Checkpoint work yields the CPU to training: the calling thread gets the
+// lowest priority (nice 19), so on a busy node it runs mostly when a core
+// would otherwise idle, yet always makes progress. On a node with spare
+// cores that changes nothing.
+void YieldToTraining() {
+  static thread_local bool done = false;
+  if (done) return;
+  done = true;
+  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);  // this thread only
 }
 
 }  // namespace
@@ -110,6 +123,7 @@ void TierStore::Drain() {
 }
 
 void TierStore::Loop() {
+  YieldToTraining();
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
@@ -210,56 +224,47 @@ void TierStore::PersistNewest(int rank) {
 
 void TierStore::KeepReplica(const checkpoint::ReplicaHeader& h, std::string payload) {
   std::lock_guard<std::mutex> t1(t1_mu_);
-  const std::string dir = JoinPath(o_.shm_dir, "t1");
   uint64_t budget = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     budget = config_.memory_budget;
   }
-  // Older replicas of the same shard go first: keep the newest two, and
-  // fewer when the memory budget says so.
-  struct Held {
-    std::string path;
-    int64_t step;
-    uint64_t size;
-  };
-  std::vector<Held> same;
-  for (const std::string& path : SnapshotPaths(dir)) {
-    Result<std::unique_ptr<SnapshotFile>> f = SnapshotFile::Open(path);
-    if (!f.ok()) continue;
-    const checkpoint::SnapshotInfo info = (*f)->info();
-    if (info.shard == h.shard && path.find("/" + h.node + "-") != std::string::npos) {
-      same.push_back({path, info.step, FileSize(path)});
+  // Two slots per peer shard, like T0: the new replica replaces the older.
+  const std::string dir = JoinPath(o_.shm_dir, "t1");
+  std::string slots[2];
+  int64_t steps[2] = {-1, -1};
+  for (int i = 0; i < 2; ++i) {
+    slots[i] =
+        JoinPath(dir, h.node + "-shard-" + std::to_string(h.shard) + ".slot-" + std::to_string(i));
+    Result<std::unique_ptr<SnapshotFile>> f = SnapshotFile::Open(slots[i]);
+    if (f.ok() && Holds((*f)->info())) steps[i] = (*f)->info().step;
+  }
+  const int target = steps[0] <= steps[1] ? 0 : 1;
+  if (budget > 0) {
+    // The target's own bytes are reused; the other copy goes first if need be.
+    const MemoryUsage used = Usage();
+    uint64_t held = used.t0_bytes + used.t1_bytes - FileSize(slots[target]);
+    const uint64_t need = payload.size() + 64;
+    if (held + need > budget) {
+      (void)Env::Default()->RemoveFile(slots[1 - target]);
+      held = Usage().t0_bytes + Usage().t1_bytes - FileSize(slots[target]);
     }
-  }
-  std::sort(same.begin(), same.end(), [](const Held& a, const Held& b) { return a.step < b.step; });
-  while (same.size() >= 2) {
-    (void)Env::Default()->RemoveFile(same.front().path);
-    same.erase(same.begin());
-  }
-  const uint64_t need = payload.size() + 64;
-  MemoryUsage used = Usage();
-  while (budget > 0 && used.t0_bytes + used.t1_bytes + need > budget && !same.empty()) {
-    (void)Env::Default()->RemoveFile(same.front().path);
-    same.erase(same.begin());
-    used = Usage();
-  }
-  if (budget > 0 && used.t0_bytes + used.t1_bytes + need > budget) {
-    std::fprintf(stderr,
-                 "endure agent %s: replica of step %lld shard %d from %s dropped: %llu bytes "
-                 "would exceed the memory budget of %llu\n",
-                 o_.node.c_str(), static_cast<long long>(h.step), h.shard, h.node.c_str(),
-                 static_cast<unsigned long long>(need), static_cast<unsigned long long>(budget));
-    return;
+    if (held + need > budget) {
+      (void)Env::Default()->RemoveFile(slots[target]);
+      std::fprintf(stderr,
+                   "endure agent %s: replica of step %lld shard %d from %s dropped: %llu bytes "
+                   "would exceed the memory budget of %llu\n",
+                   o_.node.c_str(), static_cast<long long>(h.step), h.shard, h.node.c_str(),
+                   static_cast<unsigned long long>(need), static_cast<unsigned long long>(budget));
+      return;
+    }
   }
   checkpoint::SnapshotInfo info;
   info.step = h.step;
   info.shard = h.shard;
   info.shards = h.shards;
   info.xxh3 = h.xxh3;
-  const std::string path = JoinPath(
-      dir, h.node + "-shard-" + std::to_string(h.shard) + ".step-" + std::to_string(h.step));
-  Status st = checkpoint::WriteSnapshotFile(path, info, payload);
+  Status st = checkpoint::WriteSnapshotFile(slots[target], info, payload);
   if (!st.ok()) {
     std::fprintf(stderr, "endure agent %s: cannot keep a replica: %s\n", o_.node.c_str(),
                  st.message().c_str());

@@ -29,21 +29,20 @@ int64_t ParseStepDirName(const std::string& name) {
   return step;
 }
 
-// Checks `bytes`, read from `path`, against the size and checksum expected.
-Status CheckBytes(const std::string& path, std::string_view bytes, uint64_t size, uint64_t xxh3) {
+}  // namespace
+
+Status VerifyBytes(const std::string& path, std::string_view bytes, uint64_t size, uint64_t xxh3) {
   if (bytes.size() != size) {
-    return DataLoss(path + ": size " + std::to_string(bytes.size()) + " bytes, manifest says " +
+    return DataLoss(path + ": size " + std::to_string(bytes.size()) + " bytes, expected " +
                     std::to_string(size) + " (truncated or partial file)");
   }
   const uint64_t actual = Xxh3(bytes);
   if (actual != xxh3) {
-    return DataLoss(path + ": checksum mismatch (xxh3 " + HexU64(actual) + ", manifest says " +
+    return DataLoss(path + ": checksum mismatch (xxh3 " + HexU64(actual) + ", expected " +
                     HexU64(xxh3) + ")");
   }
   return Status::Ok();
 }
-
-}  // namespace
 
 CheckpointDir::CheckpointDir(Env* env, std::string root) : env_(env), root_(std::move(root)) {}
 
@@ -178,7 +177,7 @@ Result<std::string> CheckpointDir::ReadShard(int64_t step, int shard) const {
   const std::string path = ShardPath(step, shard);
   Result<std::string> bytes = env_->ReadFile(path);
   if (!bytes.ok()) return DataLoss(path + ": " + bytes.status().message());
-  ENDURE_RETURN_IF_ERROR(CheckBytes(path, *bytes, shards[shard].bytes, shards[shard].xxh3));
+  ENDURE_RETURN_IF_ERROR(VerifyBytes(path, *bytes, shards[shard].bytes, shards[shard].xxh3));
   return bytes;
 }
 

@@ -43,6 +43,10 @@ struct CommitStats {
   double seconds = 0;
 };
 
+// Checks `bytes` (read from `path`) against the size and XXH3 they were
+// saved with: kDataLoss naming the path and what differs otherwise.
+Status VerifyBytes(const std::string& path, std::string_view bytes, uint64_t size, uint64_t xxh3);
+
 class CheckpointDir {
  public:
   // `env` must outlive this object.

@@ -8,8 +8,11 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
+#include <thread>
 
+#include "checkpoint/checkpoint_dir.h"
 #include "common/env.h"
 #include "common/hash.h"
 
@@ -148,7 +151,7 @@ Status SnapshotWriter::Reserve(Slot& slot, uint64_t payload) {
 }
 
 Result<std::optional<SnapshotWriter::Saved>> SnapshotWriter::Save(
-    int64_t step, const std::vector<TensorView>& views) {
+    int64_t step, const std::vector<TensorView>& views, std::chrono::milliseconds wait) {
   const uint64_t bytes = EncodedSize(views);
   if (max_bytes_ > 0 && bytes > max_bytes_) {
     return InvalidArgument("a checkpoint shard of " + std::to_string(bytes) +
@@ -158,11 +161,17 @@ Result<std::optional<SnapshotWriter::Saved>> SnapshotWriter::Save(
   }
   const int target = newest_ == 0 ? 1 : 0;
   Slot& slot = *slots_[static_cast<size_t>(target)];
-  uint32_t state = StateOf(slot.base).load();
-  if (state == static_cast<uint32_t>(SlotState::kPinned) ||
-      !StateOf(slot.base).compare_exchange_strong(state,
-                                                  static_cast<uint32_t>(SlotState::kWriting))) {
-    return std::optional<Saved>();  // the agent is still reading it
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    uint32_t state = StateOf(slot.base).load();
+    if (state != static_cast<uint32_t>(SlotState::kPinned) &&
+        StateOf(slot.base).compare_exchange_strong(state,
+                                                   static_cast<uint32_t>(SlotState::kWriting))) {
+      break;
+    }
+    // The agent is still reading it.
+    if (std::chrono::steady_clock::now() >= deadline) return std::optional<Saved>();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   Status reserved = Reserve(slot, bytes);
   if (!reserved.ok()) {
@@ -245,13 +254,7 @@ void SnapshotFile::Invalidate() { StateOf(base_).store(static_cast<uint32_t>(Slo
 
 Status SnapshotFile::Verify() const {
   ENDURE_ASSIGN_OR_RETURN(std::string_view bytes, payload());
-  const uint64_t want = reinterpret_cast<const Header*>(base_)->xxh3;
-  const uint64_t got = Xxh3(bytes);
-  if (got != want) {
-    return DataLoss(path_ + ": checksum mismatch (xxh3 " + HexU64(got) + ", saved as " +
-                    HexU64(want) + ")");
-  }
-  return Status::Ok();
+  return VerifyBytes(path_, bytes, bytes.size(), reinterpret_cast<const Header*>(base_)->xxh3);
 }
 
 void SnapshotFile::CorruptForTest() {
@@ -265,30 +268,32 @@ Status WriteSnapshotFile(const std::string& path, const SnapshotInfo& info,
                          std::string_view payload) {
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
-  h.state = static_cast<uint32_t>(SlotState::kReady);
+  h.state = static_cast<uint32_t>(SlotState::kWriting);
   h.step = info.step;
   h.shard = info.shard;
   h.shards = info.shards;
   h.bytes = payload.size();
   h.xxh3 = info.xxh3;
-  const std::string tmp = path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Errno("cannot create", tmp);
-  auto write_all = [&](const char* p, size_t n) -> Status {
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return Errno("cannot open", path);
+  auto write_all = [&](const char* p, size_t n, off_t offset) -> Status {
     while (n > 0) {
-      ssize_t w = write(fd, p, n);
+      ssize_t w = pwrite(fd, p, n, offset);
       if (w < 0 && errno == EINTR) continue;
-      if (w < 0) return Errno("cannot write", tmp);
+      if (w < 0) return Errno("cannot write", path);
       p += w;
       n -= static_cast<size_t>(w);
+      offset += w;
     }
     return Status::Ok();
   };
-  Status st = write_all(reinterpret_cast<const char*>(&h), sizeof h);
-  if (st.ok()) st = write_all(payload.data(), payload.size());
+  Status st = write_all(reinterpret_cast<const char*>(&h), sizeof h, 0);
+  if (st.ok()) st = write_all(payload.data(), payload.size(), kHeaderSize);
+  h.state = static_cast<uint32_t>(SlotState::kReady);
+  if (st.ok())
+    st =
+        write_all(reinterpret_cast<const char*>(&h.state), sizeof h.state, offsetof(Header, state));
   close(fd);
-  if (st.ok() && rename(tmp.c_str(), path.c_str()) != 0) st = Errno("cannot rename", tmp);
-  if (!st.ok()) unlink(tmp.c_str());
   return st;
 }
 
@@ -315,11 +320,7 @@ Result<std::string> ReadSnapshotPayload(const std::string& path, int64_t step, u
   }
   close(fd);
   ENDURE_RETURN_IF_ERROR(st);
-  const uint64_t got = Xxh3(payload);
-  if (got != xxh3) {
-    return DataLoss(path + ": checksum mismatch (xxh3 " + HexU64(got) + ", expected " +
-                    HexU64(xxh3) + ")");
-  }
+  ENDURE_RETURN_IF_ERROR(VerifyBytes(path, payload, bytes, xxh3));
   return payload;
 }
 
@@ -329,15 +330,7 @@ Result<std::string> ReadShardCopy(const ShardCopy& copy) {
   }
   Result<std::string> bytes = Env::Default()->ReadFile(copy.path);
   if (!bytes.ok()) return DataLoss(copy.path + ": " + bytes.status().message());
-  if (bytes->size() != copy.bytes) {
-    return DataLoss(copy.path + ": size " + std::to_string(bytes->size()) + " bytes, expected " +
-                    std::to_string(copy.bytes));
-  }
-  const uint64_t got = Xxh3(*bytes);
-  if (got != copy.xxh3) {
-    return DataLoss(copy.path + ": checksum mismatch (xxh3 " + HexU64(got) + ", expected " +
-                    HexU64(copy.xxh3) + ")");
-  }
+  ENDURE_RETURN_IF_ERROR(VerifyBytes(copy.path, *bytes, copy.bytes, copy.xxh3));
   return bytes;
 }
 

@@ -10,14 +10,15 @@
 // T0: each rank's worker owns two slot files, rank-R.slot-0/1, in the
 // directory its agent names (double buffering): SnapshotWriter writes step s
 // into the slot that does not hold the newest snapshot, while the agent may
-// still be reading (pinned) the other. The worker never waits for the agent:
-// when the slot it needs is pinned, that save is skipped. The files outlive a
-// crashed worker; a restarted one continues with them.
+// still be reading (pinned) the other. The worker waits for the agent only
+// when the agent is more than a step behind. The files outlive a crashed
+// worker; a restarted one continues with them.
 //
 // T1: an agent keeps a peer's replicas as snapshot files written whole
 // (WriteSnapshotFile), so that workers read both tiers the same way.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -62,10 +63,12 @@ class SnapshotWriter {
     uint64_t bytes = 0;
     uint64_t xxh3 = 0;
   };
-  // Copies `views` (ShardViews form) into a slot as step `step`. nullopt when
-  // no slot is free (the agent still reads the other one): nothing was saved.
-  // kInvalidArgument when the snapshot exceeds max_bytes.
-  Result<std::optional<Saved>> Save(int64_t step, const std::vector<TensorView>& views);
+  // Copies `views` (ShardViews form) into a slot as step `step`. When the
+  // slot is pinned by the agent, waits up to `wait` for it to let go; nullopt
+  // when it did not: nothing was saved. kInvalidArgument when the snapshot
+  // exceeds max_bytes.
+  Result<std::optional<Saved>> Save(int64_t step, const std::vector<TensorView>& views,
+                                    std::chrono::milliseconds wait = std::chrono::milliseconds(0));
 
  private:
   struct Slot;
@@ -109,8 +112,9 @@ class SnapshotFile {
   size_t size_ = 0;
 };
 
-// Writes a whole snapshot file (a T1 replica): to a temporary name, then
-// renamed into place, in state kReady.
+// Writes a whole snapshot file (a T1 replica) in place, reusing the pages of
+// what it held before (fresh shared memory costs a page fault per 4 KiB):
+// the header goes to kWriting, then the payload, then kReady.
 Status WriteSnapshotFile(const std::string& path, const SnapshotInfo& info,
                          std::string_view payload);
 

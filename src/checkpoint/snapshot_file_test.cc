@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <thread>
 
 namespace endure::checkpoint {
 namespace {
@@ -63,7 +64,7 @@ TEST_F(SnapshotFileTest, PinnedSlotIsNeverOverwritten) {
   ASSERT_TRUE((*f)->Pin(1));
   auto s3 = (*w)->Save(3, Views(3, 'c'));
   ASSERT_TRUE(s3.ok());
-  EXPECT_FALSE(s3->has_value());  // skipped, not waited for
+  EXPECT_FALSE(s3->has_value());  // no wait allowed: skipped
   EXPECT_TRUE((*f)->Verify().ok());
   EXPECT_EQ((*f)->info().step, 1);
   (*f)->Unpin();
@@ -71,6 +72,25 @@ TEST_F(SnapshotFileTest, PinnedSlotIsNeverOverwritten) {
   ASSERT_TRUE(s3.ok() && s3->has_value());
   EXPECT_EQ((*s3)->slot, (*s1)->slot);
   EXPECT_TRUE(ReadSnapshotPayload((*s3)->path, 3, (*s3)->bytes, (*s3)->xxh3).ok());
+}
+
+TEST_F(SnapshotFileTest, ASaveWaitsForTheAgentToLetGo) {
+  auto w = SnapshotWriter::Open(dir_, 0, 1, 0);
+  auto s1 = (*w)->Save(1, Views(1, 'a'));
+  (*w)->Save(2, Views(2, 'b'));
+  auto f = SnapshotFile::Open((*s1)->path);
+  ASSERT_TRUE((*f)->Pin(1));
+  std::thread agent([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // Until it lets go, the agent's snapshot is intact.
+    EXPECT_TRUE((*f)->Verify().ok());
+    EXPECT_EQ((*f)->info().step, 1);
+    (*f)->Unpin();
+  });
+  auto s3 = (*w)->Save(3, Views(3, 'c'), std::chrono::seconds(30));
+  agent.join();
+  ASSERT_TRUE(s3.ok() && s3->has_value());
+  EXPECT_EQ((*s3)->slot, (*s1)->slot);
 }
 
 TEST_F(SnapshotFileTest, CorruptionAndStaleStepsAreRefused) {

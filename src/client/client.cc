@@ -404,7 +404,7 @@ Result<bool> Session::SaveSnapshot(int64_t step, int shards,
         snapshots_, checkpoint::SnapshotWriter::Open(t0_dir_, rank_, shards, t0_slot_bytes_));
   }
   ENDURE_ASSIGN_OR_RETURN(std::optional<checkpoint::SnapshotWriter::Saved> saved,
-                          snapshots_->Save(step, tensors));
+                          snapshots_->Save(step, tensors, std::chrono::seconds(30)));
   if (!saved) return false;
   if (fd_ >= 0) {
     nlohmann::json j = Envelope("snapshot", token_, generation_, rank_);

@@ -248,6 +248,17 @@ std::string RenderReport(const Json& r) {
     for (const std::string& f : facts) joined += (joined.empty() ? "" : "; ") + f;
     out << "  " << joined << "\n";
   }
+  if (r.contains("checkpoint") && r["checkpoint"].is_object()) {
+    // The tiers: what is durable, and the memory they held.
+    const Json& c = r["checkpoint"];
+    auto mb = [&](const char* key) { return Fixed(c.value(key, 0.0) / (1 << 20), 1) + " MB"; };
+    out << "  checkpoints: " << Str(c.value("durable_commits", Json()))
+        << " durable commits, newest step " << Str(c.value("newest_durable_step", Json()))
+        << ", persist failures " << Str(c.value("persist_failures", Json())) << "; memory peak T0 "
+        << mb("peak_t0_bytes") << ", T1 " << mb("peak_t1_bytes") << " of budget "
+        << (c.value("memory_budget_bytes", 0.0) > 0 ? mb("memory_budget_bytes") : "unlimited")
+        << "\n";
+  }
   const std::string fingerprint = Str(r.value("param_fingerprint", Json()));
   out << "  param_fingerprint " << (fingerprint.empty() || fingerprint == "-" ? "-" : fingerprint)
       << "\n\n";

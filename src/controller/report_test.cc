@@ -195,6 +195,18 @@ TEST(Report, RenderShowsTheFigures) {
   EXPECT_THAT(text, HasSubstr("recovery: teardown 0.500s, relaunch 1.700s, restore 0.300s"));
 }
 
+TEST(Report, RenderShowsTheCheckpointTiers) {
+  ScriptedJob job;
+  nlohmann::json r = BuildReport(Inputs(job.Run()));
+  r["checkpoint"] = {{"durable_commits", 3},         {"newest_durable_step", 30},
+                     {"persist_failures", 0},        {"memory_budget_bytes", 0},
+                     {"peak_t0_bytes", 11 << 20},    {"peak_t1_bytes", 5 << 20},
+                     {"restored_shards_by_tier", {}}};
+  EXPECT_THAT(RenderReport(r),
+              HasSubstr("checkpoints: 3 durable commits, newest step 30, persist failures 0; "
+                        "memory peak T0 11.0 MB, T1 5.0 MB of budget unlimited"));
+}
+
 TEST(Report, RenderShowsLogLinesAndStacks) {
   ScriptedJob job;
   nlohmann::json r = BuildReport(Inputs(job.Run()));

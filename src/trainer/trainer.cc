@@ -484,12 +484,14 @@ class Progress {
   }
   bool metrics_ok() const { return options_.metrics_file.empty() || metrics_.good(); }
 
-  void Step(int64_t step, double loss, double lr, double step_s, double compute_s, double comm_s) {
+  void Step(int64_t step, double loss, double lr, double step_s, double compute_s, double comm_s,
+            double ckpt_s) {
     const int64_t done = step + 1;
     const double tokens = double(options_.global_batch) * options_.model.context;
     window_s_ += step_s;
     window_compute_s_ += compute_s;
     window_comm_s_ += comm_s;
+    window_ckpt_s_ += ckpt_s;
     ++window_steps_;
     const bool log = done % options_.log_every == 0 || done == options_.steps;
     if (!log && !tty_) return;
@@ -497,10 +499,10 @@ class Progress {
     char line[256];
     std::snprintf(line, sizeof line,
                   "step %6lld/%lld | loss %.4f | lr %.2e | %7.0f tok/s | %6.1f ms/step "
-                  "(compute %.1f, allreduce-wait %.1f)",
+                  "(compute %.1f, allreduce-wait %.1f, checkpoint %.2f)",
                   static_cast<long long>(done), static_cast<long long>(options_.steps), loss, lr,
                   tokens * n / window_s_, 1e3 * window_s_ / n, 1e3 * window_compute_s_ / n,
-                  1e3 * window_comm_s_ / n);
+                  1e3 * window_comm_s_ / n, 1e3 * window_ckpt_s_ / n);
     std::printf(tty_ ? "\r\033[K%s%s" : "%s%s", line, log ? "\n" : "");
     std::fflush(stdout);
     if (!log) return;
@@ -511,11 +513,12 @@ class Progress {
                           {"tokens_per_s", tokens * n / window_s_},
                           {"ms_per_step", 1e3 * window_s_ / n},
                           {"compute_ms", 1e3 * window_compute_s_ / n},
-                          {"allreduce_wait_ms", 1e3 * window_comm_s_ / n}};
+                          {"allreduce_wait_ms", 1e3 * window_comm_s_ / n},
+                          {"checkpoint_ms", 1e3 * window_ckpt_s_ / n}};
       metrics_ << j.dump() << "\n";
       metrics_.flush();
     }
-    window_s_ = window_compute_s_ = window_comm_s_ = 0;
+    window_s_ = window_compute_s_ = window_comm_s_ = window_ckpt_s_ = 0;
     window_steps_ = 0;
   }
 
@@ -523,7 +526,7 @@ class Progress {
   const TrainerOptions& options_;
   bool tty_;
   std::ofstream metrics_;
-  double window_s_ = 0, window_compute_s_ = 0, window_comm_s_ = 0;
+  double window_s_ = 0, window_compute_s_ = 0, window_comm_s_ = 0, window_ckpt_s_ = 0;
   int64_t window_steps_ = 0;
 };
 
@@ -751,7 +754,9 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
     // model itself is untouched.
     const double logged_loss =
         session.EndStep(step, loss, compute_s, comm_s, ckpt_stall_s, checkpoint_step);
-    if (leader) progress.Step(step, logged_loss, lr, SecondsSince(step_start), compute_s, comm_s);
+    if (leader)
+      progress.Step(step, logged_loss, lr, SecondsSince(step_start), compute_s, comm_s,
+                    ckpt_stall_s);
   }
 
   summary.steps = options.steps;
