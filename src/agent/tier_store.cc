@@ -11,6 +11,7 @@
 
 #include "checkpoint/snapshot_file.h"
 #include "common/env.h"
+#include "common/hash.h"
 
 namespace endure::agent {
 namespace {
@@ -32,15 +33,14 @@ uint64_t FileSize(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
 }
 
-// Checkpoint work yields the CPU to training: the calling thread gets the
-// lowest priority (nice 19), so on a busy node it runs mostly when a core
-// would otherwise idle, yet always makes progress. On a node with spare
-// cores that changes nothing.
-void YieldToTraining() {
-  static thread_local bool done = false;
-  if (done) return;
-  done = true;
-  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);  // this thread only
+// Checkpoint work yields the CPU to training: the calling thread runs at
+// `nice` (a thread's own priority on Linux). On a node with spare cores that
+// changes nothing; on a busy one training comes first. The thread that pins
+// T0 slots (a worker may wait for it) gets nice 10 — about a tenth of a
+// core's share when contended, enough for a copy of milliseconds; the
+// sending thread gets 19.
+void YieldToTraining(int nice) {
+  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), nice);
 }
 
 }  // namespace
@@ -62,7 +62,8 @@ Result<std::unique_ptr<TierStore>> TierStore::Start(TierStoreOptions options,
                               [self](const checkpoint::ReplicaHeader& h, std::string payload) {
                                 self->KeepReplica(h, std::move(payload));
                               }));
-  s->thread_ = std::thread(&TierStore::Loop, self);
+  s->copier_ = std::thread(&TierStore::CopyLoop, self);
+  s->sender_ = std::thread(&TierStore::SendLoop, self);
   return s;
 }
 
@@ -72,7 +73,8 @@ TierStore::~TierStore() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (copier_.joinable()) copier_.join();
+  if (sender_.joinable()) sender_.join();
   server_.reset();
   (void)Env::Default()->RemoveAll(o_.shm_dir);
 }
@@ -119,13 +121,15 @@ void TierStore::Notify(SnapshotNotice notice) {
 
 void TierStore::Drain() {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return (queue_.empty() && !busy_) || stop_; });
+  cv_.wait(lock, [&] { return (queue_.empty() && !copying_ && !job_ && !sending_) || stop_; });
 }
 
-void TierStore::Loop() {
-  YieldToTraining();
+void TierStore::CopyLoop() {
+  YieldToTraining(10);
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
+    // Copied as soon as it is announced, well before the worker needs the
+    // slot again; a copy the sender has not taken yet is replaced by a newer.
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (stop_) return;
     SnapshotNotice n = std::move(queue_.front());
@@ -136,29 +140,62 @@ void TierStore::Loop() {
       return q.rank == n.rank && q.step > n.step;
     });
     if (newer_queued) continue;
-    busy_ = true;
+    copying_ = true;
     lock.unlock();
-    Process(n);
+    std::optional<Job> job = CopyOut(n);
     lock.lock();
-    busy_ = false;
+    copying_ = false;
+    if (job) job_ = std::move(job);
     cv_.notify_all();
   }
 }
 
-void TierStore::Process(const SnapshotNotice& n) {
+std::optional<TierStore::Job> TierStore::CopyOut(const SnapshotNotice& n) {
+  // Pinned only for this copy, on a thread that training does not starve
+  // (nice 10): the worker may need the slot again one step from now.
   Result<std::unique_ptr<SnapshotFile>> f = SnapshotFile::Open(n.path);
-  if (!f.ok() || !(*f)->Pin(n.step)) return;  // already overwritten by a newer save
-  const checkpoint::SnapshotInfo info = (*f)->info();
+  if (!f.ok() || !(*f)->Pin(n.step)) return std::nullopt;  // already overwritten
+  Job job;
+  job.path = n.path;
+  job.info = (*f)->info();
   Result<std::string_view> payload = (*f)->payload();
+  if (payload.ok()) job.bytes.assign(payload->data(), payload->size());
+  (*f)->Unpin();
+  if (!payload.ok()) return std::nullopt;
+  return job;
+}
+
+void TierStore::SendLoop() {
+  YieldToTraining(19);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || job_.has_value(); });
+    if (stop_) return;
+    Job job = std::move(*job_);
+    job_.reset();
+    sending_ = true;
+    cv_.notify_all();
+    lock.unlock();
+    Send(job);
+    lock.lock();
+    sending_ = false;
+    cv_.notify_all();
+  }
+}
+
+void TierStore::Send(const Job& job) {
+  // The worker's checksum travels with the bytes: the peer checks it before
+  // keeping a replica, and Persist before reporting a shard durable.
+  const checkpoint::SnapshotInfo& info = job.info;
   TierConfig config;
   {
     std::lock_guard<std::mutex> lock(mu_);
     config = config_;
   }
-  if (payload.ok() && !config.replica_peer.empty()) {
+  if (!config.replica_peer.empty()) {
     checkpoint::ReplicaHeader h{o_.node, info.shard, info.shards, info.step, info.bytes, info.xxh3};
     Status st =
-        checkpoint::SendReplica(config.replica_peer, o_.token, h, *payload, kReplicaTimeout);
+        checkpoint::SendReplica(config.replica_peer, o_.token, h, job.bytes, kReplicaTimeout);
     if (!st.ok()) {
       std::fprintf(stderr, "endure agent %s: replica of step %lld shard %d to %s failed: %s\n",
                    o_.node.c_str(), static_cast<long long>(info.step), info.shard,
@@ -167,11 +204,11 @@ void TierStore::Process(const SnapshotNotice& n) {
   }
   const bool due = !config.durable_dir.empty() &&
                    (config.persist_every_steps <= 0 || info.step % config.persist_every_steps == 0);
-  if (payload.ok() && due) Persist(info.shard, info.shards, info.step, *payload);
-  (*f)->Unpin();
+  if (due) Persist(info.shard, info.shards, info.step, job.bytes, info.xxh3);
 }
 
-void TierStore::Persist(int shard, int shards, int64_t step, std::string_view payload) {
+void TierStore::Persist(int shard, int shards, int64_t step, std::string_view payload,
+                        uint64_t xxh3) {
   std::string root;
   Env* env = Env::Default();
   {
@@ -184,10 +221,15 @@ void TierStore::Persist(int shard, int shards, int64_t step, std::string_view pa
   if (st.ok()) {
     checkpoint::CheckpointDir dir(env, root);
     Result<checkpoint::ShardEntry> entry = dir.WriteShard(step, shard, payload);
-    if (entry.ok()) {
-      report.entry = *entry;
-    } else {
+    if (!entry.ok()) {
       st = entry.status();
+    } else if (entry->xxh3 != xxh3) {
+      // Damaged in memory after the worker saved it: never committed.
+      st = DataLoss("step " + std::to_string(step) + " shard " + std::to_string(shard) +
+                    " changed in memory after it was saved (xxh3 " + HexU64(entry->xxh3) +
+                    ", saved as " + HexU64(xxh3) + ")");
+    } else {
+      report.entry = *entry;
     }
   }
   if (!st.ok()) {
@@ -218,7 +260,7 @@ void TierStore::PersistNewest(int rank) {
   }
   if (!newest->Pin(info.step)) return;
   Result<std::string_view> payload = newest->payload();
-  if (payload.ok()) Persist(info.shard, info.shards, info.step, *payload);
+  if (payload.ok()) Persist(info.shard, info.shards, info.step, *payload, info.xxh3);
   newest->Unpin();
 }
 

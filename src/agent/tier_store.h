@@ -2,15 +2,16 @@
 //
 // Workers copy their shard of each step into T0 slot files under
 // SHM/t0 (src/checkpoint/snapshot_file.h) and announce it; the store, on its
-// own thread and behind training, pins the slot, sends the snapshot to the
-// peer agent (T1, over src/checkpoint/replica_link.h), writes it to the
-// durable directory when its step is due (T2: tmp -> fsync -> rename ->
-// fsync(dir); the controller commits the step once every shard is durable),
-// and unpins it. Replicas from a peer land in SHM/t1, the newest two per
-// shard. Inventory() lists and verifies what the node holds, for the
-// controller's choice of restore point.
+// threads, behind training, copies the snapshot out of the slot (pinned only
+// for that copy, at nice 10), then, at the lowest CPU priority (nice 19),
+// sends it to the peer agent (T1, over
+// src/checkpoint/replica_link.h) and writes it to the durable directory when
+// its step is due (T2: tmp -> fsync -> rename -> fsync(dir); the controller
+// commits the step once every shard is durable). Replicas from a peer land in SHM/t1, the newest
+// two per shard. Inventory() lists and verifies what the node holds, for the controller's choice of
+// restore point.
 //
-// Thread-safe: the agent's threads call it; one internal thread does the work.
+// Thread-safe: the agent's threads call it; two internal threads do the work.
 #pragma once
 
 #include <condition_variable>
@@ -26,6 +27,7 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/replica_link.h"
 #include "checkpoint/restore_plan.h"
+#include "checkpoint/snapshot_file.h"
 #include "common/fault_injection_env.h"
 #include "common/status.h"
 
@@ -100,9 +102,19 @@ class TierStore {
 
  private:
   TierStore() = default;
-  void Loop();
-  void Process(const SnapshotNotice& notice);
-  void Persist(int shard, int shards, int64_t step, std::string_view payload);
+  // A snapshot copied out of its T0 slot, to replicate and persist.
+  struct Job {
+    std::string path;
+    checkpoint::SnapshotInfo info;
+    std::string bytes;
+  };
+  void CopyLoop();  // nice 10: pins a slot only to copy it out
+  std::optional<Job> CopyOut(const SnapshotNotice& notice);
+  void SendLoop();  // nice 19: replication and persistence
+  void Send(const Job& job);
+  // Writes a shard to T2; `xxh3` is what the worker saved, which the bytes
+  // written must match.
+  void Persist(int shard, int shards, int64_t step, std::string_view payload, uint64_t xxh3);
   void KeepReplica(const checkpoint::ReplicaHeader& header, std::string payload);
   std::vector<std::string> SnapshotPaths(const std::string& dir) const;
 
@@ -113,13 +125,15 @@ class TierStore {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<SnapshotNotice> queue_;           // GUARDED_BY(mu_)
-  bool busy_ = false;                          // GUARDED_BY(mu_)
+  bool copying_ = false;                       // GUARDED_BY(mu_)
+  std::optional<Job> job_;                     // copied, not yet taken; GUARDED_BY(mu_)
+  bool sending_ = false;                       // GUARDED_BY(mu_)
   bool stop_ = false;                          // GUARDED_BY(mu_)
   TierConfig config_;                          // GUARDED_BY(mu_)
   std::unique_ptr<FaultInjectionEnv> faulty_;  // GUARDED_BY(mu_); set once persistence is failed
   std::map<int, int64_t> persisted_;           // shard -> newest step persisted; GUARDED_BY(mu_)
   std::mutex t1_mu_;                           // serialises T1 writes and evictions
-  std::thread thread_;
+  std::thread copier_, sender_;
 };
 
 }  // namespace endure::agent
