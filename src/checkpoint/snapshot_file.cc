@@ -184,8 +184,9 @@ Result<std::optional<SnapshotWriter::Saved>> SnapshotWriter::Save(
   h.shards = shards_;
   h.bytes = bytes;
   char* payload = slot.base + kHeaderSize;
-  EncodeTensorsInto(views, payload);
-  h.xxh3 = Xxh3(std::string_view(payload, bytes));
+  Xxh3Hasher hasher;
+  EncodeTensorsInto(views, payload, &hasher);
+  h.xxh3 = hasher.Digest();
   StateOf(slot.base).store(static_cast<uint32_t>(SlotState::kReady), std::memory_order_release);
   newest_ = target;
   return std::optional<Saved>(Saved{target, slot.path, bytes, h.xxh3});

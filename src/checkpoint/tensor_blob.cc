@@ -10,6 +10,7 @@ namespace endure::checkpoint {
 namespace {
 
 constexpr std::string_view kMagic = "ENDTNSR1";
+constexpr size_t kPiece = 256 << 10;  // copied, then hashed while still in L2
 
 template <typename T>
 void Put(std::string& out, T v) {
@@ -62,10 +63,17 @@ size_t EncodedSize(const std::vector<TensorView>& tensors) {
   return total;
 }
 
-void EncodeTensorsInto(const std::vector<TensorView>& tensors, char* out) {
-  auto put = [&out](const void* p, size_t n) {
-    if (n > 0) std::memcpy(out, p, n);
-    out += n;
+void EncodeTensorsInto(const std::vector<TensorView>& tensors, char* out, Xxh3Hasher* hasher) {
+  auto put = [&out, hasher](const void* p, size_t n) {
+    const char* from = static_cast<const char*>(p);
+    while (n > 0) {
+      const size_t k = std::min(n, kPiece);
+      std::memcpy(out, from, k);
+      if (hasher != nullptr) hasher->Update(out, k);
+      out += k;
+      from += k;
+      n -= k;
+    }
   };
   auto put_u32 = [&put](uint32_t v) { put(&v, sizeof v); };
   put(kMagic.data(), kMagic.size());

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/hash.h"
 #include "common/status.h"
 
 namespace endure::checkpoint {
@@ -43,8 +44,11 @@ std::string EncodeTensors(const std::vector<TensorBlob>& tensors);
 // The exact size EncodeTensorsInto writes for `tensors`.
 size_t EncodedSize(const std::vector<TensorView>& tensors);
 // Writes the EncodeTensors form of `tensors` to `out`, which must hold
-// EncodedSize(tensors) bytes.
-void EncodeTensorsInto(const std::vector<TensorView>& tensors, char* out);
+// EncodedSize(tensors) bytes. With a `hasher`, also hashes what it wrote, a
+// piece at a time while it is still in the cache (the same digest as
+// Xxh3 over the whole).
+void EncodeTensorsInto(const std::vector<TensorView>& tensors, char* out,
+                       Xxh3Hasher* hasher = nullptr);
 
 // Parses EncodeTensors output. Truncation, a bad magic number or sizes that
 // do not add up give kDataLoss naming `source` (a file name, for messages).

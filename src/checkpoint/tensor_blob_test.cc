@@ -33,6 +33,18 @@ TEST(TensorBlob, SizeMustMatchShape) {
   EXPECT_FALSE(DecodeTensors(EncodeTensors(bad), "f").ok());
 }
 
+TEST(TensorBlobTest, HashingWhileEncodingGivesTheWholeDigest) {
+  std::vector<TensorBlob> t = {{"big", "uint8", {700000}, std::string(700000, 'q')},
+                               {"small", "float32", {2}, std::string(8, 'z')}};
+  const std::string whole = EncodeTensors(t);
+  std::vector<TensorView> views = {ViewOf(t[0]), ViewOf(t[1])};
+  std::string out(EncodedSize(views), '\0');
+  Xxh3Hasher hasher;
+  EncodeTensorsInto(views, out.data(), &hasher);
+  EXPECT_EQ(out, whole);
+  EXPECT_EQ(hasher.Digest(), Xxh3(whole));
+}
+
 TEST(PartitionBySizeTest, BalancesBytesDeterministically) {
   EXPECT_EQ(PartitionBySize({100, 10, 10, 80, 5}, 2), (std::vector<int>{0, 1, 1, 1, 0}));
   EXPECT_EQ(PartitionBySize({1, 1, 1}, 1), (std::vector<int>{0, 0, 0}));
