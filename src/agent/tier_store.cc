@@ -35,10 +35,10 @@ uint64_t FileSize(const std::string& path) {
 
 // Checkpoint work yields the CPU to training: the calling thread runs at
 // `nice` (a thread's own priority on Linux). On a node with spare cores that
-// changes nothing; on a busy one training comes first. The thread that pins
-// T0 slots (a worker may wait for it) gets nice 10 — about a tenth of a
-// core's share when contended, enough for a copy of milliseconds; the
-// sending thread gets 19.
+// changes nothing; on a busy one training comes first. Nice 10 is about a
+// tenth of a core's share when contended: enough for the copy a worker may
+// wait for, and for replication to keep up (at nice 19 replicas fell several
+// steps behind on 2 busy cores).
 void YieldToTraining(int nice) {
   (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), nice);
 }
@@ -166,7 +166,7 @@ std::optional<TierStore::Job> TierStore::CopyOut(const SnapshotNotice& n) {
 }
 
 void TierStore::SendLoop() {
-  YieldToTraining(19);
+  YieldToTraining(10);
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [&] { return stop_ || job_.has_value(); });
@@ -265,6 +265,7 @@ void TierStore::PersistNewest(int rank) {
 }
 
 void TierStore::KeepReplica(const checkpoint::ReplicaHeader& h, std::string payload) {
+  YieldToTraining(10);  // the replica server's thread: a syscall, once a replica
   std::lock_guard<std::mutex> t1(t1_mu_);
   uint64_t budget = 0;
   {

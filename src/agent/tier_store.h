@@ -1,15 +1,14 @@
 // TierStore: a node's checkpoint memory (T0, T1) and its persistence (T2).
 //
-// Workers copy their shard of each step into T0 slot files under
-// SHM/t0 (src/checkpoint/snapshot_file.h) and announce it; the store, on its
-// threads, behind training, copies the snapshot out of the slot (pinned only
-// for that copy, at nice 10), then, at the lowest CPU priority (nice 19),
-// sends it to the peer agent (T1, over
-// src/checkpoint/replica_link.h) and writes it to the durable directory when
-// its step is due (T2: tmp -> fsync -> rename -> fsync(dir); the controller
-// commits the step once every shard is durable). Replicas from a peer land in SHM/t1, the newest
-// two per shard. Inventory() lists and verifies what the node holds, for the controller's choice of
-// restore point.
+// Workers copy their shard of each step into T0 slot files under SHM/t0
+// (src/checkpoint/snapshot_file.h) and announce it. Behind training, at nice
+// 10, the store copies the snapshot out of its slot (pinned only for that
+// copy), then sends it to the peer agent (T1, over
+// src/checkpoint/replica_link.h) and, when its step is due, writes it to the
+// durable directory (T2: tmp -> fsync -> rename -> fsync(dir); the
+// controller commits the step once every shard is durable). Replicas from a
+// peer land in SHM/t1, the newest two per shard. Inventory() lists and
+// verifies what the node holds, for the controller's choice of restore point.
 //
 // Thread-safe: the agent's threads call it; two internal threads do the work.
 #pragma once
@@ -110,7 +109,7 @@ class TierStore {
   };
   void CopyLoop();  // nice 10: pins a slot only to copy it out
   std::optional<Job> CopyOut(const SnapshotNotice& notice);
-  void SendLoop();  // nice 19: replication and persistence
+  void SendLoop();  // nice 10: replication and persistence
   void Send(const Job& job);
   // Writes a shard to T2; `xxh3` is what the worker saved, which the bytes
   // written must match.
