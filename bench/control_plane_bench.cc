@@ -80,11 +80,11 @@ int main(int argc, char** argv) {
   const double ettr_seconds = argc > 3 ? std::atof(argv[3]) : 300;
   fs::create_directories(dir);
 
-  std::printf("== checkpoint stall, saving every step (100 steps, no faults)\n");
+  std::printf("== checkpoint stall, saving every step (300 steps, no faults)\n");
   std::printf("%-34s %10s %12s %12s\n", "mode", "step_ms", "stall_ms", "stall_share");
   double stall_share[2] = {0, 0};
   for (int sync = 0; sync < 2; ++sync) {
-    nlohmann::json r = RunJob(dir, sync ? "stall-sync" : "stall-tiers", 100, "",
+    nlohmann::json r = RunJob(dir, sync ? "stall-sync" : "stall-tiers", 300, "",
                               sync ? "every_steps = 1\nmemory = false\n" : std::string(kTiers));
     const double productive = r["ledger_s"]["productive"].get<double>();
     const double stall = r["ledger_s"].value("checkpoint_stall", 0.0);
