@@ -165,6 +165,15 @@ TEST_F(ControlPlaneTest, LostNodeIsReplaced) {
 
 constexpr char kEveryStep[] = "every_steps = 1\npersist_every_steps = 5\n";
 
+// Replication and persistence run behind training at a lower CPU priority:
+// on 2 cores fully busy with training they can fall steps behind, and a
+// restore then goes further back (docs/checkpoints.md). Tests that restore
+// from T1 or T2 let both ranks leave the CPU idle part of each step (`slow`:
+// they sleep), as a GPU job's CPU does. Prepended to a test's faults.
+constexpr char kIdleCpu[] =
+    "kind = \"slow\"\nrank = 0\nstep = 1\nfactor = 3\n[[faults]]\nkind = \"slow\"\nrank = 1\n"
+    "step = 1\nfactor = 3\n[[faults]]\n";
+
 TEST_F(ControlPlaneTest, WorkerCrashRestoresFromLocalMemory) {
   JobResult r;
   nlohmann::json inc = ExpectRecovered("t0", "kind = \"kill\"\nrank = 1\nstep = 12\n",
@@ -178,11 +187,9 @@ TEST_F(ControlPlaneTest, WorkerCrashRestoresFromLocalMemory) {
 
 TEST_F(ControlPlaneTest, LostNodeRestoresFromItsPeersReplica) {
   JobResult r;
-  // Only replication runs behind training here (no T2 until the end), so
-  // that the replicas keep up on a busy machine.
   nlohmann::json inc =
-      ExpectRecovered("t1", "kind = \"kill-agent\"\nrank = 1\nstep = 12\n", "node_lost", "",
-                      "every_steps = 1\npersist_every_steps = 1000\n", &r);
+      ExpectRecovered("t1", std::string(kIdleCpu) + "kind = \"kill-agent\"\nrank = 1\nstep = 12\n",
+                      "node_lost", "", "every_steps = 1\npersist_every_steps = 1000\n", &r);
   // Node 1's memory died with it; node 0 kept a replica of its shard.
   EXPECT_GE(inc.value("restored_step", -1), 10) << inc.dump(2);
   EXPECT_NE(inc.value("restore", "").find("T0 x1, T1 x1"), std::string::npos) << inc.dump(2);
@@ -193,8 +200,8 @@ TEST_F(ControlPlaneTest, BothMemoryCopiesLostRestoresFromDurableStorage) {
   // No peer replicas: the lost node's shard exists only in the durable
   // directory, persisted every 5 steps.
   nlohmann::json inc =
-      ExpectRecovered("t2", "kind = \"kill-agent\"\nrank = 1\nstep = 12\n", "node_lost", "",
-                      "every_steps = 1\npersist_every_steps = 5\nreplicas = 0\n");
+      ExpectRecovered("t2", std::string(kIdleCpu) + "kind = \"kill-agent\"\nrank = 1\nstep = 12\n",
+                      "node_lost", "", "every_steps = 1\npersist_every_steps = 5\nreplicas = 0\n");
   // Step 10, or 5 when persisting ran behind: the lost shard came from disk.
   const int64_t restored = inc.value("restored_step", int64_t{-1});
   EXPECT_TRUE(restored == 10 || restored == 5) << inc.dump(2);
@@ -206,8 +213,9 @@ TEST_F(ControlPlaneTest, ACorruptMemoryCopyIsRefusedAndAnotherTierUsed) {
   // at step 14. Its shard comes from node 1's replica instead.
   nlohmann::json inc =
       ExpectRecovered("corrupt",
-                      "kind = \"corrupt-t0\"\nrank = 0\nstep = 8\n[[faults]]\nkind = \"kill\"\n"
-                      "rank = 0\nstep = 14\n",
+                      std::string(kIdleCpu) +
+                          "kind = \"corrupt-t0\"\nrank = 0\nstep = 8\n[[faults]]\nkind = \"kill\"\n"
+                          "rank = 0\nstep = 14\n",
                       "signal 9 SIGKILL", "", kEveryStep);
   const std::string restore = inc.value("restore", "");
   EXPECT_NE(restore.find("T1 x1"), std::string::npos) << inc.dump(2);

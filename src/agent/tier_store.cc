@@ -360,7 +360,7 @@ void TierStore::Corrupt(Tier tier, int shard) {
   const std::string dir = JoinPath(o_.shm_dir, tier == Tier::kT0 ? "t0" : "t1");
   for (const std::string& path : SnapshotPaths(dir)) {
     Result<std::unique_ptr<SnapshotFile>> f = SnapshotFile::Open(path);
-    if (f.ok() && Holds((*f)->info()) && (*f)->info().shard == shard) (*f)->CorruptForTest();
+    if (f.ok() && Holds((*f)->info()) && (*f)->info().shard == shard) (*f)->InjectCorruption();
   }
 }
 

@@ -258,7 +258,7 @@ Status SnapshotFile::Verify() const {
   return VerifyBytes(path_, bytes, bytes.size(), reinterpret_cast<const Header*>(base_)->xxh3);
 }
 
-void SnapshotFile::CorruptForTest() {
+void SnapshotFile::InjectCorruption() {
   const uint64_t bytes = reinterpret_cast<const Header*>(base_)->bytes;
   if (bytes > 0 && bytes <= size_ - kHeaderSize) base_[kHeaderSize + bytes / 2] ^= 0x01;
 }

@@ -102,7 +102,7 @@ class SnapshotFile {
   // checksum; kDataLoss naming the file otherwise.
   Status Verify() const;
   // Flips one payload byte (fault injection: memory corruption).
-  void CorruptForTest();
+  void InjectCorruption();
 
  private:
   SnapshotFile() = default;

@@ -99,7 +99,7 @@ TEST_F(SnapshotFileTest, CorruptionAndStaleStepsAreRefused) {
   auto f = SnapshotFile::Open((*s1)->path);
   ASSERT_TRUE(f.ok());
   EXPECT_TRUE((*f)->Verify().ok());
-  (*f)->CorruptForTest();
+  (*f)->InjectCorruption();
   EXPECT_NE((*f)->Verify().message().find("checksum mismatch"), std::string::npos);
   Result<std::string> p = ReadSnapshotPayload((*s1)->path, 7, (*s1)->bytes, (*s1)->xxh3);
   EXPECT_EQ(p.status().code(), StatusCode::kDataLoss);

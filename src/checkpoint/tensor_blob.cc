@@ -12,11 +12,6 @@ namespace {
 constexpr std::string_view kMagic = "ENDTNSR1";
 constexpr size_t kPiece = 256 << 10;  // copied, then hashed while still in L2
 
-template <typename T>
-void Put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-
 class Reader {
  public:
   Reader(std::string_view bytes, const std::string& source) : bytes_(bytes), source_(source) {}

@@ -150,8 +150,8 @@ std::string OptimizerKey(const torch::Tensor& p) {
 }
 
 // The training state as named tensors, in a fixed order every rank agrees
-// on, and its metadata. `holders` keeps tensors made for the occasion (the
-// RNG state) alive.
+// on, and its metadata. The tensors are views of the live ones, except the
+// RNG state, a copy made for the occasion.
 struct StateParts {
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   nlohmann::json meta;
