@@ -96,19 +96,22 @@ std::vector<std::string> TierStore::SnapshotPaths(const std::string& dir) const 
 
 void TierStore::Configure(const TierConfig& config, int64_t discard_after) {
   Drain();
-  std::lock_guard<std::mutex> lock(mu_);
-  config_ = config;
-  if (discard_after < 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    config_ = config;
+    if (discard_after < 0) return;
+    std::erase_if(persisted_, [&](const auto& p) { return p.second > discard_after; });
+  }
   for (const std::string& path : SnapshotPaths(t0_dir())) {
     Result<std::unique_ptr<SnapshotFile>> f = SnapshotFile::Open(path);
     if (f.ok() && (*f)->info().step > discard_after) (*f)->Invalidate();
   }
+  // Not under mu_: KeepReplica takes t1_mu_, then mu_.
   std::lock_guard<std::mutex> t1(t1_mu_);
   for (const std::string& path : SnapshotPaths(JoinPath(o_.shm_dir, "t1"))) {
     Result<std::unique_ptr<SnapshotFile>> f = SnapshotFile::Open(path);
     if (!f.ok() || (*f)->info().step > discard_after) (void)Env::Default()->RemoveFile(path);
   }
-  std::erase_if(persisted_, [&](const auto& p) { return p.second > discard_after; });
 }
 
 void TierStore::Notify(SnapshotNotice notice) {
@@ -290,7 +293,8 @@ void TierStore::KeepReplica(const checkpoint::ReplicaHeader& h, std::string payl
     const uint64_t need = payload.size() + 64;
     if (held + need > budget) {
       (void)Env::Default()->RemoveFile(slots[1 - target]);
-      held = Usage().t0_bytes + Usage().t1_bytes - FileSize(slots[target]);
+      const MemoryUsage now = Usage();
+      held = now.t0_bytes + now.t1_bytes - FileSize(slots[target]);
     }
     if (held + need > budget) {
       (void)Env::Default()->RemoveFile(slots[target]);
