@@ -39,6 +39,8 @@
 //   ENDURE_HEARTBEAT_INTERVAL  duration such as "500ms" (default 500ms)
 //   ENDURE_FAULTS              JSON array of faults (format in src/faults/fault.h);
 //                              only step-keyed faults of this RANK are fired here
+//   ENDURE_STACKS_FILE         where a worker that dumps its own stacks on a signal
+//                              (the Python client, through faulthandler) writes them
 // A malformed value is a configuration error: FromEnvironment returns
 // kInvalidArgument naming the variable and the value.
 //
@@ -46,7 +48,7 @@
 // "rank" and "t" (wall-clock seconds since the epoch, a double).
 //   {"type":"ready","start_step":N,"restore_s":x,"init_s":y}
 //   {"type":"heartbeat","step":N}   N: steps completed (-1 before Ready)
-//   {"type":"step","step":N,"loss":x,"compute_s":a,"comm_s":b,"ckpt_stall_s":c,
+//   {"type":"step","step":N,"loss":x|null,"compute_s":a,"comm_s":b,"ckpt_stall_s":c,
 //    "checkpoint_step":k[,"tokens":T]}
 //       N: steps completed, i.e. step index + 1; k: the step a checkpoint was
 //       committed at during this step, or -1. A non-finite loss is sent as
@@ -58,9 +60,18 @@
 //       has no loss, and must not count as progress or be judged as one.
 //   {"type":"snapshot","step":N,"shard":r,"shards":W,"path":P,"bytes":B,"xxh3":"hex"}
 //       a T0 snapshot of this rank's shard of step N is ready in slot file P.
+//   {"type":"stacks","signal":S}
+//       this process writes its own stacks (every thread) to ENDURE_STACKS_FILE
+//       when it receives signal S (SIGUSR1, SIGUSR2 or a real-time signal); the
+//       agent then uses them instead of attaching gdb.
 //   {"type":"fault","id":"f1","kind":"kill","step":N}
 //       sent right before an injected fault takes effect; N is the fault's
 //       1-based step number (= the step index + 1).
+//
+// This header and include/endure/status.h are the whole C++ interface: they
+// include no header of Endure's source tree, and the session's socket,
+// threads and buffers live behind a pointer (Session::Impl). The C API over
+// it is include/endure/endure.h; the Python package `endure` binds it.
 //
 // Thread safety: Ready, BeginStep, EndStep and EndSkippedStep are called
 // from the training thread only. The heartbeat thread is internal and is
@@ -68,23 +79,17 @@
 // called from any thread.
 #pragma once
 
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
+#include <string_view>
 #include <vector>
 
-#include "checkpoint/restore_plan.h"
-#include "checkpoint/snapshot_file.h"
-#include "checkpoint/tensor_blob.h"
-#include "common/status.h"
+#include "endure/status.h"
 
 namespace endure {
 
@@ -110,6 +115,96 @@ double SecondsSinceProcessStart();
 // assignment, not from the process start.
 void AwaitStandbyAssignment();
 
+// ---- Checkpoint state as tensors ----
+//
+// A checkpoint shard is JSON metadata (which must hold "step") plus named
+// tensors: raw bytes, row-major and contiguous, in host byte order, with a
+// dtype name: "float32", "float64", "float16", "bfloat16", "int64", "int32",
+// "int16", "int8", "uint8" or "bool".
+
+// A tensor to be saved, seen in place: saving copies straight from `data`.
+struct TensorRef {
+  std::string name;  // unique within the state, e.g. "model/blocks.0.attn.weight"
+  std::string dtype;
+  std::vector<int64_t> shape;  // empty for a scalar
+  const void* data = nullptr;  // `bytes` bytes; must stay valid during the call
+  size_t bytes = 0;
+};
+
+// A tensor read back from a checkpoint.
+struct StoredTensor {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::string data;
+};
+
+// One shard of a checkpoint, read back.
+struct StoredShard {
+  std::string meta_json;  // the metadata as saved
+  std::vector<StoredTensor> tensors;
+};
+
+// Bytes per element of a dtype named above; 0 for an unknown name.
+size_t DTypeBytes(std::string_view dtype);
+
+// Parses a shard's bytes (as ReadRestoreShard returns them); kDataLoss
+// naming `source` when they are not a shard.
+Result<StoredShard> DecodeShard(std::string_view bytes, const std::string& source);
+
+// Splits tensors of the given sizes among `shards` savers: each tensor, in
+// order, goes to the shard with the fewest bytes so far (ties: the lowest).
+// Every rank computes the same assignment from the same list.
+std::vector<int> PartitionBySize(const std::vector<uint64_t>& bytes, int shards);
+
+// XXH3-64 over each tensor's name and bytes, in order, as 16 hex digits: the
+// `param_fingerprint` that endure-train prints for its parameters.
+std::string Fingerprint(const std::vector<TensorRef>& tensors);
+
+// ---- Durable checkpoints in a directory (the format endure-train writes) ----
+//
+// DIR/step-00000042/{shard-00000.bin, MANIFEST.json}: each file written
+// tmp -> fsync -> rename -> fsync(dir), the manifest with every shard's size
+// and XXH3 last, so that a crash leaves either the whole step or none of it.
+
+// Commits `tensors` and `meta_json` (a JSON object; "step" is set to `step`)
+// as step `step` in `dir` (created when missing), then keeps the newest
+// `keep` committed steps (0: all). On failure nothing is committed and no
+// older step is touched. kInvalidArgument for a meta_json that is not an
+// object or a tensor whose bytes do not match its dtype and shape.
+Status CommitCheckpoint(const std::string& dir, int64_t step, const std::string& meta_json,
+                        const std::vector<TensorRef>& tensors, int keep);
+
+struct LoadedCheckpoint {
+  int64_t step = 0;
+  StoredShard state;  // every shard of the step, merged
+};
+// Loads the newest step at or before `limit` in `dir` that verifies;
+// nullopt when none does. Each refused step (a bad checksum, a truncated file,
+// a missing manifest) is described in `refused` (if non-null), newest first.
+Result<std::optional<LoadedCheckpoint>> LoadNewestCheckpoint(const std::string& dir, int64_t limit,
+                                                             std::vector<std::string>* refused);
+// Deletes the steps after `step` in `dir` (a rollback abandons them) and
+// returns them.
+Result<std::vector<int64_t>> RemoveCheckpointsAfter(const std::string& dir, int64_t step);
+
+// ---- The restore point the agent chose ----
+
+struct RestoreSource {
+  int shard = 0;
+  std::string tier;         // "T0", "T1" or "T2"
+  std::string node;         // the node holding it (T0, T1); empty for T2
+  int loader_rank = -1;     // the rank that reads it and broadcasts it to the others
+  std::string description;  // "step 42 shard 1 in T0 on node1"
+};
+
+struct RestorePlan {
+  int64_t step = 0;                    // 0: no complete step; start fresh
+  std::vector<RestoreSource> sources;  // index = shard; empty for a fresh start
+  std::vector<std::string> notes;      // refused copies and skipped steps, newest first
+  std::string summary;                 // "step 42 from T0 x2, T1 x1" or "fresh start"
+};
+
 class Session {
  public:
   // Reads the ENDURE_* variables above through `lookup`. When
@@ -126,44 +221,60 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   // True when reporting to an agent.
-  bool active() const { return fd_ >= 0; }
-  int rank() const { return rank_; }
-  int64_t generation() const { return generation_; }
+  bool active() const;
+  int rank() const;
+  int64_t generation() const;
   // Empty: not set (keep the trainer's own flag).
-  const std::string& checkpoint_dir() const { return checkpoint_dir_; }
+  const std::string& checkpoint_dir() const;
   // nullopt: not set (keep the trainer's own flag).
-  std::optional<int64_t> checkpoint_every() const { return checkpoint_every_; }
+  std::optional<int64_t> checkpoint_every() const;
   // nullopt: not set; otherwise -1, 0 or N > 0 as documented above.
-  std::optional<int64_t> restore_step() const { return restore_step_; }
+  std::optional<int64_t> restore_step() const;
   // The agent's restore plan, when it gave one (ENDURE_RESTORE_PLAN).
-  const std::optional<checkpoint::RestorePlan>& restore_plan() const { return restore_plan_; }
+  const std::optional<RestorePlan>& restore_plan() const;
+  // Reads source `index` of the restore plan from its tier and checks its
+  // size and checksum. Only the source's loader_rank needs to call it.
+  // kDataLoss naming the copy when it does not verify; kInvalidArgument
+  // without a plan or for an index out of range.
+  Result<std::string> ReadRestoreShard(size_t index) const;
   // Whether the agent keeps this rank's checkpoints in node memory
   // (ENDURE_T0_DIR): the trainer then saves through SaveSnapshot.
-  bool memory_checkpoints() const { return !t0_dir_.empty(); }
+  bool memory_checkpoints() const;
+  // ENDURE_STACKS_FILE; empty when not set.
+  const std::string& stacks_file() const;
 
-  // Saves this rank's shard (`tensors`, in ShardViews form) of step `step`
-  // of a `shards`-way state into node memory and tells the agent; the agent
+  // Saves this rank's shard (`tensors`, with `meta_json`, a JSON object;
+  // "step", "shard" and "shards" are set here) of step `step` of a
+  // `shards`-way state into node memory and tells the agent; the agent
   // replicates and persists it behind training. Blocks only for the copy.
   // When the agent still reads the slot this save needs (it is more than a
   // step behind), waits for it: every rank must hold every step, or no step
   // is complete for a restore. Returns false when it waited 30 s in vain
   // and skipped the save. kInvalidArgument when the shard exceeds the memory
-  // budget's share; kIOError when shared memory cannot be written.
-  Result<bool> SaveSnapshot(int64_t step, int shards,
-                            const std::vector<checkpoint::TensorView>& tensors);
+  // budget's share (the message says to raise checkpoint.memory_budget), for
+  // a malformed meta_json or a tensor whose size does not match its dtype
+  // and shape; kIOError when shared memory cannot be written.
+  Result<bool> SaveSnapshot(int64_t step, int shards, const std::string& meta_json,
+                            const std::vector<TensorRef>& tensors);
 
   // Ascending 1-based step numbers (ENDURE_SKIP_STEPS).
-  const std::vector<int64_t>& skip_steps() const { return skip_steps_; }
+  const std::vector<int64_t>& skip_steps() const;
   // Whether step index `step_index` (0-based, as passed to BeginStep), i.e.
   // step number step_index + 1, is to be skipped.
   bool ShouldSkip(int64_t step_index) const;
 
   // Tokens the whole job processes per step, sent as "tokens" in each
   // "step" datagram from now on (0: not sent).
-  void SetTokensPerStep(int64_t tokens) { tokens_per_step_ = tokens; }
+  void SetTokensPerStep(int64_t tokens);
 
   // Datagrams dropped so far because the agent could not take them.
-  int64_t dropped() const { return dropped_.load(); }
+  int64_t dropped() const;
+
+  // Tells the agent that this process writes its own stacks to
+  // stacks_file() on `signal` (the "stacks" datagram). The caller installs
+  // the handler first. kInvalidArgument for a signal other than SIGUSR1,
+  // SIGUSR2 or a real-time signal.
+  Status AnnounceStackSignal(int signal);
 
   // After the restore, before the first step: training starts at step index
   // `start_step`; `restore_s` was spent restoring, `init_s` since the
@@ -179,49 +290,21 @@ class Session {
   // Step index `step_index` finished. Applies a due `slow` fault (sleeps
   // (factor - 1) x (compute_s + comm_s) from the fault's step on, reported as
   // compute time), sends the "step" datagram and returns the loss to log:
-  // NaN when a `nan` fault is due at this step, `loss` otherwise.
+  // NaN when a `nan` fault is due at this step, `loss` otherwise. Without a
+  // loss (nullopt: the program does not know it) the step counts as
+  // progress and the datagram's "loss" is null: nothing to judge.
   // `checkpoint_step` is the step committed during this step, or -1.
-  double EndStep(int64_t step_index, double loss, double compute_s, double comm_s,
-                 double ckpt_stall_s, int64_t checkpoint_step);
+  std::optional<double> EndStep(int64_t step_index, std::optional<double> loss, double compute_s,
+                                double comm_s, double ckpt_stall_s, int64_t checkpoint_step);
 
   // Step index `step_index` was skipped (ShouldSkip): sends its "skip"
   // datagram; heartbeats count it as completed.
   void EndSkippedStep(int64_t step_index, double ckpt_stall_s, int64_t checkpoint_step);
 
  private:
-  struct PendingFault;
-
-  Session();
-  // Sends one datagram; `retry` waits up to 100 ms for room in the agent's
-  // queue. Returns whether it was queued; counts a drop otherwise.
-  bool Send(const std::string& datagram, bool retry);
-  void SendFault(const PendingFault& fault, int64_t step);
-  void HeartbeatLoop();
-
-  std::string socket_path_;
-  std::string token_;
-  int64_t generation_ = 0;
-  int rank_ = 0;
-  std::string checkpoint_dir_;
-  std::optional<int64_t> checkpoint_every_;
-  std::optional<int64_t> restore_step_;
-  std::vector<int64_t> skip_steps_;
-  std::optional<checkpoint::RestorePlan> restore_plan_;
-  std::string t0_dir_;
-  uint64_t t0_slot_bytes_ = 0;
-  std::unique_ptr<checkpoint::SnapshotWriter> snapshots_;  // training thread only
-  std::chrono::nanoseconds heartbeat_interval_{500'000'000};
-  std::vector<PendingFault> faults_;  // only touched by the training thread
-  double slow_factor_ = 1.0;          // active slow fault; training thread only
-  int64_t tokens_per_step_ = 0;       // training thread only
-
-  int fd_ = -1;
-  std::atomic<int64_t> dropped_{0};
-  std::atomic<int64_t> steps_done_{-1};  // for heartbeats
-  std::mutex mu_;
-  std::condition_variable stop_cv_;
-  bool stop_ = false;  // guarded by mu_
-  std::thread heartbeat_;
+  struct Impl;
+  explicit Session(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace endure

@@ -43,7 +43,7 @@ size_t DTypeSize(std::string_view dtype) {
   if (dtype == "float32" || dtype == "int32") return 4;
   if (dtype == "float64" || dtype == "int64") return 8;
   if (dtype == "uint8" || dtype == "int8" || dtype == "bool") return 1;
-  if (dtype == "float16" || dtype == "bfloat16") return 2;
+  if (dtype == "float16" || dtype == "bfloat16" || dtype == "int16") return 2;
   return 0;
 }
 

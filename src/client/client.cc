@@ -1,5 +1,7 @@
 // The client library's Session: environment parsing, datagrams to the agent,
-// the heartbeat thread and fault firing.
+// the heartbeat thread and fault firing. Session is a thin handle over
+// Session::Impl, which owns the socket, the heartbeat thread and the
+// snapshot slots.
 #include "endure/client.h"
 
 #include <signal.h>
@@ -18,8 +20,17 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <thread>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
 
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/restore_plan.h"
+#include "checkpoint/snapshot_file.h"
+#include "checkpoint/tensor_blob.h"
 #include "common/duration.h"
+#include "common/env.h"
 #include "common/hash.h"
 #include "faults/fault.h"
 
@@ -89,11 +100,47 @@ nlohmann::json Envelope(const char* type, const std::string& token, int64_t gene
           {"t", WallSeconds()}};
 }
 
-}  // namespace
-
-struct Session::PendingFault {
+struct PendingFault {
   Fault fault;
   bool fired = false;
+};
+
+}  // namespace
+
+struct Session::Impl {
+  // Sends one datagram; `retry` waits up to 100 ms for room in the agent's
+  // queue. Returns whether it was queued; counts a drop otherwise.
+  bool Send(const std::string& datagram, bool retry);
+  void SendFault(const PendingFault& fault, int64_t step);
+  void HeartbeatLoop();
+  void Stop();
+
+  std::string socket_path;
+  std::string token;
+  int64_t generation = 0;
+  int rank = 0;
+  std::string checkpoint_dir;
+  std::optional<int64_t> checkpoint_every;
+  std::optional<int64_t> restore_step;
+  std::vector<int64_t> skip_steps;
+  std::optional<checkpoint::RestorePlan> plan;  // as the agent gave it
+  std::optional<RestorePlan> public_plan;       // the same, as the public API shows it
+  std::string t0_dir;
+  uint64_t t0_slot_bytes = 0;
+  std::string stacks_file;
+  std::unique_ptr<checkpoint::SnapshotWriter> snapshots;  // training thread only
+  std::chrono::nanoseconds heartbeat_interval{500'000'000};
+  std::vector<PendingFault> faults;  // only touched by the training thread
+  double slow_factor = 1.0;          // active slow fault; training thread only
+  int64_t tokens_per_step = 0;       // training thread only
+
+  int fd = -1;
+  std::atomic<int64_t> dropped{0};
+  std::atomic<int64_t> steps_done{-1};  // for heartbeats
+  std::mutex mu;
+  std::condition_variable stop_cv;
+  bool stop = false;  // guarded by mu
+  std::thread heartbeat;
 };
 
 namespace {
@@ -143,12 +190,30 @@ double SecondsSinceProcessStart() {
   return elapsed >= 0 ? elapsed : fallback();
 }
 
-Session::Session() = default;
+Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-std::unique_ptr<Session> Session::Disabled() { return std::unique_ptr<Session>(new Session()); }
+std::unique_ptr<Session> Session::Disabled() {
+  return std::unique_ptr<Session>(new Session(std::make_unique<Impl>()));
+}
+
+namespace {
+
+RestorePlan PublicPlan(const checkpoint::RestorePlan& plan) {
+  RestorePlan p;
+  p.step = plan.step;
+  p.notes = plan.notes;
+  p.summary = plan.Summary();
+  for (const checkpoint::RestoreSource& s : plan.sources) {
+    p.sources.push_back(RestoreSource{s.copy.shard, std::string(checkpoint::TierName(s.copy.tier)),
+                                      s.copy.node, s.loader_rank, s.copy.Describe()});
+  }
+  return p;
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Session>> Session::FromEnvironment(const EnvLookup& lookup) {
-  std::unique_ptr<Session> s(new Session());
+  auto s = std::make_unique<Impl>();
   auto get = [&](const char* name) -> std::optional<std::string> {
     const char* v = lookup(name);
     if (v == nullptr) return std::nullopt;
@@ -164,39 +229,40 @@ Result<std::unique_ptr<Session>> Session::FromEnvironment(const EnvLookup& looku
   if (auto v = get_set("RANK")) {
     ENDURE_ASSIGN_OR_RETURN(int64_t rank,
                             ParseInteger("RANK", *v, 0, INT32_MAX, "expected an integer >= 0"));
-    s->rank_ = static_cast<int>(rank);
+    s->rank = static_cast<int>(rank);
   }
   if (auto v = get_set("ENDURE_GENERATION")) {
-    ENDURE_ASSIGN_OR_RETURN(s->generation_, ParseInteger("ENDURE_GENERATION", *v, 0, INT64_MAX,
-                                                         "expected an integer >= 0"));
+    ENDURE_ASSIGN_OR_RETURN(s->generation, ParseInteger("ENDURE_GENERATION", *v, 0, INT64_MAX,
+                                                        "expected an integer >= 0"));
   }
-  if (auto v = get_set("ENDURE_CKPT_DIR")) s->checkpoint_dir_ = *v;
+  if (auto v = get_set("ENDURE_CKPT_DIR")) s->checkpoint_dir = *v;
   if (auto v = get_set("ENDURE_CKPT_EVERY")) {
     ENDURE_ASSIGN_OR_RETURN(
-        s->checkpoint_every_,
+        s->checkpoint_every,
         ParseInteger("ENDURE_CKPT_EVERY", *v, 0, INT64_MAX,
                      "expected a number of steps >= 0 (0: no periodic checkpoints)"));
   }
   if (auto v = get_set("ENDURE_RESTORE_STEP")) {
     ENDURE_ASSIGN_OR_RETURN(
-        s->restore_step_,
+        s->restore_step,
         ParseInteger("ENDURE_RESTORE_STEP", *v, -1, INT64_MAX,
                      "expected -1 (newest checkpoint), 0 (fresh start) or a step N > 0"));
   }
   if (auto v = get_set("ENDURE_RESTORE_PLAN")) {
     Result<checkpoint::RestorePlan> plan = checkpoint::RestorePlanFromJson(*v);
     if (!plan.ok()) return plan.status().WithContext("ENDURE_RESTORE_PLAN");
-    s->restore_plan_ = std::move(plan).value();
+    s->public_plan = PublicPlan(*plan);
+    s->plan = std::move(plan).value();
   }
-  if (auto v = get_set("ENDURE_T0_DIR")) s->t0_dir_ = *v;
+  if (auto v = get_set("ENDURE_T0_DIR")) s->t0_dir = *v;
   if (auto v = get_set("ENDURE_T0_SLOT_BYTES")) {
     ENDURE_ASSIGN_OR_RETURN(int64_t bytes,
                             ParseInteger("ENDURE_T0_SLOT_BYTES", *v, 0, INT64_MAX,
                                          "expected a number of bytes >= 0 (0: no limit)"));
-    s->t0_slot_bytes_ = static_cast<uint64_t>(bytes);
+    s->t0_slot_bytes = static_cast<uint64_t>(bytes);
   }
   if (auto v = get("ENDURE_SKIP_STEPS")) {
-    ENDURE_ASSIGN_OR_RETURN(s->skip_steps_, ParseStepList("ENDURE_SKIP_STEPS", *v));
+    ENDURE_ASSIGN_OR_RETURN(s->skip_steps, ParseStepList("ENDURE_SKIP_STEPS", *v));
   }
   if (auto v = get_set("ENDURE_HEARTBEAT_INTERVAL")) {
     Result<Duration> d = ParseDuration(*v);
@@ -204,19 +270,20 @@ Result<std::unique_ptr<Session>> Session::FromEnvironment(const EnvLookup& looku
     if (d->count() <= 0) {
       return BadVariable("ENDURE_HEARTBEAT_INTERVAL", *v, "must be longer than zero");
     }
-    s->heartbeat_interval_ = *d;
+    s->heartbeat_interval = *d;
   }
   if (auto v = get_set("ENDURE_FAULTS")) {
     Result<std::vector<Fault>> all = faults::DecodeFaults(*v);
     if (!all.ok()) return all.status().WithContext("ENDURE_FAULTS");
     ENDURE_RETURN_IF_ERROR(faults::ValidateFaults(*all).WithContext("ENDURE_FAULTS"));
-    for (Fault& f : faults::FaultsForRank(*all, s->rank_, {})) {
-      s->faults_.push_back({std::move(f), false});
+    for (Fault& f : faults::FaultsForRank(*all, s->rank, {})) {
+      s->faults.push_back({std::move(f), false});
     }
   }
+  if (auto v = get_set("ENDURE_STACKS_FILE")) s->stacks_file = *v;
 
   std::optional<std::string> socket_path = get_set("ENDURE_AGENT_SOCKET");
-  if (!socket_path) return s;
+  if (!socket_path) return std::unique_ptr<Session>(new Session(std::move(s)));
   if (socket_path->size() >= sizeof(sockaddr_un::sun_path)) {
     return BadVariable("ENDURE_AGENT_SOCKET", *socket_path,
                        "longer than a Unix socket path may be (" +
@@ -228,42 +295,67 @@ Result<std::unique_ptr<Session>> Session::FromEnvironment(const EnvLookup& looku
         "ENDURE_AGENT_SOCKET is set but ENDURE_TOKEN is not: the agent refuses reports "
         "without the job token");
   }
-  s->token_ = *token;
-  s->socket_path_ = *socket_path;
-  s->fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (s->fd_ < 0) {
+  s->token = *token;
+  s->socket_path = *socket_path;
+  s->fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s->fd < 0) {
     return IOError(std::string("cannot create a Unix datagram socket: ") + std::strerror(errno));
   }
-  s->heartbeat_ = std::thread([session = s.get()] { session->HeartbeatLoop(); });
-  return s;
+  s->heartbeat = std::thread([impl = s.get()] { impl->HeartbeatLoop(); });
+  return std::unique_ptr<Session>(new Session(std::move(s)));
 }
 
-Session::~Session() {
-  if (heartbeat_.joinable()) {
+void Session::Impl::Stop() {
+  if (heartbeat.joinable()) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
     }
-    stop_cv_.notify_all();
-    heartbeat_.join();
+    stop_cv.notify_all();
+    heartbeat.join();
   }
-  if (fd_ >= 0) close(fd_);
+  if (fd >= 0) close(fd);
+  fd = -1;
+}
+
+Session::~Session() { impl_->Stop(); }
+
+bool Session::active() const { return impl_->fd >= 0; }
+int Session::rank() const { return impl_->rank; }
+int64_t Session::generation() const { return impl_->generation; }
+const std::string& Session::checkpoint_dir() const { return impl_->checkpoint_dir; }
+std::optional<int64_t> Session::checkpoint_every() const { return impl_->checkpoint_every; }
+std::optional<int64_t> Session::restore_step() const { return impl_->restore_step; }
+const std::optional<RestorePlan>& Session::restore_plan() const { return impl_->public_plan; }
+bool Session::memory_checkpoints() const { return !impl_->t0_dir.empty(); }
+const std::string& Session::stacks_file() const { return impl_->stacks_file; }
+const std::vector<int64_t>& Session::skip_steps() const { return impl_->skip_steps; }
+void Session::SetTokensPerStep(int64_t tokens) { impl_->tokens_per_step = tokens; }
+int64_t Session::dropped() const { return impl_->dropped.load(); }
+
+Result<std::string> Session::ReadRestoreShard(size_t index) const {
+  if (!impl_->plan) return InvalidArgument("ReadRestoreShard: the agent gave no restore plan");
+  if (index >= impl_->plan->sources.size()) {
+    return InvalidArgument("ReadRestoreShard: source " + std::to_string(index) +
+                           " of a plan with " + std::to_string(impl_->plan->sources.size()));
+  }
+  return checkpoint::ReadShardCopy(impl_->plan->sources[index].copy);
 }
 
 bool Session::ShouldSkip(int64_t step_index) const {
-  return std::binary_search(skip_steps_.begin(), skip_steps_.end(), step_index + 1);
+  return std::binary_search(impl_->skip_steps.begin(), impl_->skip_steps.end(), step_index + 1);
 }
 
-bool Session::Send(const std::string& datagram, bool retry) {
-  if (fd_ < 0) return false;
+bool Session::Impl::Send(const std::string& datagram, bool retry) {
+  if (fd < 0) return false;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, socket_path_.data(), socket_path_.size());
+  std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
   while (true) {
     // Unconnected sendto: an agent that restarts and binds the path again
     // receives the next datagram without the worker doing anything.
-    const ssize_t n = sendto(fd_, datagram.data(), datagram.size(), MSG_DONTWAIT | MSG_NOSIGNAL,
+    const ssize_t n = sendto(fd, datagram.data(), datagram.size(), MSG_DONTWAIT | MSG_NOSIGNAL,
                              reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
     if (n == static_cast<ssize_t>(datagram.size())) return true;
     if (n < 0 && errno == EINTR) continue;
@@ -271,50 +363,65 @@ bool Session::Send(const std::string& datagram, bool retry) {
     if (!retry || !full || std::chrono::steady_clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  dropped_.fetch_add(1);
+  dropped.fetch_add(1);
   return false;
 }
 
-void Session::SendFault(const PendingFault& p, int64_t step) {
-  if (fd_ < 0) return;
-  nlohmann::json j = Envelope("fault", token_, generation_, rank_);
+void Session::Impl::SendFault(const PendingFault& p, int64_t step) {
+  if (fd < 0) return;
+  nlohmann::json j = Envelope("fault", token, generation, rank);
   j["id"] = p.fault.id;
   j["kind"] = faults::FaultKindName(p.fault.kind);
   j["step"] = step;
   Send(j.dump(), /*retry=*/true);
 }
 
-void Session::HeartbeatLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_) {
-    nlohmann::json j = Envelope("heartbeat", token_, generation_, rank_);
-    j["step"] = steps_done_.load();
+void Session::Impl::HeartbeatLoop() {
+  std::unique_lock<std::mutex> lock(mu);
+  while (!stop) {
+    nlohmann::json j = Envelope("heartbeat", token, generation, rank);
+    j["step"] = steps_done.load();
     lock.unlock();
     Send(j.dump(), /*retry=*/false);
     lock.lock();
-    stop_cv_.wait_for(lock, heartbeat_interval_, [this] { return stop_; });
+    stop_cv.wait_for(lock, heartbeat_interval, [this] { return stop; });
   }
 }
 
+Status Session::AnnounceStackSignal(int signal) {
+  if (signal != SIGUSR1 && signal != SIGUSR2 && (signal < SIGRTMIN || signal > SIGRTMAX)) {
+    return InvalidArgument("AnnounceStackSignal: signal " + std::to_string(signal) +
+                           " is not SIGUSR1, SIGUSR2 or a real-time signal");
+  }
+  if (impl_->fd < 0) return Status::Ok();
+  nlohmann::json j = Envelope("stacks", impl_->token, impl_->generation, impl_->rank);
+  j["signal"] = signal;
+  // Retried: unlike a step report, this one is sent once, at start-up.
+  impl_->Send(j.dump(), /*retry=*/true);
+  return Status::Ok();
+}
+
 void Session::Ready(int64_t start_step, double restore_s, double init_s) {
-  steps_done_.store(start_step);
-  if (fd_ < 0) return;
-  nlohmann::json j = Envelope("ready", token_, generation_, rank_);
+  Impl& s = *impl_;
+  s.steps_done.store(start_step);
+  if (s.fd < 0) return;
+  nlohmann::json j = Envelope("ready", s.token, s.generation, s.rank);
   j["start_step"] = start_step;
   j["restore_s"] = restore_s;
   j["init_s"] = init_s;
-  Send(j.dump(), /*retry=*/false);
+  s.Send(j.dump(), /*retry=*/false);
 }
 
 void Session::BeginStep(int64_t step_index) {
+  Impl& s = *impl_;
   const int64_t step = step_index + 1;
-  for (PendingFault& p : faults_) {
+  for (PendingFault& p : s.faults) {
     if (p.fired || p.fault.step != step) continue;
     const Fault& f = p.fault;
     switch (f.kind) {
       case FaultKind::kKill:
         p.fired = true;
-        SendFault(p, step);
+        s.SendFault(p, step);
         std::fprintf(stderr, "endure: injected fault %s: SIGKILL at step %lld\n", f.id.c_str(),
                      static_cast<long long>(step));
         std::fflush(stderr);
@@ -322,14 +429,14 @@ void Session::BeginStep(int64_t step_index) {
         break;
       case FaultKind::kExit:
         p.fired = true;
-        SendFault(p, step);
+        s.SendFault(p, step);
         std::fprintf(stderr, "endure: injected fault %s: exit %d at step %lld\n", f.id.c_str(),
                      f.exit_code, static_cast<long long>(step));
         std::fflush(nullptr);
         _exit(f.exit_code);
       case FaultKind::kHang:
         p.fired = true;
-        SendFault(p, step);
+        s.SendFault(p, step);
         std::fprintf(stderr, "endure: injected fault %s: hanging in step %lld\n", f.id.c_str(),
                      static_cast<long long>(step));
         std::fflush(nullptr);
@@ -338,7 +445,7 @@ void Session::BeginStep(int64_t step_index) {
         while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
       case FaultKind::kLog:
         p.fired = true;
-        SendFault(p, step);
+        s.SendFault(p, step);
         std::fflush(stdout);
         std::fprintf(stderr, "%s\n", f.line.c_str());
         std::fflush(nullptr);
@@ -349,76 +456,201 @@ void Session::BeginStep(int64_t step_index) {
   }
 }
 
-double Session::EndStep(int64_t step_index, double loss, double compute_s, double comm_s,
-                        double ckpt_stall_s, int64_t checkpoint_step) {
+std::optional<double> Session::EndStep(int64_t step_index, std::optional<double> loss,
+                                       double compute_s, double comm_s, double ckpt_stall_s,
+                                       int64_t checkpoint_step) {
+  Impl& s = *impl_;
   const int64_t step = step_index + 1;
-  double logged = loss;
-  for (PendingFault& p : faults_) {
+  std::optional<double> logged = loss;
+  for (PendingFault& p : s.faults) {
     if (p.fired) continue;
     if (p.fault.kind == FaultKind::kNan && p.fault.step == step) {
       p.fired = true;
-      SendFault(p, step);
+      s.SendFault(p, step);
       logged = std::nan("");
     } else if (p.fault.kind == FaultKind::kSlow && p.fault.step <= step) {
       p.fired = true;
-      SendFault(p, step);
-      slow_factor_ = std::max(slow_factor_, p.fault.factor);
+      s.SendFault(p, step);
+      s.slow_factor = std::max(s.slow_factor, p.fault.factor);
     }
   }
-  if (slow_factor_ > 1) {
-    const double extra_s = (slow_factor_ - 1) * (compute_s + comm_s);
+  if (s.slow_factor > 1) {
+    const double extra_s = (s.slow_factor - 1) * (compute_s + comm_s);
     std::this_thread::sleep_for(std::chrono::duration<double>(extra_s));
     compute_s += extra_s;
   }
-  steps_done_.store(step);
-  if (fd_ >= 0) {
-    nlohmann::json j = Envelope("step", token_, generation_, rank_);
+  s.steps_done.store(step);
+  if (s.fd >= 0) {
+    nlohmann::json j = Envelope("step", s.token, s.generation, s.rank);
     j["step"] = step;
-    j["loss"] = LossJson(logged);
+    j["loss"] = logged ? LossJson(*logged) : nlohmann::json();
     j["compute_s"] = compute_s;
     j["comm_s"] = comm_s;
     j["ckpt_stall_s"] = ckpt_stall_s;
     j["checkpoint_step"] = checkpoint_step;
-    if (tokens_per_step_ > 0) j["tokens"] = tokens_per_step_;
-    Send(j.dump(), /*retry=*/false);
+    if (s.tokens_per_step > 0) j["tokens"] = s.tokens_per_step;
+    s.Send(j.dump(), /*retry=*/false);
   }
   return logged;
 }
 
 void Session::EndSkippedStep(int64_t step_index, double ckpt_stall_s, int64_t checkpoint_step) {
+  Impl& s = *impl_;
   const int64_t step = step_index + 1;
-  steps_done_.store(step);
-  if (fd_ < 0) return;
-  nlohmann::json j = Envelope("skip", token_, generation_, rank_);
+  s.steps_done.store(step);
+  if (s.fd < 0) return;
+  nlohmann::json j = Envelope("skip", s.token, s.generation, s.rank);
   j["step"] = step;
   j["ckpt_stall_s"] = ckpt_stall_s;
   j["checkpoint_step"] = checkpoint_step;
-  Send(j.dump(), /*retry=*/false);
+  s.Send(j.dump(), /*retry=*/false);
 }
 
-Result<bool> Session::SaveSnapshot(int64_t step, int shards,
-                                   const std::vector<checkpoint::TensorView>& tensors) {
-  if (t0_dir_.empty()) return InvalidArgument("SaveSnapshot: ENDURE_T0_DIR is not set");
-  if (!snapshots_) {
-    ENDURE_ASSIGN_OR_RETURN(
-        snapshots_, checkpoint::SnapshotWriter::Open(t0_dir_, rank_, shards, t0_slot_bytes_));
+namespace {
+
+// The views of `tensors`, checked: each one's bytes must match its dtype
+// and shape, and the metadata must be a JSON object.
+Result<std::vector<checkpoint::TensorView>> CheckedViews(const std::vector<TensorRef>& tensors) {
+  std::vector<checkpoint::TensorView> views;
+  views.reserve(tensors.size() + 1);
+  for (const TensorRef& t : tensors) {
+    const size_t elem = checkpoint::DTypeSize(t.dtype);
+    if (elem == 0) {
+      return InvalidArgument("tensor '" + t.name + "': unsupported dtype '" + t.dtype + "'");
+    }
+    uint64_t elements = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0) return InvalidArgument("tensor '" + t.name + "': negative dimension");
+      elements *= static_cast<uint64_t>(d);
+    }
+    if (elements * elem != t.bytes || (t.bytes > 0 && t.data == nullptr)) {
+      return InvalidArgument("tensor '" + t.name + "': " + std::to_string(t.bytes) +
+                             " bytes do not match its dtype and shape");
+    }
+    views.push_back(checkpoint::TensorView{t.name, t.dtype, t.shape, t.data, t.bytes});
   }
-  ENDURE_ASSIGN_OR_RETURN(std::optional<checkpoint::SnapshotWriter::Saved> saved,
-                          snapshots_->Save(step, tensors, std::chrono::seconds(30)));
+  return views;
+}
+
+Result<nlohmann::json> MetaObject(const std::string& meta_json) {
+  nlohmann::json meta = nlohmann::json::parse(meta_json, nullptr, /*allow_exceptions=*/false);
+  if (meta.is_discarded() || !meta.is_object()) {
+    return InvalidArgument("checkpoint metadata must be a JSON object");
+  }
+  return meta;
+}
+
+}  // namespace
+
+Result<bool> Session::SaveSnapshot(int64_t step, int shards, const std::string& meta_json,
+                                   const std::vector<TensorRef>& tensors) {
+  Impl& s = *impl_;
+  if (s.t0_dir.empty()) return InvalidArgument("SaveSnapshot: ENDURE_T0_DIR is not set");
+  if (shards < 1 || s.rank >= shards) {
+    return InvalidArgument("SaveSnapshot: rank " + std::to_string(s.rank) + " of " +
+                           std::to_string(shards) + " shards");
+  }
+  ENDURE_ASSIGN_OR_RETURN(nlohmann::json meta, MetaObject(meta_json));
+  ENDURE_ASSIGN_OR_RETURN(std::vector<checkpoint::TensorView> views, CheckedViews(tensors));
+  meta["step"] = step;
+  meta["shard"] = s.rank;
+  meta["shards"] = shards;
+  const std::string meta_text = meta.dump();
+  if (!s.snapshots) {
+    ENDURE_ASSIGN_OR_RETURN(
+        s.snapshots, checkpoint::SnapshotWriter::Open(s.t0_dir, s.rank, shards, s.t0_slot_bytes));
+  }
+  ENDURE_ASSIGN_OR_RETURN(
+      std::optional<checkpoint::SnapshotWriter::Saved> saved,
+      s.snapshots->Save(step, checkpoint::ShardViews(meta_text, std::move(views)),
+                        std::chrono::seconds(30)));
   if (!saved) return false;
-  if (fd_ >= 0) {
-    nlohmann::json j = Envelope("snapshot", token_, generation_, rank_);
+  if (s.fd >= 0) {
+    nlohmann::json j = Envelope("snapshot", s.token, s.generation, s.rank);
     j["step"] = step;
-    j["shard"] = rank_;
+    j["shard"] = s.rank;
     j["shards"] = shards;
     j["path"] = saved->path;
     j["bytes"] = saved->bytes;
     j["xxh3"] = HexU64(saved->xxh3);
     // Not retried: a training step never waits for the agent. The agent
     // also finds the slot when it next scans them.
-    Send(j.dump(), /*retry=*/false);
+    s.Send(j.dump(), /*retry=*/false);
   }
   return true;
+}
+
+// ---- Checkpoint state helpers ----
+
+size_t DTypeBytes(std::string_view dtype) { return checkpoint::DTypeSize(dtype); }
+
+Result<StoredShard> DecodeShard(std::string_view bytes, const std::string& source) {
+  ENDURE_ASSIGN_OR_RETURN(checkpoint::DecodedShard shard, checkpoint::DecodeShard(bytes, source));
+  StoredShard out;
+  out.meta_json = shard.meta.dump();
+  out.tensors.reserve(shard.tensors.size());
+  for (checkpoint::TensorBlob& t : shard.tensors) {
+    out.tensors.push_back(
+        StoredTensor{std::move(t.name), std::move(t.dtype), std::move(t.shape), std::move(t.data)});
+  }
+  return out;
+}
+
+std::vector<int> PartitionBySize(const std::vector<uint64_t>& bytes, int shards) {
+  return checkpoint::PartitionBySize(bytes, shards);
+}
+
+std::string Fingerprint(const std::vector<TensorRef>& tensors) {
+  Xxh3Hasher h;
+  for (const TensorRef& t : tensors) {
+    h.Update(t.name);
+    h.Update(t.data, t.bytes);
+  }
+  return HexU64(h.Digest());
+}
+
+Status CommitCheckpoint(const std::string& dir, int64_t step, const std::string& meta_json,
+                        const std::vector<TensorRef>& tensors, int keep) {
+  if (step < 0) return InvalidArgument("CommitCheckpoint: step " + std::to_string(step) + " < 0");
+  ENDURE_ASSIGN_OR_RETURN(nlohmann::json meta, MetaObject(meta_json));
+  ENDURE_ASSIGN_OR_RETURN(std::vector<checkpoint::TensorView> views, CheckedViews(tensors));
+  ENDURE_RETURN_IF_ERROR(Env::Default()->CreateDirs(dir));
+  checkpoint::TrainingState state;
+  state.step = step;
+  meta["step"] = step;
+  state.meta = std::move(meta);
+  state.tensors.reserve(views.size());
+  for (const checkpoint::TensorView& v : views) {
+    state.tensors.push_back(checkpoint::TensorBlob{
+        v.name, v.dtype, v.shape, std::string(static_cast<const char*>(v.data), v.bytes)});
+  }
+  checkpoint::CheckpointDir ckpt(Env::Default(), dir);
+  ENDURE_RETURN_IF_ERROR(ckpt.Commit(state).status());
+  if (keep > 0) ENDURE_RETURN_IF_ERROR(ckpt.Retain(keep));
+  return Status::Ok();
+}
+
+Result<std::optional<LoadedCheckpoint>> LoadNewestCheckpoint(const std::string& dir, int64_t limit,
+                                                             std::vector<std::string>* refused) {
+  checkpoint::CheckpointDir ckpt(Env::Default(), dir);
+  Result<checkpoint::TrainingState> state = ckpt.LoadNewestAtOrBefore(limit, refused);
+  if (!state.ok()) {
+    if (state.status().code() == StatusCode::kNotFound) return std::optional<LoadedCheckpoint>();
+    return state.status();
+  }
+  LoadedCheckpoint out;
+  out.step = state->step;
+  out.state.meta_json = state->meta.dump();
+  for (checkpoint::TensorBlob& t : state->tensors) {
+    out.state.tensors.push_back(
+        StoredTensor{std::move(t.name), std::move(t.dtype), std::move(t.shape), std::move(t.data)});
+  }
+  return std::optional<LoadedCheckpoint>(std::move(out));
+}
+
+Result<std::vector<int64_t>> RemoveCheckpointsAfter(const std::string& dir, int64_t step) {
+  checkpoint::CheckpointDir ckpt(Env::Default(), dir);
+  return ckpt.RemoveAfter(step);
 }
 
 }  // namespace endure

@@ -1,5 +1,7 @@
 #include "endure/client.h"
 
+#include <csignal>
+
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -211,6 +213,19 @@ TEST(Session, SendsReadyStepAndHeartbeatDatagrams) {
   EXPECT_EQ(step["checkpoint_step"], 11);
   EXPECT_FALSE(step.contains("tokens"));
 
+  // A program that does not know its loss: progress with nothing to judge.
+  EXPECT_FALSE(s->EndStep(10, std::nullopt, 0.1, 0, 0, -1).has_value());
+  Json no_loss = r.NextReport();
+  ExpectEnvelope(no_loss, "step");
+  EXPECT_TRUE(no_loss["loss"].is_null());
+
+  // A worker that dumps its own stacks says on which signal.
+  EXPECT_TRUE(s->AnnounceStackSignal(SIGUSR2).ok());
+  Json stacks = r.NextReport();
+  ExpectEnvelope(stacks, "stacks");
+  EXPECT_EQ(stacks["signal"], SIGUSR2);
+  EXPECT_EQ(s->AnnounceStackSignal(SIGKILL).code(), StatusCode::kInvalidArgument);
+
   s->EndSkippedStep(11, 0.25, 12);
   Json skipped = r.NextReport();
   ExpectEnvelope(skipped, "skip");
@@ -255,7 +270,7 @@ TEST(Session, NanFaultFiresOnceAtItsStep) {
   std::unique_ptr<Session> s = MustCreate(vars);
   EXPECT_EQ(s->EndStep(0, 3.0, 0, 0, 0, -1), 3.0);  // rank 1's fault is not ours
   EXPECT_EQ(r.NextReport()["loss"], 3.0);
-  EXPECT_TRUE(std::isnan(s->EndStep(1, 2.9, 0, 0, 0, -1)));
+  EXPECT_TRUE(std::isnan(s->EndStep(1, 2.9, 0, 0, 0, -1).value()));
   Json fault = r.NextReport();
   ExpectEnvelope(fault, "fault");
   EXPECT_EQ(fault["id"], "n1");

@@ -27,8 +27,6 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "checkpoint/checkpoint_dir.h"
-#include "checkpoint/restore_plan.h"
-#include "checkpoint/snapshot_file.h"
 #include "common/hash.h"
 #include "endure/client.h"
 #include "trainer/corpus.h"
@@ -205,34 +203,31 @@ Result<bool> SaveShard(Session& session, GPT& model, torch::optim::AdamW& optimi
   std::vector<uint64_t> sizes;
   for (const auto& [name, t] : parts.tensors) sizes.push_back(t.nbytes());
   const std::vector<int> owner = checkpoint::PartitionBySize(sizes, dist.world_size);
-  std::vector<checkpoint::TensorView> views;
+  std::vector<TensorRef> refs;
   for (size_t i = 0; i < parts.tensors.size(); ++i) {
     if (owner[i] != dist.rank) continue;
     const torch::Tensor& t = parts.tensors[i].second;
     ENDURE_CHECK(t.is_contiguous() && t.device().is_cpu());
-    views.push_back(checkpoint::TensorView{parts.tensors[i].first, DTypeName(t.scalar_type()),
-                                           std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
-                                           t.data_ptr(), t.nbytes()});
+    refs.push_back(TensorRef{parts.tensors[i].first, DTypeName(t.scalar_type()),
+                             std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
+                             t.data_ptr(), t.nbytes()});
   }
-  parts.meta["shard"] = dist.rank;
-  parts.meta["shards"] = dist.world_size;
-  const std::string meta = parts.meta.dump();
-  return session.SaveSnapshot(step, dist.world_size,
-                              checkpoint::ShardViews(meta, std::move(views)));
+  return session.SaveSnapshot(step, dist.world_size, parts.meta.dump(), refs);
 }
 
 // Loads the agent's restore plan: each shard's loader rank reads and checks
 // its copy, then broadcasts the bytes to every rank; all ranks decode all
 // shards into one state. A copy that fails its check fails every rank.
-Result<TrainingState> LoadPlanned(const checkpoint::RestorePlan& plan, const DistEnv& dist,
-                                  c10d::ProcessGroup* group) {
+Result<TrainingState> LoadPlanned(const RestorePlan& plan, const DistEnv& dist,
+                                  c10d::ProcessGroup* group, const Session& session) {
   TrainingState state;
   state.step = plan.step;
-  for (const checkpoint::RestoreSource& src : plan.sources) {
+  for (size_t i = 0; i < plan.sources.size(); ++i) {
+    const RestoreSource& src = plan.sources[i];
     const bool loader = group == nullptr || src.loader_rank == dist.rank;
     std::string bytes, error;
     if (loader) {
-      Result<std::string> r = checkpoint::ReadShardCopy(src.copy);
+      Result<std::string> r = session.ReadRestoreShard(i);
       if (r.ok()) {
         bytes = std::move(r).value();
       } else {
@@ -254,13 +249,13 @@ Result<TrainingState> LoadPlanned(const checkpoint::RestorePlan& plan, const Dis
         group->broadcast(data, from)->wait();
       }
     }
-    if (!error.empty()) return DataLoss("restore of " + src.copy.Describe() + ": " + error);
+    if (!error.empty()) return DataLoss("restore of " + src.description + ": " + error);
     ENDURE_ASSIGN_OR_RETURN(checkpoint::DecodedShard shard,
-                            checkpoint::DecodeShard(bytes, src.copy.Describe()));
+                            checkpoint::DecodeShard(bytes, src.description));
     if (shard.meta["step"] != plan.step) {
-      return DataLoss(src.copy.Describe() + ": holds step " + shard.meta["step"].dump());
+      return DataLoss(src.description + ": holds step " + shard.meta["step"].dump());
     }
-    if (src.copy.shard == 0) state.meta = std::move(shard.meta);
+    if (src.shard == 0) state.meta = std::move(shard.meta);
     for (TensorBlob& t : shard.tensors) state.tensors.push_back(std::move(t));
   }
   return state;
@@ -588,7 +583,7 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
   if (const auto& plan = session.restore_plan()) {
     // The agent chose the restore point across the checkpoint tiers.
     if (plan->step > 0) {
-      ENDURE_ASSIGN_OR_RETURN(TrainingState state, LoadPlanned(*plan, dist, cluster.group.get()));
+      ENDURE_ASSIGN_OR_RETURN(TrainingState state, LoadPlanned(*plan, dist, cluster.group.get(), session));
       if (ModelFromJson(state.meta.value("model", nlohmann::json::object())) != options.model) {
         return InvalidArgument("checkpoint step " + std::to_string(plan->step) +
                                " holds a model of config " + state.meta["model"].dump() +
@@ -597,7 +592,7 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
       ENDURE_RETURN_IF_ERROR(RestoreState(state, model, &optimizer));
       summary.start_step = plan->step;
     }
-    if (leader && plan->step > 0) std::printf("restored %s\n", plan->Summary().c_str());
+    if (leader && plan->step > 0) std::printf("restored %s\n", plan->summary.c_str());
   } else if (const std::optional<int64_t> limit = RestoreLimit(options, session)) {
     // Rank 0 chooses the restore point; every rank loads that same step.
     int64_t step = -1;
@@ -753,7 +748,7 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
     // The loss as logged: an injected `nan` fault shows here, while the
     // model itself is untouched.
     const double logged_loss =
-        session.EndStep(step, loss, compute_s, comm_s, ckpt_stall_s, checkpoint_step);
+        session.EndStep(step, loss, compute_s, comm_s, ckpt_stall_s, checkpoint_step).value();
     if (leader)
       progress.Step(step, logged_loss, lr, SecondsSince(step_start), compute_s, comm_s,
                     ckpt_stall_s);

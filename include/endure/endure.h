@@ -1,0 +1,129 @@
+/* Endure's C API: the client library for programs in any language.
+ *
+ * A thin layer over the C++ client (include/endure/client.h), with the same
+ * behaviour: an endure_session reports the program's progress to its node's
+ * agent, fires the faults injected into this rank, saves checkpoint shards
+ * into node memory and reads back the restore point the agent chose. Without
+ * an agent (ENDURE_AGENT_SOCKET unset) a session is inactive and every call
+ * is a cheap no-op, so the same program runs bare or under torchrun.
+ *
+ * Conventions:
+ *   - Handles are opaque; endure_session_free releases one (NULL is fine).
+ *   - Functions that can fail return an endure_status. On failure,
+ *     endure_last_error() returns a message for the person who has to fix it
+ *     (naming the variable, file or value), valid until the next failing call
+ *     on the same thread. On success it is not changed.
+ *   - Steps are 0-based indices, as in the C++ API.
+ *   - Buffers that the library returns (endure_buffer) are freed with
+ *     endure_buffer_free.
+ *   - Thread safety: as the C++ Session; step calls from the training thread.
+ *
+ * Link with -lendure (build/lib/libendure.so). */
+#ifndef ENDURE_ENDURE_H_
+#define ENDURE_ENDURE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum endure_status {
+  ENDURE_OK = 0,
+  ENDURE_INVALID_ARGUMENT = 1, /* bad variable, argument or input: change something */
+  ENDURE_NOT_FOUND = 2,
+  ENDURE_DATA_LOSS = 3,   /* a copy exists but fails verification */
+  ENDURE_IO_ERROR = 4,    /* the operating system refused a file or socket operation */
+  ENDURE_UNAVAILABLE = 5, /* a peer or service cannot be reached right now */
+  ENDURE_INTERNAL = 6
+} endure_status;
+
+/* "OK", "INVALID_ARGUMENT", ...; "UNKNOWN" for another value. */
+const char* endure_status_name(endure_status status);
+
+/* The message of this thread's last failure; "" when there was none. */
+const char* endure_last_error(void);
+
+typedef struct endure_session endure_session;
+
+/* Reads the ENDURE_* variables (see include/endure/client.h). On success
+ * *out is a session (inactive without an agent). ENDURE_INVALID_ARGUMENT for
+ * a malformed variable; *out is then NULL. */
+endure_status endure_session_from_env(endure_session** out);
+/* A session that reports nothing and injects nothing. Never NULL. */
+endure_session* endure_session_disabled(void);
+void endure_session_free(endure_session* session);
+
+int endure_session_active(const endure_session* session); /* 1 when reporting to an agent */
+int endure_session_rank(const endure_session* session);
+int64_t endure_session_generation(const endure_session* session);
+/* 1 when checkpoints go to node memory (endure_save_snapshot). */
+int endure_session_memory_checkpoints(const endure_session* session);
+
+/* Progress. */
+void endure_ready(endure_session* session, int64_t start_step, double restore_s, double init_s);
+void endure_begin_step(endure_session* session, int64_t step);
+/* Returns the loss to log: NaN when an injected `nan` fault is due. */
+double endure_end_step(endure_session* session, int64_t step, double loss, double compute_s,
+                       double comm_s, double ckpt_stall_s, int64_t checkpoint_step);
+int endure_should_skip(const endure_session* session, int64_t step);
+void endure_end_skipped_step(endure_session* session, int64_t step, double ckpt_stall_s,
+                             int64_t checkpoint_step);
+void endure_set_tokens_per_step(endure_session* session, int64_t tokens);
+/* Seconds since the process (or a warm standby's assignment) started. */
+double endure_seconds_since_process_start(void);
+
+/* Checkpoints. A tensor seen in place: `bytes` bytes at `data`, row-major
+ * and contiguous, of dtype "float32", "float64", "float16", "bfloat16",
+ * "int64", "int32", "int16", "int8", "uint8" or "bool". */
+typedef struct endure_tensor {
+  const char* name;
+  const char* dtype;
+  const int64_t* shape;
+  size_t ndim;
+  const void* data;
+  size_t bytes;
+} endure_tensor;
+
+/* Saves this rank's shard of step `step` of a `shards`-way state into node
+ * memory (meta_json: a JSON object). *saved is 1 when it was saved, 0 when
+ * the agent held the slot for 30 s and the save was skipped. */
+endure_status endure_save_snapshot(endure_session* session, int64_t step, int shards,
+                                   const char* meta_json, const endure_tensor* tensors,
+                                   size_t count, int* saved);
+
+/* The agent's restore point: the step (0: fresh start; -1: the agent gave no
+ * plan) and its sources, one per shard. */
+int64_t endure_restore_plan_step(const endure_session* session);
+size_t endure_restore_plan_sources(const endure_session* session);
+/* The rank that reads source `index` and broadcasts it; -1 out of range. */
+int endure_restore_plan_loader(const endure_session* session, size_t index);
+
+typedef struct endure_buffer {
+  char* data;
+  size_t size;
+} endure_buffer;
+void endure_buffer_free(endure_buffer* buffer);
+
+/* Reads source `index` of the restore plan and verifies it: the bytes of a
+ * shard (decode them with endure_decode_shard). ENDURE_DATA_LOSS naming the
+ * copy when it does not verify. */
+endure_status endure_read_restore_shard(const endure_session* session, size_t index,
+                                        endure_buffer* out);
+
+/* A shard's bytes, decoded. The tensors point into the shard; both are
+ * valid until endure_shard_free. */
+typedef struct endure_shard endure_shard;
+endure_status endure_decode_shard(const char* bytes, size_t size, endure_shard** out);
+const char* endure_shard_meta_json(const endure_shard* shard);
+size_t endure_shard_tensor_count(const endure_shard* shard);
+/* Fills *out with tensor `index`; ENDURE_INVALID_ARGUMENT out of range. */
+endure_status endure_shard_tensor(const endure_shard* shard, size_t index, endure_tensor* out);
+void endure_shard_free(endure_shard* shard);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ENDURE_ENDURE_H_ */

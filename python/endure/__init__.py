@@ -1,0 +1,226 @@
+"""Endure's client library for Python training programs.
+
+A :class:`Session` reports the program's progress to the node's Endure agent
+(ready, per-step loss and timings, heartbeats from a background thread),
+fires the faults injected into this rank (``kill``, ``exit``, ``hang``,
+``nan``, ``slow``, ``log``), and hands the program the agent's instructions
+for this generation (restore point, checkpoint directory, steps to skip).
+Checkpoints of ``state_dict``s go through :class:`endure.torch.Checkpointer`.
+
+Without an agent (the program runs bare or under torchrun) a session is
+inactive and every call is a cheap no-op, so the same script runs anywhere::
+
+    import endure
+    session = endure.Session.from_env()
+    session.ready(start_step)
+    for step in range(start_step, steps):
+        session.begin_step(step)
+        loss = train_one_step(step)
+        loss = session.end_step(step, loss=loss)
+
+The protocol is implemented once, in the C++ client library; this package
+binds it (``endure._endure``) and adds what Python programs need: stack dumps
+of every Python thread on a hang (faulthandler, on a signal the agent sends)
+and the torch helpers. Steps are 0-based indices, as in the C++ API.
+
+Importing ``endure`` does not import torch.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import math
+import os
+import signal
+import time
+from typing import Optional
+
+from . import _endure
+from ._endure import DataLossError
+
+__all__ = ["Session", "DataLossError", "fingerprint", "seconds_since_process_start"]
+
+# The signal on which a Python worker dumps its stacks into
+# ENDURE_STACKS_FILE; the agent sends it when it captures stacks on a hang.
+STACK_SIGNAL = signal.SIGUSR2
+
+
+def seconds_since_process_start() -> float:
+    """Seconds since this process started (interpreter start-up included)."""
+    return _endure.seconds_since_process_start()
+
+
+def fingerprint(named_tensors) -> str:
+    """XXH3-64 over each (name, tensor)'s name and bytes, as 16 hex digits.
+
+    The same ``param_fingerprint`` as endure-train prints: pass
+    ``model.named_parameters()``. Tensors are read as contiguous CPU bytes.
+    """
+    keep = []
+    refs = []
+    for name, t in named_tensors:
+        c = t.detach().cpu().contiguous()
+        keep.append(c)
+        refs.append((name, "uint8", [c.numel() * c.element_size()], c.data_ptr(),
+                     c.numel() * c.element_size()))
+    return _endure.fingerprint(refs)
+
+
+class Session:
+    """The link to this node's agent, for one training process.
+
+    Create it with :meth:`from_env`. Thread safety: ``ready``, ``begin_step``,
+    ``end_step`` and ``end_skipped_step`` belong to the training thread.
+    """
+
+    def __init__(self, impl: "_endure.Session"):
+        self._impl = impl
+        self._step_started: Optional[float] = None
+        self._pending_stall_s = 0.0
+        self._pending_checkpoint_step = -1
+        self._stacks_file = None
+
+    @classmethod
+    def from_env(cls) -> "Session":
+        """Reads the ENDURE_* variables the agent sets.
+
+        Inactive without ENDURE_AGENT_SOCKET. Raises ValueError naming the
+        variable when one is malformed. When the agent names a stacks file,
+        registers a dump of every thread's Python stack on SIGUSR2 there and
+        tells the agent, so that a hang's incident shows Python frames.
+        """
+        session = cls(_endure.Session.from_env())
+        session._register_stack_dump()
+        return session
+
+    @classmethod
+    def disabled(cls) -> "Session":
+        """A session that reports nothing and injects nothing."""
+        return cls(_endure.Session.disabled())
+
+    def _register_stack_dump(self) -> None:
+        path = self._impl.stacks_file
+        if not self._impl.active or not path:
+            return
+        try:
+            # Kept open for the life of the process: faulthandler writes to
+            # its file descriptor from the signal handler.
+            self._stacks_file = open(path, "w")
+        except OSError:
+            return  # the agent falls back to gdb
+        faulthandler.register(STACK_SIGNAL, file=self._stacks_file, all_threads=True,
+                              chain=False)
+        self._impl.announce_stack_signal(int(STACK_SIGNAL))
+
+    # ---- what the agent said ----
+
+    @property
+    def active(self) -> bool:
+        """True when reporting to an agent."""
+        return self._impl.active
+
+    @property
+    def rank(self) -> int:
+        return self._impl.rank
+
+    @property
+    def generation(self) -> int:
+        return self._impl.generation
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """The durable checkpoint directory the agent names; "" when none."""
+        return self._impl.checkpoint_dir
+
+    @property
+    def checkpoint_every(self) -> Optional[int]:
+        """Steps between checkpoints the agent asks for; None: not set."""
+        return self._impl.checkpoint_every
+
+    @property
+    def restore_step(self) -> Optional[int]:
+        """-1: newest checkpoint; 0: fresh start; N: newest at or before N."""
+        return self._impl.restore_step
+
+    @property
+    def restore_plan(self) -> Optional[dict]:
+        """The agent's restore point across the tiers, or None."""
+        return self._impl.restore_plan
+
+    @property
+    def memory_checkpoints(self) -> bool:
+        """Whether checkpoints go to node memory (the T0 tier)."""
+        return self._impl.memory_checkpoints
+
+    @property
+    def skip_steps(self) -> list:
+        """1-based step numbers whose data and update are to be skipped."""
+        return list(self._impl.skip_steps)
+
+    @property
+    def dropped(self) -> int:
+        """Reports dropped because the agent could not take them."""
+        return self._impl.dropped
+
+    def should_skip(self, step: int) -> bool:
+        """Whether step index `step` is to be skipped (a bad batch)."""
+        return self._impl.should_skip(step)
+
+    # ---- progress ----
+
+    def ready(self, start_step: int, restore_s: float = 0.0,
+              init_s: Optional[float] = None) -> None:
+        """After the restore, before the first step: training starts at index
+        `start_step`; `restore_s` was spent restoring, `init_s` (default: the
+        time since the process started) getting here."""
+        if init_s is None:
+            init_s = seconds_since_process_start()
+        self._impl.ready(int(start_step), float(restore_s), float(init_s))
+
+    def begin_step(self, step: int) -> None:
+        """Step index `step` is about to run. Injected kill, exit, hang and
+        log faults of this rank fire here."""
+        self._step_started = time.monotonic()
+        self._impl.begin_step(int(step))
+
+    def end_step(self, step: int, loss=None, compute_s: Optional[float] = None,
+                 comm_s: Optional[float] = None, tokens: Optional[int] = None):
+        """Step index `step` finished. Returns the loss to log: NaN when an
+        injected `nan` fault is due, `loss` (as a float; None without one)
+        otherwise.
+
+        `loss` may be a float or a one-element tensor (None: not known).
+        `compute_s` defaults to the time since :meth:`begin_step`, `comm_s` to
+        0. `tokens`: tokens the whole job processed in the step (for tokens/s).
+        The stall and step of a checkpoint saved since the last call are
+        reported with it.
+        """
+        # Without a loss the step still counts as progress; the agent then
+        # has no loss to judge (a NaN would be judged an anomaly).
+        value = None if loss is None else float(loss.item() if hasattr(loss, "item") else loss)
+        if compute_s is None:
+            started = self._step_started
+            compute_s = time.monotonic() - started if started is not None else 0.0
+            compute_s = max(0.0, compute_s - self._pending_stall_s)
+        if tokens is not None:
+            self._impl.set_tokens_per_step(int(tokens))
+        logged = self._impl.end_step(int(step), value, float(compute_s),
+                                     float(comm_s or 0.0), self._pending_stall_s,
+                                     self._pending_checkpoint_step)
+        self._pending_stall_s = 0.0
+        self._pending_checkpoint_step = -1
+        self._step_started = None
+        return logged
+
+    def end_skipped_step(self, step: int) -> None:
+        """Step index `step` was skipped (:meth:`should_skip`)."""
+        self._impl.end_skipped_step(int(step), self._pending_stall_s,
+                                    self._pending_checkpoint_step)
+        self._pending_stall_s = 0.0
+        self._pending_checkpoint_step = -1
+
+    def _note_checkpoint(self, stall_s: float, committed_step: int) -> None:
+        """Called by the Checkpointer: reported with the next end_step."""
+        self._pending_stall_s += stall_s
+        if committed_step >= 0:
+            self._pending_checkpoint_step = committed_step

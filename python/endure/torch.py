@@ -1,0 +1,428 @@
+"""Checkpoints of PyTorch training state through Endure's tiers.
+
+:class:`Checkpointer` saves and restores a training state made of objects
+with ``state_dict()`` / ``load_state_dict()`` (model, optimizer, LR
+scheduler) and plain dicts of values and tensors (data position, RNG
+states)::
+
+    state = {"model": model, "optimizer": optimizer, "scheduler": scheduler,
+             "progress": {"epoch": 0}, "rng": {"torch": torch.get_rng_state()}}
+    ckpt = endure.torch.Checkpointer(session, state, directory="ckpt")
+    start = ckpt.restore()              # 0: fresh start
+    session.ready(start, restore_s=ckpt.restore_s)
+    for step in range(start, steps):
+        ...
+        ckpt.save(step + 1)             # the state after step + 1 steps
+        session.end_step(step, loss=loss)
+
+Under an agent with node memory (``[checkpoint] every_steps`` in the job
+spec), ``save`` copies this rank's share of the tensors, as raw bytes and
+without pickling, into the node's shared memory (tier T0) and returns: the
+agent replicates it to a peer node (T1) and persists it (T2) behind training.
+``restore`` loads what the agent's restore plan names, each shard from its
+fastest tier, verified by checksum, broadcast to every rank over the default
+``torch.distributed`` group. Without node memory (bare, under torchrun, or
+``memory = false``) rank 0 commits the whole state to ``directory`` (or the
+directory the agent names) atomically (tmp, fsync, rename, manifest) and
+``restore`` loads the newest step there that verifies.
+
+Values other than tensors (numbers, strings, lists, tuples, dicts, None,
+bytes, numpy arrays) travel as JSON metadata; anything else is a TypeError
+that names its key, since it could only be saved by pickling.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import json
+import math
+import numbers
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from . import _endure
+
+__all__ = ["Checkpointer"]
+
+_FORMAT = "endure-python-1"
+_INT64_MAX = 2**63 - 1
+
+_DTYPES = {
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.int16: "int16",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+}
+_TORCH_DTYPES = {name: dtype for dtype, name in _DTYPES.items()}
+
+
+def _where(path: Tuple) -> str:
+    return "state" + "".join(f"[{p!r}]" for p in path)
+
+
+class _Flattener:
+    """Turns a state tree into JSON plus a list of named tensors."""
+
+    def __init__(self):
+        self.tensors: List[Tuple[str, torch.Tensor]] = []
+        self._names = set()
+
+    def _name(self, path: Tuple) -> str:
+        base = "/".join(str(p) for p in path) or "tensor"
+        name, n = base, 1
+        while name in self._names:  # "0" and 0 as keys of one dict
+            n += 1
+            name = f"{base}#{n}"
+        self._names.add(name)
+        return name
+
+    def _tensor(self, t: torch.Tensor, path: Tuple) -> str:
+        if t.is_sparse or t.layout != torch.strided:
+            raise TypeError(f"Checkpointer: {_where(path)} is a {t.layout} tensor; "
+                            "only dense (strided) tensors can be saved")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"Checkpointer: {_where(path)} has dtype {t.dtype}, which is not "
+                            f"supported (supported: {', '.join(_DTYPES.values())})")
+        name = self._name(path)
+        self.tensors.append((name, t))
+        return name
+
+    def encode(self, value: Any, path: Tuple) -> Any:
+        if value is None or isinstance(value, (bool, str)):
+            return value
+        if isinstance(value, torch.Tensor):
+            return {"T": self._tensor(value, path)}
+        if isinstance(value, numbers.Integral):
+            v = int(value)
+            return v if -_INT64_MAX - 1 <= v <= _INT64_MAX else {"I": str(v)}
+        if isinstance(value, numbers.Real):
+            v = float(value)
+            return v if math.isfinite(v) else {"F": repr(v)}
+        if isinstance(value, (bytes, bytearray)):
+            return {"B": base64.b64encode(bytes(value)).decode("ascii")}
+        if type(value).__module__ == "numpy" and hasattr(value, "dtype") and \
+                hasattr(value, "tobytes"):
+            if value.dtype.hasobject:
+                raise TypeError(f"Checkpointer: {_where(path)} is a numpy array of objects, "
+                                "which cannot be saved without pickling")
+            raw = torch.frombuffer(bytearray(value.tobytes()), dtype=torch.uint8) \
+                if value.nbytes > 0 else torch.empty(0, dtype=torch.uint8)
+            return {"N": self._tensor(raw, path), "dtype": value.dtype.str,
+                    "shape": list(value.shape)}
+        if isinstance(value, tuple):
+            return {"U": [self.encode(v, path + (i,)) for i, v in enumerate(value)]}
+        if isinstance(value, list):
+            return [self.encode(v, path + (i,)) for i, v in enumerate(value)]
+        if isinstance(value, Mapping):
+            items = [[self.encode_key(k, path), self.encode(v, path + (k,))]
+                     for k, v in value.items()]
+            out = {"D": items}
+            if isinstance(value, OrderedDict):
+                out["O"] = 1
+            return out
+        raise TypeError(f"Checkpointer: {_where(path)} is a {type(value).__name__}, which "
+                        "cannot be saved without pickling; store tensors, numbers, strings, "
+                        "lists, tuples and dicts (for a generator, its get_state())")
+
+    def encode_key(self, key: Any, path: Tuple) -> Any:
+        if isinstance(key, torch.Tensor) or isinstance(key, Mapping) or isinstance(key, list):
+            raise TypeError(f"Checkpointer: {_where(path)} has a key of type "
+                            f"{type(key).__name__}, which cannot be saved")
+        return self.encode(key, path + (key,))
+
+
+def _decode(node: Any, tensors: Dict[str, torch.Tensor], where: str) -> Any:
+    if node is None or isinstance(node, (bool, int, float, str)):
+        return node
+    if isinstance(node, list):
+        return [_decode(v, tensors, where) for v in node]
+    if not isinstance(node, dict) or len(node) == 0:
+        raise ValueError(f"{where}: malformed checkpoint metadata")
+    if "T" in node:
+        if node["T"] not in tensors:
+            raise ValueError(f"{where}: checkpoint lacks tensor {node['T']!r}")
+        return tensors[node["T"]]
+    if "I" in node:
+        return int(node["I"])
+    if "F" in node:
+        return float(node["F"])
+    if "B" in node:
+        return base64.b64decode(node["B"])
+    if "N" in node:
+        import numpy  # only states that held numpy arrays need it
+        raw = tensors[node["N"]]
+        data = bytes(_view(raw)) if raw.numel() else b""
+        return numpy.frombuffer(data, dtype=numpy.dtype(node["dtype"])).reshape(
+            node["shape"]).copy()
+    if "U" in node:
+        return tuple(_decode(v, tensors, where) for v in node["U"])
+    if "D" in node:
+        items = [(_hashable(_decode(k, tensors, where)), _decode(v, tensors, where))
+                 for k, v in node["D"]]
+        return OrderedDict(items) if node.get("O") else dict(items)
+    raise ValueError(f"{where}: malformed checkpoint metadata")
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
+
+
+def _view(t: torch.Tensor):
+    """The bytes of a contiguous CPU tensor, as a buffer, without a copy."""
+    n = t.numel() * t.element_size()
+    return (ctypes.c_char * n).from_address(t.data_ptr())
+
+
+def _tensor_from(dtype: str, shape: List[int], data: bytearray, where: str) -> torch.Tensor:
+    if dtype not in _TORCH_DTYPES:
+        raise ValueError(f"{where}: unsupported dtype {dtype!r}")
+    torch_dtype = _TORCH_DTYPES[dtype]
+    if len(data) == 0:
+        return torch.empty(shape, dtype=torch_dtype)
+    return torch.frombuffer(data, dtype=torch_dtype).reshape(shape)
+
+
+def _dist():
+    """(world size, rank, initialised) of the default torch.distributed group."""
+    d = torch.distributed
+    if d.is_available() and d.is_initialized():
+        return d.get_world_size(), d.get_rank(), True
+    return 1, 0, False
+
+
+class Checkpointer:
+    """Saves and restores `state` through the session's checkpoint tiers.
+
+    `state` maps names to objects with ``state_dict()`` and
+    ``load_state_dict()``, or to plain dicts, which ``restore`` updates in
+    place. `directory` is where checkpoints go without node memory (the
+    agent's ``checkpoint_dir`` takes precedence); `keep` committed steps are
+    kept there. Raises TypeError naming the key for an entry of any other
+    kind. Every rank of a data-parallel job holds the same state and calls
+    ``save`` and ``restore`` at the same steps.
+    """
+
+    def __init__(self, session, state: Mapping, directory: Optional[str] = None,
+                 keep: int = 3):
+        if not isinstance(state, Mapping):
+            raise TypeError(f"Checkpointer: state must be a dict of names to objects, "
+                            f"not a {type(state).__name__}")
+        for key, obj in state.items():
+            if not isinstance(key, str):
+                raise TypeError(f"Checkpointer: state key {key!r} is not a string")
+            if isinstance(obj, Mapping):
+                continue
+            if not (callable(getattr(obj, "state_dict", None)) and
+                    callable(getattr(obj, "load_state_dict", None))):
+                raise TypeError(
+                    f"Checkpointer: state[{key!r}] is a {type(obj).__name__}, which has no "
+                    "state_dict()/load_state_dict(); pass an object with both (a model, "
+                    "an optimizer, an LR scheduler) or a dict of values and tensors")
+        if keep < 0:
+            raise ValueError(f"Checkpointer: keep must be >= 0, not {keep}")
+        self._session = session
+        self._state = state
+        self._directory = directory or ""
+        self._keep = keep
+        self.restore_s = 0.0  #: seconds the last restore() took
+        self.last_stall_s = 0.0  #: seconds the last save() blocked
+        self.last_restore_summary = ""  #: e.g. "step 42 from T0 x2", "fresh start"
+
+    @property
+    def directory(self) -> str:
+        """Where durable checkpoints go without node memory; "" for none."""
+        return self._session.checkpoint_dir or self._directory
+
+    # ---- save ----
+
+    def _collect(self, next_step: int):
+        flat = _Flattener()
+        tree = {}
+        for key, obj in self._state.items():
+            sd = obj if isinstance(obj, Mapping) else obj.state_dict()
+            tree[key] = flat.encode(sd, (key,))
+        refs, keep_alive = [], []
+        for name, t in flat.tensors:
+            c = t.detach()
+            if c.device.type != "cpu":
+                c = c.cpu()
+            if not c.is_contiguous():
+                c = c.contiguous()
+            keep_alive.append(c)
+            refs.append((name, _DTYPES[c.dtype], list(c.shape), c.data_ptr(),
+                         c.numel() * c.element_size()))
+        meta = {"format": _FORMAT, "next_step": next_step,
+                "python_tree": json.dumps(tree, allow_nan=False)}
+        return meta, refs, keep_alive
+
+    def save(self, next_step: int) -> bool:
+        """Saves the state as it is after `next_step` steps, so that a later
+        ``restore()`` returns `next_step`. Returns whether this rank saved
+        (without node memory only rank 0 writes; False also when the agent
+        held the slot for 30 s). Raises ValueError when the state does not
+        fit node memory (the message names the job-spec key to raise) and
+        OSError when it cannot be written."""
+        if next_step < 1:
+            raise ValueError(f"Checkpointer.save: next_step must be >= 1, not {next_step}")
+        start = time.monotonic()
+        world, rank, _ = _dist()
+        meta, refs, keep_alive = self._collect(next_step)
+        if self._session.memory_checkpoints:
+            owner = _endure.partition_by_size([r[4] for r in refs], world)
+            mine = [r for r, o in zip(refs, owner) if o == rank]
+            saved = self._session._impl.save_snapshot(next_step, world, json.dumps(meta), mine)
+        elif self.directory:
+            saved = rank == 0  # data-parallel replicas are identical
+            if saved:
+                _endure.commit_checkpoint(self.directory, next_step, json.dumps(meta), refs,
+                                          self._keep)
+        else:
+            raise ValueError("Checkpointer.save: no node memory and no directory; pass "
+                             "Checkpointer(..., directory=...) or run under endure with "
+                             "[checkpoint] every_steps")
+        del keep_alive
+        self.last_stall_s = time.monotonic() - start
+        if hasattr(self._session, "_note_checkpoint"):
+            self._session._note_checkpoint(self.last_stall_s, next_step if saved else -1)
+        return bool(saved)
+
+    # ---- restore ----
+
+    def restore(self) -> int:
+        """Loads the restore point and returns the step index to start from
+        (0: fresh start, nothing loaded). Raises endure.DataLossError when the
+        copy the agent chose does not verify, ValueError when the checkpoint
+        does not fit the state (another model)."""
+        start = time.monotonic()
+        plan = self._session.restore_plan
+        if plan is not None:
+            step = self._restore_plan(plan)
+            self.last_restore_summary = plan["summary"]
+        else:
+            step = self._restore_directory()
+        self.restore_s = time.monotonic() - start
+        return step
+
+    def _restore_plan(self, plan: dict) -> int:
+        if plan["step"] == 0:
+            return 0
+        world, rank, initialized = _dist()
+        tensors: Dict[str, torch.Tensor] = {}
+        meta = None
+        for index, src in enumerate(plan["sources"]):
+            loader = src["loader_rank"]
+            if world > 1 and not initialized:
+                raise RuntimeError("Checkpointer.restore: WORLD_SIZE > 1 but torch.distributed "
+                                   "is not initialised; call init_process_group() first")
+            data, error = None, None
+            if world == 1 or loader == rank:
+                try:
+                    data = self._session._impl.read_restore_shard(index)
+                except (OSError, ValueError) as e:
+                    error = e  # the other ranks learn it from the broadcast
+            if world > 1:
+                data = _broadcast_bytes(data, loader)
+            if error is not None:
+                raise error
+            if data is None:
+                raise _endure.DataLossError(
+                    f"restore of {src['description']}: rank {loader} could not read it")
+            shard_meta, shard_tensors = _endure.decode_shard_bytearray(data,
+                                                                       src["description"])
+            del data
+            shard_meta = json.loads(shard_meta)
+            if shard_meta.get("step") != plan["step"]:
+                raise _endure.DataLossError(
+                    f"{src['description']}: holds step {shard_meta.get('step')}")
+            if meta is None or src["shard"] == 0:
+                meta = shard_meta
+            for name, dtype, shape, payload in shard_tensors:
+                tensors[name] = _tensor_from(dtype, shape, payload, src["description"])
+        self._load(meta, tensors, plan["summary"])
+        return plan["step"]
+
+    def _restore_directory(self) -> int:
+        directory = self.directory
+        wanted = self._session.restore_step
+        if not directory or wanted == 0:
+            return 0
+        limit = _INT64_MAX if wanted is None or wanted == -1 else wanted
+        world, rank, initialized = _dist()
+        loaded, refused = _endure.load_newest_checkpoint(directory, limit)
+        step = loaded[0] if loaded else 0
+        if world > 1 and initialized:
+            # Every rank must start from the step rank 0 found.
+            chosen = torch.tensor([step], dtype=torch.int64)
+            torch.distributed.broadcast(chosen, 0)
+            if int(chosen.item()) != step:
+                step = int(chosen.item())
+                loaded, refused = _endure.load_newest_checkpoint(directory, step) \
+                    if step > 0 else (None, refused)
+        if rank == 0:
+            for why in refused:
+                print(f"endure: checkpoint refused: {why}", flush=True)
+        if wanted is not None and wanted != -1 and rank == 0:
+            # A rollback ordered by the agent abandons the steps after the
+            # restore point: they must never be restored later.
+            _endure.remove_checkpoints_after(directory, step)
+        if not loaded or step == 0:
+            self.last_restore_summary = "fresh start"
+            return 0
+        step, (meta_json, shard_tensors) = loaded
+        tensors = {name: _tensor_from(dtype, shape, payload, directory)
+                   for name, dtype, shape, payload in shard_tensors}
+        self._load(json.loads(meta_json), tensors, directory)
+        self.last_restore_summary = f"step {step} from {directory}"
+        return step
+
+    def _load(self, meta: dict, tensors: Dict[str, torch.Tensor], where: str) -> None:
+        if meta.get("format") != _FORMAT or "python_tree" not in meta:
+            raise ValueError(f"{where}: not a checkpoint of endure.torch.Checkpointer")
+        tree = json.loads(meta["python_tree"])
+        missing = [k for k in self._state if k not in tree]
+        if missing:
+            raise ValueError(f"{where}: the checkpoint has no entry for {', '.join(missing)}")
+        for key, obj in self._state.items():
+            value = _decode(tree[key], tensors, f"{where}: state[{key!r}]")
+            if isinstance(obj, Mapping):
+                obj.clear()
+                obj.update(value)
+            else:
+                obj.load_state_dict(value)
+
+
+def _broadcast_bytes(data: Optional[bytearray], root: int) -> Optional[bytearray]:
+    """Broadcasts `data` from rank `root` over the default group. None from
+    the root (it could not read its copy) is None on every rank."""
+    d = torch.distributed
+    device = torch.device("cpu")
+    if d.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    size = torch.tensor([len(data) if data is not None else -1], dtype=torch.int64,
+                        device=device)
+    d.broadcast(size, root)
+    n = int(size.item())
+    if n < 0:
+        return None
+    if data is None:
+        data = bytearray(n)
+    buf = torch.frombuffer(data, dtype=torch.uint8) if n > 0 else torch.empty(0,
+                                                                             dtype=torch.uint8)
+    if device.type == "cpu":
+        d.broadcast(buf, root)
+    else:
+        on_device = buf.to(device)
+        d.broadcast(on_device, root)
+        buf.copy_(on_device.cpu())
+    return data
