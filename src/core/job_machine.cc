@@ -398,15 +398,12 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     fe.node_name = node_name;
     fe.cause = failure.cause;
     fe.step = StepNumber{inc.failed_at_step};
+    // Before this generation completed a step: a start-up failure.
     fe.during_recovery = !productive_;
+    // The log says the node itself is bad (an Xid, an uncorrectable ECC
+    // error); the policy isolates the node unless the cause is software.
+    fe.node_fault_evidence = failure.log_action == "evict_node";
     RecoveryDecision d = recovery_.Step(fe, now);
-    if (failure.log_action == "evict_node" && d.action == RecoveryAction::kRestartInPlace) {
-      // The log says the node itself is bad (an Xid, an uncorrectable ECC
-      // error): restarting on it would fail again.
-      d.action = RecoveryAction::kEvictAndWaitForRepair;
-      d.reason += "; the matching log rule's action is evict_node: evicting " +
-                  NodeName(failure.node) + " instead";
-    }
     inc.action = std::string(RecoveryActionName(d.action));
     reason += "; " + d.reason;
     delay = d.delay;

@@ -288,6 +288,146 @@ TEST(JobMachine, ALogRuleThatSaysEvictEvictsTheNode) {
   EXPECT_EQ(inc.log_line, exit.log_line);
 }
 
+// Rank `rank`'s worker exits with code 1 after the log classifier matched
+// `cause` with `action`.
+WorkerExitEvent ExitWithLog(int generation, int rank, NodeId node, std::string cause,
+                            std::string action, std::string line) {
+  WorkerExitEvent exit{generation, rank, node, 1, std::nullopt};
+  exit.log_cause = std::move(cause);
+  exit.log_action = std::move(action);
+  exit.log_rule = exit.log_cause;
+  exit.log_line = std::move(line);
+  return exit;
+}
+
+TEST(JobMachine, AStartUpFailureOnEveryNodeStopsAfterThreeAttemptsAndEvictsNothing) {
+  Job job;
+  job.Up();
+  // Spare capacity, as `endure run` brings up after an eviction.
+  for (int n = 2; n < 12; ++n) job.Do(NodeUp{NodeId{n}, "node" + std::to_string(n), 1});
+  std::vector<JobAction> all;
+  std::optional<FinishAction> finish;
+  for (int attempt = 0; attempt < 20 && !finish; ++attempt) {
+    job.now += 1;
+    // The program raises before its first step on every node; whichever
+    // rank's exit arrives first is the incident, the other a consequence.
+    const int gen = job.m.generation();
+    const int first = attempt % 2;
+    const NodeId members[] = {job.m.NodeOfRank(0), job.m.NodeOfRank(1)};
+    auto a = job.Do(ExitWithLog(gen, first, members[first], "user_exception", "restart",
+                                "RuntimeError: bad config"));
+    all.insert(all.end(), a.begin(), a.end());
+    if (auto f = Find<FinishAction>(a); !f.empty()) {
+      finish = f[0];
+      break;
+    }
+    job.Do(ExitWithLog(gen, 1 - first, members[1 - first], "user_exception", "restart",
+                       "RuntimeError: bad config"));
+    for (NodeId n : members) {
+      a = job.Do(GenerationStoppedEvent{gen, n});
+      all.insert(all.end(), a.begin(), a.end());
+    }
+  }
+  ASSERT_TRUE(finish.has_value());
+  EXPECT_EQ(finish->exit_code, 3);
+  EXPECT_NE(finish->reason.find("user_exception at start-up in 3 consecutive attempts, on "
+                                "different nodes (node0, node1)"),
+            std::string::npos)
+      << finish->reason;
+  EXPECT_NE(finish->reason.find("in the program or its configuration, not the nodes"),
+            std::string::npos)
+      << finish->reason;
+  EXPECT_EQ(job.m.generation(), 2);  // three attempts
+  EXPECT_TRUE(Find<EvictNodeAction>(all).empty());
+  ASSERT_EQ(job.m.incidents().size(), 3u);
+  EXPECT_EQ(job.m.incidents()[0].action, "restart_in_place");
+  EXPECT_EQ(job.m.incidents()[1].action, "restart_in_place");
+  EXPECT_EQ(job.m.incidents()[2].action, "stop");
+  for (const auto& start : Find<StartGenerationAction>(all)) {
+    EXPECT_EQ(start.nodes, (std::vector<NodeId>{NodeId{0}, NodeId{1}}));
+  }
+}
+
+TEST(JobMachine, OnlyHardwareCausesEvictANode) {
+  Job job;
+  job.Up();
+  job.Ready(0);
+  int64_t step = 0;
+  // Node 1 fails after 10 more steps each time; returns what the machine did.
+  auto fail_node1 = [&](std::string cause, std::string action) {
+    job.Run(step + 1, step + 10);
+    step += 10;
+    return job.Do(ExitWithLog(job.m.generation(), 1, NodeId{1}, cause, action, "..."));
+  };
+  auto restart = [&] {
+    auto start = Find<StartGenerationAction>(job.StopBoth());
+    ASSERT_EQ(start.size(), 1u) << job.m.incidents().back().reason;
+    EXPECT_EQ(start[0].nodes, (std::vector<NodeId>{NodeId{0}, NodeId{1}}));
+    job.Ready(step);
+  };
+  // Software, again and again on the same node: never its fault. Not even
+  // when a log rule (wrongly) says evict_node.
+  for (const auto& [cause, action] :
+       std::vector<std::pair<std::string, std::string>>{{"user_exception", "restart"},
+                                                        {"user_exception", "restart"},
+                                                        {"cuda_oom", "restart"},
+                                                        {"user_exception", "evict_node"}}) {
+    auto a = fail_node1(cause, action);
+    EXPECT_TRUE(Find<EvictNodeAction>(a).empty())
+        << cause << ": " << job.m.incidents().back().reason;
+    EXPECT_EQ(job.m.incidents().back().action, "restart_in_place");
+    restart();
+  }
+  EXPECT_NE(job.m.incidents().back().reason.find("user_exception is a software cause"),
+            std::string::npos)
+      << job.m.incidents().back().reason;
+  // Hardware: the node's first ECC failure restarts, its second isolates it.
+  EXPECT_TRUE(Find<EvictNodeAction>(fail_node1("ecc_uncorrectable", "restart")).empty());
+  restart();
+  auto evict = Find<EvictNodeAction>(fail_node1("ecc_uncorrectable", "restart"));
+  ASSERT_EQ(evict.size(), 1u);
+  EXPECT_EQ(evict[0].node, NodeId{1});
+  EXPECT_EQ(job.m.incidents().back().action, "evict_and_wait_for_repair");
+}
+
+TEST(JobMachine, AHangOnASingleNodeJobRestartsAndNeverEvictsTheNode) {
+  JobMachineOptions o = Options();
+  o.nodes = 1;
+  JobMachine m(o, {}, T(0));
+  double now = 0;
+  std::vector<JobAction> all;
+  auto step = [&](const JobEvent& e) {
+    auto a = m.Step(e, T(now));
+    all.insert(all.end(), a.begin(), a.end());
+    return a;
+  };
+  ASSERT_EQ(Find<StartGenerationAction>(step(NodeUp{NodeId{0}, "node0", 1})).size(), 1u);
+  int64_t done = 0;
+  for (int hang = 1; hang <= 4; ++hang) {
+    step(WorkerReady{m.generation(), 0, done, 0});
+    for (int i = 0; i < 10; ++i) {  // progress past the previous hang
+      now += 0.15;
+      step(NodeHeartbeat{NodeId{0}});
+      step(StepEnd{m.generation(), 0, ++done, 2.0, 0, -1});
+    }
+    // Rank 0 makes no more progress; its agent keeps beating.
+    std::optional<TimePoint> deadline = m.NextDeadline();
+    ASSERT_TRUE(deadline.has_value());
+    now = Seconds(*deadline - T(0));
+    step(NodeHeartbeat{NodeId{0}});
+    ASSERT_EQ(Find<StopGenerationAction>(step(Tick{})).size(), 1u) << hang;
+    EXPECT_EQ(m.incidents().back().cause, "hang");
+    EXPECT_EQ(m.incidents().back().action, "restart_in_place") << m.incidents().back().reason;
+    auto start =
+        Find<StartGenerationAction>(step(GenerationStoppedEvent{m.generation(), NodeId{0}}));
+    ASSERT_EQ(start.size(), 1u) << hang << ": " << m.incidents().back().reason;
+    EXPECT_EQ(start[0].nodes, std::vector<NodeId>{NodeId{0}});
+  }
+  EXPECT_TRUE(Find<EvictNodeAction>(all).empty());
+  EXPECT_EQ(m.incidents().size(), 4u);
+  EXPECT_EQ(m.phase(), JobPhase::kRunning);
+}
+
 TEST(JobMachine, OnlyFaultsThatEndAWorkerExplainItsExit) {
   Job job;
   job.Up();

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace endure::core {
 namespace {
@@ -17,6 +18,86 @@ void DropOlderThan(std::vector<TimePoint>& times, TimePoint cutoff) {
 
 std::string NodeName(NodeId node) { return "node " + std::to_string(node.value); }
 
+void AddDistinct(std::vector<std::string>& names, const std::string& name) {
+  if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+}
+
+std::string Join(const std::vector<std::string>& names) {
+  std::string s;
+  for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+// Where a run of repeats happened: "on different nodes (node0, node1)", or
+// "on node0 each time".
+std::string WhereRepeated(const std::vector<std::string>& nodes) {
+  if (nodes.size() > 1) return "on different nodes (" + Join(nodes) + ")";
+  return "on " + (nodes.empty() ? std::string("the same node") : nodes[0]) + " each time";
+}
+
+// Exact cause names. Sources: config/log_rules.toml (whose evict_node rules
+// are exactly the hardware ones here), the heartbeat monitor, the job
+// machine, and the simulator's llama3 and none mixes.
+constexpr std::pair<std::string_view, CauseClass> kCauseClasses[] = {
+    // A component of the node failed.
+    {"node_lost", CauseClass::kHardware},
+    {"node_failure", CauseClass::kHardware},
+    {"faulty_gpu", CauseClass::kHardware},
+    {"gpu_lost", CauseClass::kHardware},
+    {"gpu_init_failed", CauseClass::kHardware},
+    {"gpu_hbm3", CauseClass::kHardware},
+    {"gpu_sram", CauseClass::kHardware},
+    {"gpu_system_processor", CauseClass::kHardware},
+    {"gpu_thermal_interface_sensor", CauseClass::kHardware},
+    {"ecc_uncorrectable", CauseClass::kHardware},
+    {"silent_data_corruption", CauseClass::kHardware},
+    {"nic", CauseClass::kHardware},
+    {"network_switch_cable", CauseClass::kHardware},
+    {"host_maintenance", CauseClass::kHardware},
+    {"ssd", CauseClass::kHardware},
+    {"power_supply", CauseClass::kHardware},
+    {"server_chassis", CauseClass::kHardware},
+    {"io_expansion_board", CauseClass::kHardware},
+    {"cpu", CauseClass::kHardware},
+    {"system_memory", CauseClass::kHardware},
+    // The program, its data or its configuration.
+    {"user_exception", CauseClass::kSoftware},
+    {"software_bug", CauseClass::kSoftware},
+    {"native_exception", CauseClass::kSoftware},
+    {"cuda_device_assert", CauseClass::kSoftware},
+    {"oom", CauseClass::kSoftware},
+    {"cuda_oom", CauseClass::kSoftware},
+    {"shm_exhausted", CauseClass::kSoftware},
+    {"loss_nan", CauseClass::kSoftware},
+    {"loss_inf", CauseClass::kSoftware},
+    {"loss_spike", CauseClass::kSoftware},
+    {"loss_anomaly", CauseClass::kSoftware},
+    // Either: the same symptom has a software and a hardware reading, or the
+    // failing rank is a victim of another's failure.
+    {"hang", CauseClass::kAmbiguous},
+    {"straggler", CauseClass::kAmbiguous},
+    {"nccl_timeout", CauseClass::kAmbiguous},
+    {"nccl_watchdog_timeout", CauseClass::kAmbiguous},
+    {"nccl_error", CauseClass::kAmbiguous},
+    {"gloo_timeout", CauseClass::kAmbiguous},
+    {"gloo_error", CauseClass::kAmbiguous},
+    {"rendezvous_timeout", CauseClass::kAmbiguous},
+    {"cuda_error", CauseClass::kAmbiguous},
+    {"cuda_unavailable", CauseClass::kAmbiguous},
+    {"disk_full", CauseClass::kAmbiguous},
+    {"filesystem_read_only", CauseClass::kAmbiguous},
+    {"io_error", CauseClass::kAmbiguous},
+    {"segfault", CauseClass::kAmbiguous},
+    {"dataloader_worker_died", CauseClass::kAmbiguous},
+    {"worker_failed", CauseClass::kAmbiguous},
+    {"interrupted", CauseClass::kAmbiguous},
+    {"dependency", CauseClass::kAmbiguous},
+};
+
+// The Xids of log rule xid_hardware: the GPU or its links need a reset or a
+// repair. Other Xids are usually the application's (xid_application).
+constexpr int kHardwareXids[] = {48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120};
+
 std::string Ordinal(int n) {
   const char* suffix = (n % 100 >= 11 && n % 100 <= 13) ? "th"
                        : n % 10 == 1                    ? "st"
@@ -27,6 +108,41 @@ std::string Ordinal(int n) {
 }
 
 }  // namespace
+
+std::string_view CauseClassName(CauseClass cause_class) {
+  switch (cause_class) {
+    case CauseClass::kHardware:
+      return "hardware";
+    case CauseClass::kSoftware:
+      return "software";
+    case CauseClass::kAmbiguous:
+      return "ambiguous";
+  }
+  return "?";
+}
+
+CauseClass ClassifyCause(std::string_view cause) {
+  for (const auto& [name, cause_class] : kCauseClasses) {
+    if (cause == name) return cause_class;
+  }
+  // "xid_79": hardware for the Xids that name the GPU, else ambiguous.
+  if (cause.starts_with("xid_") && cause.size() > 4 && cause.size() <= 7) {
+    int xid = 0;
+    for (char ch : cause.substr(4)) {
+      if (ch < '0' || ch > '9') return CauseClass::kAmbiguous;
+      xid = xid * 10 + (ch - '0');
+    }
+    return std::find(std::begin(kHardwareXids), std::end(kHardwareXids), xid) !=
+                   std::end(kHardwareXids)
+               ? CauseClass::kHardware
+               : CauseClass::kAmbiguous;
+  }
+  // The crash detector's names: the worker ended on its own ("worker_exit
+  // code 1"), or a signal the agent did not send killed it ("signal 9
+  // SIGKILL": the OOM killer, a segfault, someone's kill -9).
+  if (cause.starts_with("worker_exit")) return CauseClass::kSoftware;
+  return CauseClass::kAmbiguous;
+}
 
 std::string_view RecoveryPathName(RecoveryPath path) {
   switch (path) {
@@ -74,8 +190,9 @@ Status RecoveryPolicyOptions::Validate() const {
   if (backoff_max < backoff_initial) {
     return InvalidArgument("maximum backoff must be at least the initial backoff");
   }
-  if (structural_repeats < 0 || evict_node_after < 0) {
-    return InvalidArgument("repeat thresholds must be >= 0");
+  if (structural_repeats < 0 || startup_repeats < 0 || evict_node_after < 0) {
+    return InvalidArgument(
+        "repeat thresholds (structural_repeats, startup_repeats, evict_node_after) must be >= 0");
   }
   return Status::Ok();
 }
@@ -89,49 +206,114 @@ RecoveryPath RecoveryPolicy::PathFor(std::string_view cause) const {
   return it == options_.paths.end() ? options_.default_path : it->second;
 }
 
+CauseClass RecoveryPolicy::ClassOf(const FailureEvent& event) const {
+  const CauseClass c = ClassifyCause(event.cause);
+  if (c != CauseClass::kAmbiguous) return c;
+  if (event.node_fault_evidence || PathFor(event.cause) != RecoveryPath::kRestartInPlace) {
+    return CauseClass::kHardware;
+  }
+  return c;
+}
+
 RecoveryDecision RecoveryPolicy::Step(const FailureEvent& event, TimePoint now) {
   RecoveryDecision d;
   d.node = event.node;
   const std::string cause(event.cause);
+  const std::string node_name =
+      event.node_name.empty() ? NodeName(event.node) : std::string(event.node_name);
   const std::string where =
-      (event.node_name.empty() ? NodeName(event.node) : std::string(event.node_name)) +
-      " failed with " + cause + " at step " + std::to_string(event.step.value);
+      node_name + " failed with " + cause + " at step " + std::to_string(event.step.value);
+  const CauseClass cause_class = ClassOf(event);
+  const bool hardware = cause_class == CauseClass::kHardware;
 
-  // 1. Structural: the same cause stops training at the same step again and again.
-  bool repeats_at_step = false;
-  if (!event.during_recovery && !event.degraded) {
+  // 1. Structural: the same cause stops training at the same step again and
+  // again. A hardware fault that happens to recur at a step is the nodes'
+  // bad luck, not the step's: it never counts.
+  if (!event.during_recovery && !event.degraded && !hardware) {
     CauseHistory& c = causes_[cause];
-    c.same_step_count = c.last_training_step == event.step ? c.same_step_count + 1 : 1;
-    repeats_at_step = c.same_step_count > 1;
+    if (c.last_training_step != event.step) {
+      c.same_step_count = 0;
+      c.nodes.clear();
+    }
+    ++c.same_step_count;
+    AddDistinct(c.nodes, node_name);
     c.last_training_step = event.step;
     if (options_.structural_repeats > 0 && c.same_step_count >= options_.structural_repeats) {
       d.action = RecoveryAction::kStop;
       d.reason = where + ": the " + Ordinal(c.same_step_count) + " " + cause +
-                 " failure at this step; the fault is structural (code, data or config), "
-                 "restarting will not help";
+                 " failure at this step, " + WhereRepeated(c.nodes) +
+                 "; the fault is structural (code, data or config), restarting will not help";
       return d;
+    }
+  }
+
+  // 1b. Start-up: consecutive attempts that fail the same way before
+  // completing a step never reach a step to repeat, so rule 1 cannot see
+  // them. Progress, or a different failure, ends the run.
+  if (!event.degraded) {
+    if (event.during_recovery && !hardware) {
+      if (startup_.cause != cause) startup_ = StartupStreak{cause, 0, {}};
+      ++startup_.attempts;
+      AddDistinct(startup_.nodes, node_name);
+      if (options_.startup_repeats > 0 && startup_.attempts >= options_.startup_repeats) {
+        d.action = RecoveryAction::kStop;
+        d.reason = cause + " at start-up in " + std::to_string(startup_.attempts) +
+                   " consecutive attempts, " + WhereRepeated(startup_.nodes) + ": ";
+        if (startup_.nodes.size() > 1 || cause_class == CauseClass::kSoftware) {
+          d.reason += "the failure is in the program or its configuration, not the nodes";
+        } else {
+          d.reason += "restarting does not get the job past start-up (" + cause +
+                      " is ambiguous: check the program's configuration and " + node_name + ")";
+        }
+        d.reason += "; stopping";
+        return d;
+      }
+    } else {
+      startup_ = StartupStreak{};
     }
   }
 
   // Isolation history of this node.
   NodeHistory& n = nodes_[event.node];
   DropOlderThan(n.recent_failures, now - options_.restart_window);
+  DropOlderThan(n.recent_hardware_failures, now - options_.restart_window);
   n.recent_failures.push_back(now);
+  if (hardware) n.recent_hardware_failures.push_back(now);
   bool no_progress = n.last_cause == cause && event.step <= n.last_step;
   n.no_progress_repeats = no_progress ? n.no_progress_repeats + 1 : 0;
   n.last_cause = cause;
   n.last_step = std::max(n.last_step, event.step);
 
-  // 3. Path for the cause, escalated for a repeat offender.
+  // 3. Path for the cause, escalated for a hardware repeat offender.
   RecoveryPath path = PathFor(cause);
-  std::string why = where + " (path " + std::string(RecoveryPathName(path)) + ")";
-  int node_failures = static_cast<int>(n.recent_failures.size());
-  // A failure that recurs at the same step follows the step (code, data), not
-  // the node: isolating the node would not help, rule 1 deals with it.
-  if (path == RecoveryPath::kRestartInPlace && options_.evict_node_after > 0 &&
-      node_failures >= options_.evict_node_after && !repeats_at_step) {
+  std::string why = where + " (" + std::string(CauseClassName(cause_class)) + " cause, path " +
+                    std::string(RecoveryPathName(path)) + ")";
+  const int node_failures =
+      static_cast<int>(hardware ? n.recent_hardware_failures.size() : n.recent_failures.size());
+  const bool repeat_offender =
+      options_.evict_node_after > 0 && node_failures >= options_.evict_node_after;
+  std::string note;  // why a node that looks suspect stays, after the action
+  if (path == RecoveryPath::kRestartInPlace && !hardware) {
+    if (event.node_fault_evidence) {
+      note = "; the matching log rule's action is evict_node, but " + cause +
+             " is a software cause: it would follow the job to any node, so " + node_name +
+             " stays";
+    } else if (repeat_offender) {
+      note = "; not isolating " + node_name + " after its " + Ordinal(node_failures) +
+             " failure within " + FormatDuration(options_.restart_window) + ": " + cause +
+             (cause_class == CauseClass::kSoftware
+                  ? " is a software cause, it would follow the job to any node"
+                  : " is ambiguous, no evidence against the node");
+    }
+  } else if (path == RecoveryPath::kRestartInPlace && event.node_fault_evidence) {
+    // The log says the node itself is bad (an Xid, an uncorrectable ECC
+    // error): restarting on it would fail again.
     path = RecoveryPath::kEvictAndReplace;
-    why = where + ", its " + Ordinal(node_failures) + " failure within " +
+    why = where + " (hardware cause): the matching log rule's action is evict_node: isolating " +
+          node_name + " instead of restarting in place";
+  } else if (path == RecoveryPath::kRestartInPlace && repeat_offender) {
+    path = RecoveryPath::kEvictAndReplace;
+    why = where + ", its " + Ordinal(node_failures) + " hardware failure within " +
           FormatDuration(options_.restart_window) + ": isolating it instead of restarting in place";
   }
 
@@ -143,7 +325,7 @@ RecoveryDecision RecoveryPolicy::Step(const FailureEvent& event, TimePoint now) 
       d.action = RecoveryAction::kTolerate;
       d.reason = why + ": degraded node kept in the job; with " +
                  std::to_string(event.spares_available) +
-                 " spares, running slower beats stopping to wait for a repair";
+                 " spares, running slower beats stopping to wait for a repair" + note;
       return d;
     }
   } else {
@@ -167,6 +349,7 @@ RecoveryDecision RecoveryPolicy::Step(const FailureEvent& event, TimePoint now) 
         d.reason = why + ": waiting for the component to be repaired";
         break;
     }
+    d.reason += note;
   }
 
   // 2. Retry budget (tolerated faults cost no restart and returned above).

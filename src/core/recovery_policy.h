@@ -6,15 +6,25 @@
 // the controller, by `endure sim` and by tests. Sans-I/O and deterministic:
 // the caller passes time in and carries out the decision. Not thread-safe.
 //
+// Every cause has a class (ClassifyCause): hardware, software or ambiguous.
+// Only hardware ever isolates a node on the policy's own inference; a
+// software failure follows the program to whichever node runs it, and an
+// ambiguous one (a hang, a timeout) is no evidence against the node.
+//
 // Rules, in the order they apply:
-//  1. Structural failure: the same cause at the same step `structural_repeats`
-//     times while training ran: restarting cannot help, stop.
+//  1. Structural failure: the same non-hardware cause at the same step
+//     `structural_repeats` times while training ran: restarting cannot help,
+//     stop.
+//  1b. Start-up failure: the same non-hardware cause in `startup_repeats`
+//     consecutive attempts, each before the generation completed a step: the
+//     job cannot get past start-up (on different nodes: the program or its
+//     configuration is at fault), stop.
 //  2. Retry budget: more than `max_restarts_in_window` restarts within
 //     `restart_window`: the job is crash-looping, stop.
-//  3. The cause's recovery path (restart / evict / wait), escalated from
-//     restart to evict when the same node failed `evict_node_after` times
-//     within `restart_window` — unless the failure repeats at the same step,
-//     which points at code or data rather than the node.
+//  3. The cause's recovery path (restart / evict / wait). For a hardware
+//     cause only, restart escalates to evict when the same node failed
+//     `evict_node_after` times within `restart_window`, or at once when the
+//     evidence names the node's hardware (a log rule's evict_node).
 //  4. Backoff: when the same node fails again with the same cause without the
 //     job getting past the step of its previous failure, wait
 //     backoff_initial * 2^(k-1) (capped at backoff_max) before acting.
@@ -40,6 +50,26 @@ enum class RecoveryPath {
   kWaitForRepair,    // nothing to swap (e.g. a switch): wait until it is repaired
 };
 
+// Where a cause puts the fault.
+enum class CauseClass {
+  kHardware,   // a component of the node (GPU, its memory, NIC, the host): isolating the node helps
+  kSoftware,   // the program, its data or its configuration: it fails on any node alike
+  kAmbiguous,  // either reading fits (a hang, a timeout, a full disk), or an unknown name
+};
+
+// "hardware", "software", "ambiguous".
+std::string_view CauseClassName(CauseClass cause_class);
+
+// The class of a cause name, from Endure's own vocabulary: the causes of
+// config/log_rules.toml, the crash detector ("worker_exit code N", "signal N
+// NAME"), the heartbeat monitor ("node_lost"), the job machine ("hang",
+// "loss_nan", ...) and the simulator's cause mixes. Unknown names are
+// ambiguous. The one place that decides which causes are hardware; pure.
+CauseClass ClassifyCause(std::string_view cause);
+inline bool IsHardwareCause(std::string_view cause) {
+  return ClassifyCause(cause) == CauseClass::kHardware;
+}
+
 // "restart", "evict", "wait".
 std::string_view RecoveryPathName(RecoveryPath path);
 // Accepts the names above; the error lists them.
@@ -55,7 +85,12 @@ struct RecoveryPolicyOptions {
   Duration backoff_initial = std::chrono::seconds(30);  // 0: no backoff
   Duration backoff_max = std::chrono::minutes(30);
   int structural_repeats = 3;  // 0: never stop for a repeated step
-  int evict_node_after = 2;    // 0: never escalate restart to evict
+  // Stop after this many consecutive attempts failed at start-up with the
+  // same non-hardware cause; 0: never.
+  int startup_repeats = 3;
+  // Escalate a hardware cause's restart to evict on the node's N-th hardware
+  // failure within restart_window; 0: never. Other causes never escalate.
+  int evict_node_after = 2;
 
   Status Validate() const;
 };
@@ -67,8 +102,13 @@ struct FailureEvent {
   // The step being executed when the fault hit; during a restart, the step
   // the job was restoring to.
   StepNumber step;
-  // The fault hit before training resumed: the previous restart failed.
+  // The fault hit before the generation completed a training step: at
+  // start-up, or while restarting (the previous restart failed).
   bool during_recovery = false;
+  // The evidence names the node's hardware (a log rule whose action is
+  // evict_node): an ambiguous or unknown cause counts as hardware and the
+  // node is isolated at once. A software cause stays software.
+  bool node_fault_evidence = false;
   // The job still makes progress, only slower (a straggler): it may keep
   // running rather than stop for a repair.
   bool degraded = false;
@@ -103,18 +143,33 @@ class RecoveryPolicy {
   // except kTolerate and kStop counts as a restart for the retry budget.
   RecoveryDecision Step(const FailureEvent& event, TimePoint now);
 
+  // The class the policy acts on for `event`: ClassifyCause, except that an
+  // ambiguous cause counts as hardware when the event carries node-fault
+  // evidence or the configured path for it is evict or wait (the operator
+  // says the component is at fault).
+  CauseClass ClassOf(const FailureEvent& event) const;
+
   const RecoveryPolicyOptions& options() const { return options_; }
 
  private:
   struct CauseHistory {
     StepNumber last_training_step{-1};
     int same_step_count = 0;
+    std::vector<std::string> nodes;  // distinct, of the current same-step run
+  };
+  // The current run of consecutive attempts that failed at start-up.
+  struct StartupStreak {
+    std::string cause;  // empty: no run
+    int attempts = 0;
+    std::vector<std::string> nodes;  // distinct, in order of failure
   };
   struct NodeHistory {
     std::string last_cause;
     StepNumber last_step{-1};
     int no_progress_repeats = 0;
-    std::vector<TimePoint> recent_failures;  // within restart_window; usually 0-2
+    // Within restart_window; usually 0-2. Only hardware failures count
+    // towards isolating the node.
+    std::vector<TimePoint> recent_failures, recent_hardware_failures;
   };
 
   RecoveryPath PathFor(std::string_view cause) const;
@@ -123,6 +178,7 @@ class RecoveryPolicy {
   std::deque<TimePoint> restarts_;
   std::unordered_map<std::string, CauseHistory> causes_;
   std::unordered_map<NodeId, NodeHistory> nodes_;
+  StartupStreak startup_;
 };
 
 }  // namespace endure::core
