@@ -1,0 +1,352 @@
+#!/usr/bin/env python3
+"""The reference GPT trainer in PyTorch: the Python twin of endure-train.
+
+The same model as build/bin/endure-train (a GPT-2 style decoder: 4 layers,
+d-model 128, 4 heads, context 128, byte tokens), the same data (the batch of
+step s is a pure function of (seed, s), whatever the world size), the same
+optimizer and schedule, trained data parallel with DistributedDataParallel on
+gloo. It uses Endure's Python package for everything Endure offers a
+program: step reports, injected faults, every-step checkpoints into node
+memory and a bit-exact restore, and Python stacks on a hang.
+
+It runs three ways, unchanged:
+
+    python3 examples/python/train_gpt.py --steps 100
+    torchrun --nproc_per_node 2 --redirects 2 --tee 2 examples/python/train_gpt.py \\
+        --steps 100 --ckpt-dir runs/py-ckpt --ckpt-every 20
+    build/bin/endure run examples/python/demo.toml
+
+(PYTHONPATH must hold build/python; Debian's torchrun 1.13 needs
+--redirects 2 --tee 2.) At the end rank 0 prints the validation loss and
+`param_fingerprint=...`, which a run with injected faults reproduces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import endure
+import endure.torch
+
+MASK64 = (1 << 64) - 1
+
+
+# ---- Model: the same modules and parameter names as src/trainer/gpt.cc ----
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model: int, heads: int, context: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.register_buffer("mask", torch.ones(context, context, dtype=torch.bool).triu(1),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        H, D = self.heads, C // self.heads
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in (q, k, v))
+        att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(D))
+        att = att.masked_fill(self.mask[:T, :T], float("-inf")).softmax(-1)
+        y = torch.matmul(att, v).transpose(1, 2).contiguous().view(B, T, C)
+        return self.proj(y)
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, heads: int, context: int):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, heads, context)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.fc = nn.Linear(d_model, 4 * d_model)
+        self.fc_proj = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.fc_proj(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers=4, d_model=128, heads=4, context=128, vocab=256):
+        super().__init__()
+        self.vocab = vocab
+        self.token_emb = nn.Embedding(vocab, d_model)
+        self.pos_emb = nn.Embedding(context, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, heads, context) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        # GPT-2 initialisation: N(0, 0.02) for weights and embeddings, zero biases.
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if "bias" in name:
+                    p.zero_()
+                elif "ln" not in name:
+                    p.normal_(0.0, 0.02)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        T = tokens.size(1)
+        x = self.token_emb(tokens) + self.pos_emb(torch.arange(T))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, self.vocab), targets.reshape(-1))
+
+
+# ---- Data: the same corpus split and batches as src/trainer/corpus.cc ----
+
+BLOCK = 4096
+
+
+def load_corpus(paths, val_fraction):
+    files = []
+    for p in paths:
+        if os.path.isdir(p):
+            for root, _, names in os.walk(p, followlinks=True):
+                files.extend(os.path.join(root, n) for n in names)
+        elif os.path.isfile(p):
+            files.append(p)
+        else:
+            raise SystemExit(f"train_gpt.py: --data: '{p}' is neither a file nor a directory")
+    text, seen = bytearray(), set()
+    for f in sorted(files):
+        real = os.path.realpath(f)
+        if real in seen or not os.path.isfile(real):
+            continue
+        seen.add(real)
+        with open(f, "rb") as fh:
+            data = fh.read()
+        if not data or b"\0" in data[:BLOCK]:
+            continue
+        text += data
+    if len(text) < 64 * BLOCK:
+        raise SystemExit(f"train_gpt.py: --data: found {len(text)} bytes of text; need at "
+                         "least 256 KiB (install the 'fortunes' package for the default corpus)")
+    every = int(1.0 / val_fraction + 0.5)
+    train, val = bytearray(), bytearray()
+    for block in range(0, (len(text) + BLOCK - 1) // BLOCK):
+        chunk = text[block * BLOCK:(block + 1) * BLOCK]
+        (val if block % every == every - 1 else train).extend(chunk)
+    return torch.frombuffer(train, dtype=torch.uint8), torch.frombuffer(val, dtype=torch.uint8)
+
+
+def mix_seed(seed: int, a: int, b: int) -> int:
+    def mix(z: int) -> int:
+        z = (z + 0x9E3779B97F4A7C15) & MASK64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+        return z ^ (z >> 31)
+    return mix(mix(mix(seed) ^ (a & MASK64)) ^ (b & MASK64))
+
+
+def batch(text: torch.Tensor, seed: int, step: int, first: int, count: int, context: int):
+    span = text.numel() - context - 1
+    offsets = [mix_seed(seed, step, i) % span for i in range(first, first + count)]
+    rows = torch.stack([text[o:o + context + 1] for o in offsets]).long()
+    return rows[:, :context], rows[:, 1:]
+
+
+def learning_rate(args, step: int) -> float:
+    if step < args.warmup_steps:
+        return args.lr * (step + 1) / args.warmup_steps
+    decay_steps = max(1, args.steps - args.warmup_steps)
+    progress = min(1.0, (step - args.warmup_steps) / decay_steps)
+    min_lr = args.lr * args.min_lr_ratio
+    return min_lr + 0.5 * (args.lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+class TorchRNG:
+    """The CPU generator's state, as a checkpointable object."""
+
+    def state_dict(self):
+        return {"cpu": torch.get_rng_state()}
+
+    def load_state_dict(self, state):
+        torch.set_rng_state(state["cpu"])
+
+
+def keep_freed_memory():
+    """glibc hands large freed blocks back to the kernel, so every step
+    faults its activations in again; endure-train pins the thresholds for a
+    2x faster step here, and so does this twin."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD
+    except OSError:
+        pass
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description="GPT on byte tokens, data parallel (DDP, gloo)")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--data", nargs="+", default=["/usr/share/games/fortunes"])
+    p.add_argument("--val-fraction", type=float, default=0.05)
+    p.add_argument("--global-batch", type=int, default=32)
+    p.add_argument("--micro-batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--min-lr-ratio", type=float, default=0.1)
+    p.add_argument("--warmup-steps", type=int, default=20)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--ckpt-dir", default="", help="durable checkpoints (without node memory)")
+    p.add_argument("--ckpt-every", type=int, default=0, help="steps between checkpoints")
+    p.add_argument("--ckpt-keep", type=int, default=3)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--eval-batches", type=int, default=8)
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank")
+    p.add_argument("--collective-timeout-s", type=int, default=300)
+    args = p.parse_args(argv)
+    problems = []
+    if args.steps < 1:
+        problems.append("--steps must be at least 1")
+    if args.d_model % args.heads:
+        problems.append("--d-model must be a multiple of --heads")
+    if args.ckpt_every < 0:
+        problems.append("--ckpt-every must be >= 0")
+    if problems:
+        p.error("; ".join(problems))
+    return args
+
+
+def main(argv) -> int:
+    args = parse_args(argv)
+    try:
+        session = endure.Session.from_env()
+    except ValueError as e:
+        print(f"train_gpt.py: {e}", file=sys.stderr)
+        return 2
+    if session.checkpoint_every is not None:
+        args.ckpt_every = session.checkpoint_every
+    world = int(os.environ.get("WORLD_SIZE", "1") or "1")
+    rank = int(os.environ.get("RANK", "0") or "0")
+    per_rank = args.global_batch // world
+    if args.global_batch % world or per_rank % args.micro_batch:
+        print(f"train_gpt.py: --global-batch {args.global_batch} must split into "
+              f"{world} ranks x whole --micro-batch {args.micro_batch}", file=sys.stderr)
+        return 2
+    accum = per_rank // args.micro_batch
+    leader = rank == 0
+
+    keep_freed_memory()
+    threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "0") or "0") or 1
+    torch.set_num_threads(threads)
+    train_text, val_text = load_corpus(args.data, args.val_fraction)
+
+    torch.manual_seed(args.seed)
+    model = GPT(args.layers, args.d_model, args.heads, args.context)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+
+    if world > 1:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(
+            seconds=args.collective_timeout_s))
+        ddp = nn.parallel.DistributedDataParallel(model)
+    else:
+        ddp = model
+
+    ckpt = endure.torch.Checkpointer(
+        session, {"model": model, "optimizer": optimizer, "rng": TorchRNG()},
+        directory=args.ckpt_dir, keep=args.ckpt_keep)
+    start = ckpt.restore()
+    if leader and start > 0:
+        print(f"restored {ckpt.last_restore_summary}", flush=True)
+    if leader:
+        n = sum(p.numel() for p in model.parameters())
+        print(f"train_gpt.py: {n} parameters, {world} ranks, global batch {args.global_batch} "
+              f"(micro {args.micro_batch} x accum {accum} x {world} ranks)", flush=True)
+    tokens_per_step = args.global_batch * args.context
+    session.ready(start, restore_s=ckpt.restore_s)
+
+    can_save = session.memory_checkpoints or bool(ckpt.directory)
+    model.train()
+    for step in range(start, args.steps):
+        session.begin_step(step)  # injected kill/exit/hang/log faults fire here
+        t0 = time.monotonic()
+        done = step + 1
+        if session.should_skip(step):
+            if leader:
+                print(f"step {done:6d}/{args.steps} skipped (ENDURE_SKIP_STEPS)", flush=True)
+        else:
+            lr = learning_rate(args, step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            optimizer.zero_grad(set_to_none=True)
+            local_loss = 0.0
+            for a in range(accum):
+                x, y = batch(train_text, args.seed, step, rank * per_rank + a * args.micro_batch,
+                             args.micro_batch, args.context)
+                sync = a == accum - 1 or world == 1
+                ctx = ddp.no_sync() if (world > 1 and not sync) else _null()
+                with ctx:
+                    loss = ddp(x, y) / accum
+                    loss.backward()
+                local_loss += loss.item()
+            compute_s = time.monotonic() - t0
+            if world > 1:
+                t = torch.tensor([local_loss], dtype=torch.float64)
+                dist.all_reduce(t)
+                step_loss = t.item() / world
+            else:
+                step_loss = local_loss
+            if args.grad_clip > 0:
+                nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+            optimizer.step()
+        if can_save and args.ckpt_every > 0 and (done % args.ckpt_every == 0 or
+                                                 done == args.steps):
+            ckpt.save(done)
+        if session.should_skip(step):
+            session.end_skipped_step(step)
+            continue
+        logged = session.end_step(step, loss=step_loss, compute_s=compute_s,
+                                  tokens=tokens_per_step)
+        if leader and (done == 1 or done % args.log_every == 0 or done == args.steps):
+            ms = (time.monotonic() - t0) * 1000
+            print(f"step {done:6d}/{args.steps} loss {logged:.4f} lr {lr:.2e} {ms:7.1f} ms "
+                  f"ckpt {ckpt.last_stall_s * 1000:.2f} ms", flush=True)
+
+    if leader:
+        model.eval()
+        with torch.no_grad():
+            losses = []
+            for b in range(args.eval_batches):
+                x, y = batch(val_text, args.seed, -1 - b, 0, args.micro_batch, args.context)
+                losses.append(model(x, y).item())
+        if losses:
+            print(f"validation loss {sum(losses) / len(losses):.4f}")
+        print(f"param_fingerprint={endure.fingerprint(model.named_parameters())}", flush=True)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,281 @@
+"""The Python package without a controller: a stand-in agent socket receives
+what a Session sends, checkpoints go through a real T0 slot and a real
+durable directory, and faults fire in child processes."""
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import unittest
+from unittest import mock
+
+import torch
+
+import endure
+import endure.torch
+
+
+class FakeAgent:
+    """A Unix datagram socket where a Session sends its reports."""
+
+    def __init__(self, directory):
+        self.path = os.path.join(directory, "agent.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(5)
+
+    def next(self, type_):
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            m = json.loads(self.sock.recv(65536))
+            if m["type"] == type_:
+                return m
+        raise AssertionError(f"no {type_} datagram")
+
+    def close(self):
+        self.sock.close()
+
+
+def make_state(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    progress = {"epoch": 0, "seen": [], "rng": torch.get_rng_state()}
+    return model, opt, sched, progress
+
+
+def train(model, opt, sched, progress, steps, start=0):
+    for step in range(start, steps):
+        g = torch.Generator().manual_seed(1000 + step)
+        x = torch.randn(4, 8, generator=g)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        progress["epoch"] = step // 3
+        progress["seen"].append(step)
+
+
+def params(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+class SessionTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="endure-py-")
+        self.env = mock.patch.dict(os.environ, {}, clear=False)
+        self.env.start()
+        for k in list(os.environ):
+            if k.startswith("ENDURE_") or k in ("RANK", "WORLD_SIZE"):
+                del os.environ[k]
+
+    def tearDown(self):
+        self.env.stop()
+        subprocess.run(["rm", "-rf", self.dir], check=False)
+
+    def test_inactive_without_agent_is_a_no_op(self):
+        s = endure.Session.from_env()
+        self.assertFalse(s.active)
+        self.assertIsNone(s.restore_plan)
+        s.ready(0)
+        s.begin_step(0)
+        self.assertEqual(s.end_step(0, loss=2.5), 2.5)
+        self.assertIsNone(s.end_step(1))
+
+    def test_malformed_variable_names_it(self):
+        os.environ["ENDURE_GENERATION"] = "seven"
+        with self.assertRaisesRegex(ValueError, "ENDURE_GENERATION='seven'"):
+            endure.Session.from_env()
+
+    def test_reports_steps_and_fires_nan(self):
+        agent = FakeAgent(self.dir)
+        os.environ.update({
+            "ENDURE_AGENT_SOCKET": agent.path, "ENDURE_TOKEN": "tok", "RANK": "1",
+            "ENDURE_GENERATION": "3",
+            "ENDURE_FAULTS": json.dumps([{"id": "n", "kind": "nan", "rank": 1, "step": 2}])})
+        s = endure.Session.from_env()
+        self.assertTrue(s.active)
+        s.ready(0, restore_s=0.25)
+        ready = agent.next("ready")
+        self.assertEqual((ready["rank"], ready["generation"], ready["token"]), (1, 3, "tok"))
+        self.assertEqual(ready["restore_s"], 0.25)
+        s.begin_step(0)
+        self.assertEqual(s.end_step(0, loss=torch.tensor(2.0), tokens=4096), 2.0)
+        step = agent.next("step")
+        self.assertEqual((step["step"], step["loss"], step["tokens"]), (1, 2.0, 4096))
+        self.assertGreaterEqual(step["compute_s"], 0.0)
+        s.begin_step(1)
+        self.assertTrue(math.isnan(s.end_step(1, loss=1.9)))
+        self.assertEqual(agent.next("fault")["kind"], "nan")
+        self.assertEqual(agent.next("step")["loss"], "nan")
+        s.begin_step(2)
+        self.assertIsNone(s.end_step(2))  # no loss: progress, nothing to judge
+        self.assertIsNone(agent.next("step")["loss"])
+        agent.close()
+
+    def test_stack_dump_on_signal_shows_python_frames(self):
+        agent = FakeAgent(self.dir)
+        stacks = os.path.join(self.dir, "rank-0.stacks")
+        os.environ.update({"ENDURE_AGENT_SOCKET": agent.path, "ENDURE_TOKEN": "tok",
+                           "ENDURE_STACKS_FILE": stacks})
+        script = textwrap.dedent("""
+            import os, signal, time, endure
+            s = endure.Session.from_env()
+            def waiting_for_the_allreduce():
+                os.kill(os.getpid(), signal.SIGUSR2)
+                time.sleep(0.2)
+            waiting_for_the_allreduce()
+        """)
+        subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+        self.assertEqual(agent.next("stacks")["signal"], int(signal.SIGUSR2))
+        with open(stacks) as f:
+            text = f.read()
+        self.assertIn("waiting_for_the_allreduce", text)
+        self.assertIn('File "<string>"', text)
+        agent.close()
+
+    def test_kill_fault_kills_the_process(self):
+        os.environ["ENDURE_FAULTS"] = json.dumps([{"id": "k", "kind": "kill", "rank": 0,
+                                                   "step": 3}])
+        script = ("import endure\ns = endure.Session.from_env()\n"
+                  "for i in range(5):\n    s.begin_step(i)\n    print(i, flush=True)\n")
+        p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(p.returncode, -signal.SIGKILL)
+        self.assertEqual(p.stdout.split(), ["0", "1"])
+
+    def test_log_fault_prints_its_line_and_exits(self):
+        line = "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus"
+        os.environ["ENDURE_FAULTS"] = json.dumps([{"id": "l", "kind": "log", "rank": 0,
+                                                   "step": 1, "line": line}])
+        p = subprocess.run([sys.executable, "-c",
+                            "import endure\nendure.Session.from_env().begin_step(0)\n"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(line, p.stderr)
+
+
+class CheckpointerTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="endure-py-")
+        self.env = mock.patch.dict(os.environ, {}, clear=False)
+        self.env.start()
+        for k in list(os.environ):
+            if k.startswith("ENDURE_") or k in ("RANK", "WORLD_SIZE"):
+                del os.environ[k]
+
+    def tearDown(self):
+        self.env.stop()
+        subprocess.run(["rm", "-rf", self.dir], check=False)
+
+    def test_entry_without_state_dict_is_a_type_error_naming_the_key(self):
+        s = endure.Session.disabled()
+        with self.assertRaisesRegex(TypeError, r"state\['lr'\].*state_dict"):
+            endure.torch.Checkpointer(s, {"model": torch.nn.Linear(2, 2), "lr": 0.1})
+
+    def test_unpicklable_value_is_a_type_error_naming_its_path(self):
+        s = endure.Session.disabled()
+        c = endure.torch.Checkpointer(s, {"extra": {"gen": torch.Generator()}},
+                                      directory=self.dir)
+        with self.assertRaisesRegex(TypeError, r"state\['extra'\]\['gen'\] is a Generator"):
+            c.save(1)
+
+    def test_directory_round_trip_resumes_bit_exact(self):
+        ref = make_state()
+        train(*ref, steps=6)
+
+        first = make_state()
+        train(*first, steps=4)
+        s = endure.Session.disabled()
+        names = ("model", "optimizer", "scheduler", "progress")
+        c = endure.torch.Checkpointer(s, dict(zip(names, first)), directory=self.dir)
+        self.assertTrue(c.save(4))
+
+        second = make_state(seed=99)  # different initial values: all must be loaded
+        c2 = endure.torch.Checkpointer(s, dict(zip(names, second)), directory=self.dir)
+        self.assertEqual(c2.restore(), 4)
+        self.assertEqual(second[3]["seen"], [0, 1, 2, 3])
+        self.assertTrue(torch.equal(second[3]["rng"], first[3]["rng"]))
+        train(*second, steps=6, start=4)
+        for a, b in zip(params(ref[0]), params(second[0])):
+            self.assertTrue(torch.equal(a, b))
+        self.assertEqual(ref[2].state_dict(), second[2].state_dict())
+
+    def test_corrupt_newest_step_falls_back_to_the_previous_one(self):
+        state = make_state()
+        s = endure.Session.disabled()
+        c = endure.torch.Checkpointer(s, {"model": state[0]}, directory=self.dir, keep=0)
+        c.save(1)
+        train(*state, steps=1)
+        c.save(2)
+        shard = os.path.join(self.dir, "step-00000002", "shard-00000.bin")
+        with open(shard, "r+b") as f:
+            f.seek(100)
+            b = f.read(1)
+            f.seek(100)
+            f.write(bytes([b[0] ^ 0xFF]))
+        fresh = make_state(seed=5)
+        c2 = endure.torch.Checkpointer(s, {"model": fresh[0]}, directory=self.dir)
+        self.assertEqual(c2.restore(), 1)
+
+    def test_memory_snapshot_restored_through_a_restore_plan(self):
+        agent = FakeAgent(self.dir)
+        t0 = os.path.join(self.dir, "t0")
+        os.makedirs(t0)
+        os.environ.update({"ENDURE_AGENT_SOCKET": agent.path, "ENDURE_TOKEN": "tok",
+                           "ENDURE_T0_DIR": t0})
+        state = make_state()
+        train(*state, steps=3)
+        s = endure.Session.from_env()
+        self.assertTrue(s.memory_checkpoints)
+        names = ("model", "optimizer", "scheduler", "progress")
+        c = endure.torch.Checkpointer(s, dict(zip(names, state)))
+        self.assertTrue(c.save(3))
+        snap = agent.next("snapshot")
+        self.assertEqual((snap["step"], snap["shard"], snap["shards"]), (3, 0, 1))
+        del s
+        agent.close()
+
+        # What an agent hands the next generation: a plan naming that slot.
+        plan = {"step": 3, "sources": [{"shard": 0, "shards": 1, "tier": "T0", "node": "node0",
+                                        "path": snap["path"], "bytes": snap["bytes"],
+                                        "xxh3": snap["xxh3"], "loader_rank": 0}]}
+        os.environ.clear()
+        os.environ["ENDURE_RESTORE_PLAN"] = json.dumps(plan)
+        s2 = endure.Session.from_env()
+        fresh = make_state(seed=7)
+        c2 = endure.torch.Checkpointer(s2, dict(zip(names, fresh)))
+        self.assertEqual(c2.restore(), 3)
+        self.assertEqual(c2.last_restore_summary, "step 3 from T0 x1")
+        for a, b in zip(params(state[0]), params(fresh[0])):
+            self.assertTrue(torch.equal(a, b))
+        self.assertEqual(state[1].state_dict()["state"].keys(),
+                         fresh[1].state_dict()["state"].keys())
+
+        # The same plan with a wrong checksum: the copy is refused, not loaded.
+        plan["sources"][0]["xxh3"] = "%016x" % (int(snap["xxh3"], 16) ^ 1)
+        os.environ["ENDURE_RESTORE_PLAN"] = json.dumps(plan)
+        c3 = endure.torch.Checkpointer(endure.Session.from_env(), {"model": make_state(9)[0]})
+        with self.assertRaisesRegex(endure.DataLossError, "checksum"):
+            c3.restore()
+
+    def test_state_larger_than_the_slot_names_the_key_to_raise(self):
+        t0 = os.path.join(self.dir, "t0")
+        os.makedirs(t0)
+        os.environ.update({"ENDURE_T0_DIR": t0, "ENDURE_T0_SLOT_BYTES": "1024"})
+        c = endure.torch.Checkpointer(endure.Session.from_env(),
+                                      {"model": torch.nn.Linear(64, 64)})
+        with self.assertRaisesRegex(ValueError, "checkpoint.memory_budget"):
+            c.save(1)
+
+
+if __name__ == "__main__":
+    unittest.main()
