@@ -256,14 +256,15 @@ TEST_F(ControlPlaneTest, AFullDiskKeepsTrainingFromMemoryAndSaysSo) {
 }
 
 TEST_F(ControlPlaneTest, ACrashLoopGivesUpWithExitThreeAndSaysWhy) {
-  // Every worker dies at start with a user error: the restart budget (3)
-  // runs out and the job gives up instead of looping.
+  // Every worker dies at start with a user error: the restart budget (1)
+  // runs out before the start-up rule (3 attempts) would stop the job, and
+  // the job gives up instead of looping.
   const fs::path spec = dir_ / "loop.toml";
   std::ofstream(spec) << "[job]\nname = \"loop\"\n"
                       << "command = [\"/bin/sh\", \"-c\", "
                       << "\"echo 'ValueError: shard 17 is empty' >&2; exit 1\"]\n"
                       << "nodes = 2\nstate_dir = \"" << (dir_ / "loop").string() << "\"\n"
-                      << "[recovery]\nmax_restarts = 3\nbackoff_initial = \"0s\"\n";
+                      << "[recovery]\nmax_restarts = 1\nbackoff_initial = \"0s\"\n";
   JobResult r = Run(spec.string());
   EXPECT_TRUE(r.exit.exited && r.exit.code == 3) << r.exit.ToString() << "\n" << r.output;
   EXPECT_EQ(r.report.value("exit_code", -1), 3);
@@ -349,6 +350,178 @@ TEST_F(ControlPlaneTest, AnAgentWithoutTheTokenIsRefused) {
   EXPECT_TRUE(e->exited && e->code == 2) << e->ToString() << "\n" << ReadAll(out);
   EXPECT_NE(ReadAll(out).find("refused"), std::string::npos) << ReadAll(out);
   EXPECT_NE(ReadAll(dir_ / "controller.out").find("wrong or missing token"), std::string::npos);
+}
+
+TEST_F(ControlPlaneTest, AStartUpFailureOnEveryNodeStopsWithinThreeAttemptsAndEvictsNoNode) {
+  // The program raises before its first step, the same way on every node: a
+  // bad configuration. No node is to blame, so none is evicted (`endure run`
+  // would bring up replacements, node2 and on, if one were); the job stops
+  // once the failure repeats at start-up, instead of burning its restarts.
+  const std::string python = fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  const fs::path spec = dir_ / "startup.toml";
+  std::ofstream(spec) << "[job]\nname = \"startup\"\n"
+                      << "command = [\"" << python << "\", \"-c\", "
+                      << "\"raise RuntimeError('bad config: no dataset at /nonexistent')\"]\n"
+                      << "nodes = 2\nstate_dir = \"" << (dir_ / "startup").string() << "\"\n"
+                      << "[recovery]\nbackoff_initial = \"0s\"\nrepair_delay = \"1s\"\n";
+  JobResult r = Run(spec.string());
+  EXPECT_TRUE(r.exit.exited && r.exit.code == 3) << r.exit.ToString() << "\n" << r.output;
+  EXPECT_EQ(r.report.value("exit_code", -1), 3) << r.report.dump(2);
+  const int generations = r.report.value("generations", 0);
+  EXPECT_GE(generations, 1) << r.report.dump(2);
+  EXPECT_LE(generations, 3) << r.report.dump(2);
+  const std::string verdict = r.report.value("verdict", "");
+  EXPECT_NE(verdict.find("user_exception at start-up in 3 consecutive attempts"), std::string::npos)
+      << verdict;
+  EXPECT_NE(verdict.find("not the nodes"), std::string::npos) << verdict;
+  const nlohmann::json& incidents = r.report["incidents"];
+  ASSERT_FALSE(incidents.empty()) << r.report.dump(2);
+  EXPECT_LE(incidents.size(), 3u) << r.report.dump(2);
+  for (const nlohmann::json& inc : incidents) {
+    EXPECT_EQ(inc.value("cause", ""), "user_exception") << inc.dump(2);
+    const std::string action = inc.value("action", "");
+    EXPECT_TRUE(action == "restart_in_place" || action == "stop") << inc.dump(2);
+    EXPECT_NE(inc.value("log_line", "").find("RuntimeError: bad config"), std::string::npos)
+        << inc.dump(2);
+  }
+  EXPECT_EQ(incidents.back().value("action", ""), "stop") << r.report.dump(2);
+  // Only the two original nodes ever took part: no replacement was needed.
+  const nlohmann::json& nodes = r.report["nodes"];
+  EXPECT_EQ(nodes.size(), 2u) << r.report.dump(2);
+  for (const nlohmann::json& node : nodes) {
+    EXPECT_TRUE(node == "node0" || node == "node1") << r.report.dump(2);
+  }
+}
+
+}  // namespace
+}  // namespace endure
+
+// ---- Programs that do not use the client library (issue 11) ----
+
+namespace endure {
+namespace {
+
+// A data-parallel-like Python program that only prints its progress, on
+// rank 0, as most DDP scripts do, redrawing one line with '\r' as a progress
+// bar does. In generation 0 every rank gets stuck at step 15 (as ranks
+// blocked in an allreduce behind a hung peer would); later generations run
+// all 30 steps.
+constexpr char kPrintingWorker[] = R"(import os, time
+rank = int(os.environ["RANK"])
+generation = int(os.environ["ENDURE_GENERATION"])
+
+def stuck_in_allreduce():
+    while True:
+        time.sleep(1)
+
+for i in range(30):
+    time.sleep(0.05)
+    if generation == 0 and i + 1 == 15:
+        stuck_in_allreduce()
+    if rank == 0:
+        print(f"step {i + 1} loss {3.0 - 0.01 * i:.3f}", end="\r", flush=True)
+)";
+
+TEST_F(ControlPlaneTest, ProgressPrintedByRankZeroDrivesHangDetectionAndTheLedger) {
+  const fs::path script = dir_ / "printing_worker.py";
+  std::ofstream(script) << kPrintingWorker;
+  const fs::path spec = dir_ / "pattern.toml";
+  std::ofstream(spec) << "[job]\nname = \"pattern\"\n"
+                      << "command = [\"/usr/bin/python3\", \"" << script.string() << "\"]\n"
+                      << "nodes = 2\nstate_dir = \"" << (dir_ / "pattern").string() << "\"\n"
+                      << "[detection]\nstartup_timeout = \"60s\"\n"
+                      << "progress_pattern = 'step (?P<step>\\d+) loss (?P<loss>\\S+)'\n"
+                      << "[recovery]\nbackoff_initial = \"0s\"\n";
+  JobResult r = Run(spec.string());
+  ASSERT_TRUE(r.exit.Success()) << r.exit.ToString() << "\n" << r.output;
+  // Rank 1 printed nothing: rank 0's progress stood for it.
+  EXPECT_EQ(r.report.value("steps", 0), 30) << r.report.dump(2);
+  EXPECT_NEAR(r.report.value("last_loss", 0.0), 2.71, 1e-9) << r.report.dump(2);
+  EXPECT_GT(r.report.value("ettr", 0.0), 0.0) << r.report.dump(2);
+  const nlohmann::json& incidents = r.report["incidents"];
+  ASSERT_EQ(incidents.size(), 1u) << r.report.dump(2);
+  const nlohmann::json& inc = incidents[0];
+  EXPECT_EQ(inc.value("cause", ""), "hang") << inc.dump(2);
+  // The learned timeout (the 2 s floor over these 50 ms steps), not the
+  // 60 s start-up timeout.
+  EXPECT_LT(inc.value("detected_after_s", 99.0), 10.0) << inc.dump(2);
+  EXPECT_GE(inc.value("detected_after_s", 0.0), 1.5) << inc.dump(2);
+  // The stacks say why they hold no Python frames.
+  ASSERT_EQ(inc["stacks"].size(), 2u) << inc.dump(2);
+  for (const nlohmann::json& stack : inc["stacks"]) {
+    EXPECT_NE(stack.get<std::string>().find("Python frames unavailable: the program does not use "
+                                            "the endure Python client"),
+              std::string::npos)
+        << stack.get<std::string>();
+  }
+}
+
+// A Python worker that dumps its own stacks through faulthandler, as the
+// endure Python client sets up, and reports over the agent's socket by hand
+// (the datagrams of include/endure/client.h). It hangs in generation 0.
+constexpr char kHangWorker[] = R"(import faulthandler, json, os, signal, socket, time
+faulthandler.register(signal.SIGUSR2, file=open(os.environ["ENDURE_STACKS_FILE"], "w"),
+                      all_threads=True)
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+def send(kind, **fields):
+    message = {"type": kind, "token": os.environ["ENDURE_TOKEN"],
+               "generation": int(os.environ["ENDURE_GENERATION"]),
+               "rank": int(os.environ["RANK"]), "t": time.time()}
+    message.update(fields)
+    sock.sendto(json.dumps(message).encode(), os.environ["ENDURE_AGENT_SOCKET"])
+
+def stuck_in_allreduce():
+    while True:
+        time.sleep(1)
+
+send("stacks", signal=int(signal.SIGUSR2))
+# Signals that must never be accepted for a stack dump: were one of them
+# taken, the capture would end the worker and there would be no stacks.
+send("stacks", signal=int(signal.SIGTERM))
+send("stacks", signal=int(signal.SIGKILL))
+send("stacks", signal=99)
+send("ready", start_step=0, restore_s=0.0, init_s=0.1)
+for i in range(30):
+    time.sleep(0.05)
+    if int(os.environ["ENDURE_GENERATION"]) == 0 and i + 1 == 15:
+        stuck_in_allreduce()
+    send("step", step=i + 1, loss=3.0 - 0.01 * i, compute_s=0.05, comm_s=0.0,
+         ckpt_stall_s=0.0, checkpoint_step=-1)
+)";
+
+TEST_F(ControlPlaneTest, AHungPythonWorkerShowsItsPythonStack) {
+  const fs::path script = dir_ / "hang_worker.py";
+  std::ofstream(script) << kHangWorker;
+  const fs::path spec = dir_ / "pystacks.toml";
+  std::ofstream(spec) << "[job]\nname = \"pystacks\"\n"
+                      << "command = [\"/usr/bin/python3\", \"" << script.string() << "\"]\n"
+                      << "state_dir = \"" << (dir_ / "pystacks").string() << "\"\n"
+                      << "[recovery]\nbackoff_initial = \"0s\"\n";
+  JobResult r = Run(spec.string());
+  ASSERT_TRUE(r.exit.Success()) << r.exit.ToString() << "\n" << r.output;
+  EXPECT_EQ(r.report.value("steps", 0), 30) << r.report.dump(2);
+  const nlohmann::json& incidents = r.report["incidents"];
+  ASSERT_EQ(incidents.size(), 1u) << r.report.dump(2);
+  EXPECT_EQ(incidents[0].value("cause", ""), "hang") << incidents[0].dump(2);
+  ASSERT_EQ(incidents[0]["stacks"].size(), 1u) << incidents[0].dump(2);
+  const std::string stack = incidents[0]["stacks"][0].get<std::string>();
+  EXPECT_EQ(stack.rfind("rank 0:\nPython stacks (faulthandler):\n", 0), 0u) << stack;
+  EXPECT_NE(stack.find("hang_worker.py"), std::string::npos) << stack;
+  EXPECT_NE(stack.find("in stuck_in_allreduce"), std::string::npos) << stack;
+  // The capture took no more than its 3 s bound.
+  EXPECT_LT(incidents[0].value("teardown_s", 99.0), 3.0 + 2.0 + 1.0) << incidents[0].dump(2);
+  // The refused signals were reported, not used; the stacks came through
+  // the file the agent named in ENDURE_STACKS_FILE.
+  const fs::path node = dir_ / "pystacks" / "nodes" / "node0";
+  const std::string agent_log = ReadAll(node / "agent.log");
+  for (const char* refused : {"signal 15", "signal 9", "signal 99"}) {
+    EXPECT_NE(agent_log.find(std::string("ignored a \"stacks\" datagram from rank 0: ") + refused),
+              std::string::npos)
+        << agent_log;
+  }
+  EXPECT_NE(ReadAll(node / "logs" / "gen0-rank0.stacks").find("stuck_in_allreduce"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -50,8 +50,9 @@ class CausalSelfAttention(nn.Module):
         self.heads = heads
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
-        self.register_buffer("mask", torch.ones(context, context, dtype=torch.bool).triu(1),
-                             persistent=False)
+        # A plain attribute, as in gpt.cc: neither saved nor synchronised by DDP
+        # (gloo cannot broadcast bool tensors).
+        self.mask = torch.ones(context, context, dtype=torch.bool).triu(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape

@@ -112,7 +112,9 @@ class PythonTrainerUnderEndureRun(unittest.TestCase):
         self.assertIn("train_gpt.py", stacks)
         self.assertIn("in main", stacks)
         self.assertLess(nan["restored_step"], 18)
-        self.assertGreater(report["ettr"], 0.2)
+        self.assertGreater(report["ettr"], 0.0)
+        ledger = sum(report["ledger_s"].values())
+        self.assertAlmostEqual(ledger, report["wall_s"], delta=0.01 * report["wall_s"])
         self.assertEqual(report["param_fingerprint"], self.reference, out)
 
     def test_durable_only_checkpoints_recover_bit_exact(self):

@@ -1,7 +1,10 @@
 // Agent: the gRPC stream to the controller, the worker datagram socket, and
 // the commands. Threads: the main thread reads commands and carries them
 // out in order; one thread receives worker datagrams; WorkerSet's watcher
-// threads report exits. Writes to the stream are serialised by write_mu_.
+// threads report exits and, with a progress pattern, turn output lines into
+// progress. Writes to the stream are serialised by write_mu_; what the
+// generation's ranks reported (progress from output, stack signals) by
+// reports_mu_, taken before write_mu_ where both are held.
 #include "agent/agent.h"
 
 #include <grpcpp/grpcpp.h>
@@ -12,16 +15,23 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
+#include <set>
+#include <string_view>
 #include <thread>
+#include <vector>
 
+#include "agent/progress_pattern.h"
 #include "agent/tier_store.h"
 #include "agent/worker_set.h"
 #include "common/env.h"
@@ -62,6 +72,14 @@ double JsonLoss(const nlohmann::json& v) {
   return std::numeric_limits<double>::quiet_NaN();
 }
 
+// Signals a worker may ask to be sent for a stack dump: never one whose
+// default action a program relies on (SIGTERM, SIGINT, ...) or that cannot
+// be caught (SIGKILL, SIGSTOP).
+bool AcceptableStackSignal(int64_t sig) {
+  if (sig < 1 || sig > 64) return false;
+  return sig == SIGUSR1 || sig == SIGUSR2 || (sig >= SIGRTMIN && sig <= SIGRTMAX);
+}
+
 class Agent {
  public:
   Agent(AgentOptions options, core::LogClassifier classifier)
@@ -73,7 +91,16 @@ class Agent {
   void Send(proto::AgentEvent event, int64_t generation);
   Status OpenSocket();
   void ReceiveDatagrams();
+  // One datagram from a worker; a field of the wrong type throws
+  // nlohmann::json::exception.
+  void HandleDatagram(std::string_view text);
   void OnWorkerExit(int64_t generation, const WorkerEnd& end);
+  // A line of a worker's output (watcher thread); only with a progress pattern.
+  void OnWorkerLine(int64_t generation, int rank, std::string_view line);
+  // Bookkeeping of a datagram from `rank` of the current generation `gen`
+  // that matters to the output progress or to stack dumps. Returns false
+  // when the datagram is to be dropped.
+  bool NoteDatagram(int64_t gen, int rank, const std::string& type, const nlohmann::json& m);
   void Start(int64_t generation, const proto::StartGeneration& start);
   void Stop(int64_t generation, double grace_s);
   void DumpStacks(int64_t generation, double timeout_s);
@@ -103,6 +130,14 @@ class Agent {
   int socket_fd_ = -1;
   std::string socket_path_;
   std::atomic<bool> done_{false};
+
+  // What the ranks of the current generation reported.
+  std::mutex reports_mu_;
+  int64_t reports_generation_ = -1;                // GUARDED_BY(reports_mu_)
+  std::set<int> local_ranks_;                      // GUARDED_BY(reports_mu_)
+  std::optional<OutputReports> output_;            // GUARDED_BY(reports_mu_); with a pattern
+  std::map<int, int> stack_signals_;               // GUARDED_BY(reports_mu_); rank -> signal
+  std::chrono::steady_clock::time_point started_;  // GUARDED_BY(reports_mu_)
 };
 
 void Agent::Send(proto::AgentEvent event, int64_t generation) {
@@ -148,53 +183,121 @@ void Agent::ReceiveDatagrams() {
     }
     ssize_t n = ::recv(socket_fd_, buf, sizeof buf, 0);
     if (n <= 0) continue;
-    nlohmann::json m = nlohmann::json::parse(std::string_view(buf, n), nullptr, false);
-    if (!m.is_object() || m.value("token", "") != o_.token) continue;  // not from our workers
-    const int64_t gen = m.value("generation", int64_t{-1});
-    if (gen != generation_) continue;  // a stale generation
-    const std::string type = m.value("type", "");
-    const int rank = m.value("rank", -1);
-    proto::AgentEvent e;
-    if (type == "step") RefillStandbys();
-    if (type == "step" || type == "skip") {
-      auto* s = e.mutable_step();
-      s->set_rank(rank);
-      s->set_step(m.value("step", int64_t{0}));
-      s->set_skipped(type == "skip");
-      s->set_tokens(m.value("tokens", int64_t{0}));
-      s->set_loss(type == "skip" ? 0.0
-                                 : JsonLoss(m.contains("loss") ? m["loss"] : nlohmann::json()));
-      s->set_compute_s(m.value("compute_s", 0.0));
-      s->set_comm_s(m.value("comm_s", 0.0));
-      s->set_ckpt_stall_s(m.value("ckpt_stall_s", 0.0));
-      s->set_checkpoint_step(m.value("checkpoint_step", int64_t{-1}));
-    } else if (type == "ready") {
-      auto* r = e.mutable_worker_ready();
-      r->set_rank(rank);
-      r->set_start_step(m.value("start_step", int64_t{0}));
-      r->set_restore_s(m.value("restore_s", 0.0));
-      r->set_init_s(m.value("init_s", 0.0));
-    } else if (type == "snapshot") {
-      tiers_->Notify(
-          {rank, m.value("step", int64_t{0}), m.value("shards", 1), m.value("path", "")});
-      continue;
-    } else if (type == "fault") {
-      auto* f = e.mutable_fault_fired();
-      f->set_rank(rank);
-      f->set_fault_id(m.value("id", ""));
-      f->set_kind(m.value("kind", ""));
-      f->set_step(m.value("step", int64_t{0}));
-    } else {
-      continue;  // heartbeats: the worker's liveness is its process, progress its steps
+    try {
+      HandleDatagram(std::string_view(buf, static_cast<size_t>(n)));
+    } catch (const nlohmann::json::exception&) {
+      // A field of the wrong type (value() throws): not a datagram we send.
     }
-    e.set_token(o_.token);
-    e.set_generation(gen);
-    // The worker's own clock says when it happened (a fault fires just before
-    // its process dies); the controller maps it onto its own clock.
-    e.set_time_s(m.value("t", WallSeconds()));
-    std::lock_guard<std::mutex> lock(write_mu_);
-    if (stream_) stream_->Write(e);
   }
+}
+
+void Agent::HandleDatagram(std::string_view text) {
+  nlohmann::json m = nlohmann::json::parse(text, nullptr, false);
+  if (!m.is_object() || m.value("token", "") != o_.token) return;  // not from our workers
+  const int64_t gen = m.value("generation", int64_t{-1});
+  if (gen != generation_) return;  // a stale generation
+  const std::string type = m.value("type", "");
+  const int rank = m.value("rank", -1);
+  if (!NoteDatagram(gen, rank, type, m)) return;
+  proto::AgentEvent e;
+  if (type == "step") RefillStandbys();
+  if (type == "step" || type == "skip") {
+    auto* s = e.mutable_step();
+    s->set_rank(rank);
+    s->set_step(m.value("step", int64_t{0}));
+    // A step without a loss (null: the program does not know it) is
+    // progress with nothing to judge, like a skipped one.
+    const bool no_loss = type == "skip" || !m.contains("loss") || m["loss"].is_null();
+    s->set_skipped(no_loss);
+    s->set_tokens(m.value("tokens", int64_t{0}));
+    s->set_loss(no_loss ? 0.0 : JsonLoss(m["loss"]));
+    s->set_compute_s(m.value("compute_s", 0.0));
+    s->set_comm_s(m.value("comm_s", 0.0));
+    s->set_ckpt_stall_s(m.value("ckpt_stall_s", 0.0));
+    s->set_checkpoint_step(m.value("checkpoint_step", int64_t{-1}));
+  } else if (type == "ready") {
+    auto* r = e.mutable_worker_ready();
+    r->set_rank(rank);
+    r->set_start_step(m.value("start_step", int64_t{0}));
+    r->set_restore_s(m.value("restore_s", 0.0));
+    r->set_init_s(m.value("init_s", 0.0));
+  } else if (type == "snapshot") {
+    tiers_->Notify({rank, m.value("step", int64_t{0}), m.value("shards", 1), m.value("path", "")});
+    return;
+  } else if (type == "fault") {
+    auto* f = e.mutable_fault_fired();
+    f->set_rank(rank);
+    f->set_fault_id(m.value("id", ""));
+    f->set_kind(m.value("kind", ""));
+    f->set_step(m.value("step", int64_t{0}));
+  } else {
+    return;  // heartbeats: the worker's liveness is its process, progress its steps;
+             // "stacks": noted above
+  }
+  e.set_token(o_.token);
+  e.set_generation(gen);
+  // The worker's own clock says when it happened (a fault fires just before
+  // its process dies); the controller maps it onto its own clock.
+  e.set_time_s(m.value("t", WallSeconds()));
+  std::lock_guard<std::mutex> lock(write_mu_);
+  if (stream_) stream_->Write(e);
+}
+
+bool Agent::NoteDatagram(int64_t gen, int rank, const std::string& type, const nlohmann::json& m) {
+  std::lock_guard<std::mutex> lock(reports_mu_);
+  const bool known = gen == reports_generation_ && local_ranks_.count(rank);
+  if (type == "stacks") {
+    // Only a rank of this node may say how to ask it for its stacks, and
+    // only with a signal meant for that.
+    const nlohmann::json sig = m.contains("signal") ? m["signal"] : nlohmann::json();
+    const char* refused = nullptr;
+    if (!known) {
+      refused = "the rank does not run on this node in this generation";
+    } else if (!sig.is_number_integer() || !AcceptableStackSignal(sig.get<int64_t>())) {
+      refused = "only SIGUSR1, SIGUSR2 or a real-time signal may be used";
+    }
+    if (refused != nullptr) {
+      std::fprintf(stderr,
+                   "endure agent %s: ignored a \"stacks\" datagram from rank %d: signal %s: %s\n",
+                   o_.node_id.c_str(), rank, sig.dump().c_str(), refused);
+      return false;
+    }
+    stack_signals_[rank] = sig.get<int>();
+    return false;  // nothing for the controller
+  }
+  if (known && output_) output_->OnDatagram(rank, type);
+  return true;
+}
+
+void Agent::OnWorkerLine(int64_t generation, int rank, std::string_view line) {
+  bool stepped = false;
+  {
+    std::lock_guard<std::mutex> lock(reports_mu_);
+    if (generation != reports_generation_ || !output_) return;
+    const double init_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    for (const OutputReport& r : output_->OnLine(rank, line)) {
+      proto::AgentEvent e;
+      if (r.kind == OutputReport::Kind::kReady) {
+        auto* w = e.mutable_worker_ready();
+        w->set_rank(r.rank);
+        w->set_start_step(0);  // what an unmodified program restored is unknown
+        w->set_init_s(init_s);
+      } else {
+        auto* s = e.mutable_step();
+        s->set_rank(r.rank);
+        s->set_step(r.step);
+        s->set_checkpoint_step(-1);
+        // Without a loss there is nothing to judge (the loss detector would
+        // take a missing one for NaN).
+        s->set_skipped(!r.loss.has_value());
+        s->set_loss(r.loss.value_or(0.0));
+        stepped = true;
+      }
+      Send(std::move(e), generation);
+    }
+  }
+  if (stepped) RefillStandbys();
 }
 
 void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
@@ -251,8 +354,37 @@ std::optional<Standby> Agent::TakeStandby(const std::vector<std::string>& argv) 
 void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   if (workers_) workers_->StopAll(std::chrono::milliseconds(0));
   generation_ = generation;
+  bool read_progress = false;
+  {
+    std::lock_guard<std::mutex> lock(reports_mu_);
+    reports_generation_ = generation;
+    started_ = std::chrono::steady_clock::now();
+    local_ranks_.clear();
+    for (const proto::RankAssignment& r : start.ranks()) local_ranks_.insert(r.rank());
+    stack_signals_.clear();
+    output_.reset();
+    if (!start.progress_pattern().empty()) {
+      // The controller validated it (job_spec.cc); a refusal here means
+      // the two disagree, and training goes on without it.
+      Result<ProgressPattern> p = ProgressPattern::Compile(start.progress_pattern());
+      if (p.ok()) {
+        output_.emplace(std::move(p).value(), std::clamp(start.world_size(), 0, 1 << 20));
+      } else {
+        std::fprintf(stderr, "endure agent %s: progress_pattern ignored: %s\n", o_.node_id.c_str(),
+                     p.status().message().c_str());
+      }
+    }
+    read_progress = output_.has_value();
+  }
+  WorkerSet::LineObserver on_line;
+  if (read_progress) {
+    on_line = [this, generation](int rank, std::string_view line) {
+      OnWorkerLine(generation, rank, line);
+    };
+  }
   workers_ = std::make_unique<WorkerSet>(
-      [this, generation](const WorkerEnd& end) { OnWorkerExit(generation, end); });
+      [this, generation](const WorkerEnd& end) { OnWorkerExit(generation, end); },
+      std::move(on_line));
   std::vector<std::string> argv(start.command().begin(), start.command().end());
   if (argv.empty()) return;
   argv[0] = ResolveProgram(argv[0]);
@@ -276,14 +408,18 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   tiers_->Configure(tiers, ckpt.discard_after());
   std::string skip;
   for (int64_t s : start.skip_steps()) skip += (skip.empty() ? "" : ",") + std::to_string(s);
-  const std::string logs = JoinPath(o_.work_dir, "logs");
+  std::error_code ec;
+  // Absolute: workers may change their directory before they write there.
+  const std::string logs = std::filesystem::absolute(JoinPath(o_.work_dir, "logs"), ec).string();
   (void)Env::Default()->CreateDirs(logs);
   for (const proto::RankAssignment& r : start.ranks()) {
     WorkerSpec spec;
     spec.rank = r.rank();
     spec.argv = argv;
-    spec.log_path = JoinPath(
-        logs, "gen" + std::to_string(generation) + "-rank" + std::to_string(r.rank()) + ".log");
+    const std::string name =
+        "gen" + std::to_string(generation) + "-rank" + std::to_string(r.rank());
+    spec.log_path = JoinPath(logs, name + ".log");
+    spec.stacks_path = JoinPath(logs, name + ".stacks");
     spec.env = {{"RANK", std::to_string(r.rank())},
                 {"LOCAL_RANK", std::to_string(r.local_rank())},
                 {"WORLD_SIZE", std::to_string(start.world_size())},
@@ -297,7 +433,8 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
                 {"ENDURE_NODE_ID", o_.node_id},
                 {"ENDURE_RESTORE_STEP", std::to_string(start.restore_step())},
                 {"ENDURE_SKIP_STEPS", skip},
-                {"ENDURE_FAULTS", r.faults_json()}};
+                {"ENDURE_FAULTS", r.faults_json()},
+                {"ENDURE_STACKS_FILE", spec.stacks_path}};
     for (const auto& [k, v] : start.env()) spec.env.emplace_back(k, v);
     if (ckpt.enabled()) {
       spec.env.emplace_back("ENDURE_T0_DIR", tiers_->t0_dir());
@@ -364,8 +501,13 @@ void Agent::Stop(int64_t generation, double grace_s) {
 void Agent::DumpStacks(int64_t generation, double timeout_s) {
   if (!workers_) return;
   const auto start = std::chrono::steady_clock::now();
-  std::map<int, std::string> stacks =
-      workers_->CaptureStacks(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  std::map<int, int> signals;  // ranks that dump their own stacks
+  {
+    std::lock_guard<std::mutex> lock(reports_mu_);
+    if (generation == reports_generation_) signals = stack_signals_;
+  }
+  std::map<int, std::string> stacks = workers_->CaptureStacks(
+      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)), signals);
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (const auto& [rank, text] : stacks) {

@@ -1,8 +1,10 @@
 // WorkerSet: the worker processes of one generation on one node. Starts
 // them with their environment, pipes their output to per-rank log files
-// while keeping the last lines for classification, reports each exit once
-// its output is drained, stops them (SIGTERM to the process group, grace,
-// SIGKILL), and captures their stacks with gdb. Thread-safe.
+// while keeping the last lines for classification (and handing each line to
+// an optional observer), reports each exit once its output is drained, stops
+// them (SIGTERM to the process group, grace, SIGKILL), and captures their
+// stacks: from the worker itself where it dumps them on a signal (the Python
+// client, through faulthandler), with gdb otherwise. Thread-safe.
 #pragma once
 
 #include <sys/types.h>
@@ -14,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -27,6 +30,9 @@ struct WorkerSpec {
   std::vector<std::string> argv;
   std::vector<std::pair<std::string, std::string>> env;
   std::string log_path;  // the worker's stdout and stderr go here
+  // Where the worker writes its own stacks when signalled
+  // (ENDURE_STACKS_FILE); empty: none.
+  std::string stacks_path;
 };
 
 // A worker started ahead of need (ENDURE_STANDBY=1): the program is loaded
@@ -53,9 +59,14 @@ struct WorkerEnd {
 
 class WorkerSet {
  public:
+  using LineObserver = std::function<void(int rank, std::string_view line)>;
+
   // `on_exit` runs on a watcher thread, once per worker, after the worker's
-  // output is fully drained. It must not call back into this WorkerSet.
-  explicit WorkerSet(std::function<void(const WorkerEnd&)> on_exit);
+  // output is fully drained. `on_line` (optional) runs on the same thread
+  // for each line of output (see LineSplitter: '\r' ends a line too, and a
+  // line is cut at kMaxLineBytes), before the exit. Neither may call back
+  // into this WorkerSet.
+  explicit WorkerSet(std::function<void(const WorkerEnd&)> on_exit, LineObserver on_line = nullptr);
   ~WorkerSet();  // kills and reaps what is left
 
   Status Start(const WorkerSpec& spec);
@@ -72,9 +83,18 @@ class WorkerSet {
   // Sends `sig` to the worker of `rank` (its process group); false if none.
   bool Signal(int rank, int sig);
 
-  // gdb's "thread apply all bt" of each live worker, bounded by `timeout`
-  // each: rank -> text (or why it failed).
-  std::map<int, std::string> CaptureStacks(std::chrono::milliseconds timeout);
+  // The stacks of each live worker: rank -> text (or why it failed).
+  //   - A rank in `stack_signals` (rank -> signal it announced) dumps its own:
+  //     its stacks file is truncated, the signal sent to its process (not the
+  //     group), and the text taken once the file is non-empty and has not
+  //     grown for 200 ms, within min(`timeout`, 3 s), at most 1 MiB, under a
+  //     first line "Python stacks (faulthandler):". A rank that writes
+  //     nothing in time (or is stopped, SIGSTOP) falls back to gdb, saying so.
+  //   - Any other rank: gdb's "thread apply all bt", bounded by `timeout`.
+  //     For a Python interpreter, a first line says why there are no Python
+  //     frames.
+  std::map<int, std::string> CaptureStacks(std::chrono::milliseconds timeout,
+                                           const std::map<int, int>& stack_signals = {});
 
   std::map<int, pid_t> Pids() const;
 
@@ -82,12 +102,14 @@ class WorkerSet {
   struct Worker {
     int rank = 0;
     pid_t pid = -1;
+    std::string stacks_path;
     std::thread watcher;
     bool done = false;
   };
   void Watch(Worker* worker, Subprocess process, int out_fd, std::string log_path);
 
   std::function<void(const WorkerEnd&)> on_exit_;
+  LineObserver on_line_;
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Worker>> workers_;  // GUARDED_BY(mu_)
 };

@@ -291,6 +291,7 @@ void Controller::Execute(const std::vector<core::JobAction>& actions, TimePoint 
         (*start.mutable_env())["ENDURE_CKPT_EVERY"] = std::to_string(spec.checkpoint.every_steps);
       }
       *start.mutable_checkpoint() = CheckpointFor(*a);
+      start.set_progress_pattern(spec.detection.progress_pattern);
       std::string names;
       for (size_t i = 0; i < a->nodes.size(); ++i) {
         proto::AgentCommand cmd;

@@ -1,6 +1,7 @@
 // Job spec parsing; see job_spec.h and docs/job_spec.md.
 #include "controller/job_spec.h"
 
+#include <re2/re2.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -81,6 +82,36 @@ Result<int64_t> ParseBytes(std::string_view text) {
   }
   return InvalidArgument("unknown unit in size \"" + std::string(text) +
                          "\" (use B, KiB, MiB, GiB, KB, MB or GB)");
+}
+
+// The rules agent::ProgressPattern::Compile applies (the agents compile the
+// pattern again; the controller does not link the agent): it compiles, has a
+// named group `step`, and no named group but `step` and `loss`.
+Status ValidProgressPattern(const std::string& pattern) {
+  if (pattern.empty()) {
+    return InvalidArgument("must not be empty (leave it out to read no progress from output)");
+  }
+  RE2::Options options;
+  options.set_log_errors(false);
+  const RE2 re(pattern, options);
+  if (!re.ok()) {
+    return InvalidArgument("the regular expression does not compile: " + re.error() +
+                           " (RE2 syntax, https://github.com/google/re2/wiki/Syntax)");
+  }
+  bool step = false;
+  for (const auto& [name, index] : re.NamedCapturingGroups()) {
+    if (name == "step") {
+      step = true;
+    } else if (name != "loss") {
+      return InvalidArgument("unknown named group '" + name +
+                             "': only (?P<step>...) and (?P<loss>...) are read");
+    }
+  }
+  if (!step) {
+    return InvalidArgument(
+        "needs a named group 'step' around the step number, e.g. 'step (?P<step>\\d+)'");
+  }
+  return Status::Ok();
 }
 
 bool ValidJobName(std::string_view name) {
@@ -473,7 +504,14 @@ Status SpecParser::ParseDetection(const toml::table& t, JobSpec& spec) {
                   ENDURE_ASSIGN_OR_RETURN(d.log_rules, String(v, key));
                   return Status::Ok();
                 }},
-               {"stack_timeout", duration(&d.stack_timeout, true)}});
+               {"stack_timeout", duration(&d.stack_timeout, true)},
+               {"progress_pattern", [&](const toml::node& v, const std::string& key) -> Status {
+                  ENDURE_ASSIGN_OR_RETURN(d.progress_pattern, String(v, key));
+                  if (Status st = ValidProgressPattern(d.progress_pattern); !st.ok()) {
+                    return Error(v, key, st.message());
+                  }
+                  return Status::Ok();
+                }}});
 }
 
 Status SpecParser::ParseRecovery(const toml::table& t, JobSpec& spec) {
@@ -500,6 +538,7 @@ Status SpecParser::ParseRecovery(const toml::table& t, JobSpec& spec) {
             {"grace_period", duration(&r.grace_period, false)},
             {"structural_repeats", integer(&r.structural_repeats)},
             {"evict_node_after", integer(&r.evict_node_after)},
+            {"startup_repeats", integer(&r.startup_repeats)},
             {"repair_delay", duration(&r.repair_delay, false)},
             {"warm_standby",
              [&](const toml::node& v, const std::string& key) -> Status {
@@ -707,6 +746,7 @@ core::JobMachineOptions MachineOptions(const JobSpec& spec) {
   o.recovery.backoff_max = r.backoff_max;
   o.recovery.structural_repeats = r.structural_repeats;
   o.recovery.evict_node_after = r.evict_node_after;
+  o.recovery.startup_repeats = r.startup_repeats;
   o.recovery.paths.clear();
   for (const auto& [cause, path] : r.paths) o.recovery.paths[cause] = path;
   return o;

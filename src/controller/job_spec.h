@@ -54,6 +54,10 @@ struct DetectionSpec {
   core::AnomalyRecurrence on_recurrence = core::AnomalyRecurrence::kSkipStep;
   std::string log_rules;  // empty: the shipped config/log_rules.toml
   Duration stack_timeout = std::chrono::seconds(10);
+  // Step progress read from worker output, for programs without the client
+  // library: an RE2 pattern with a named group `step` (steps completed) and
+  // optionally `loss`; empty: none. See docs/progress_pattern.md.
+  std::string progress_pattern;
 };
 
 // [recovery]
@@ -65,6 +69,7 @@ struct RecoverySpec {
   Duration grace_period = std::chrono::seconds(2);  // SIGTERM -> SIGKILL
   int structural_repeats = 3;
   int evict_node_after = 2;
+  int startup_repeats = 3;
   Duration repair_delay = std::chrono::seconds(5);  // embedded mode: replacement node
   // Agents keep a warm standby worker per rank, so that a restart does not
   // wait for the program to load. The program must call

@@ -10,6 +10,7 @@
 namespace endure::controller {
 namespace {
 
+using testing::AllOf;
 using testing::HasSubstr;
 
 constexpr char kIssueExample[] = R"([job]
@@ -102,6 +103,7 @@ TEST(JobSpec, AppliesDefaults) {
   EXPECT_EQ(d.on_recurrence, core::AnomalyRecurrence::kSkipStep);
   EXPECT_EQ(d.log_rules, "");
   EXPECT_EQ(d.stack_timeout, std::chrono::seconds(10));
+  EXPECT_EQ(d.progress_pattern, "");
   const RecoverySpec& r = spec->recovery;
   EXPECT_EQ(r.max_restarts, 20);
   EXPECT_EQ(r.restart_window, std::chrono::hours(1));
@@ -110,6 +112,7 @@ TEST(JobSpec, AppliesDefaults) {
   EXPECT_EQ(r.grace_period, std::chrono::seconds(2));
   EXPECT_EQ(r.structural_repeats, 3);
   EXPECT_EQ(r.evict_node_after, 2);
+  EXPECT_EQ(r.startup_repeats, 3);
   EXPECT_EQ(r.repair_delay, std::chrono::seconds(5));
   ASSERT_EQ(r.paths.size(), 1u);
   EXPECT_EQ(r.paths.at("node_lost"), core::RecoveryPath::kEvictAndReplace);
@@ -149,6 +152,7 @@ loss_window = 10
 on_recurrence = "stop"
 log_rules = "my_rules.toml"
 stack_timeout = "20s"
+progress_pattern = 'step (?P<step>\d+) loss (?P<loss>\S+)'
 
 [recovery]
 max_restarts = 0
@@ -158,6 +162,7 @@ backoff_max = "1m"
 grace_period = "5s"
 structural_repeats = 4
 evict_node_after = 0
+startup_repeats = 5
 repair_delay = "1m30s"
 paths = { xid_79 = "evict", nccl_timeout = "restart", node_lost = "wait" }
 
@@ -210,6 +215,7 @@ horizon = "5m"
   EXPECT_FALSE(spec->detection.loss_anomalies);
   EXPECT_EQ(spec->detection.on_recurrence, core::AnomalyRecurrence::kStop);
   EXPECT_EQ(spec->detection.log_rules, "my_rules.toml");
+  EXPECT_EQ(spec->detection.progress_pattern, R"(step (?P<step>\d+) loss (?P<loss>\S+))");
   EXPECT_EQ(spec->recovery.repair_delay, std::chrono::seconds(90));
   EXPECT_EQ(spec->recovery.paths.size(), 3u);
   EXPECT_EQ(spec->recovery.paths.at("node_lost"), core::RecoveryPath::kWaitForRepair);
@@ -250,6 +256,7 @@ horizon = "5m"
   EXPECT_EQ(o.recovery.backoff_max, std::chrono::minutes(1));
   EXPECT_EQ(o.recovery.structural_repeats, 4);
   EXPECT_EQ(o.recovery.evict_node_after, 0);
+  EXPECT_EQ(o.recovery.startup_repeats, 5);
   EXPECT_EQ(o.recovery.paths.at("xid_79"), core::RecoveryPath::kEvictAndReplace);
 
   // The controller fires kill-agent and time-keyed faults; the workers the rest.
@@ -303,7 +310,7 @@ TEST(JobSpec, UnknownKeyNamesItsLine) {
             "job.toml:7: key 'detection.hang_timout': unknown key in [detection]; valid keys are "
             "hang_timeout_floor, hang_timeout_k, hang_window, startup_timeout, "
             "heartbeat_timeout, loss_anomalies, loss_spike_z, loss_window, on_recurrence, "
-            "log_rules, stack_timeout");
+            "log_rules, stack_timeout, progress_pattern");
   EXPECT_THAT(ErrorOf("[job]\nname = \"j\"\ncomand = [\"x\"]\n"),
               HasSubstr("job.toml:3: key 'job.comand': unknown key in [job]"));
   EXPECT_THAT(ErrorOf(std::string(kIssueExample) + "colour = \"red\"\n"),
@@ -431,6 +438,30 @@ TEST(JobSpec, NegativeAndOutOfRangeValues) {
                            : std::string(kMinimal) + c.text;
     EXPECT_THAT(ErrorOf(text), HasSubstr(c.message)) << c.text;
   }
+}
+
+TEST(JobSpec, ProgressPatternMustCompileAndNameTheStep) {
+  const std::string detection = std::string(kMinimal) + "[detection]\n";
+  // TOML literal strings ('...') keep backslashes as they are.
+  Result<JobSpec> ok =
+      ParseJobSpec(detection + "progress_pattern = '(?P<step>\\d+)/\\d+ \\['\n", "job.toml");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->detection.progress_pattern, R"((?P<step>\d+)/\d+ \[)");
+
+  EXPECT_THAT(ErrorOf(detection + "progress_pattern = 'step (?P<step>\\d+'\n"),
+              AllOf(HasSubstr("job.toml:6: key 'detection.progress_pattern': the regular "
+                              "expression does not compile: missing )"),
+                    HasSubstr("RE2 syntax")));
+  EXPECT_EQ(ErrorOf(detection + "progress_pattern = 'step (\\d+)'\n"),
+            "job.toml:6: key 'detection.progress_pattern': needs a named group 'step' around the "
+            "step number, e.g. 'step (?P<step>\\d+)'");
+  EXPECT_THAT(ErrorOf(detection + "progress_pattern = 'step (?P<stp>\\d+)'\n"),
+              HasSubstr("job.toml:6: key 'detection.progress_pattern': unknown named group "
+                        "'stp': only (?P<step>...) and (?P<loss>...) are read"));
+  EXPECT_THAT(ErrorOf(detection + "progress_pattern = ''\n"),
+              HasSubstr("job.toml:6: key 'detection.progress_pattern': must not be empty"));
+  EXPECT_THAT(ErrorOf(detection + "progress_pattern = 12\n"),
+              HasSubstr("job.toml:6: key 'detection.progress_pattern': expected a string"));
 }
 
 TEST(JobSpec, SyntaxErrorNamesTheLine) {
