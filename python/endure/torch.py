@@ -38,6 +38,7 @@ import ctypes
 import json
 import math
 import numbers
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -194,11 +195,15 @@ def _tensor_from(dtype: str, shape: List[int], data: bytearray, where: str) -> t
 
 
 def _dist():
-    """(world size, rank, initialised) of the default torch.distributed group."""
+    """(world size, rank, initialised) of the default torch.distributed group;
+    before init_process_group, as torchrun's WORLD_SIZE and RANK say."""
     d = torch.distributed
     if d.is_available() and d.is_initialized():
         return d.get_world_size(), d.get_rank(), True
-    return 1, 0, False
+    try:
+        return int(os.environ.get("WORLD_SIZE") or 1), int(os.environ.get("RANK") or 0), False
+    except ValueError:
+        raise ValueError("WORLD_SIZE and RANK must be integers, as torchrun sets them") from None
 
 
 class Checkpointer:

@@ -5,6 +5,7 @@ durable directory, and faults fire in child processes."""
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -68,7 +69,10 @@ def params(model):
     return [p.detach().clone() for p in model.parameters()]
 
 
-class SessionTest(unittest.TestCase):
+class CleanEnvironment(unittest.TestCase):
+    """Each test in a temporary directory, without the ENDURE_* variables of
+    whatever runs the suite; the environment is restored afterwards."""
+
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="endure-py-")
         self.env = mock.patch.dict(os.environ, {}, clear=False)
@@ -79,8 +83,10 @@ class SessionTest(unittest.TestCase):
 
     def tearDown(self):
         self.env.stop()
-        subprocess.run(["rm", "-rf", self.dir], check=False)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
+
+class SessionTest(CleanEnvironment):
     def test_inactive_without_agent_is_a_no_op(self):
         s = endure.Session.from_env()
         self.assertFalse(s.active)
@@ -163,19 +169,7 @@ class SessionTest(unittest.TestCase):
         self.assertIn(line, p.stderr)
 
 
-class CheckpointerTest(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="endure-py-")
-        self.env = mock.patch.dict(os.environ, {}, clear=False)
-        self.env.start()
-        for k in list(os.environ):
-            if k.startswith("ENDURE_") or k in ("RANK", "WORLD_SIZE"):
-                del os.environ[k]
-
-    def tearDown(self):
-        self.env.stop()
-        subprocess.run(["rm", "-rf", self.dir], check=False)
-
+class CheckpointerTest(CleanEnvironment):
     def test_entry_without_state_dict_is_a_type_error_naming_the_key(self):
         s = endure.Session.disabled()
         with self.assertRaisesRegex(TypeError, r"state\['lr'\].*state_dict"):

@@ -136,5 +136,115 @@ class PythonTrainerUnderEndureRun(unittest.TestCase):
         self.assertEqual(report["param_fingerprint"], self.reference, out)
 
 
+# An unmodified torchrun-style DDP script: no endure import, its own process
+# group from the environment, progress only in what rank 0 prints. Rank 1
+# hangs in step 15 of the first attempt (as a rank stuck in a collective
+# would), so rank 0 stops inside the next allreduce.
+DDP_SCRIPT = textwrap.dedent("""\
+    import os, time
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    attempt = int(os.environ.get("ENDURE_GENERATION", "0"))
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(30):
+        if attempt == 0 and rank == 1 and i + 1 == 15:
+            while True:
+                time.sleep(1)
+        loss = model(torch.randn(8, 16)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(0.05)
+        if rank == 0:
+            print(f"step {i + 1}/30 loss {loss.item():.4f}", flush=True)
+    dist.destroy_process_group()
+    """)
+
+
+class UnmodifiedDdpScript(unittest.TestCase):
+    def test_progress_pattern_detects_a_hang_with_the_learned_timeout(self):
+        directory = tempfile.mkdtemp(prefix="endure-pyddp-")
+        try:
+            script = os.path.join(directory, "ddp_train.py")
+            with open(script, "w") as f:
+                f.write(DDP_SCRIPT)
+            state = os.path.join(directory, "ddp")
+            text = textwrap.dedent(f"""\
+                [job]
+                name = "ddp"
+                command = {json.dumps([sys.executable, script])}
+                nodes = 2
+                state_dir = "{state}"
+                [detection]
+                startup_timeout = "60s"
+                hang_timeout_floor = "2s"
+                progress_pattern = 'step (?P<step>\\d+)/\\d+ loss (?P<loss>\\S+)'
+                [recovery]
+                backoff_initial = "0s"
+                """)
+            p, report = run(directory, "ddp", text)
+            out = p.stdout + p.stderr
+            self.assertEqual(p.returncode, 0, out)
+            self.assertEqual(report["steps"], 30, out)
+            self.assertGreater(report["ettr"], 0.0)
+            self.assertGreater(report["ledger_s"]["productive"], 0.0)
+            incidents = report["incidents"]
+            self.assertEqual([i["cause"] for i in incidents], ["hang"], out)
+            # The learned timeout (2 s floor over ~60 ms steps), not the
+            # 60 s start-up timeout.
+            self.assertLess(incidents[0]["detected_after_s"], 10.0, incidents[0])
+            self.assertEqual(sorted(report["nodes"]), ["node0", "node1"])  # none evicted
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+class PythonTrainerUnderTorchrun(unittest.TestCase):
+    """The reference trainer runs unchanged under Debian's torchrun, and
+    resumes bit-exact from its own durable checkpoints."""
+
+    def torchrun(self, ckpt, faults=None):
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = dict(os.environ)
+        for k in [k for k in env if k.startswith("ENDURE_")]:
+            del env[k]
+        if faults:
+            env["ENDURE_FAULTS"] = json.dumps(faults)  # honoured without an agent too
+        return subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+             "--redirects", "2", "--tee", "2", "--max_restarts", "0",
+             "--master_addr", "127.0.0.1", "--master_port", str(port), TRAINER] + ARGS +
+            ["--ckpt-dir", ckpt, "--ckpt-every", "5"],
+            capture_output=True, text=True, env=env, timeout=600)
+
+    @staticmethod
+    def fingerprint(p):
+        prints = [line.split("param_fingerprint=")[1].strip()
+                  for line in p.stdout.splitlines() if "param_fingerprint=" in line]
+        return prints[0] if len(prints) == 1 else None
+
+    def test_resumes_bit_exact_from_its_checkpoints(self):
+        directory = tempfile.mkdtemp(prefix="endure-pytorchrun-")
+        try:
+            whole = self.torchrun(os.path.join(directory, "whole"))
+            self.assertEqual(whole.returncode, 0, whole.stdout + whole.stderr)
+            part = os.path.join(directory, "part")
+            # Rank 1 is killed in step 13: the job fails after its step-10 checkpoint.
+            killed = self.torchrun(part, [{"id": "k", "kind": "kill", "rank": 1, "step": 13}])
+            self.assertNotEqual(killed.returncode, 0, killed.stdout)
+            resumed = self.torchrun(part)
+            self.assertEqual(resumed.returncode, 0, resumed.stdout + resumed.stderr)
+            self.assertIn("restored step 10 from", resumed.stdout)
+            self.assertIsNotNone(self.fingerprint(whole), whole.stdout)
+            self.assertEqual(self.fingerprint(resumed), self.fingerprint(whole))
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
 if __name__ == "__main__":
     unittest.main()
