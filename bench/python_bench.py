@@ -66,7 +66,8 @@ def bench_save(out: str, max_mb: int):
             os.environ["ENDURE_T0_DIR"] = shm
             t0 = endure.torch.Checkpointer(endure.Session.from_env(), state)
             step = iter(range(1, 100))
-            t0.save(next(step))  # the first save maps the slot's pages
+            t0.save(next(step))  # the first save into each of the two slots maps its pages;
+            t0.save(next(step))  # a job saving every step runs with both mapped
             t_t0 = timed(lambda: t0.save(next(step)), repeat)
             del os.environ["ENDURE_T0_DIR"]
             durable = endure.torch.Checkpointer(endure.Session.disabled(), state,
@@ -104,6 +105,7 @@ def step_times(text: str, skip: int):
 
 def run_endure(out: str, steps: int, round_: int) -> str:
     state = os.path.join(out, f"endure-{round_}")
+    shutil.rmtree(state, ignore_errors=True)  # a rerun would resume and append to the logs
     spec = os.path.join(out, f"endure-{round_}.toml")
     command = json.dumps([sys.executable, TRAINER, "--steps", str(steps), "--log-every", "1",
                           "--eval-batches", "0"])
@@ -122,7 +124,7 @@ def run_endure(out: str, steps: int, round_: int) -> str:
                    timeout=900)
     logs = []
     for root, _, names in os.walk(state):
-        logs += [os.path.join(root, n) for n in names if "rank-0" in n and n.endswith(".log")]
+        logs += [os.path.join(root, n) for n in names if n.endswith("-rank0.log")]
     if not logs:
         raise SystemExit(f"python_bench: no rank-0 log under {state}")
     with open(sorted(logs)[-1], errors="replace") as f:
