@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <optional>
 
 #include "common/hash.h"
@@ -63,22 +64,32 @@ std::string CheckpointDir::ShardPath(int64_t step, int shard) const {
 }
 
 Result<CommitStats> CheckpointDir::Commit(const TrainingState& state) {
+  std::vector<TensorView> views;
+  views.reserve(state.tensors.size());
+  for (const TensorBlob& t : state.tensors) views.push_back(ViewOf(t));
+  return CommitViews(state.step, state.meta, views);
+}
+
+Result<CommitStats> CheckpointDir::CommitViews(int64_t step, const nlohmann::json& meta_in,
+                                               const std::vector<TensorView>& tensors) {
   auto start = std::chrono::steady_clock::now();
-  const std::string dir = StepDir(state.step);
+  const std::string dir = StepDir(step);
   // Leftovers of an interrupted attempt at this step are never committed
   // (or Commit would not be called for it again): start clean.
   if (env_->Exists(dir)) ENDURE_RETURN_IF_ERROR(env_->RemoveAll(dir));
 
-  nlohmann::json meta = state.meta;
-  meta["step"] = state.step;
+  nlohmann::json meta = meta_in;
+  meta["step"] = step;
   const std::string meta_text = meta.dump();
-  std::vector<TensorView> views;
-  for (const TensorBlob& t : state.tensors) views.push_back(ViewOf(t));
-  views = ShardViews(meta_text, std::move(views));
-  std::string bytes(EncodedSize(views), '\0');
-  EncodeTensorsInto(views, bytes.data());
-  ENDURE_ASSIGN_OR_RETURN(ShardEntry entry, WriteShard(state.step, 0, bytes));
-  ENDURE_RETURN_IF_ERROR(CommitStep(state.step, {entry}));
+  const std::vector<TensorView> views = ShardViews(meta_text, tensors);
+  // Encoded straight from the tensors, hashed while each piece is in cache.
+  const size_t size = EncodedSize(views);
+  std::unique_ptr<char[]> bytes(new char[size]);
+  Xxh3Hasher hasher;
+  EncodeTensorsInto(views, bytes.get(), &hasher);
+  const std::string_view encoded(bytes.get(), size);
+  ENDURE_ASSIGN_OR_RETURN(ShardEntry entry, WriteShard(step, 0, encoded, hasher.Digest()));
+  ENDURE_RETURN_IF_ERROR(CommitStep(step, {entry}));
   CommitStats stats;
   stats.bytes = entry.bytes;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -86,13 +97,18 @@ Result<CommitStats> CheckpointDir::Commit(const TrainingState& state) {
 }
 
 Result<ShardEntry> CheckpointDir::WriteShard(int64_t step, int shard, std::string_view bytes) {
+  return WriteShard(step, shard, bytes, Xxh3(bytes));
+}
+
+Result<ShardEntry> CheckpointDir::WriteShard(int64_t step, int shard, std::string_view bytes,
+                                             uint64_t xxh3) {
   const std::string dir = StepDir(step);
   if (!env_->Exists(dir)) {
     ENDURE_RETURN_IF_ERROR(env_->CreateDirs(dir));
     ENDURE_RETURN_IF_ERROR(env_->SyncDir(root_));
   }
   ENDURE_RETURN_IF_ERROR(WriteFileAtomically(env_, ShardPath(step, shard), bytes));
-  return ShardEntry{bytes.size(), Xxh3(bytes)};
+  return ShardEntry{bytes.size(), xxh3};
 }
 
 Status CheckpointDir::CommitStep(int64_t step, const std::vector<ShardEntry>& shards) {

@@ -61,10 +61,15 @@ class CheckpointDir {
   // Writes and commits `state` as step `state.step` in one shard, replacing
   // any uncommitted leftovers of that step. On failure nothing is committed.
   Result<CommitStats> Commit(const TrainingState& state);
+  // The same from tensors seen in place (no copy of the state first).
+  Result<CommitStats> CommitViews(int64_t step, const nlohmann::json& meta,
+                                  const std::vector<TensorView>& tensors);
 
   // Writes one shard of `step` durably (creating the step's directory);
   // does not commit the step. Returns its size and checksum.
   Result<ShardEntry> WriteShard(int64_t step, int shard, std::string_view bytes);
+  // The same for bytes whose checksum the caller computed while producing them.
+  Result<ShardEntry> WriteShard(int64_t step, int shard, std::string_view bytes, uint64_t xxh3);
 
   // Commits `step`, whose shards (index = shard) are already durable, by
   // writing its manifest. On failure nothing is committed.

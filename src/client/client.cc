@@ -615,17 +615,8 @@ Status CommitCheckpoint(const std::string& dir, int64_t step, const std::string&
   ENDURE_ASSIGN_OR_RETURN(nlohmann::json meta, MetaObject(meta_json));
   ENDURE_ASSIGN_OR_RETURN(std::vector<checkpoint::TensorView> views, CheckedViews(tensors));
   ENDURE_RETURN_IF_ERROR(Env::Default()->CreateDirs(dir));
-  checkpoint::TrainingState state;
-  state.step = step;
-  meta["step"] = step;
-  state.meta = std::move(meta);
-  state.tensors.reserve(views.size());
-  for (const checkpoint::TensorView& v : views) {
-    state.tensors.push_back(checkpoint::TensorBlob{
-        v.name, v.dtype, v.shape, std::string(static_cast<const char*>(v.data), v.bytes)});
-  }
   checkpoint::CheckpointDir ckpt(Env::Default(), dir);
-  ENDURE_RETURN_IF_ERROR(ckpt.Commit(state).status());
+  ENDURE_RETURN_IF_ERROR(ckpt.CommitViews(step, meta, views).status());
   if (keep > 0) ENDURE_RETURN_IF_ERROR(ckpt.Retain(keep));
   return Status::Ok();
 }
