@@ -31,6 +31,7 @@
 //   ENDURE_T0_DIR              directory (in shared memory) of this node's T0 snapshot
 //                              slots; set: SaveSnapshot saves there (see below)
 //   ENDURE_T0_SLOT_BYTES       integer >= 0: the most bytes one slot may hold (0: no limit)
+//   ENDURE_RESTORE_PLAN_FILE   a file holding that plan instead (for plans of many shards)
 //   ENDURE_RESTORE_PLAN        JSON restore plan (src/checkpoint/restore_plan.h): which
 //                              step to restore and, per shard, which rank reads which copy
 //   ENDURE_SKIP_STEPS          comma-separated step numbers (1-based, as in the "step"

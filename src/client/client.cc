@@ -248,9 +248,22 @@ Result<std::unique_ptr<Session>> Session::FromEnvironment(const EnvLookup& looku
         ParseInteger("ENDURE_RESTORE_STEP", *v, -1, INT64_MAX,
                      "expected -1 (newest checkpoint), 0 (fresh start) or a step N > 0"));
   }
-  if (auto v = get_set("ENDURE_RESTORE_PLAN")) {
-    Result<checkpoint::RestorePlan> plan = checkpoint::RestorePlanFromJson(*v);
-    if (!plan.ok()) return plan.status().WithContext("ENDURE_RESTORE_PLAN");
+  // A plan of many shards outgrows an environment variable (E2BIG): the
+  // agent then writes it to a file and names that instead.
+  std::optional<std::string> plan_text = get_set("ENDURE_RESTORE_PLAN");
+  const char* plan_source = "ENDURE_RESTORE_PLAN";
+  if (auto path = get_set("ENDURE_RESTORE_PLAN_FILE")) {
+    if (plan_text) {
+      return InvalidArgument("ENDURE_RESTORE_PLAN and ENDURE_RESTORE_PLAN_FILE are both set");
+    }
+    Result<std::string> text = Env::Default()->ReadFile(*path);
+    if (!text.ok()) return text.status().WithContext("ENDURE_RESTORE_PLAN_FILE");
+    plan_text = std::move(text).value();
+    plan_source = "ENDURE_RESTORE_PLAN_FILE";
+  }
+  if (plan_text) {
+    Result<checkpoint::RestorePlan> plan = checkpoint::RestorePlanFromJson(*plan_text);
+    if (!plan.ok()) return plan.status().WithContext(plan_source);
     s->public_plan = PublicPlan(*plan);
     s->plan = std::move(plan).value();
   }

@@ -1,6 +1,7 @@
 #include "endure/client.h"
 
 #include <csignal>
+#include <fstream>
 
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -180,6 +181,40 @@ TEST(Session, MalformedVariablesAreConfigurationErrors) {
   Result<std::unique_ptr<Session>> s = Session::FromEnvironment(no_token.lookup());
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("ENDURE_TOKEN is not"), std::string::npos);
+}
+
+TEST(Session, ReadsARestorePlanFromAFile) {
+  // A plan of many shards does not fit an environment variable (E2BIG).
+  char dir[] = "/tmp/endure-client-plan-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/plan.json";
+  std::string plan = R"({"step":9,"sources":[)";
+  for (int i = 0; i < 1000; ++i) {
+    plan += (i ? "," : "") + std::string(R"({"shard":)") + std::to_string(i) +
+            R"(,"shards":1000,"tier":"T2","node":"","path":"/ckpt/step-9/shard-)" +
+            std::to_string(i) + R"(.bin","bytes":10,"xxh3":"00000000000000ff","loader_rank":)" +
+            std::to_string(i) + "}";
+  }
+  plan += "]}";
+  ASSERT_GT(plan.size(), 128u * 1024) << "bigger than one environment string may be";
+  std::ofstream(path) << plan;
+  std::unique_ptr<Session> s = MustCreate({{"ENDURE_RESTORE_PLAN_FILE", path}});
+  ASSERT_TRUE(s->restore_plan().has_value());
+  EXPECT_EQ(s->restore_plan()->step, 9);
+  ASSERT_EQ(s->restore_plan()->sources.size(), 1000u);
+  EXPECT_EQ(s->restore_plan()->sources[999].loader_rank, 999);
+  EXPECT_EQ(s->restore_plan()->summary, "step 9 from T2 x1000");
+
+  FakeEnv both(std::map<std::string, std::string>{{"ENDURE_RESTORE_PLAN_FILE", path},
+                                                  {"ENDURE_RESTORE_PLAN", plan}});
+  EXPECT_EQ(Session::FromEnvironment(both.lookup()).status().code(),
+            StatusCode::kInvalidArgument);
+  FakeEnv missing(
+      std::map<std::string, std::string>{{"ENDURE_RESTORE_PLAN_FILE", path + ".gone"}});
+  Result<std::unique_ptr<Session>> gone = Session::FromEnvironment(missing.lookup());
+  ASSERT_FALSE(gone.ok());
+  EXPECT_NE(gone.status().message().find("ENDURE_RESTORE_PLAN_FILE"), std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Session, SendsReadyStepAndHeartbeatDatagrams) {
