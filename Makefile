@@ -3,8 +3,15 @@
 BUILD ?= build
 JOBS  ?= 2
 CMAKE_FLAGS ?=
+# The fuzz targets (fuzz/README.md): clang with libFuzzer, ASan and UBSan in
+# a build directory of their own. `make fuzz` runs each for FUZZ_SECONDS
+# (FUZZ_TARGETS: a subset, e.g. FUZZ_TARGETS="manifest tensors").
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
 
-.PHONY: all deps configure build demo test unit integration bench format clean
+.PHONY: all deps configure build demo test unit integration bench format clean \
+        fuzz-build fuzz fuzz-seeds
 
 all: build
 
@@ -22,8 +29,10 @@ build: configure
 demo: build
 	scripts/demo
 
-test: build
+# The main suite, then a bounded run of each fuzz target (label fuzz).
+test: build fuzz-build
 	cd $(BUILD) && ctest --output-on-failure --timeout 900
+	cd $(FUZZ_BUILD) && ctest --output-on-failure -L fuzz -j$(JOBS)
 
 unit: build
 	cd $(BUILD) && ctest --output-on-failure -L unit -j$(JOBS)
@@ -34,8 +43,31 @@ integration: build
 bench: build
 	scripts/bench
 
+$(FUZZ_BUILD)/CMakeCache.txt:
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DENDURE_FUZZ=ON -DENDURE_WITH_TORCH=OFF \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+fuzz-build: deps $(FUZZ_BUILD)/CMakeCache.txt
+	cmake --build $(FUZZ_BUILD) -j$(JOBS) --target endure_fuzz
+
+# Each target in turn for FUZZ_SECONDS, keeping what it finds in
+# $(FUZZ_BUILD)/fuzz/long/NAME; lists the targets that failed.
+fuzz: fuzz-build
+	@failed=""; \
+	for bin in $(FUZZ_BUILD)/fuzz/bin/*_fuzz; do \
+	  name=$$(basename $$bin _fuzz); \
+	  if [ -n "$(FUZZ_TARGETS)" ] && ! echo " $(FUZZ_TARGETS) " | grep -q " $$name "; then continue; fi; \
+	  fuzz/run $$bin $$name $(FUZZ_SECONDS) $(FUZZ_BUILD)/fuzz/long/$$name || failed="$$failed $$name"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make fuzz: failed:$$failed" >&2; exit 1; fi
+
+# Rewrites the generated seeds fuzz/corpus/*/gen-* from the current formats.
+fuzz-seeds: fuzz-build
+	cmake --build $(FUZZ_BUILD) -j$(JOBS) --target fuzz_seeds
+	$(FUZZ_BUILD)/fuzz/bin/fuzz_seeds fuzz/corpus
+
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(FUZZ_BUILD)

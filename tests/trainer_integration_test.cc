@@ -199,16 +199,33 @@ TEST_F(CorruptionTest, MissingManifestIsRefused) {
 }
 
 TEST_F(TrainerTest, SampleGeneratesFromACheckpoint) {
-  const std::string dir = (dir_ / "ckpt").string();
-  ASSERT_TRUE(Train(1, {"--steps", "2", "--ckpt-dir", dir}, "train").Ok());
-  const fs::path out = dir_ / "sample.out";
-  auto p = Subprocess::Start(
-      {.argv = {ENDURE_TRAIN_BIN, "sample", "--ckpt-dir", dir, "--prompt", "Q:", "--tokens", "20"},
-       .output_path = out.string()});
-  ASSERT_TRUE(p->Wait().Success()) << ReadAll(out);
-  std::string text = ReadAll(out);
-  EXPECT_EQ(text.rfind("Q:", 0), 0u);
-  EXPECT_GE(text.size(), 22u);
+  // Two checkpoints of different models (other initial weights).
+  const std::string a = (dir_ / "ckpt-a").string(), b = (dir_ / "ckpt-b").string();
+  ASSERT_TRUE(Train(1, {"--steps", "2", "--ckpt-dir", a}, "train-a").Ok());
+  ASSERT_TRUE(Train(1, {"--steps", "2", "--ckpt-dir", b, "--seed", "99"}, "train-b").Ok());
+  int n = 0;
+  auto sample = [&](const std::string& dir, const std::string& prompt) {
+    const fs::path out = dir_ / ("sample" + std::to_string(n++) + ".out");
+    auto p = Subprocess::Start({.argv = {ENDURE_TRAIN_BIN, "sample", "--ckpt-dir", dir, "--prompt",
+                                         prompt, "--tokens", "20"},
+                                .output_path = out.string()});
+    EXPECT_TRUE(p->Wait().Success()) << ReadAll(out);
+    return ReadAll(out);
+  };
+  const std::string text = sample(a, "Q:");
+  EXPECT_EQ(text.rfind("Q:", 0), 0u) << text;
+  EXPECT_GE(text.size(), 22u) << text;
+  // The same checkpoint and prompt give the same text (the sampling seed is fixed)...
+  EXPECT_EQ(sample(a, "Q:"), text);
+  // ...another checkpoint, another continuation of the same prompt: the
+  // model's weights are used...
+  const std::string other_model = sample(b, "Q:");
+  EXPECT_EQ(other_model.rfind("Q:", 0), 0u) << other_model;
+  EXPECT_NE(other_model.substr(2), text.substr(2));
+  // ...and another prompt starts the text and changes what follows it.
+  const std::string other_prompt = sample(a, "A long time ago");
+  EXPECT_EQ(other_prompt.rfind("A long time ago", 0), 0u) << other_prompt;
+  EXPECT_NE(other_prompt.substr(15), text.substr(2));
 }
 
 TEST_F(TrainerTest, RunsUnmodifiedUnderTorchrun) {

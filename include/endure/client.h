@@ -19,7 +19,8 @@
 //
 // Environment (set by the agent):
 //   ENDURE_AGENT_SOCKET        path of the agent's datagram socket; unset: inactive
-//   ENDURE_TOKEN               job token, sent in every datagram; required with a socket
+//   ENDURE_TOKEN               this generation's worker credential (not the job token),
+//                              sent in every datagram; required with a socket
 //   ENDURE_GENERATION          integer >= 0 (default 0)
 //   RANK                       integer >= 0 (default 0)
 //   ENDURE_CKPT_DIR            checkpoint directory; overrides --ckpt-dir when set

@@ -2,14 +2,22 @@
 // the commands. Threads: the main thread reads commands and carries them
 // out in order; one thread receives worker datagrams; WorkerSet's watcher
 // threads report exits and, with a progress pattern, turn output lines into
-// progress. Writes to the stream are serialised by write_mu_; what the
-// generation's ranks reported (progress from output, stack signals) by
+// progress; one thread waits for SIGTERM/SIGINT and shuts the node down.
+// command_mu_ serialises carrying out a command with that shutdown; writes
+// to the stream are serialised by write_mu_; what the generation's ranks
+// reported (the datagram gate, progress from output, stack signals) by
 // reports_mu_, taken before write_mu_ where both are held.
+//
+// Workers never see the job token: each generation gets a fresh random
+// credential (their ENDURE_TOKEN), and only datagrams that carry it, parsed
+// and checked by agent/datagram.h, are taken.
 #include "agent/agent.h"
 
 #include <grpcpp/grpcpp.h>
 #include <malloc.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -17,25 +25,30 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
-#include <regex>
 #include <set>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include "agent/datagram.h"
 #include "agent/progress_pattern.h"
 #include "agent/tier_store.h"
 #include "agent/worker_set.h"
 #include "common/env.h"
 #include "common/hash.h"
+#include "common/names.h"
+#include "common/secret.h"
 #include "core/log_classifier.h"
 #include "proto/endure.grpc.pb.h"
 
@@ -62,14 +75,90 @@ std::string ResolveProgram(const std::string& program) {
   return program;
 }
 
-double JsonLoss(const nlohmann::json& v) {
-  if (v.is_number()) return v.get<double>();
-  if (v.is_string()) {
-    const std::string s = v.get<std::string>();
-    if (s == "inf") return std::numeric_limits<double>::infinity();
-    if (s == "-inf") return -std::numeric_limits<double>::infinity();
+// SIGTERM and SIGINT: the handler records the signal and wakes the
+// shutdown thread through an eventfd (both async-signal-safe).
+std::atomic<int> g_signal{0};
+int g_signal_fd = -1;
+
+void OnTerminationSignal(int sig) {
+  g_signal = sig;
+  const uint64_t one = 1;
+  if (g_signal_fd >= 0) {
+    const ssize_t ignored = ::write(g_signal_fd, &one, sizeof one);
+    (void)ignored;
   }
-  return std::numeric_limits<double>::quiet_NaN();
+}
+
+// The grace a stop gives workers before SIGKILL when the controller has not
+// said (its [recovery] grace_period defaults to the same).
+constexpr double kDefaultGraceS = 2.0;
+// On SIGTERM, how long after the workers are gone a shard of the node's
+// newest complete step may still start being persisted.
+constexpr auto kShutdownPersistFor = std::chrono::seconds(1);
+// How long a stop may wait on the controller's stream beyond its own work.
+constexpr auto kStreamMargin = std::chrono::seconds(5);
+// Refused datagrams: at most this many log lines at once, then one a second.
+constexpr int kRefusalLogBurst = 20;
+
+// Runs `fire` once if `deadline` passes before it is destroyed: a stop
+// waits on the controller's stream (a Send, Finish), and a controller that
+// stopped reading must not hold it for ever.
+class Watchdog {
+ public:
+  Watchdog(std::chrono::steady_clock::time_point deadline, std::function<void()> fire)
+      : thread_([this, deadline, fire = std::move(fire)] {
+          std::unique_lock<std::mutex> lock(mu_);
+          if (!cv_.wait_until(lock, deadline, [&] { return disarmed_; })) fire();
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      disarmed_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool disarmed_ = false;  // GUARDED_BY(mu_)
+  std::thread thread_;     // last: it uses the members above
+};
+
+// Bounds on what the controller asks for (seconds).
+double ClampSeconds(double s, double max) {
+  return std::isfinite(s) ? std::clamp(s, 0.0, max) : 0.0;
+}
+
+// The fingerprint a trainer printed in its last words: the first
+// "param_fingerprint=" followed by 16 lowercase hex digits.
+std::string FindFingerprint(std::string_view tail) {
+  constexpr std::string_view kKey = "param_fingerprint=";
+  for (size_t pos = tail.find(kKey); pos != std::string_view::npos;
+       pos = tail.find(kKey, pos + 1)) {
+    const std::string_view hex = tail.substr(pos + kKey.size(), 16);
+    if (hex.size() == 16 && hex.find_first_not_of("0123456789abcdef") == std::string_view::npos) {
+      return std::string(hex);
+    }
+  }
+  return "";
+}
+
+// The names of the agent's environment variables whose value holds
+// `secret`: none of them may reach a worker.
+std::vector<std::string> VariablesHolding(const std::string& secret) {
+  std::vector<std::string> names = {"ENDURE_TOKEN"};
+  if (secret.empty()) return names;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry = *e;
+    const size_t eq = entry.find('=');
+    if (eq == std::string_view::npos) continue;
+    if (entry.substr(eq + 1).find(secret) != std::string_view::npos) {
+      names.emplace_back(entry.substr(0, eq));
+    }
+  }
+  return names;
 }
 
 // Signals a worker may ask to be sent for a stack dump: never one whose
@@ -91,16 +180,21 @@ class Agent {
   void Send(proto::AgentEvent event, int64_t generation);
   Status OpenSocket();
   void ReceiveDatagrams();
-  // One datagram from a worker; a field of the wrong type throws
-  // nlohmann::json::exception.
-  void HandleDatagram(std::string_view text);
+  // One datagram from a worker: parsed, checked against the gate, turned
+  // into an event for the controller. Refusals are counted and logged at a
+  // rate limit; nothing a worker sends can throw here.
+  void HandleDatagram(std::string_view bytes);
+  // Logs a refused datagram, unless too many were refused lately.
+  void Refuse(const std::string& why);
   void OnWorkerExit(int64_t generation, const WorkerEnd& end);
   // A line of a worker's output (watcher thread); only with a progress pattern.
   void OnWorkerLine(int64_t generation, int rank, std::string_view line);
-  // Bookkeeping of a datagram from `rank` of the current generation `gen`
-  // that matters to the output progress or to stack dumps. Returns false
-  // when the datagram is to be dropped.
-  bool NoteDatagram(int64_t gen, int rank, const std::string& type, const nlohmann::json& m);
+  // Waits for SIGTERM/SIGINT (the shutdown thread) and then shuts down.
+  void AwaitSignal();
+  // Stops the workers with the grace period, persists the node's newest
+  // complete step if there is time, and ends the stream so that Run() returns
+  // OK; the shared memory goes when Run() ends.
+  void ShutDownOnSignal(int sig);
   void Start(int64_t generation, const proto::StartGeneration& start);
   void Stop(int64_t generation, double grace_s);
   void DumpStacks(int64_t generation, double timeout_s);
@@ -121,20 +215,40 @@ class Agent {
   int standby_count_ = 0;                  // GUARDED_BY(standby_mu_)
   bool refill_pending_ = false;            // GUARDED_BY(standby_mu_)
   std::unique_ptr<grpc::ClientReaderWriter<proto::AgentEvent, proto::AgentCommand>> stream_;
+  // The stream's context while Run() holds it, for TryCancel (thread-safe),
+  // which needs no lock: a Send blocked on a controller that stopped reading
+  // holds write_mu_.
+  std::atomic<grpc::ClientContext*> context_{nullptr};
   std::mutex write_mu_;
   std::atomic<int64_t> generation_{-1};
-  std::unique_ptr<WorkerSet> workers_;  // touched by the command thread only
+  // Held while a command is carried out, and by the shutdown on a signal.
+  std::mutex command_mu_;
+  bool signalled_ = false;              // GUARDED_BY(command_mu_): the shutdown on a signal ran
+  double grace_s_ = kDefaultGraceS;     // GUARDED_BY(command_mu_): the last stop's grace
+  std::unique_ptr<WorkerSet> workers_;  // GUARDED_BY(command_mu_)
   std::unique_ptr<TierStore> tiers_;    // checkpoint memory (T0, T1) and persistence
   // Injected memory corruption (tier, shard), applied once the workers stop.
-  std::vector<std::pair<checkpoint::Tier, int>> pending_corruption_;  // command thread only
+  std::vector<std::pair<checkpoint::Tier, int>> pending_corruption_;  // GUARDED_BY(command_mu_)
+  // The agent's variables that hold the job token (ENDURE_TOKEN among them):
+  // removed from every worker's environment. Set before the first worker.
+  std::vector<std::string> secret_variables_;
+  DatagramContext datagram_context_;  // set before the receiver starts
   int socket_fd_ = -1;
   std::string socket_path_;
   std::atomic<bool> done_{false};
+  int wake_fd_ = -1;  // an eventfd that ends the shutdown thread's wait at the end of Run()
+
+  // Refused datagrams: counted, and logged at a rate limit.
+  std::mutex refusal_mu_;
+  int64_t refused_ = 0;  // GUARDED_BY(refusal_mu_)
+  LogRateLimiter refusal_log_{kRefusalLogBurst,
+                              std::chrono::seconds(1)};  // GUARDED_BY(refusal_mu_)
 
   // What the ranks of the current generation reported.
   std::mutex reports_mu_;
-  int64_t reports_generation_ = -1;                // GUARDED_BY(reports_mu_)
-  std::set<int> local_ranks_;                      // GUARDED_BY(reports_mu_)
+  // This generation, its credential and its ranks on this node; the
+  // generation is also what output lines and stack dumps are checked against.
+  DatagramGate gate_;                              // GUARDED_BY(reports_mu_)
   std::optional<OutputReports> output_;            // GUARDED_BY(reports_mu_); with a pattern
   std::map<int, int> stack_signals_;               // GUARDED_BY(reports_mu_); rank -> signal
   std::chrono::steady_clock::time_point started_;  // GUARDED_BY(reports_mu_)
@@ -170,7 +284,9 @@ Status Agent::OpenSocket() {
 }
 
 void Agent::ReceiveDatagrams() {
-  char buf[65536];
+  // One byte more than the largest datagram accepted; MSG_TRUNC makes recv
+  // return the real size of a larger one, which is refused.
+  std::vector<char> buf(kMaxDatagramBytes + 1);
   auto next_beat = std::chrono::steady_clock::now();
   while (!done_) {
     // The controller hears from the agent every second, whatever the
@@ -181,99 +297,108 @@ void Agent::ReceiveDatagrams() {
       Send(std::move(beat), generation_);
       next_beat += std::chrono::seconds(1);
     }
-    ssize_t n = ::recv(socket_fd_, buf, sizeof buf, 0);
+    const ssize_t n = ::recv(socket_fd_, buf.data(), buf.size(), MSG_TRUNC);
     if (n <= 0) continue;
-    try {
-      HandleDatagram(std::string_view(buf, static_cast<size_t>(n)));
-    } catch (const nlohmann::json::exception&) {
-      // A field of the wrong type (value() throws): not a datagram we send.
+    if (static_cast<size_t>(n) > kMaxDatagramBytes) {
+      Refuse("a datagram of " + std::to_string(n) + " bytes; the limit is " +
+             std::to_string(kMaxDatagramBytes));
+      continue;
     }
+    HandleDatagram(std::string_view(buf.data(), static_cast<size_t>(n)));
   }
 }
 
-void Agent::HandleDatagram(std::string_view text) {
-  nlohmann::json m = nlohmann::json::parse(text, nullptr, false);
-  if (!m.is_object() || m.value("token", "") != o_.token) return;  // not from our workers
-  const int64_t gen = m.value("generation", int64_t{-1});
-  if (gen != generation_) return;  // a stale generation
-  const std::string type = m.value("type", "");
-  const int rank = m.value("rank", -1);
-  if (!NoteDatagram(gen, rank, type, m)) return;
+void Agent::Refuse(const std::string& why) {
+  std::lock_guard<std::mutex> lock(refusal_mu_);
+  ++refused_;
+  int64_t held_back = 0;
+  if (!refusal_log_.Allow(std::chrono::steady_clock::now(), &held_back)) return;
+  std::string line = "endure agent " + o_.node_id + ": refused a datagram (" +
+                     std::to_string(refused_) + " so far";
+  if (held_back > 0) line += ", " + std::to_string(held_back) + " not shown";
+  line += "): " + QuoteForLog(why, 300) + "\n";
+  std::fputs(line.c_str(), stderr);
+}
+
+void Agent::HandleDatagram(std::string_view bytes) {
+  Result<Datagram> parsed = ParseDatagram(bytes, datagram_context_);
+  if (!parsed.ok()) {
+    Refuse(parsed.status().message());
+    return;
+  }
+  const Datagram& d = *parsed;
+  {
+    std::lock_guard<std::mutex> lock(reports_mu_);
+    const DatagramGate::Verdict verdict = gate_.Admit(d);
+    if (verdict == DatagramGate::Verdict::kStale) return;  // a straggler's, late
+    if (verdict != DatagramGate::Verdict::kAccept) {
+      Refuse("a \"" + std::string(DatagramType(d)) + "\" datagram from rank " +
+             std::to_string(d.rank) + " of generation " + std::to_string(d.generation) + ": " +
+             std::string(VerdictName(verdict)));
+      return;
+    }
+    if (const auto* stacks = std::get_if<StacksMessage>(&d.message)) {
+      // Only with a signal meant for that: never one whose default action a
+      // program relies on (SIGTERM, SIGINT, ...) or that cannot be caught.
+      if (!AcceptableStackSignal(stacks->signal)) {
+        Refuse("ignored a \"stacks\" datagram from rank " + std::to_string(d.rank) + ": signal " +
+               std::to_string(stacks->signal) +
+               ": only SIGUSR1, SIGUSR2 or a real-time signal may be used");
+        return;
+      }
+      stack_signals_[d.rank] = stacks->signal;
+      return;  // nothing for the controller
+    }
+    if (output_) output_->OnDatagram(d.rank, DatagramType(d));
+  }
   proto::AgentEvent e;
-  if (type == "step") RefillStandbys();
-  if (type == "step" || type == "skip") {
+  if (const auto* m = std::get_if<StepMessage>(&d.message)) {
+    if (!m->skipped) RefillStandbys();
     auto* s = e.mutable_step();
-    s->set_rank(rank);
-    s->set_step(m.value("step", int64_t{0}));
+    s->set_rank(d.rank);
+    s->set_step(m->step);
     // A step without a loss (null: the program does not know it) is
     // progress with nothing to judge, like a skipped one.
-    const bool no_loss = type == "skip" || !m.contains("loss") || m["loss"].is_null();
+    const bool no_loss = m->skipped || !m->loss.has_value();
     s->set_skipped(no_loss);
-    s->set_tokens(m.value("tokens", int64_t{0}));
-    s->set_loss(no_loss ? 0.0 : JsonLoss(m["loss"]));
-    s->set_compute_s(m.value("compute_s", 0.0));
-    s->set_comm_s(m.value("comm_s", 0.0));
-    s->set_ckpt_stall_s(m.value("ckpt_stall_s", 0.0));
-    s->set_checkpoint_step(m.value("checkpoint_step", int64_t{-1}));
-  } else if (type == "ready") {
+    s->set_tokens(m->tokens);
+    s->set_loss(no_loss ? 0.0 : *m->loss);
+    s->set_compute_s(m->compute_s);
+    s->set_comm_s(m->comm_s);
+    s->set_ckpt_stall_s(m->ckpt_stall_s);
+    s->set_checkpoint_step(m->checkpoint_step);
+  } else if (const auto* m = std::get_if<ReadyMessage>(&d.message)) {
     auto* r = e.mutable_worker_ready();
-    r->set_rank(rank);
-    r->set_start_step(m.value("start_step", int64_t{0}));
-    r->set_restore_s(m.value("restore_s", 0.0));
-    r->set_init_s(m.value("init_s", 0.0));
-  } else if (type == "snapshot") {
-    tiers_->Notify({rank, m.value("step", int64_t{0}), m.value("shards", 1), m.value("path", "")});
+    r->set_rank(d.rank);
+    r->set_start_step(m->start_step);
+    r->set_restore_s(m->restore_s);
+    r->set_init_s(m->init_s);
+  } else if (const auto* m = std::get_if<SnapshotMessage>(&d.message)) {
+    tiers_->Notify({d.rank, m->step, m->shards, m->path});
     return;
-  } else if (type == "fault") {
+  } else if (const auto* m = std::get_if<FaultMessage>(&d.message)) {
     auto* f = e.mutable_fault_fired();
-    f->set_rank(rank);
-    f->set_fault_id(m.value("id", ""));
-    f->set_kind(m.value("kind", ""));
-    f->set_step(m.value("step", int64_t{0}));
+    f->set_rank(d.rank);
+    f->set_fault_id(m->id);
+    f->set_kind(m->kind);
+    f->set_step(m->step);
   } else {
-    return;  // heartbeats: the worker's liveness is its process, progress its steps;
-             // "stacks": noted above
+    return;  // heartbeats: the worker's liveness is its process, progress its steps
   }
   e.set_token(o_.token);
-  e.set_generation(gen);
+  e.set_generation(d.generation);
   // The worker's own clock says when it happened (a fault fires just before
   // its process dies); the controller maps it onto its own clock.
-  e.set_time_s(m.value("t", WallSeconds()));
+  e.set_time_s(d.time_s.value_or(WallSeconds()));
   std::lock_guard<std::mutex> lock(write_mu_);
   if (stream_) stream_->Write(e);
-}
-
-bool Agent::NoteDatagram(int64_t gen, int rank, const std::string& type, const nlohmann::json& m) {
-  std::lock_guard<std::mutex> lock(reports_mu_);
-  const bool known = gen == reports_generation_ && local_ranks_.count(rank);
-  if (type == "stacks") {
-    // Only a rank of this node may say how to ask it for its stacks, and
-    // only with a signal meant for that.
-    const nlohmann::json sig = m.contains("signal") ? m["signal"] : nlohmann::json();
-    const char* refused = nullptr;
-    if (!known) {
-      refused = "the rank does not run on this node in this generation";
-    } else if (!sig.is_number_integer() || !AcceptableStackSignal(sig.get<int64_t>())) {
-      refused = "only SIGUSR1, SIGUSR2 or a real-time signal may be used";
-    }
-    if (refused != nullptr) {
-      std::fprintf(stderr,
-                   "endure agent %s: ignored a \"stacks\" datagram from rank %d: signal %s: %s\n",
-                   o_.node_id.c_str(), rank, sig.dump().c_str(), refused);
-      return false;
-    }
-    stack_signals_[rank] = sig.get<int>();
-    return false;  // nothing for the controller
-  }
-  if (known && output_) output_->OnDatagram(rank, type);
-  return true;
 }
 
 void Agent::OnWorkerLine(int64_t generation, int rank, std::string_view line) {
   bool stepped = false;
   {
     std::lock_guard<std::mutex> lock(reports_mu_);
-    if (generation != reports_generation_ || !output_) return;
+    if (generation != gate_.generation || !output_) return;
     const double init_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
     for (const OutputReport& r : output_->OnLine(rank, line)) {
@@ -322,9 +447,7 @@ void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
   x->set_exited(end.status.exited);
   x->set_exit_code(end.status.code);
   x->set_signal(end.status.signal);
-  std::smatch match;
-  static const std::regex kFingerprint("param_fingerprint=([0-9a-f]{16})");
-  if (std::regex_search(end.tail, match, kFingerprint)) x->set_param_fingerprint(match[1].str());
+  x->set_param_fingerprint(FindFingerprint(end.tail));
   Send(std::move(e), generation);
 }
 
@@ -333,7 +456,7 @@ void Agent::RefillStandbys() {
   if (!refill_pending_) return;
   refill_pending_ = false;
   while (static_cast<int>(standbys_.size()) < standby_count_) {
-    Result<Standby> s = StartStandby(standby_argv_, {});
+    Result<Standby> s = StartStandby(standby_argv_, {}, secret_variables_);
     if (!s.ok()) break;  // cold starts still work
     standbys_.push_back(std::move(s).value());
   }
@@ -354,13 +477,18 @@ std::optional<Standby> Agent::TakeStandby(const std::vector<std::string>& argv) 
 void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   if (workers_) workers_->StopAll(std::chrono::milliseconds(0));
   generation_ = generation;
+  // This generation's credential: its workers' ENDURE_TOKEN, and the only
+  // one their datagrams are taken with. A failure to make one fails the
+  // start of every rank (reported as exits, like a program that will not run).
+  Result<std::string> credential = RandomHex(16);
   bool read_progress = false;
   {
     std::lock_guard<std::mutex> lock(reports_mu_);
-    reports_generation_ = generation;
+    gate_.generation = generation;
+    gate_.credential = credential.ok() ? *credential : "";
     started_ = std::chrono::steady_clock::now();
-    local_ranks_.clear();
-    for (const proto::RankAssignment& r : start.ranks()) local_ranks_.insert(r.rank());
+    gate_.local_ranks.clear();
+    for (const proto::RankAssignment& r : start.ranks()) gate_.local_ranks.insert(r.rank());
     stack_signals_.clear();
     output_.reset();
     if (!start.progress_pattern().empty()) {
@@ -411,7 +539,21 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   std::error_code ec;
   // Absolute: workers may change their directory before they write there.
   const std::string logs = std::filesystem::absolute(JoinPath(o_.work_dir, "logs"), ec).string();
-  (void)Env::Default()->CreateDirs(logs);
+  if (Status st = Env::Default()->CreateDirs(logs); !st.ok()) {
+    std::fprintf(stderr, "endure agent %s: %s\n", o_.node_id.c_str(), st.message().c_str());
+  }
+  // The restore plan goes to the workers as a file: a plan of many shards
+  // does not fit an environment variable (E2BIG, ~128 KiB per string).
+  std::string plan_path;
+  if (!ckpt.restore_plan_json().empty()) {
+    plan_path = JoinPath(logs, "gen" + std::to_string(generation) + ".restore-plan.json");
+    if (Status st = WriteFileAtomically(Env::Default(), plan_path, ckpt.restore_plan_json());
+        !st.ok()) {
+      std::fprintf(stderr, "endure agent %s: cannot write the restore plan: %s\n",
+                   o_.node_id.c_str(), st.message().c_str());
+      plan_path.clear();  // the workers then fail their restore, and say why
+    }
+  }
   for (const proto::RankAssignment& r : start.ranks()) {
     WorkerSpec spec;
     spec.rank = r.rank();
@@ -428,7 +570,7 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
                 {"MASTER_ADDR", start.master_addr()},
                 {"MASTER_PORT", std::to_string(start.master_port())},
                 {"ENDURE_AGENT_SOCKET", socket_path_},
-                {"ENDURE_TOKEN", o_.token},
+                {"ENDURE_TOKEN", credential.ok() ? *credential : ""},
                 {"ENDURE_GENERATION", std::to_string(generation)},
                 {"ENDURE_NODE_ID", o_.node_id},
                 {"ENDURE_RESTORE_STEP", std::to_string(start.restore_step())},
@@ -436,18 +578,21 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
                 {"ENDURE_FAULTS", r.faults_json()},
                 {"ENDURE_STACKS_FILE", spec.stacks_path}};
     for (const auto& [k, v] : start.env()) spec.env.emplace_back(k, v);
+    spec.unset_env = secret_variables_;
     if (ckpt.enabled()) {
       spec.env.emplace_back("ENDURE_T0_DIR", tiers_->t0_dir());
       spec.env.emplace_back("ENDURE_T0_SLOT_BYTES", std::to_string(ckpt.slot_bytes()));
     }
-    if (!ckpt.restore_plan_json().empty()) {
-      spec.env.emplace_back("ENDURE_RESTORE_PLAN", ckpt.restore_plan_json());
-    }
+    if (!plan_path.empty()) spec.env.emplace_back("ENDURE_RESTORE_PLAN_FILE", plan_path);
     Status st = Unavailable("no standby");
-    if (std::optional<Standby> standby = TakeStandby(argv)) {
-      st = workers_->Adopt(std::move(*standby), spec);
+    if (!credential.ok()) {
+      st = credential.status().WithContext("cannot make this generation's worker credential");
+    } else {
+      if (std::optional<Standby> standby = TakeStandby(argv)) {
+        st = workers_->Adopt(std::move(*standby), spec);
+      }
+      if (!st.ok()) st = workers_->Start(spec);
     }
-    if (!st.ok()) st = workers_->Start(spec);
     proto::AgentEvent e;
     if (!st.ok()) {
       // Reported as an exit, so the controller's policy handles it like one.
@@ -465,6 +610,8 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
 }
 
 void Agent::Stop(int64_t generation, double grace_s) {
+  grace_s = ClampSeconds(grace_s, 3600);
+  grace_s_ = grace_s;
   const auto start = std::chrono::steady_clock::now();
   int count = 0;
   if (workers_) {
@@ -504,10 +651,11 @@ void Agent::DumpStacks(int64_t generation, double timeout_s) {
   std::map<int, int> signals;  // ranks that dump their own stacks
   {
     std::lock_guard<std::mutex> lock(reports_mu_);
-    if (generation == reports_generation_) signals = stack_signals_;
+    if (generation == gate_.generation) signals = stack_signals_;
   }
   std::map<int, std::string> stacks = workers_->CaptureStacks(
-      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)), signals);
+      std::chrono::milliseconds(static_cast<int64_t>(ClampSeconds(timeout_s, 600) * 1000)),
+      signals);
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (const auto& [rank, text] : stacks) {
@@ -525,9 +673,7 @@ void Agent::Inject(const proto::InjectFault& inject) {
     // The node dies at once: no goodbye to the controller, workers with it.
     std::fprintf(stderr, "endure agent %s: injected fault %s: the node dies now\n",
                  o_.node_id.c_str(), inject.fault_id().c_str());
-    if (workers_) {
-      for (const auto& [rank, pid] : workers_->Pids()) ::kill(-pid, SIGKILL);
-    }
+    if (workers_) workers_->KillAll();
     (void)Env::Default()->RemoveAll(tiers_->shm_dir());  // its memory goes with it
     ::kill(::getpid(), SIGKILL);
   }
@@ -569,25 +715,130 @@ void Agent::OnPersisted(const PersistReport& report) {
   Send(std::move(e), generation_);
 }
 
+void Agent::AwaitSignal() {
+  pollfd fds[2] = {{g_signal_fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  while (true) {
+    if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
+    if (fds[1].revents != 0) return;  // Run() is ending
+    if (fds[0].revents != 0 && g_signal != 0) {
+      ShutDownOnSignal(g_signal);
+      return;
+    }
+  }
+}
+
+void Agent::ShutDownOnSignal(int sig) {
+  // Not in the middle of a command: a start finishes launching, a stop
+  // finishes stopping, before the node shuts down.
+  std::lock_guard<std::mutex> command(command_mu_);
+  signalled_ = true;
+  // The whole shutdown is bounded: the grace, the persist, and a margin for
+  // the reports; past that the stream is cut, and with it any blocked Send.
+  const Watchdog bound(std::chrono::steady_clock::now() +
+                           std::chrono::milliseconds(static_cast<int64_t>(grace_s_ * 1000)) +
+                           kShutdownPersistFor + kStreamMargin,
+                       [this] {
+                         if (grpc::ClientContext* c = context_.load()) c->TryCancel();
+                       });
+  std::fprintf(stderr,
+               "endure agent %s: %s: stopping the workers (grace %.1fs), then shutting down\n",
+               o_.node_id.c_str(), strsignal(sig), grace_s_);
+  // Nothing waits on a peer from now on (a replica in flight ends at once).
+  tiers_->CancelReplication();
+  std::set<int> ranks;
+  if (workers_) {
+    for (const auto& [rank, pid] : workers_->Pids()) ranks.insert(rank);
+    workers_->StopAll(std::chrono::milliseconds(static_cast<int64_t>(grace_s_ * 1000)));
+  }
+  {
+    std::lock_guard<std::mutex> lock(standby_mu_);
+    for (Standby& s : standbys_) DiscardStandby(s);
+    standbys_.clear();
+    standby_count_ = 0;
+  }
+  {
+    std::lock_guard<std::mutex> lock(reports_mu_);
+    ranks.insert(gate_.local_ranks.begin(), gate_.local_ranks.end());
+  }
+  // The node's newest complete step goes to the durable directory if there
+  // is time; the reports go up while the stream lasts, for the controller
+  // to commit the step if it still runs.
+  const int64_t step =
+      tiers_->PersistNewestComplete(ranks, std::chrono::steady_clock::now() + kShutdownPersistFor);
+  if (step >= 0) {
+    std::fprintf(stderr, "endure agent %s: persisted step %lld of this node's ranks\n",
+                 o_.node_id.c_str(), static_cast<long long>(step));
+  }
+  if (grpc::ClientContext* c = context_.load()) c->TryCancel();  // Run()'s Read returns
+}
+
 Status Agent::Run() {
   ENDURE_RETURN_IF_ERROR(Env::Default()->CreateDirs(o_.work_dir));
+  secret_variables_ = VariablesHolding(o_.token);
+  // Checkpoint memory lives in shared memory, which outlives a crashed worker.
+  const std::string shm = Env::Default()->Exists("/dev/shm") ? "/dev/shm" : o_.work_dir;
+  // What agents killed before they could clean up left behind.
+  for (const std::string& path : SweepStaleShm(shm, IsLiveEndureAgent)) {
+    std::fprintf(stderr, "endure agent %s: removed %s, left by an agent that is gone\n",
+                 o_.node_id.c_str(), path.c_str());
+  }
   ENDURE_RETURN_IF_ERROR(OpenSocket());
   TierStoreOptions tier_options;
   tier_options.node = o_.node_id;
-  // Checkpoint memory lives in shared memory, which outlives a crashed worker.
-  const std::string shm = Env::Default()->Exists("/dev/shm") ? "/dev/shm" : o_.work_dir;
   tier_options.shm_dir = JoinPath(shm, "endure-" + std::to_string(::getpid()) + "-" + o_.node_id);
   tier_options.token = o_.token;
   tier_options.host = o_.host;
   ENDURE_ASSIGN_OR_RETURN(
       tiers_, TierStore::Start(tier_options, [this](const PersistReport& r) { OnPersisted(r); }));
+  datagram_context_.t0_dir = tiers_->t0_dir();
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  if (wake_fd_ < 0) return IOError(std::string("eventfd: ") + std::strerror(errno));
+  std::thread signals(&Agent::AwaitSignal, this);
+  // Ends the shutdown thread (unless it is the one shutting down) and frees
+  // what Run() holds, on every way out.
+  const auto finish = [&] {
+    {
+      std::lock_guard<std::mutex> lock(refusal_mu_);
+      if (refused_ > 0) {
+        std::fprintf(stderr, "endure agent %s: refused %lld datagram(s) in all (%lld not shown)\n",
+                     o_.node_id.c_str(), static_cast<long long>(refused_),
+                     static_cast<long long>(refusal_log_.held_back()));
+      }
+    }
+    const uint64_t one = 1;
+    const ssize_t ignored = ::write(wake_fd_, &one, sizeof one);
+    (void)ignored;
+    signals.join();
+    ::close(wake_fd_);
+    ::close(socket_fd_);
+    ::unlink(socket_path_.c_str());
+    tiers_.reset();  // removes the node's shared memory
+  };
+  const auto signalled = [&] {
+    std::lock_guard<std::mutex> lock(command_mu_);
+    return signalled_;
+  };
+
   auto channel = grpc::CreateChannel(o_.controller, grpc::InsecureChannelCredentials());
-  if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(15))) {
+  const auto connect_by = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  bool connected = false;
+  while (!connected && !signalled() && std::chrono::steady_clock::now() < connect_by) {
+    connected = channel->WaitForConnected(std::chrono::system_clock::now() +
+                                          std::chrono::milliseconds(250));
+  }
+  if (!connected) {
+    finish();
+    if (signalled()) return Status::Ok();
     return Unavailable("cannot reach the controller at " + o_.controller);
   }
   auto stub = proto::Controller::NewStub(channel);
   grpc::ClientContext context;
-  stream_ = stub->Attach(&context);
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    stream_ = stub->Attach(&context);
+  }
+  context_ = &context;
+  if (signalled()) context.TryCancel();  // a signal came while attaching
   proto::AgentEvent hello;
   auto* reg = hello.mutable_register_();
   reg->set_node_id(o_.node_id);
@@ -602,7 +853,9 @@ Status Agent::Run() {
   proto::AgentCommand cmd;
   bool shutdown = false;
   while (!shutdown && stream_->Read(&cmd)) {
-    if (cmd.token() != o_.token) continue;
+    std::lock_guard<std::mutex> lock(command_mu_);
+    if (signalled_) break;
+    if (!ConstantTimeEquals(cmd.token(), o_.token)) continue;
     switch (cmd.command_case()) {
       case proto::AgentCommand::kStart:
         Start(cmd.generation(), cmd.start());
@@ -623,7 +876,20 @@ Status Agent::Run() {
         break;
     }
   }
-  if (workers_) workers_->StopAll(std::chrono::milliseconds(shutdown ? 2000 : 0));
+  bool by_signal = false;
+  // Stopping the workers (their exits go up the stream) and closing the
+  // stream wait on the controller: bounded, as every wait in the stop path.
+  const Watchdog bound(std::chrono::steady_clock::now() + std::chrono::seconds(2) + kStreamMargin,
+                       [&context] { context.TryCancel(); });
+  {
+    std::lock_guard<std::mutex> lock(command_mu_);
+    by_signal = signalled_;
+    // After a signal the workers are stopped already.
+    if (workers_ && !by_signal) {
+      workers_->StopAll(std::chrono::milliseconds(shutdown ? 2000 : 0));
+    }
+    workers_.reset();
+  }
   {
     std::lock_guard<std::mutex> lock(standby_mu_);
     for (Standby& s : standbys_) DiscardStandby(s);
@@ -635,7 +901,7 @@ Status Agent::Run() {
     stream_->WritesDone();
   }
   grpc::Status st = stream_->Finish();
-  if (!shutdown) {
+  if (!shutdown && !by_signal) {
     if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
       result = InvalidArgument("the controller refused this agent: " + st.error_message());
     } else {
@@ -649,9 +915,8 @@ Status Agent::Run() {
     std::lock_guard<std::mutex> lock(write_mu_);
     stream_.reset();
   }
-  ::close(socket_fd_);
-  ::unlink(socket_path_.c_str());
-  tiers_.reset();
+  context_ = nullptr;
+  finish();
   return result;
 }
 
@@ -660,6 +925,8 @@ Status Agent::Run() {
 Status AgentOptions::Validate() const {
   if (controller.empty()) return InvalidArgument("--controller: required (host:port)");
   if (node_id.empty()) return InvalidArgument("--node-id: required");
+  // It names files (shared memory, replicas on peers) and travels in frames.
+  ENDURE_RETURN_IF_ERROR(CheckNodeName(node_id, "--node-id"));
   if (slots < 1) return InvalidArgument("--ranks: must be at least 1");
   if (token.empty()) {
     return InvalidArgument("no job token: set ENDURE_TOKEN or pass --token-file");
@@ -672,6 +939,16 @@ Status RunAgent(const AgentOptions& options) {
   ENDURE_RETURN_IF_ERROR(options.Validate());
   // A worker that dies while we write to it must not take the agent along.
   ::signal(SIGPIPE, SIG_IGN);
+  // SIGTERM (Slurm, Kubernetes, `endure run`) and SIGINT stop the workers
+  // with their grace period and clean up, instead of killing the agent.
+  if (g_signal_fd < 0) g_signal_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (g_signal_fd < 0) return IOError(std::string("eventfd: ") + std::strerror(errno));
+  struct sigaction sa {};
+  sa.sa_handler = OnTerminationSignal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
   // Checkpoint replicas arrive every step: keep freed buffers in the heap
   // rather than handing them back to the kernel and faulting fresh pages in
   // for the next one (about 3 ms per MB on a VM).

@@ -1,17 +1,26 @@
 // The node's checkpoint tiers: T0 slots, T1 replicas, persistence to T2.
 #include "agent/tier_store.h"
 
+#include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
 #include <map>
 
 #include "checkpoint/snapshot_file.h"
 #include "common/env.h"
 #include "common/hash.h"
+#include "common/names.h"
 
 namespace endure::agent {
 namespace {
@@ -21,7 +30,8 @@ using checkpoint::SlotState;
 using checkpoint::SnapshotFile;
 using checkpoint::Tier;
 
-constexpr uint64_t kMaxReplicaBytes = uint64_t{64} << 30;
+// The most T1 files a node keeps (two slots per peer shard).
+constexpr size_t kMaxT1Files = 8192;
 constexpr Duration kReplicaTimeout = std::chrono::seconds(30);
 
 bool Holds(const checkpoint::SnapshotInfo& info) {
@@ -43,13 +53,81 @@ void YieldToTraining(int nice) {
   (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), nice);
 }
 
+// The name TierStore gives its shared memory: "endure-PID-NODE".
+bool ParseShmName(const std::string& name, pid_t* pid) {
+  constexpr std::string_view kPrefix = "endure-";
+  if (name.rfind(kPrefix, 0) != 0) return false;
+  const char* begin = name.data() + kPrefix.size();
+  const char* end = name.data() + name.size();
+  long long value = 0;
+  const auto [p, ec] = std::from_chars(begin, end, value);
+  if (ec != std::errc() || p == begin || p == end || *p != '-' || value <= 1 ||
+      value > std::numeric_limits<pid_t>::max()) {
+    return false;
+  }
+  *pid = static_cast<pid_t>(value);
+  return IsValidNodeName(std::string_view(p + 1, static_cast<size_t>(end - p - 1)));
+}
+
 }  // namespace
+
+uint64_t ReplicaLimit(const TierConfig& config) {
+  uint64_t limit = kMaxReplicaBytes;
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) {
+    limit = std::min(limit, static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2);
+  }
+  if (config.memory_budget > 0) limit = std::min(limit, config.memory_budget);
+  return std::max<uint64_t>(limit, 1);
+}
+
+bool IsLiveEndureAgent(pid_t pid) {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/cmdline");
+  if (!f) return true;  // it exists and cannot be read: it may be one
+  std::string cmdline((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (cmdline.empty()) return false;  // a zombie, or exiting
+  std::vector<std::string> argv;
+  size_t pos = 0;
+  while (pos < cmdline.size() && argv.size() < 2) {
+    size_t end = cmdline.find('\0', pos);
+    if (end == std::string::npos) end = cmdline.size();
+    argv.push_back(cmdline.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  return argv.size() == 2 && argv[1] == "agent" &&
+         std::filesystem::path(argv[0]).filename().string().rfind("endure", 0) == 0;
+}
+
+std::vector<std::string> SweepStaleShm(const std::string& parent,
+                                       const std::function<bool(pid_t)>& is_live_agent) {
+  std::vector<std::string> removed;
+  Result<std::vector<std::string>> names = Env::Default()->ListDir(parent);
+  if (!names.ok()) return removed;
+  for (const std::string& name : *names) {
+    pid_t pid = 0;
+    if (!ParseShmName(name, &pid) || pid == ::getpid()) continue;
+    const std::string path = JoinPath(parent, name);
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
+      continue;
+    }
+    if (is_live_agent(pid)) continue;
+    if (Env::Default()->RemoveAll(path).ok()) removed.push_back(path);
+  }
+  return removed;
+}
 
 Result<std::unique_ptr<TierStore>> TierStore::Start(TierStoreOptions options,
                                                     OnPersist on_persist) {
+  ENDURE_RETURN_IF_ERROR(CheckNodeName(options.node, "the node name"));
   std::unique_ptr<TierStore> s(new TierStore());
   s->o_ = std::move(options);
   s->on_persist_ = std::move(on_persist);
+  s->cancel_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (s->cancel_fd_ < 0) return IOError(std::string("eventfd: ") + std::strerror(errno));
   Env* env = Env::Default();
   // Snapshots of an earlier agent on this node belong to no generation we know.
   if (env->Exists(s->o_.shm_dir)) ENDURE_RETURN_IF_ERROR(env->RemoveAll(s->o_.shm_dir));
@@ -58,7 +136,7 @@ Result<std::unique_ptr<TierStore>> TierStore::Start(TierStoreOptions options,
   TierStore* self = s.get();
   ENDURE_ASSIGN_OR_RETURN(s->server_,
                           checkpoint::ReplicaServer::Start(
-                              s->o_.host, 0, s->o_.token, kMaxReplicaBytes,
+                              s->o_.host, 0, s->o_.token, ReplicaLimit(TierConfig{}),
                               [self](const checkpoint::ReplicaHeader& h, std::string payload) {
                                 self->KeepReplica(h, std::move(payload));
                               }));
@@ -68,6 +146,7 @@ Result<std::unique_ptr<TierStore>> TierStore::Start(TierStoreOptions options,
 }
 
 TierStore::~TierStore() {
+  CancelReplication();  // a send in flight ends now, so the join below is prompt
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -76,7 +155,21 @@ TierStore::~TierStore() {
   if (copier_.joinable()) copier_.join();
   if (sender_.joinable()) sender_.join();
   server_.reset();
+  if (cancel_fd_ >= 0) ::close(cancel_fd_);
   (void)Env::Default()->RemoveAll(o_.shm_dir);
+}
+
+void TierStore::CancelReplication() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    replication_cancelled_ = true;
+  }
+  // The eventfd stays readable from now on: every wait in SendReplica ends.
+  const uint64_t one = 1;
+  if (cancel_fd_ >= 0) {
+    while (::write(cancel_fd_, &one, sizeof one) < 0 && errno == EINTR) {
+    }
+  }
 }
 
 std::string TierStore::t0_dir() const { return JoinPath(o_.shm_dir, "t0"); }
@@ -96,6 +189,8 @@ std::vector<std::string> TierStore::SnapshotPaths(const std::string& dir) const 
 
 void TierStore::Configure(const TierConfig& config, int64_t discard_after) {
   Drain();
+  // Frames that claim more than the budget are refused before their bytes come.
+  if (server_) server_->set_max_bytes(ReplicaLimit(config));
   {
     std::lock_guard<std::mutex> lock(mu_);
     config_ = config;
@@ -117,14 +212,32 @@ void TierStore::Configure(const TierConfig& config, int64_t discard_after) {
 void TierStore::Notify(SnapshotNotice notice) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(notice));
+    // CopyLoop would skip all but the newest notice of a rank anyway.
+    auto same = std::find_if(queue_.begin(), queue_.end(),
+                             [&](const SnapshotNotice& q) { return q.rank == notice.rank; });
+    if (same == queue_.end()) {
+      queue_.push_back(std::move(notice));
+    } else if (notice.step >= same->step) {
+      *same = std::move(notice);
+    }
   }
   cv_.notify_all();
+}
+
+size_t TierStore::pending_notices() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.size();
 }
 
 void TierStore::Drain() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return (queue_.empty() && !copying_ && !job_ && !sending_) || stop_; });
+}
+
+bool TierStore::DrainUntil(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_until(
+      lock, deadline, [&] { return (queue_.empty() && !copying_ && !job_ && !sending_) || stop_; });
 }
 
 void TierStore::CopyLoop() {
@@ -161,6 +274,17 @@ std::optional<TierStore::Job> TierStore::CopyOut(const SnapshotNotice& n) {
   Job job;
   job.path = n.path;
   job.info = (*f)->info();
+  // The worker wrote the header: it may only speak for its own shard, which
+  // is what gets replicated and persisted under that number.
+  if (job.info.shard != n.rank || job.info.shards < 1 || job.info.shard >= job.info.shards) {
+    (*f)->Unpin();
+    std::fprintf(stderr,
+                 "endure agent %s: ignored the snapshot of step %lld in %s: its header says "
+                 "shard %d of %d, the slot is rank %d's\n",
+                 o_.node.c_str(), static_cast<long long>(n.step), n.path.c_str(), job.info.shard,
+                 job.info.shards, n.rank);
+    return std::nullopt;
+  }
   Result<std::string_view> payload = (*f)->payload();
   if (payload.ok()) job.bytes.assign(payload->data(), payload->size());
   (*f)->Unpin();
@@ -191,14 +315,16 @@ void TierStore::Send(const Job& job) {
   // keeping a replica, and Persist before reporting a shard durable.
   const checkpoint::SnapshotInfo& info = job.info;
   TierConfig config;
+  bool cancelled = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     config = config_;
+    cancelled = replication_cancelled_;
   }
-  if (!config.replica_peer.empty()) {
+  if (!config.replica_peer.empty() && !cancelled) {
     checkpoint::ReplicaHeader h{o_.node, info.shard, info.shards, info.step, info.bytes, info.xxh3};
-    Status st =
-        checkpoint::SendReplica(config.replica_peer, o_.token, h, job.bytes, kReplicaTimeout);
+    Status st = checkpoint::SendReplica(config.replica_peer, o_.token, h, job.bytes,
+                                        kReplicaTimeout, cancel_fd_);
     if (!st.ok()) {
       std::fprintf(stderr, "endure agent %s: replica of step %lld shard %d to %s failed: %s\n",
                    o_.node.c_str(), static_cast<long long>(info.step), info.shard,
@@ -250,25 +376,72 @@ void TierStore::PersistNewest(int rank) {
   for (int slot = 0; slot < 2; ++slot) {
     Result<std::unique_ptr<SnapshotFile>> f =
         SnapshotFile::Open(checkpoint::SlotPath(t0_dir(), rank, slot));
-    if (!f.ok() || !Holds((*f)->info())) continue;
+    if (!f.ok() || !Holds((*f)->info()) || (*f)->info().shard != rank) continue;
     if (!newest || (*f)->info().step > newest->info().step) newest = std::move(f).value();
   }
-  if (!newest) return;
-  const checkpoint::SnapshotInfo info = newest->info();
+  if (newest) PersistSlot(*newest);
+}
+
+bool TierStore::PersistSlot(SnapshotFile& file) {
+  const checkpoint::SnapshotInfo info = file.info();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (config_.durable_dir.empty()) return;
+    if (config_.durable_dir.empty()) return false;
     auto it = persisted_.find(info.shard);
-    if (it != persisted_.end() && it->second >= info.step) return;
+    if (it != persisted_.end() && it->second >= info.step) return false;
   }
-  if (!newest->Pin(info.step)) return;
-  Result<std::string_view> payload = newest->payload();
+  if (!file.Pin(info.step)) return false;
+  Result<std::string_view> payload = file.payload();
   if (payload.ok()) Persist(info.shard, info.shards, info.step, *payload, info.xxh3);
-  newest->Unpin();
+  file.Unpin();
+  return payload.ok();
+}
+
+int64_t TierStore::PersistNewestComplete(const std::set<int>& ranks,
+                                         std::chrono::steady_clock::time_point deadline) {
+  if (ranks.empty() || std::chrono::steady_clock::now() >= deadline || !DrainUntil(deadline)) {
+    return -1;
+  }
+  // Each rank's snapshots by step; the newest step all of them hold.
+  std::map<int, std::map<int64_t, std::unique_ptr<SnapshotFile>>> held;
+  for (int rank : ranks) {
+    for (int slot = 0; slot < 2; ++slot) {
+      Result<std::unique_ptr<SnapshotFile>> f =
+          SnapshotFile::Open(checkpoint::SlotPath(t0_dir(), rank, slot));
+      if (!f.ok() || !Holds((*f)->info()) || (*f)->info().shard != rank) continue;
+      const int64_t step = (*f)->info().step;
+      held[rank][step] = std::move(f).value();
+    }
+  }
+  int64_t newest = -1;
+  for (const auto& [step, file] : held[*ranks.begin()]) {
+    const bool everywhere = std::all_of(
+        ranks.begin(), ranks.end(), [&, step = step](int r) { return held[r].count(step) > 0; });
+    if (everywhere) newest = std::max(newest, step);
+  }
+  if (newest < 0) return -1;
+  bool wrote = false;
+  for (int rank : ranks) {
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    wrote |= PersistSlot(*held[rank][newest]);
+  }
+  return wrote ? newest : -1;
 }
 
 void TierStore::KeepReplica(const checkpoint::ReplicaHeader& h, std::string payload) {
   YieldToTraining(10);  // the replica server's thread: a syscall, once a replica
+  // The frame decoder checked these already; the file name is built here, so
+  // they are checked again where it is.
+  if (Status st = CheckNodeName(h.node, "a replica's node"); !st.ok()) {
+    std::fprintf(stderr, "endure agent %s: dropped a replica: %s\n", o_.node.c_str(),
+                 st.message().c_str());
+    return;
+  }
+  if (h.shards < 1 || h.shard < 0 || h.shard >= h.shards || h.step < 0) {
+    std::fprintf(stderr, "endure agent %s: dropped a replica of shard %d of %d, step %lld\n",
+                 o_.node.c_str(), h.shard, h.shards, static_cast<long long>(h.step));
+    return;
+  }
   std::lock_guard<std::mutex> t1(t1_mu_);
   uint64_t budget = 0;
   {
@@ -286,6 +459,17 @@ void TierStore::KeepReplica(const checkpoint::ReplicaHeader& h, std::string payl
     if (f.ok() && Holds((*f)->info())) steps[i] = (*f)->info().step;
   }
   const int target = steps[0] <= steps[1] ? 0 : 1;
+  // Without a budget, the number of files still bounds what peers can make
+  // this node keep: two per peer shard, for at most kMaxT1Files / 2 shards.
+  if (!Env::Default()->Exists(slots[0]) && !Env::Default()->Exists(slots[1]) &&
+      SnapshotPaths(dir).size() + 2 > kMaxT1Files) {
+    std::fprintf(stderr,
+                 "endure agent %s: replica of step %lld shard %d from %s dropped: this node "
+                 "keeps replicas of at most %zu peer shards\n",
+                 o_.node.c_str(), static_cast<long long>(h.step), h.shard, h.node.c_str(),
+                 kMaxT1Files / 2);
+    return;
+  }
   if (budget > 0) {
     // The target's own bytes are reused; the other copy goes first if need be.
     const MemoryUsage used = Usage();

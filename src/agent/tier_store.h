@@ -10,15 +10,25 @@
 // peer land in SHM/t1, the newest two per shard. Inventory() lists and
 // verifies what the node holds, for the controller's choice of restore point.
 //
+// Everything a worker or a peer says is checked before it names a file: a
+// notice's path is the worker's own slot (agent/datagram.h), a slot header
+// must name the worker's own shard, and a replica's node must be a valid
+// node name (common/names.h). A replica is bounded by the generation's
+// memory budget (else by ReplicaLimit's default) before its bytes arrive.
+//
 // Thread-safe: the agent's threads call it; two internal threads do the work.
 #pragma once
 
+#include <sys/types.h>
+
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,7 +43,7 @@
 namespace endure::agent {
 
 struct TierStoreOptions {
-  std::string node;     // this node's name
+  std::string node;     // this node's name (IsValidNodeName)
   std::string shm_dir;  // where T0 and T1 live (a tmpfs); created, and removed at the end
   std::string token;    // the job token, required on replicas
   std::string host = "127.0.0.1";  // the replica server listens here, on a free port
@@ -46,6 +56,23 @@ struct TierConfig {
   std::string replica_peer;         // host:port; empty: no T1 copy of this node
   uint64_t memory_budget = 0;       // T0 + T1 bytes on this node; 0: no limit
 };
+
+// The most bytes one replica may claim under `config`: its memory budget
+// when it has one, else kMaxReplicaBytes or half of this machine's memory,
+// whichever is less.
+uint64_t ReplicaLimit(const TierConfig& config);
+inline constexpr uint64_t kMaxReplicaBytes = uint64_t{64} << 30;
+
+// Stale checkpoint memory: removes each directory `parent`/endure-PID-NODE
+// (what TierStore::Start names shm_dir: the agent's pid and node) whose
+// agent is gone, i.e. `is_live_agent(PID)` is false, and which this user
+// owns; never one of a live agent, never a symlink, nothing else in
+// `parent`. Returns the paths removed.
+std::vector<std::string> SweepStaleShm(const std::string& parent,
+                                       const std::function<bool(pid_t)>& is_live_agent);
+// Whether `pid` is a running `endure agent` process (its command line says
+// so), as seen in /proc.
+bool IsLiveEndureAgent(pid_t pid);
 
 // A snapshot a worker announced.
 struct SnapshotNotice {
@@ -82,13 +109,28 @@ class TierStore {
   // `discard_after` (>= 0) are dropped from T0 and T1 (a rollback).
   void Configure(const TierConfig& config, int64_t discard_after);
 
-  // Queues a worker's snapshot for replication and persistence.
+  // Queues a worker's snapshot for replication and persistence. Only the
+  // newest notice of each rank is kept: a flood of notices cannot grow the
+  // queue beyond one per rank.
   void Notify(SnapshotNotice notice);
+  // Notices queued and not yet taken up (at most one per rank).
+  size_t pending_notices() const;
   // Waits until the queued work is done.
   void Drain();
+  // The same, until `deadline` at most; false when work is still going on.
+  bool DrainUntil(std::chrono::steady_clock::time_point deadline);
   // Persists `rank`'s newest T0 snapshot now unless it already is (a worker
   // that finished cleanly: its final state must be durable).
   void PersistNewest(int rank);
+  // Shutdown: persists the newest step that every rank of `ranks` holds in
+  // T0 (the node's newest complete step), shard by shard, unless it already
+  // is, starting no shard after `deadline`. Returns that step when it
+  // persisted a shard of it; -1 when there is none, it is durable already,
+  // or the deadline has passed.
+  int64_t PersistNewestComplete(const std::set<int>& ranks,
+                                std::chrono::steady_clock::time_point deadline);
+  // Shutdown: ends a replication in flight at once and sends no more.
+  void CancelReplication();
 
   // Every copy in T0 and T1, each verified against its checksum.
   std::vector<checkpoint::ShardCopy> Inventory() const;
@@ -114,6 +156,9 @@ class TierStore {
   // Writes a shard to T2; `xxh3` is what the worker saved, which the bytes
   // written must match.
   void Persist(int shard, int shards, int64_t step, std::string_view payload, uint64_t xxh3);
+  // Persists the snapshot `file` holds unless its step already is; whether
+  // it tried (the outcome goes to on_persist).
+  bool PersistSlot(checkpoint::SnapshotFile& file);
   void KeepReplica(const checkpoint::ReplicaHeader& header, std::string payload);
   std::vector<std::string> SnapshotPaths(const std::string& dir) const;
 
@@ -131,6 +176,8 @@ class TierStore {
   TierConfig config_;                          // GUARDED_BY(mu_)
   std::unique_ptr<FaultInjectionEnv> faulty_;  // GUARDED_BY(mu_); set once persistence is failed
   std::map<int, int64_t> persisted_;           // shard -> newest step persisted; GUARDED_BY(mu_)
+  bool replication_cancelled_ = false;         // GUARDED_BY(mu_)
+  int cancel_fd_ = -1;                         // an eventfd, readable once replication is cancelled
   std::mutex t1_mu_;                           // serialises T1 writes and evictions
   std::thread copier_, sender_;
 };

@@ -2,11 +2,14 @@
 #include "agent/worker_set.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -15,16 +18,47 @@
 #include <fstream>
 
 #include "agent/progress_pattern.h"
+#include "common/secret.h"
 
 namespace endure::agent {
 namespace {
 
-constexpr size_t kTailLines = 60;
+using Clock = std::chrono::steady_clock;
+
+// Without a pidfd (kernels before 5.3), how often a watcher checks whether
+// its worker exited while the output pipe stays open.
+constexpr auto kExitPoll = std::chrono::milliseconds(20);
+
 // Self-dumped stacks: the most we wait for them, how long the file must stop
 // growing to count as complete, and the most we read.
 constexpr auto kSelfDumpMaxWait = std::chrono::seconds(3);
 constexpr auto kSelfDumpSettle = std::chrono::milliseconds(200);
-constexpr size_t kSelfDumpMaxBytes = 1 << 20;
+constexpr size_t kSelfDumpMaxBytes = kMaxStackBytes;
+
+// A tag no other worker of any agent carries: this agent's pid, a counter,
+// and random bits against a pid reused by a later agent.
+std::string NewTag() {
+  static std::atomic<uint64_t> next{0};
+  Result<std::string> random = RandomHex(4);
+  return std::to_string(::getpid()) + "." + std::to_string(next.fetch_add(1)) + "." +
+         (random.ok() ? *random
+                      : std::to_string(Clock::now().time_since_epoch().count() & 0xffffffff));
+}
+
+std::string TagEntry(const std::string& tag) { return std::string(kWorkerTagVariable) + "=" + tag; }
+
+// A descriptor that turns readable when `pid` exits; -1 where the kernel
+// has no pidfd_open.
+int PidFd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  const long fd = ::syscall(SYS_pidfd_open, pid, 0);
+  if (fd >= 0) {
+    ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+    return static_cast<int>(fd);
+  }
+#endif
+  return -1;
+}
 
 // Whether `pid` is stopped (SIGSTOP, or a tracer holds it): it would handle
 // a signal only once continued.
@@ -111,7 +145,9 @@ std::string GdbStacks(pid_t pid, std::chrono::milliseconds timeout) {
     out = "stack capture timed out after " + std::to_string(timeout.count()) + " ms";
   } else {
     std::ifstream f(path);
-    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::string text(kMaxStackBytes, '\0');
+    f.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<size_t>(std::max<std::streamsize>(0, f.gcount())));
     // Keep the frames, not gdb's chatter about loading symbols, with the
     // main thread (gdb's "Thread 1", printed last) first: that is where
     // the training loop is.
@@ -141,7 +177,8 @@ WorkerSet::WorkerSet(std::function<void(const WorkerEnd&)> on_exit, LineObserver
 WorkerSet::~WorkerSet() { StopAll(std::chrono::milliseconds(0)); }
 
 Result<Standby> StartStandby(const std::vector<std::string>& argv,
-                             const std::vector<std::pair<std::string, std::string>>& env) {
+                             const std::vector<std::pair<std::string, std::string>>& env,
+                             const std::vector<std::string>& unset_env) {
   int in[2], out[2];
   if (::pipe2(in, O_CLOEXEC) != 0) return IOError("pipe: cannot create");
   if (::pipe2(out, O_CLOEXEC) != 0) {
@@ -149,13 +186,16 @@ Result<Standby> StartStandby(const std::vector<std::string>& argv,
     ::close(in[1]);
     return IOError("pipe: cannot create");
   }
+  const std::string tag = NewTag();
   ProcessSpec ps;
   ps.argv = argv;
   ps.env = env;
   ps.env.emplace_back("ENDURE_STANDBY", "1");
+  ps.env.emplace_back(kWorkerTagVariable, tag);
+  ps.unset_env = unset_env;
   ps.input_fd = in[0];
   ps.output_fd = out[1];
-  ps.new_process_group = true;
+  ps.new_session = true;
   ps.die_with_parent = true;
   Result<Subprocess> p = Subprocess::Start(ps);
   ::close(in[0]);
@@ -170,6 +210,7 @@ Result<Standby> StartStandby(const std::vector<std::string>& argv,
   s.process.emplace(std::move(p).value());
   s.input_fd = in[1];
   s.output_fd = out[0];
+  s.tag = tag;
   return s;
 }
 
@@ -179,7 +220,10 @@ void DiscardStandby(Standby& standby) {
   standby.input_fd = standby.output_fd = -1;
   if (standby.process) {
     // End-of-file tells it to exit; a kill makes sure, and reaps it.
-    standby.process->SignalGroup(SIGKILL);
+    const ProcessTree tree{standby.process->pid(), TagEntry(standby.tag)};
+    tree.Signal(SIGKILL);
+    standby.process->Exited(/*block=*/true);
+    tree.Signal(SIGKILL);  // what it started meanwhile, while its pid is still reserved
     standby.process->Wait();
     standby.process.reset();
   }
@@ -203,26 +247,34 @@ Status WorkerSet::Adopt(Standby standby, const WorkerSpec& spec) {
     DiscardStandby(standby);
     return Unavailable("could not hand the standby worker its assignment");
   }
+  Add(spec, std::move(*standby.process), standby.output_fd, standby.tag);
+  return Status::Ok();
+}
+
+void WorkerSet::Add(const WorkerSpec& spec, Subprocess process, int out_fd,
+                    const std::string& tag) {
   std::lock_guard<std::mutex> lock(mu_);
   auto w = std::make_unique<Worker>();
   w->rank = spec.rank;
-  w->pid = standby.process->pid();
+  w->pid = process.pid();
+  w->tree = ProcessTree{process.pid(), TagEntry(tag)};
   w->stacks_path = spec.stacks_path;
   Worker* raw = w.get();  // owned by workers_, which outlives the watcher (joined in StopAll)
-  w->watcher = std::thread(&WorkerSet::Watch, this, raw, std::move(*standby.process),
-                           standby.output_fd, spec.log_path);
+  w->watcher = std::thread(&WorkerSet::Watch, this, raw, std::move(process), out_fd, spec.log_path);
   workers_.push_back(std::move(w));
-  return Status::Ok();
 }
 
 Status WorkerSet::Start(const WorkerSpec& spec) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return IOError("pipe: cannot create");
+  const std::string tag = NewTag();
   ProcessSpec ps;
   ps.argv = spec.argv;
   ps.env = spec.env;
+  ps.env.emplace_back(kWorkerTagVariable, tag);
+  ps.unset_env = spec.unset_env;
   ps.output_fd = fds[1];
-  ps.new_process_group = true;
+  ps.new_session = true;
   ps.die_with_parent = true;
   Result<Subprocess> p = Subprocess::Start(ps);
   ::close(fds[1]);
@@ -230,43 +282,83 @@ Status WorkerSet::Start(const WorkerSpec& spec) {
     ::close(fds[0]);
     return p.status();
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  auto w = std::make_unique<Worker>();
-  w->rank = spec.rank;
-  w->pid = p->pid();
-  w->stacks_path = spec.stacks_path;
-  Worker* raw = w.get();  // owned by workers_, which outlives the watcher (joined in StopAll)
-  w->watcher =
-      std::thread(&WorkerSet::Watch, this, raw, std::move(p).value(), fds[0], spec.log_path);
-  workers_.push_back(std::move(w));
+  Add(spec, std::move(p).value(), fds[0], tag);
   return Status::Ok();
 }
 
 void WorkerSet::Watch(Worker* worker, Subprocess process, int out_fd, std::string log_path) {
-  // Drain the output until EOF (every writer gone), then reap: the exit is
-  // reported with the worker's last words, never before them.
+  // The output is read as it comes; the exit is found by the pid (a pidfd,
+  // else a short poll), since a descendant may hold the pipe open for ever.
+  // Once the worker has exited, the rest of its tree is killed and the
+  // output drained until its end or kDrainAfterExit, then the exit goes up
+  // with the worker's last words.
   std::ofstream log(log_path, std::ios::app);
   std::deque<std::string> tail;
+  size_t tail_bytes = 0;
   LineSplitter lines;
   const auto on_line = [&](std::string_view line) {
     tail.emplace_back(line);
-    if (tail.size() > kTailLines) tail.pop_front();
+    tail_bytes += line.size();
+    while (tail.size() > kTailLines || (tail.size() > 1 && tail_bytes > kTailBytes)) {
+      tail_bytes -= tail.front().size();
+      tail.pop_front();
+    }
     if (on_line_) on_line_(worker->rank, line);
   };
+  ::fcntl(out_fd, F_SETFL, ::fcntl(out_fd, F_GETFL) | O_NONBLOCK);
+  int pid_fd = PidFd(process.pid());
+  std::optional<ExitStatus> status;
+  // Kills what is left of the tree while the exited worker, not yet reaped,
+  // keeps its pid (its group's and session's id) from reuse; then reaps it.
+  const auto reap = [&] {
+    worker->tree.Signal(SIGKILL);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      worker->reaped = true;
+    }
+    status = process.Wait();
+  };
+  Clock::time_point drain_until;
+  bool eof = false;
   char buf[8192];
-  for (;;) {
-    ssize_t n = ::read(out_fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    log.write(buf, n);
-    log.flush();
-    lines.Feed(std::string_view(buf, static_cast<size_t>(n)), on_line);
+  while (!eof) {
+    if (!status && process.Exited(/*block=*/false)) {
+      reap();
+      drain_until = Clock::now() + kDrainAfterExit;
+      if (pid_fd >= 0) ::close(pid_fd);
+      pid_fd = -1;
+    }
+    int timeout_ms = pid_fd >= 0 ? -1 : static_cast<int>(kExitPoll.count());
+    if (status) {
+      const auto left =
+          std::chrono::ceil<std::chrono::milliseconds>(drain_until - Clock::now()).count();
+      if (left <= 0) break;
+      timeout_ms = static_cast<int>(left);
+    }
+    pollfd fds[2] = {{out_fd, POLLIN, 0}, {pid_fd, POLLIN, 0}};
+    if (::poll(fds, pid_fd >= 0 ? 2 : 1, timeout_ms) < 0 && errno != EINTR) break;
+    for (;;) {
+      const ssize_t n = ::read(out_fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n == 0) eof = true;
+      if (n <= 0) break;
+      log.write(buf, n);
+      log.flush();
+      lines.Feed(std::string_view(buf, static_cast<size_t>(n)), on_line);
+    }
   }
+  if (pid_fd >= 0) ::close(pid_fd);
   ::close(out_fd);
   lines.Finish(on_line);
+  if (!status) {
+    // Its output ended first (it closed it, or exited just now): wait for
+    // the exit itself, which a stop makes come.
+    process.Exited(/*block=*/true);
+    reap();
+  }
   WorkerEnd end;
   end.rank = worker->rank;
-  end.status = process.Wait();
+  end.status = *status;
   for (const std::string& line : tail) end.tail += line + "\n";
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -280,20 +372,25 @@ void WorkerSet::StopAll(std::chrono::milliseconds grace) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     workers.swap(workers_);
-    for (auto& w : workers) {
-      if (!w->done) ::kill(-w->pid, grace.count() > 0 ? SIGTERM : SIGKILL);
-    }
   }
-  const auto deadline = std::chrono::steady_clock::now() + grace;
+  // Under mu_ so that the watcher cannot reap the worker (and free its pid)
+  // between the check and the signal.
+  const auto signal_tree = [&](Worker& w, int sig) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (w.reaped) return;
+    w.tree.Signal(sig);
+    if (sig == SIGKILL) ::kill(-w.pid, SIGCONT);  // a SIGSTOPped worker must run to die
+  };
+  for (auto& w : workers) signal_tree(*w, grace.count() > 0 ? SIGTERM : SIGKILL);
+  const auto deadline = Clock::now() + grace;
   for (auto& w : workers) {
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (w->done) break;
       }
-      if (std::chrono::steady_clock::now() >= deadline) {
-        ::kill(-w->pid, SIGKILL);
-        ::kill(-w->pid, SIGCONT);  // a SIGSTOPped worker must run to die
+      if (Clock::now() >= deadline) {
+        signal_tree(*w, SIGKILL);
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -304,10 +401,17 @@ void WorkerSet::StopAll(std::chrono::milliseconds grace) {
   }
 }
 
+void WorkerSet::KillAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& w : workers_) {
+    if (!w->reaped) w->tree.Signal(SIGKILL);
+  }
+}
+
 bool WorkerSet::Signal(int rank, int sig) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& w : workers_) {
-    if (w->rank == rank && !w->done) {
+    if (w->rank == rank && !w->reaped) {
       ::kill(-w->pid, sig);
       return true;
     }

@@ -1,10 +1,19 @@
 // WorkerSet: the worker processes of one generation on one node. Starts
 // them with their environment, pipes their output to per-rank log files
 // while keeping the last lines for classification (and handing each line to
-// an optional observer), reports each exit once its output is drained, stops
-// them (SIGTERM to the process group, grace, SIGKILL), and captures their
-// stacks: from the worker itself where it dumps them on a signal (the Python
-// client, through faulthandler), with gdb otherwise. Thread-safe.
+// an optional observer), reports each exit with its last words, stops them
+// (SIGTERM to the worker's whole process tree, grace, SIGKILL), and captures
+// their stacks: from the worker itself where it dumps them on a signal (the
+// Python client, through faulthandler), with gdb otherwise. Thread-safe.
+//
+// Each worker leads its own session and process group, and carries a tag
+// in its environment (ENDURE_WORKER_TAG) that its descendants inherit: its
+// process tree (common/subprocess.h ProcessTree) is the group, the session
+// and every tagged process, which finds children that left with setsid or
+// a double fork. A worker's exit is found by its pid, never by the end of
+// its output, so a descendant that keeps the pipe open cannot hide it; what
+// is left of its tree is then killed, and the output drained for at most
+// kDrainAfterExit.
 #pragma once
 
 #include <sys/types.h>
@@ -25,11 +34,23 @@
 
 namespace endure::agent {
 
+// The environment variable that tags a worker and its descendants.
+inline constexpr char kWorkerTagVariable[] = "ENDURE_WORKER_TAG";
+// How long a worker's output is read after it exited, for what its
+// descendants still write, before its exit is reported regardless.
+inline constexpr std::chrono::milliseconds kDrainAfterExit{1000};
+// The last words kept for classification: at most this many lines and bytes.
+inline constexpr size_t kTailLines = 60;
+inline constexpr size_t kTailBytes = 256 * 1024;
+// The most bytes of one rank's stacks (self-dumped or gdb's).
+inline constexpr size_t kMaxStackBytes = 1 << 20;
+
 struct WorkerSpec {
   int rank = 0;
   std::vector<std::string> argv;
-  std::vector<std::pair<std::string, std::string>> env;
-  std::string log_path;  // the worker's stdout and stderr go here
+  std::vector<std::pair<std::string, std::string>> env;  // on top of the agent's
+  std::vector<std::string> unset_env;  // the agent's variables the worker must not see
+  std::string log_path;                // the worker's stdout and stderr go here
   // Where the worker writes its own stacks when signalled
   // (ENDURE_STACKS_FILE); empty: none.
   std::string stacks_path;
@@ -43,11 +64,14 @@ struct Standby {
   std::optional<Subprocess> process;
   int input_fd = -1;   // write end of its stdin
   int output_fd = -1;  // read end of its stdout and stderr
+  std::string tag;     // its ENDURE_WORKER_TAG
 };
 
-// Starts a standby for `argv`, whose base environment is `env`.
+// Starts a standby for `argv`, whose environment is the agent's with `env`
+// set and `unset_env` removed.
 Result<Standby> StartStandby(const std::vector<std::string>& argv,
-                             const std::vector<std::pair<std::string, std::string>>& env);
+                             const std::vector<std::pair<std::string, std::string>>& env,
+                             const std::vector<std::string>& unset_env = {});
 // Ends a standby that will not be used: it reads end-of-file and exits.
 void DiscardStandby(Standby& standby);
 
@@ -61,8 +85,9 @@ class WorkerSet {
  public:
   using LineObserver = std::function<void(int rank, std::string_view line)>;
 
-  // `on_exit` runs on a watcher thread, once per worker, after the worker's
-  // output is fully drained. `on_line` (optional) runs on the same thread
+  // `on_exit` runs on a watcher thread, once per worker, after the worker
+  // exited and its output was drained (to its end, or for kDrainAfterExit
+  // after the exit). `on_line` (optional) runs on the same thread
   // for each line of output (see LineSplitter: '\r' ends a line too, and a
   // line is cut at kMaxLineBytes), before the exit. Neither may call back
   // into this WorkerSet.
@@ -76,9 +101,15 @@ class WorkerSet {
   // behind, when the standby has died.
   Status Adopt(Standby standby, const WorkerSpec& spec);
 
-  // SIGTERM to every worker's process group, then SIGKILL after `grace`;
-  // returns once every watcher has finished.
+  // SIGTERM to every worker's process tree, then SIGKILL to what is left of
+  // it after `grace` (at once when `grace` is 0); returns once every watcher
+  // has finished, which after the SIGKILL takes at most kDrainAfterExit
+  // (unless the kernel cannot end a process, e.g. one stuck in a device).
   void StopAll(std::chrono::milliseconds grace);
+
+  // SIGKILL to every worker's process tree, without waiting for anything
+  // (a node that dies at once).
+  void KillAll();
 
   // Sends `sig` to the worker of `rank` (its process group); false if none.
   bool Signal(int rank, int sig);
@@ -102,11 +133,16 @@ class WorkerSet {
   struct Worker {
     int rank = 0;
     pid_t pid = -1;
+    ProcessTree tree;  // its group, session and tagged descendants
     std::string stacks_path;
     std::thread watcher;
-    bool done = false;
+    bool reaped = false;  // GUARDED_BY(mu_); its pid may be reused from now on
+    bool done = false;    // GUARDED_BY(mu_); its exit was reported
   };
   void Watch(Worker* worker, Subprocess process, int out_fd, std::string log_path);
+  // Takes a started worker (its process, the read end of its output, its
+  // tag) into the set and starts its watcher.
+  void Add(const WorkerSpec& spec, Subprocess process, int out_fd, const std::string& tag);
 
   std::function<void(const WorkerEnd&)> on_exit_;
   LineObserver on_line_;

@@ -125,7 +125,11 @@ Status CheckpointDir::CommitStep(int64_t step, const std::vector<ShardEntry>& sh
     // The manifest may be in place with the fsync of its directory failed:
     // the step would load, and count for Retain(), although a crash may still
     // drop it. Remove it: nothing is committed on failure.
-    (void)env_->RemoveFile(JoinPath(StepDir(step), kManifest));
+    Status removed = env_->RemoveFile(JoinPath(StepDir(step), kManifest));
+    if (!removed.ok()) {
+      return Status(st.code(), st.message() + "; removing the manifest again failed too (" +
+                                   removed.message() + "): delete it before loading the step");
+    }
     return st;
   }
   return Status::Ok();
@@ -154,7 +158,8 @@ Result<nlohmann::json> CheckpointDir::ReadManifest(int64_t step) const {
   }
   nlohmann::json manifest = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (manifest.is_discarded() || !manifest.is_object() || !manifest.contains("files") ||
-      !manifest["files"].is_object() || manifest.value("step", int64_t{-1}) != step ||
+      !manifest["files"].is_object() || !manifest.contains("step") ||
+      !manifest["step"].is_number_integer() || manifest["step"].get<int64_t>() != step ||
       !manifest.contains("shards") || !manifest["shards"].is_number_unsigned() ||
       manifest["shards"].get<uint64_t>() == 0 || manifest["shards"].get<uint64_t>() > 1'000'000) {
     return DataLoss(path + ": manifest is malformed");
@@ -241,17 +246,29 @@ Result<TrainingState> CheckpointDir::LoadNewestAtOrBefore(int64_t step,
                   "' verifies");
 }
 
-Status CheckpointDir::Retain(int keep) {
+Status CheckpointDir::Retain(int keep, std::optional<int64_t> verified) {
   if (keep < 1) keep = 1;
-  std::vector<int64_t> steps = ListSteps();
+  const std::vector<int64_t> steps = ListSteps();
   std::vector<int64_t> committed;
+  std::vector<int64_t> leftovers;  // no manifest, or a malformed one: never loadable
   for (int64_t step : steps) {
-    if (ReadManifest(step).ok()) committed.push_back(step);
+    Result<nlohmann::json> manifest = ReadManifest(step);
+    if (manifest.ok()) {
+      committed.push_back(step);
+    } else if (manifest.status().code() == StatusCode::kDataLoss) {
+      leftovers.push_back(step);
+    }
+    // Any other error (EIO, EACCES) may hide a good step: it is neither
+    // counted nor deleted.
   }
   if (committed.empty()) return Status::Ok();
   // A readable manifest is not enough to delete older steps for: the newest
-  // step that verifies is kept whatever `keep` says.
+  // step that verifies is kept whatever `keep` says. A step the caller
+  // vouches for stands for it without reading a byte of its shards.
   std::optional<int64_t> newest_good;
+  if (verified && std::binary_search(committed.begin(), committed.end(), *verified)) {
+    newest_good = verified;
+  }
   for (auto it = committed.rbegin(); it != committed.rend() && !newest_good; ++it) {
     if (Verify(*it).ok()) newest_good = *it;
   }
@@ -261,12 +278,16 @@ Status CheckpointDir::Retain(int keep) {
   for (size_t i = 0; i < drop; ++i) {
     if (committed[i] != newest_good) doomed.push_back(committed[i]);
   }
-  for (int64_t step : steps) {
-    bool is_committed = std::binary_search(committed.begin(), committed.end(), step);
-    if (!is_committed && step < newest) doomed.push_back(step);
+  for (int64_t step : leftovers) {
+    if (step < newest) doomed.push_back(step);
   }
   for (int64_t step : doomed) ENDURE_RETURN_IF_ERROR(env_->RemoveAll(StepDir(step)));
   return Status::Ok();
+}
+
+Status CheckpointDir::RemoveStep(int64_t step) {
+  ENDURE_RETURN_IF_ERROR(env_->RemoveAll(StepDir(step)));
+  return env_->SyncDir(root_);
 }
 
 Result<std::vector<int64_t>> CheckpointDir::RemoveAfter(int64_t step) {

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -102,9 +103,17 @@ class CheckpointDir {
   Result<TrainingState> LoadNewestAtOrBefore(int64_t step, std::vector<std::string>* refused) const;
 
   // Deletes all but the newest `keep` committed steps, and uncommitted
-  // leftovers older than the newest committed one. Never deletes the newest
-  // committed step that verifies.
-  Status Retain(int keep);
+  // leftovers (no manifest, or a malformed one) older than the newest
+  // committed one. Never deletes the newest committed step that verifies,
+  // nor a step whose manifest cannot be read (an I/O error may hide a good
+  // one). To find the newest step that verifies it re-reads and hashes whole
+  // shards, newest first, unless `verified` names a committed step the caller
+  // knows to verify (it wrote the manifest from the checksums of the bytes it
+  // wrote): that step is then kept in its place and no shard is read.
+  Status Retain(int keep, std::optional<int64_t> verified = std::nullopt);
+
+  // Deletes one step's directory, committed or not, and syncs the root.
+  Status RemoveStep(int64_t step);
 
   // Deletes every step after `step`, committed or not (a rollback abandons
   // them). Returns the steps deleted.

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <set>
+
 namespace endure::checkpoint {
 namespace {
 
@@ -106,6 +108,27 @@ TEST_F(CheckpointDirTest, MissingManifestMeansUncommitted) {
   EXPECT_NE(refused[0].find("step-00000020/MANIFEST.json: manifest missing"), std::string::npos);
 }
 
+// Found by fuzz/manifest_fuzz.cc: a manifest whose "step" was a string threw
+// out of the reader (terminating the process); 1e300 was undefined behaviour.
+TEST_F(CheckpointDirTest, ManifestWithAMistypedStepIsMalformed) {
+  dir_ = CheckpointDir(env_, root_);
+  ASSERT_TRUE(dir_.Commit(State(10)).ok());
+  ASSERT_TRUE(dir_.Commit(State(20)).ok());
+  const std::string path = JoinPath(dir_.StepDir(20), "MANIFEST.json");
+  nlohmann::json manifest = nlohmann::json::parse(*env_->ReadFile(path));
+  for (const nlohmann::json& step : {nlohmann::json("20"), nlohmann::json(1e300),
+                                     nlohmann::json(20.0), nlohmann::json(nullptr)}) {
+    manifest["step"] = step;
+    ASSERT_TRUE(WriteFileAtomically(env_, path, manifest.dump()).ok());
+    Result<std::vector<ShardEntry>> shards = dir_.CommittedShards(20);
+    ASSERT_FALSE(shards.ok()) << step.dump();
+    EXPECT_EQ(shards.status().code(), StatusCode::kDataLoss);
+    EXPECT_NE(shards.status().message().find("manifest is malformed"), std::string::npos);
+    std::vector<std::string> refused;
+    EXPECT_EQ(dir_.LoadNewest(&refused)->step, 10) << step.dump();
+  }
+}
+
 TEST_F(CheckpointDirTest, RetainKeepsNewestAndDropsOldLeftovers) {
   dir_ = CheckpointDir(env_, root_);
   for (int64_t s : {10, 20, 30, 40}) ASSERT_TRUE(dir_.Commit(State(s)).ok());
@@ -153,6 +176,67 @@ TEST_F(CheckpointDirTest, RetainNeverDropsTheNewestStepThatVerifies) {
   ASSERT_TRUE(dir_.Retain(1).ok());
   EXPECT_EQ(dir_.ListSteps(), (std::vector<int64_t>{20, 30}));
   EXPECT_EQ(dir_.LoadNewest(nullptr)->step, 20);
+}
+
+// Forwards to the default Env; counts shard reads and fails reads of the
+// paths in `eio` with an I/O error.
+class ProbeEnv final : public Env {
+ public:
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p) override {
+    return base_->NewWritableFile(p);
+  }
+  Result<std::string> ReadFile(const std::string& p) override {
+    if (eio.count(p)) return IOError("read " + p + ": Input/output error");
+    if (p.find("shard-") != std::string::npos) ++shard_reads;
+    return base_->ReadFile(p);
+  }
+  Status RenameFile(const std::string& a, const std::string& b) override {
+    return base_->RenameFile(a, b);
+  }
+  Status SyncDir(const std::string& d) override { return base_->SyncDir(d); }
+  Status CreateDirs(const std::string& d) override { return base_->CreateDirs(d); }
+  Status RemoveFile(const std::string& p) override { return base_->RemoveFile(p); }
+  Status RemoveAll(const std::string& p) override { return base_->RemoveAll(p); }
+  bool Exists(const std::string& p) override { return base_->Exists(p); }
+  Result<std::vector<std::string>> ListDir(const std::string& d) override {
+    return base_->ListDir(d);
+  }
+  std::set<std::string> eio;
+  int shard_reads = 0;
+
+ private:
+  Env* base_ = Env::Default();
+};
+
+TEST_F(CheckpointDirTest, RetainTrustsAVerifiedStepAndReadsNoShard) {
+  ProbeEnv probe;
+  dir_ = CheckpointDir(&probe, root_);
+  for (int64_t s : {10, 20, 30}) ASSERT_TRUE(dir_.Commit(State(s)).ok());
+  ASSERT_TRUE(dir_.Retain(1, 30).ok());
+  EXPECT_EQ(probe.shard_reads, 0);
+  EXPECT_EQ(dir_.ListSteps(), (std::vector<int64_t>{30}));
+  // Without the hint the newest step is verified, shard by shard.
+  ASSERT_TRUE(dir_.Commit(State(40)).ok());
+  ASSERT_TRUE(dir_.Retain(1).ok());
+  EXPECT_EQ(probe.shard_reads, 1);
+  EXPECT_EQ(dir_.ListSteps(), (std::vector<int64_t>{40}));
+}
+
+// A manifest that cannot be read for a moment (EIO, not "missing") may be a
+// good committed step: it used to be deleted as an uncommitted leftover.
+TEST_F(CheckpointDirTest, RetainKeepsAStepWhoseManifestCannotBeRead) {
+  ProbeEnv probe;
+  dir_ = CheckpointDir(&probe, root_);
+  for (int64_t s : {10, 20, 30}) ASSERT_TRUE(dir_.Commit(State(s)).ok());
+  probe.eio.insert(JoinPath(dir_.StepDir(10), "MANIFEST.json"));
+  ASSERT_TRUE(dir_.Retain(1, 30).ok());
+  EXPECT_EQ(dir_.ListSteps(), (std::vector<int64_t>{10, 30}));
+  probe.eio.clear();
+  EXPECT_TRUE(dir_.Verify(10).ok());
+  // A manifest that is missing or malformed is a leftover, as before.
+  ASSERT_TRUE(env_->RemoveFile(JoinPath(dir_.StepDir(10), "MANIFEST.json")).ok());
+  ASSERT_TRUE(dir_.Retain(1, 30).ok());
+  EXPECT_EQ(dir_.ListSteps(), (std::vector<int64_t>{30}));
 }
 
 TEST_F(CheckpointDirTest, RemoveAfterAbandonsNewerSteps) {

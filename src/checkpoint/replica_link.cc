@@ -23,6 +23,8 @@
 #include <utility>
 
 #include "common/hash.h"
+#include "common/names.h"
+#include "common/secret.h"
 
 namespace endure::checkpoint {
 namespace {
@@ -33,6 +35,8 @@ constexpr std::string_view kMagic = "ENDREPL1";
 constexpr uint32_t kMaxHeaderBytes = 64 << 10;
 constexpr size_t kMaxReplyBytes = 4096;
 constexpr size_t kMaxReasonBytes = 1024;
+// The payload is received in chunks of this size, each committed as it comes.
+constexpr uint64_t kPayloadChunk = 4 << 20;
 // How long the receiver waits for a sender to make progress before cutting it
 // off; it serves one connection at a time, so this bounds what a stalled
 // sender costs the others.
@@ -203,10 +207,7 @@ Status ParseReply(const std::string& line, std::string_view expected) {
                      "': is a replica receiver listening on that port?");
 }
 
-struct Frame {
-  std::string token;
-  ReplicaHeader header;
-};
+constexpr size_t kPrefixBytes = kMagic.size() + 4;  // the magic and the header length
 
 struct Replica {
   ReplicaHeader header;
@@ -221,7 +222,23 @@ std::string EncodeHeader(const std::string& token, const ReplicaHeader& h) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-Result<Frame> DecodeHeader(std::string_view text) {
+// The header length that the magic and length `prefix` (kPrefixBytes) announce.
+Result<uint32_t> DecodePrefix(std::string_view prefix) {
+  if (prefix.substr(0, kMagic.size()) != kMagic) {
+    return InvalidArgument("bad magic: not a replica frame (expected " + std::string(kMagic) + ")");
+  }
+  if (prefix.size() < kPrefixBytes) return InvalidArgument("truncated frame: no header length");
+  const auto byte = [&](size_t i) { return uint32_t{static_cast<unsigned char>(prefix[i])}; };
+  const size_t at = kMagic.size();
+  const uint32_t len = (byte(at) << 24) | (byte(at + 1) << 16) | (byte(at + 2) << 8) | byte(at + 3);
+  if (len > kMaxHeaderBytes) {
+    return InvalidArgument("frame header of " + std::to_string(len) + " bytes; the limit is " +
+                           std::to_string(kMaxHeaderBytes));
+  }
+  return len;
+}
+
+Result<ReplicaFrame> DecodeHeader(std::string_view text) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return InvalidArgument("the frame header is not a JSON object");
   // Checked before any get<>(), which would throw on a missing or mistyped field.
@@ -237,7 +254,7 @@ Result<Frame> DecodeHeader(std::string_view text) {
   for (const auto& [name, ok] : fields) {
     if (!ok) return InvalidArgument(std::string("the frame header lacks a valid '") + name + "'");
   }
-  Frame f;
+  ReplicaFrame f;
   f.token = j["token"].get<std::string>();
   f.header.node = j["node"].get<std::string>();
   const int64_t shard = j["shard"].get<int64_t>();
@@ -252,6 +269,8 @@ Result<Frame> DecodeHeader(std::string_view text) {
   f.header.shard = static_cast<int>(shard);
   f.header.shards = static_cast<int>(shards);
   if (f.header.step < 0) return InvalidArgument("negative step " + std::to_string(f.header.step));
+  // The receiver names its T1 files after the sender's node.
+  ENDURE_RETURN_IF_ERROR(CheckNodeName(f.header.node, "the frame header's 'node'"));
   const auto [end, ec] = std::from_chars(xxh3.data(), xxh3.data() + xxh3.size(), f.header.xxh3, 16);
   if (xxh3.size() != 16 || ec != std::errc() || end != xxh3.data() + xxh3.size()) {
     return InvalidArgument("xxh3 '" + xxh3.substr(0, 40) + "' is not 16 hex digits");
@@ -262,41 +281,49 @@ Result<Frame> DecodeHeader(std::string_view text) {
 // Reads one frame up to and including its payload, refusing what `token` and
 // `max_bytes` do not allow before the payload is asked for.
 Result<Replica> ReadFrame(Stream& s, const std::string& token, uint64_t max_bytes) {
-  char magic[kMagic.size()];
-  ENDURE_RETURN_IF_ERROR(s.ReadFull(magic, sizeof magic, "the magic"));
-  if (std::string_view(magic, sizeof magic) != kMagic) {
+  // The magic is checked before the length is read, so that a peer that
+  // speaks another protocol is refused for what it is.
+  char prefix[kPrefixBytes];
+  ENDURE_RETURN_IF_ERROR(s.ReadFull(prefix, kMagic.size(), "the magic"));
+  if (std::string_view(prefix, kMagic.size()) != kMagic) {
     return InvalidArgument("bad magic: not a replica frame (expected " + std::string(kMagic) + ")");
   }
-  unsigned char len_be[4];
-  ENDURE_RETURN_IF_ERROR(s.ReadFull(reinterpret_cast<char*>(len_be), 4, "the header length"));
-  const uint32_t len = (uint32_t{len_be[0]} << 24) | (uint32_t{len_be[1]} << 16) |
-                       (uint32_t{len_be[2]} << 8) | uint32_t{len_be[3]};
-  if (len > kMaxHeaderBytes) {
-    return InvalidArgument("frame header of " + std::to_string(len) + " bytes; the limit is " +
-                           std::to_string(kMaxHeaderBytes));
-  }
+  ENDURE_RETURN_IF_ERROR(s.ReadFull(prefix + kMagic.size(), 4, "the header length"));
+  ENDURE_ASSIGN_OR_RETURN(const uint32_t len,
+                          DecodePrefix(std::string_view(prefix, sizeof prefix)));
   std::string json(len, '\0');
   ENDURE_RETURN_IF_ERROR(s.ReadFull(json.data(), len, "the header"));
-  ENDURE_ASSIGN_OR_RETURN(Frame f, DecodeHeader(json));
-  if (f.token != token) {
+  ENDURE_ASSIGN_OR_RETURN(ReplicaFrame f, DecodeHeader(json));
+  if (!ConstantTimeEquals(f.token, token)) {
     return InvalidArgument("wrong token: the sender's job token is not this agent's");
   }
   if (f.header.bytes > max_bytes) {
     return InvalidArgument("payload of " + std::to_string(f.header.bytes) +
                            " bytes exceeds this agent's limit of " + std::to_string(max_bytes));
   }
-  // Allocated only now that the size has been checked against max_bytes, and
-  // before the go-ahead, so that a receiver short of memory refuses the
-  // replica instead of dying.
+  // Address space is reserved only now that the size has been checked
+  // against max_bytes, and before the go-ahead, so that a receiver short of
+  // it refuses the replica instead of dying. Memory is committed as the
+  // bytes arrive: each chunk is zeroed just before it is read into, so a
+  // sender that claims much and sends little costs little.
   Replica r;
   try {
-    r.payload.resize(f.header.bytes);
+    r.payload.reserve(f.header.bytes);
   } catch (const std::bad_alloc&) {
+    return Unavailable("cannot allocate " + std::to_string(f.header.bytes) +
+                       " bytes for the payload");
+  } catch (const std::length_error&) {
     return Unavailable("cannot allocate " + std::to_string(f.header.bytes) +
                        " bytes for the payload");
   }
   ENDURE_RETURN_IF_ERROR(s.WriteAll("GO\n", "the go-ahead"));
-  ENDURE_RETURN_IF_ERROR(s.ReadFull(r.payload.data(), r.payload.size(), "the payload"));
+  while (r.payload.size() < f.header.bytes) {
+    const size_t at = r.payload.size();
+    const size_t chunk =
+        static_cast<size_t>(std::min<uint64_t>(f.header.bytes - at, kPayloadChunk));
+    r.payload.resize(at + chunk);  // within the reserved capacity: no reallocation
+    ENDURE_RETURN_IF_ERROR(s.ReadFull(r.payload.data() + at, chunk, "the payload"));
+  }
   const uint64_t actual = Xxh3(r.payload);
   if (actual != f.header.xxh3) {
     return DataLoss("checksum mismatch: the payload's xxh3 is " + HexU64(actual) +
@@ -306,7 +333,7 @@ Result<Replica> ReadFrame(Stream& s, const std::string& token, uint64_t max_byte
   return r;
 }
 
-Result<int> Connect(const std::string& host, int port, Clock::time_point deadline) {
+Result<int> Connect(const std::string& host, int port, Clock::time_point deadline, int cancel_fd) {
   ENDURE_ASSIGN_OR_RETURN(AddrInfoList list, Resolve(host, port, /*passive=*/false));
   std::string last = "no address";
   for (const addrinfo* ai = list.get(); ai != nullptr; ai = ai->ai_next) {
@@ -322,14 +349,15 @@ Result<int> Connect(const std::string& host, int port, Clock::time_point deadlin
         last = ErrnoText("connect");
         continue;
       }
-      pollfd p = {fd.get(), POLLOUT, 0};
+      pollfd p[2] = {{fd.get(), POLLOUT, 0}, {cancel_fd, POLLIN, 0}};  // poll skips a negative fd
       int n = 0;
       while (true) {
         const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
         if (left.count() <= 0) break;
-        n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), INT_MAX)));
+        n = ::poll(p, 2, static_cast<int>(std::min<int64_t>(left.count(), INT_MAX)));
         if (n >= 0 || errno != EINTR) break;
       }
+      if (n > 0 && p[1].revents != 0) return Unavailable("the sender is shutting down");
       if (n <= 0) return Unavailable("deadline passed while connecting");
       int err = 0;
       socklen_t len = sizeof err;
@@ -347,15 +375,7 @@ Result<int> Connect(const std::string& host, int port, Clock::time_point deadlin
 
 Status Exchange(Stream& s, const std::string& token, const ReplicaHeader& header,
                 std::string_view payload) {
-  const std::string json = EncodeHeader(token, header);
-  if (json.size() > kMaxHeaderBytes) {
-    return InvalidArgument("frame header of " + std::to_string(json.size()) +
-                           " bytes; the limit is " + std::to_string(kMaxHeaderBytes));
-  }
-  const uint32_t len = static_cast<uint32_t>(json.size());
-  std::string frame(kMagic);
-  for (int shift : {24, 16, 8, 0}) frame.push_back(static_cast<char>((len >> shift) & 0xff));
-  frame += json;
+  ENDURE_ASSIGN_OR_RETURN(const std::string frame, EncodeReplicaFrame(token, header));
   ENDURE_RETURN_IF_ERROR(s.WriteAll(frame, "the header"));
   ENDURE_ASSIGN_OR_RETURN(std::string go, s.ReadLine("the go-ahead"));
   ENDURE_RETURN_IF_ERROR(ParseReply(go, "GO"));
@@ -365,6 +385,29 @@ Status Exchange(Stream& s, const std::string& token, const ReplicaHeader& header
 }
 
 }  // namespace
+
+Result<std::string> EncodeReplicaFrame(const std::string& token, const ReplicaHeader& header) {
+  const std::string json = EncodeHeader(token, header);
+  if (json.size() > kMaxHeaderBytes) {
+    return InvalidArgument("frame header of " + std::to_string(json.size()) +
+                           " bytes; the limit is " + std::to_string(kMaxHeaderBytes));
+  }
+  const uint32_t len = static_cast<uint32_t>(json.size());
+  std::string frame(kMagic);
+  for (int shift : {24, 16, 8, 0}) frame.push_back(static_cast<char>((len >> shift) & 0xff));
+  frame += json;
+  return frame;
+}
+
+Result<ReplicaFrame> DecodeReplicaFrame(std::string_view bytes) {
+  ENDURE_ASSIGN_OR_RETURN(const uint32_t len, DecodePrefix(bytes));
+  const std::string_view json = bytes.substr(std::min(bytes.size(), kPrefixBytes));
+  if (json.size() != len) {
+    return InvalidArgument("the frame announces a header of " + std::to_string(len) +
+                           " bytes and holds " + std::to_string(json.size()));
+  }
+  return DecodeHeader(json);
+}
 
 Result<std::unique_ptr<ReplicaServer>> ReplicaServer::Start(const std::string& host, int port,
                                                             std::string token, uint64_t max_bytes,
@@ -432,6 +475,10 @@ ReplicaServer::~ReplicaServer() {
   ::close(stop_fd_);
 }
 
+void ReplicaServer::set_max_bytes(uint64_t max_bytes) {
+  if (max_bytes > 0) max_bytes_ = max_bytes;
+}
+
 std::string ReplicaServer::last_error() const {
   std::lock_guard<std::mutex> lock(mu_);
   return last_error_;
@@ -473,7 +520,7 @@ void ReplicaServer::HandleConnection(int fd, const std::string& peer) {
   SetNoDelay(fd);
   Stream s(fd, Clock::time_point::max(), kReceiverIdleLimit, stop_fd_);
   Status st = [&]() -> Status {
-    ENDURE_ASSIGN_OR_RETURN(Replica r, ReadFrame(s, token_, max_bytes_));
+    ENDURE_ASSIGN_OR_RETURN(Replica r, ReadFrame(s, token_, max_bytes_.load()));
     sink_(r.header, std::move(r.payload));
     ++received_;
     return s.WriteAll("OK\n", "the acknowledgement");
@@ -487,7 +534,8 @@ void ReplicaServer::HandleConnection(int fd, const std::string& peer) {
 }
 
 Status SendReplica(const std::string& address, const std::string& token,
-                   const ReplicaHeader& header, std::string_view payload, Duration timeout) {
+                   const ReplicaHeader& header, std::string_view payload, Duration timeout,
+                   int cancel_fd) {
   const std::string what = "replica of " + header.node + " shard " + std::to_string(header.shard) +
                            "/" + std::to_string(header.shards) + " step " +
                            std::to_string(header.step) + " to " + address;
@@ -516,9 +564,9 @@ Status SendReplica(const std::string& address, const std::string& token,
     }
     return st.WithContext(what);
   };
-  Result<int> fd = Connect(host, port, deadline);
+  Result<int> fd = Connect(host, port, deadline, cancel_fd);
   if (!fd.ok()) return annotate(fd.status());
-  Stream s(*fd, deadline, Duration::zero(), /*stop_fd=*/-1);
+  Stream s(*fd, deadline, Duration::zero(), cancel_fd);
   const Status st = Exchange(s, token, header, payload);
   return st.ok() ? st : annotate(st);
 }

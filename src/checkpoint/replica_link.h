@@ -38,6 +38,27 @@ struct ReplicaHeader {
   uint64_t xxh3 = 0;   // XXH3-64 of the payload
 };
 
+// A frame's header as it travels: the job token and what it says about the
+// payload.
+struct ReplicaFrame {
+  std::string token;
+  ReplicaHeader header;
+};
+
+// The bytes a sender writes before the payload: the magic, the u32
+// big-endian length and the JSON header. kInvalidArgument when the header
+// exceeds 64 KiB (a node name that long).
+Result<std::string> EncodeReplicaFrame(const std::string& token, const ReplicaHeader& header);
+
+// Parses exactly what EncodeReplicaFrame writes, as the receiver does before
+// it asks for the payload: the magic, a length of at most 64 KiB that equals
+// what follows, and a JSON header with every field present, of its type and
+// in range (0 <= shard < shards, step >= 0, xxh3 16 hex digits, a node name
+// that IsValidNodeName accepts: the receiver names files after it). Pure; the
+// error (kInvalidArgument) says what is wrong. The token is not checked
+// here, nor the size against a limit.
+Result<ReplicaFrame> DecodeReplicaFrame(std::string_view bytes);
+
 // Receives replicas on a background thread it owns. For each frame whose
 // token, size (<= max_bytes) and checksum are right, calls `sink` (on the
 // server's thread) and then acknowledges it; anything else (wrong token, bad
@@ -55,7 +76,10 @@ class ReplicaServer {
 
   // Listens on host:port (port 0: any free port; host "" or "0.0.0.0": all
   // interfaces). `max_bytes` bounds the payload, and so the memory one
-  // replica can make the receiver allocate. kIOError when the address cannot
+  // replica can make the receiver allocate: a frame that claims more is
+  // refused before its payload is asked for, and a payload's memory is
+  // allocated only as its bytes arrive, never zero-filled up front for the
+  // size the frame claims. kIOError when the address cannot
   // be resolved or bound, kInvalidArgument when max_bytes is 0 or `sink` is
   // empty.
   static Result<std::unique_ptr<ReplicaServer>> Start(const std::string& host, int port,
@@ -78,6 +102,10 @@ class ReplicaServer {
   int64_t errors() const { return errors_.load(); }
   // Why the last refused connection was refused; empty when none was.
   std::string last_error() const;
+  // A new bound on the payload (> 0) for the frames that arrive from now on
+  // (a generation's memory budget).
+  void set_max_bytes(uint64_t max_bytes);
+  uint64_t max_bytes() const { return max_bytes_.load(); }
 
  private:
   ReplicaServer(int listen_fd, int stop_fd, int port, std::string token, uint64_t max_bytes,
@@ -92,7 +120,7 @@ class ReplicaServer {
   const int stop_fd_;  // an eventfd the destructor makes readable, to stop every wait in Serve()
   const int port_;
   const std::string token_;
-  const uint64_t max_bytes_;
+  std::atomic<uint64_t> max_bytes_;
   const Sink sink_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> received_{0};
@@ -109,8 +137,10 @@ class ReplicaServer {
 // snapshot was made. Returns kUnavailable when the peer cannot be reached, the
 // connection breaks or `timeout` passes (the message says which), and the
 // peer's code (kDataLoss, kInvalidArgument) and reason when it refuses the
-// replica.
+// replica. `cancel_fd` (optional, e.g. an eventfd): once it is readable,
+// every wait ends at once with kUnavailable (the sender shuts down).
 Status SendReplica(const std::string& address, const std::string& token,
-                   const ReplicaHeader& header, std::string_view payload, Duration timeout);
+                   const ReplicaHeader& header, std::string_view payload, Duration timeout,
+                   int cancel_fd = -1);
 
 }  // namespace endure::checkpoint

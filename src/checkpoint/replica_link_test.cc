@@ -10,9 +10,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "common/hash.h"
@@ -366,6 +368,130 @@ TEST(ReplicaLink, StartFailsOnAPortInUse) {
   EXPECT_EQ(second.status().code(), StatusCode::kIOError);
   EXPECT_NE(second.status().message().find("127.0.0.1:"), std::string::npos)
       << second.status().message();
+}
+
+TEST(ReplicaFrame, EncodeDecodeRoundTrip) {
+  const ReplicaHeader h = HeaderFor("payload");
+  Result<std::string> frame = EncodeReplicaFrame(kToken, h);
+  ASSERT_TRUE(frame.ok()) << frame.status().ToString();
+  EXPECT_EQ(frame->substr(0, 8), "ENDREPL1");
+  Result<ReplicaFrame> back = DecodeReplicaFrame(*frame);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->token, kToken);
+  EXPECT_EQ(back->header.node, h.node);
+  EXPECT_EQ(back->header.shard, h.shard);
+  EXPECT_EQ(back->header.shards, h.shards);
+  EXPECT_EQ(back->header.step, h.step);
+  EXPECT_EQ(back->header.bytes, h.bytes);
+  EXPECT_EQ(back->header.xxh3, h.xxh3);
+}
+
+TEST(ReplicaFrame, DecodeRefusesWhatTheReceiverRefuses) {
+  const std::string json = HeaderJson(3).dump();
+  ASSERT_TRUE(DecodeReplicaFrame(FrameStart(json)).ok());
+  const std::pair<std::string, const char*> cases[] = {
+      {"", "bad magic"},
+      {"ENDREPL2" + FrameStart(json).substr(8), "bad magic"},
+      {"ENDREPL1\x00\x00", "truncated frame"},
+      {FrameStart(json).substr(0, 20), "announces a header of"},
+      {FrameStart(json) + " ", "announces a header of"},
+      {"ENDREPL1" + std::string("\x00\x10\x00\x00", 4), "frame header of 1048576 bytes"},
+      {FrameStart("[]"), "not a JSON object"},
+      {FrameStart(R"({"token":1})"), "lacks a valid 'token'"},
+  };
+  for (const auto& [bytes, expected] : cases) {
+    Result<ReplicaFrame> f = DecodeReplicaFrame(bytes);
+    ASSERT_FALSE(f.ok()) << expected;
+    EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(f.status().message().find(expected), std::string::npos) << f.status().message();
+  }
+}
+
+// ---- Hostile frames (issue 9) ----
+
+// Peak resident memory of this process (VmHWM), in bytes.
+uint64_t PeakResidentBytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+TEST_F(ReplicaLinkTest, RefusesANodeNameThatWouldLeaveTheReplicaDirectory) {
+  StartServer();
+  for (const char* node : {"../../../tmp/evil", "..", ".", "a/b", "/etc/cron.d/x", ""}) {
+    nlohmann::json j = HeaderJson(1);
+    j["node"] = node;
+    RawClient raw(server_->port());
+    ASSERT_TRUE(raw.connected());
+    ASSERT_TRUE(raw.Send(FrameStart(j.dump())));
+    const std::string reply = raw.ReadLine();
+    EXPECT_EQ(reply.rfind("ERR INVALID_ARGUMENT ", 0), 0u) << node << ": " << reply;
+    EXPECT_NE(reply.find("is not a valid node name"), std::string::npos) << reply;
+    EXPECT_FALSE(DecodeReplicaFrame(FrameStart(j.dump())).ok()) << node;
+  }
+  EXPECT_EQ(DeliveryCount(), 0u);
+  ExpectDelivered("still serving");
+}
+
+TEST_F(ReplicaLinkTest, AClaimedSizeIsNeitherAllocatedNorZeroFilledBeforeItsBytesArrive) {
+  // A frame within the limit that claims 2 GiB and sends 1 KiB: the receiver
+  // commits memory for what arrived, not for the claim.
+  const uint64_t claimed = uint64_t{2} << 30;
+  StartServer(/*max_bytes=*/uint64_t{4} << 30);
+  const uint64_t before = PeakResidentBytes();
+  {
+    RawClient raw(server_->port());
+    ASSERT_TRUE(raw.connected());
+    ASSERT_TRUE(raw.Send(FrameStart(HeaderJson(claimed).dump())));
+    ASSERT_EQ(raw.ReadLine(), "GO");
+    ASSERT_TRUE(raw.Send(std::string(1024, 'x')));
+  }  // closed: the payload is truncated
+  for (int i = 0; i < 500 && server_->errors() == 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(server_->errors(), 1);
+  EXPECT_NE(server_->last_error().find("connection closed after 1024 of"), std::string::npos)
+      << server_->last_error();
+  EXPECT_LT(PeakResidentBytes() - before, uint64_t{256} << 20);
+  EXPECT_EQ(DeliveryCount(), 0u);
+}
+
+TEST_F(ReplicaLinkTest, ANewLimitAppliesToTheNextFrame) {
+  StartServer();
+  server_->set_max_bytes(8);
+  EXPECT_EQ(server_->max_bytes(), 8u);
+  const std::string payload = "more than eight bytes";
+  const Status st = SendReplica(Address(), kToken, HeaderFor(payload), payload, kTimeout);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("exceeds this agent's limit of 8"), std::string::npos)
+      << st.message();
+  server_->set_max_bytes(0);  // ignored: a limit is positive
+  EXPECT_EQ(server_->max_bytes(), 8u);
+  ExpectDelivered("eight b");
+}
+
+TEST(ReplicaLink, ASenderStopsAtOnceWhenCancelled) {
+  // A listener that never answers; the cancel descriptor is already readable.
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  int cancel[2];
+  ASSERT_EQ(::pipe(cancel), 0);
+  ASSERT_EQ(::write(cancel[1], "x", 1), 1);
+  const auto start = Clock::now();
+  const Status st = SendReplica("127.0.0.1:" + std::to_string(ntohs(addr.sin_port)), kToken,
+                                HeaderFor("x"), "x", 30s, cancel[0]);
+  EXPECT_LT(Clock::now() - start, 2s);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  ::close(cancel[0]);
+  ::close(cancel[1]);
+  ::close(fd);
 }
 
 }  // namespace

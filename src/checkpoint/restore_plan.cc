@@ -2,6 +2,8 @@
 #include "checkpoint/restore_plan.h"
 
 #include <algorithm>
+#include <charconv>
+#include <climits>
 #include <optional>
 #include <set>
 
@@ -130,21 +132,56 @@ Result<RestorePlan> RestorePlanFromJson(std::string_view text) {
   }
   RestorePlan plan;
   plan.step = j["step"].get<int64_t>();
+  if (plan.step < 0) return bad("a negative step");
   for (const nlohmann::json& s : j["sources"]) {
     if (!s.is_object()) return bad("a source is not an object");
+    // Every field's type and range is checked before get<>(), which throws
+    // on a mistyped field and is undefined for a number out of its type's
+    // range (a float such as 1e22 read as an integer).
+    auto integer = [&](const char* key, int64_t lo, int64_t* out) -> Status {
+      if (!s.contains(key) || !s[key].is_number_integer() ||
+          (s[key].is_number_unsigned() && s[key].get<uint64_t>() > INT_MAX) ||
+          s[key].get<int64_t>() < lo || s[key].get<int64_t>() > INT_MAX) {
+        return bad(std::string("a source's '") + key + "' is not an integer from " +
+                   std::to_string(lo) + " to " + std::to_string(INT_MAX));
+      }
+      *out = s[key].get<int64_t>();
+      return Status::Ok();
+    };
+    auto string = [&](const char* key, std::string* out) -> Status {
+      if (!s.contains(key) || !s[key].is_string()) {
+        return bad(std::string("a source's '") + key + "' is not a string");
+      }
+      *out = s[key].get<std::string>();
+      return Status::Ok();
+    };
     RestoreSource src;
-    try {
-      src.copy.step = plan.step;
-      src.copy.shard = s.at("shard").get<int>();
-      src.copy.shards = s.at("shards").get<int>();
-      ENDURE_ASSIGN_OR_RETURN(src.copy.tier, TierFromName(s.at("tier").get<std::string>()));
-      src.copy.node = s.at("node").get<std::string>();
-      src.copy.path = s.at("path").get<std::string>();
-      src.copy.bytes = s.at("bytes").get<uint64_t>();
-      src.copy.xxh3 = std::stoull(s.at("xxh3").get<std::string>(), nullptr, 16);
-      src.loader_rank = s.at("loader_rank").get<int>();
-    } catch (const std::exception& e) {
-      return bad(std::string("a source is malformed (") + e.what() + ")");
+    src.copy.step = plan.step;
+    int64_t shard = 0;
+    int64_t shards = 0;
+    int64_t loader_rank = 0;
+    ENDURE_RETURN_IF_ERROR(integer("shard", 0, &shard));
+    ENDURE_RETURN_IF_ERROR(integer("shards", 1, &shards));
+    ENDURE_RETURN_IF_ERROR(integer("loader_rank", -1, &loader_rank));
+    if (shard >= shards) return bad("a source's shard is not below its shards");
+    src.copy.shard = static_cast<int>(shard);
+    src.copy.shards = static_cast<int>(shards);
+    src.loader_rank = static_cast<int>(loader_rank);
+    std::string tier;
+    ENDURE_RETURN_IF_ERROR(string("tier", &tier));
+    ENDURE_ASSIGN_OR_RETURN(src.copy.tier, TierFromName(tier));
+    ENDURE_RETURN_IF_ERROR(string("node", &src.copy.node));
+    ENDURE_RETURN_IF_ERROR(string("path", &src.copy.path));
+    if (!s.contains("bytes") || !s["bytes"].is_number_unsigned()) {
+      return bad("a source's 'bytes' is not an integer >= 0");
+    }
+    src.copy.bytes = s["bytes"].get<uint64_t>();
+    std::string xxh3;
+    ENDURE_RETURN_IF_ERROR(string("xxh3", &xxh3));
+    const auto [end, ec] =
+        std::from_chars(xxh3.data(), xxh3.data() + xxh3.size(), src.copy.xxh3, 16);
+    if (xxh3.size() != 16 || ec != std::errc() || end != xxh3.data() + xxh3.size()) {
+      return bad("a source's 'xxh3' is not 16 hex digits");
     }
     if (src.copy.shard != static_cast<int>(plan.sources.size())) return bad("shards out of order");
     plan.sources.push_back(std::move(src));

@@ -83,5 +83,37 @@ TEST(RestorePlanTest, LoadersAndJsonRoundTrip) {
   }
 }
 
+// Found by fuzz/client_env_fuzz.cc: a float where an integer belongs (1e22
+// read as bytes) was undefined behaviour; every field is now checked for type
+// and range, and the error names it.
+TEST(RestorePlanTest, MistypedOrOutOfRangeFieldsAreRefused) {
+  std::vector<ShardCopy> copies = {Copy(42, 0, Tier::kT0, "node0"), Copy(42, 1, Tier::kT2, "")};
+  RestorePlan plan = ChooseRestorePoint(copies, 2, INT64_MAX);
+  ASSERT_EQ(plan.sources.size(), 2u);
+  ASSERT_TRUE(AssignLoaders(plan, {{"node0", {0, 1}}}).ok());
+  const nlohmann::json good = RestorePlanToJson(plan);
+  ASSERT_TRUE(RestorePlanFromJson(good.dump()).ok());
+  const std::pair<const char*, nlohmann::json> cases[] = {
+      {"bytes", 1e22}, {"bytes", -1},         {"bytes", "7"},
+      {"shard", 1.5},  {"shard", 4294967296}, {"shards", 0},
+      {"shard", 2},    {"loader_rank", -2},   {"loader_rank", 1e300},
+      {"xxh3", " 7"},  {"xxh3", "-1"},        {"xxh3", "0x0000000000000007"},
+      {"tier", 2},     {"node", nullptr},
+  };
+  for (const auto& [key, value] : cases) {
+    nlohmann::json j = good;
+    j["sources"][0][key] = value;
+    Result<RestorePlan> r = RestorePlanFromJson(j.dump());
+    ASSERT_FALSE(r.ok()) << key << " = " << value.dump();
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(key == std::string("shard") && value == 2 ? "below" : key),
+              std::string::npos)
+        << r.status().message();
+  }
+  nlohmann::json negative = good;
+  negative["step"] = -5;
+  EXPECT_FALSE(RestorePlanFromJson(negative.dump()).ok());
+}
+
 }  // namespace
 }  // namespace endure::checkpoint

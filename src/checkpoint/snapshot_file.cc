@@ -197,13 +197,17 @@ Result<std::optional<SnapshotWriter::Saved>> SnapshotWriter::Save(
 Result<std::unique_ptr<SnapshotFile>> SnapshotFile::Open(const std::string& path) {
   std::unique_ptr<SnapshotFile> f(new SnapshotFile());
   f->path_ = path;
-  f->fd_ = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  // Never through a symlink, never anything but a regular file: the path
+  // may name a slot its worker could have replaced.
+  f->fd_ = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (f->fd_ < 0) {
     if (errno == ENOENT) return NotFound(path + ": no such snapshot");
+    if (errno == ELOOP) return DataLoss(path + ": a symlink, not a snapshot");
     return Errno("cannot open snapshot", path);
   }
   struct stat st {};
   if (fstat(f->fd_, &st) != 0) return Errno("cannot stat", path);
+  if (!S_ISREG(st.st_mode)) return DataLoss(path + ": not a regular file");
   if (static_cast<size_t>(st.st_size) < kHeaderSize) return DataLoss(path + ": truncated header");
   f->size_ = static_cast<size_t>(st.st_size);
   void* p = mmap(nullptr, f->size_, PROT_READ | PROT_WRITE, MAP_SHARED, f->fd_, 0);
@@ -300,8 +304,13 @@ Status WriteSnapshotFile(const std::string& path, const SnapshotInfo& info,
 
 Result<std::string> ReadSnapshotPayload(const std::string& path, int64_t step, uint64_t bytes,
                                         uint64_t xxh3) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return DataLoss(path + ": cannot open snapshot: " + std::strerror(errno));
+  struct stat file {};
+  if (fstat(fd, &file) != 0 || !S_ISREG(file.st_mode)) {
+    close(fd);
+    return DataLoss(path + ": not a regular file");
+  }
   Header h{};
   Status st = ReadFully(fd, reinterpret_cast<char*>(&h), sizeof h, 0, path);
   std::string payload;

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -136,6 +137,30 @@ TEST_F(SnapshotFileTest, BudgetAndReplicaFiles) {
   EXPECT_EQ((*f)->info().shard, 3);
   EXPECT_EQ((*f)->info().state, SlotState::kReady);
   EXPECT_FALSE((*f)->Verify().ok());
+}
+
+TEST_F(SnapshotFileTest, ASlotReplacedByASymlinkOrAFifoIsRefused) {
+  // A worker owns its slot files and could put something else in their
+  // place: the agent must not follow it elsewhere, nor block on it.
+  Result<std::unique_ptr<SnapshotWriter>> w = SnapshotWriter::Open(dir_, 0, 1, 0);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  auto saved = (*w)->Save(1, Views(1, 'a'));
+  ASSERT_TRUE(saved.ok() && saved->has_value());
+  const std::string target = (*saved)->path;
+  const std::string link = SlotPath(dir_, 5, 0);
+  std::filesystem::create_symlink(target, link);
+  Result<std::unique_ptr<SnapshotFile>> f = SnapshotFile::Open(link);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("a symlink"), std::string::npos) << f.status().message();
+  EXPECT_FALSE(ReadSnapshotPayload(link, 1, (*saved)->bytes, (*saved)->xxh3).ok());
+  const std::string fifo = SlotPath(dir_, 6, 0);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  f = SnapshotFile::Open(fifo);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("not a regular file"), std::string::npos)
+      << f.status().message();
+  EXPECT_FALSE(ReadSnapshotPayload(fifo, 1, (*saved)->bytes, (*saved)->xxh3).ok());
+  EXPECT_TRUE(SnapshotFile::Open(target).ok());
 }
 
 }  // namespace

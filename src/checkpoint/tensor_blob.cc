@@ -119,12 +119,18 @@ Result<std::vector<TensorBlob>> DecodeTensors(std::string_view bytes, const std:
       ENDURE_RETURN_IF_ERROR(r.Get(&dim));
       if (dim < 0) return DataLoss(source + ": tensor '" + t.name + "' has a negative dimension");
       t.shape.push_back(dim);
-      elements *= static_cast<uint64_t>(dim);
+      // Checked: a product that wrapped around would let a shape of 2^63
+      // elements pass with a few bytes of data.
+      if (__builtin_mul_overflow(elements, static_cast<uint64_t>(dim), &elements)) {
+        return DataLoss(source + ": tensor '" + t.name + "' has an implausible shape");
+      }
     }
     uint64_t nbytes = 0;
     ENDURE_RETURN_IF_ERROR(r.Get(&nbytes));
-    size_t elem = DTypeSize(t.dtype);
-    if (elem == 0 || nbytes != elements * elem) {
+    const size_t elem = DTypeSize(t.dtype);
+    uint64_t expected = 0;
+    if (elem == 0 || __builtin_mul_overflow(elements, uint64_t{elem}, &expected) ||
+        nbytes != expected) {
       return DataLoss(source + ": tensor '" + t.name + "' size does not match its dtype and shape");
     }
     ENDURE_RETURN_IF_ERROR(r.GetBytes(nbytes, &t.data));

@@ -33,6 +33,21 @@ TEST(TensorBlob, SizeMustMatchShape) {
   EXPECT_FALSE(DecodeTensors(EncodeTensors(bad), "f").ok());
 }
 
+// Found by fuzz/tensors_fuzz.cc: (2^62 + 2) x 2 float32 elements are 2^65 + 16
+// bytes, which wrapped around to the 16 bytes given.
+TEST(TensorBlob, ShapeWhoseSizeOverflowsIsDataLoss) {
+  const int64_t huge = (int64_t{1} << 62) + 2;
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{huge, 2}, std::vector<int64_t>{huge, huge, 0}}) {
+    std::vector<TensorBlob> bad = {{"w", "float32", shape, std::string(16, 'x')}};
+    if (shape.back() == 0) bad[0].data.clear();
+    Result<std::vector<TensorBlob>> r = DecodeTensors(EncodeTensors(bad), "f");
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+    EXPECT_EQ(r.status().message().rfind("f: tensor 'w' ", 0), 0u) << r.status().message();
+  }
+}
+
 TEST(TensorBlobTest, HashingWhileEncodingGivesTheWholeDigest) {
   std::vector<TensorBlob> t = {{"big", "uint8", {700000}, std::string(700000, 'q')},
                                {"small", "float32", {2}, std::string(8, 'z')}};

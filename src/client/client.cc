@@ -6,6 +6,7 @@
 
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -198,6 +199,23 @@ std::unique_ptr<Session> Session::Disabled() {
 
 namespace {
 
+// The restore plan file the agent wrote: a regular file of bounded size (a
+// FIFO or /dev/zero named by mistake must not wedge the worker's start).
+Result<std::string> ReadPlanFile(const std::string& path) {
+  constexpr off_t kMaxPlanBytes = 64 << 20;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    return InvalidArgument("ENDURE_RESTORE_PLAN_FILE='" + path + "': " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode) || st.st_size > kMaxPlanBytes) {
+    return InvalidArgument("ENDURE_RESTORE_PLAN_FILE='" + path +
+                           "': not a regular file of at most 64 MiB");
+  }
+  Result<std::string> text = Env::Default()->ReadFile(path);
+  if (!text.ok()) return text.status().WithContext("ENDURE_RESTORE_PLAN_FILE");
+  return text;
+}
+
 RestorePlan PublicPlan(const checkpoint::RestorePlan& plan) {
   RestorePlan p;
   p.step = plan.step;
@@ -256,9 +274,7 @@ Result<std::unique_ptr<Session>> Session::FromEnvironment(const EnvLookup& looku
     if (plan_text) {
       return InvalidArgument("ENDURE_RESTORE_PLAN and ENDURE_RESTORE_PLAN_FILE are both set");
     }
-    Result<std::string> text = Env::Default()->ReadFile(*path);
-    if (!text.ok()) return text.status().WithContext("ENDURE_RESTORE_PLAN_FILE");
-    plan_text = std::move(text).value();
+    ENDURE_ASSIGN_OR_RETURN(plan_text, ReadPlanFile(*path));
     plan_source = "ENDURE_RESTORE_PLAN_FILE";
   }
   if (plan_text) {

@@ -214,6 +214,10 @@ TEST(Session, ReadsARestorePlanFromAFile) {
   Result<std::unique_ptr<Session>> gone = Session::FromEnvironment(missing.lookup());
   ASSERT_FALSE(gone.ok());
   EXPECT_NE(gone.status().message().find("ENDURE_RESTORE_PLAN_FILE"), std::string::npos);
+  FakeEnv device(std::map<std::string, std::string>{{"ENDURE_RESTORE_PLAN_FILE", "/dev/zero"}});
+  Result<std::unique_ptr<Session>> zero = Session::FromEnvironment(device.lookup());
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("not a regular file"), std::string::npos);
   std::filesystem::remove_all(dir);
 }
 

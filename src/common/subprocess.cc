@@ -2,6 +2,7 @@
 #include "common/subprocess.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -11,8 +12,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <thread>
 
 namespace endure {
@@ -68,7 +71,11 @@ Result<Subprocess> Subprocess::Start(const ProcessSpec& spec) {
     return IOError(std::string("fork: ") + std::strerror(errno));
   }
   if (pid == 0) {
-    if (spec.new_process_group) ::setpgid(0, 0);
+    if (spec.new_session) {
+      ::setsid();
+    } else if (spec.new_process_group) {
+      ::setpgid(0, 0);
+    }
     if (spec.die_with_parent) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
@@ -109,6 +116,100 @@ std::optional<ExitStatus> Subprocess::WaitFor(std::chrono::milliseconds timeout)
     if (r == pid_) return DecodeWaitStatus(wstatus);
     if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+namespace {
+
+// Reads at most `max` bytes of a /proc file (whose size stat does not tell).
+std::string ReadProcFile(const std::string& path, size_t max) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string out;
+  char buf[4096];
+  while (out.size() < max) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out.substr(0, max);
+}
+
+// The process group and session of a live `pid` from /proc/PID/stat ("PID
+// (COMM) STATE PPID PGRP SESSION ..."; COMM may hold spaces and
+// parentheses); false for a zombie or a process that is gone.
+bool GroupAndSession(pid_t pid, pid_t* pgrp, pid_t* session) {
+  const std::string stat = ReadProcFile("/proc/" + std::to_string(pid) + "/stat", 4096);
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return false;
+  long long ppid = 0, group = 0, sid = 0;
+  char state = 0;
+  if (std::sscanf(stat.c_str() + paren + 1, " %c %lld %lld %lld", &state, &ppid, &group, &sid) !=
+      4) {
+    return false;
+  }
+  if (state == 'Z' || state == 'X') return false;
+  *pgrp = static_cast<pid_t>(group);
+  *session = static_cast<pid_t>(sid);
+  return true;
+}
+
+bool EnvironHolds(pid_t pid, std::string_view entry) {
+  // ARG_MAX bounds the environment a process was started with.
+  const std::string env = ReadProcFile("/proc/" + std::to_string(pid) + "/environ", 4 << 20);
+  size_t pos = 0;
+  while (pos < env.size()) {
+    size_t end = env.find('\0', pos);
+    if (end == std::string::npos) end = env.size();
+    if (std::string_view(env).substr(pos, end - pos) == entry) return true;
+    pos = end + 1;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<pid_t> ProcessTree::Members() const {
+  std::vector<pid_t> out;
+  if (leader <= 1) return out;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return out;
+  const pid_t self = ::getpid();
+  while (const dirent* e = ::readdir(proc)) {
+    char* end = nullptr;
+    const long n = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || n <= 1 || n == self) continue;
+    const pid_t pid = static_cast<pid_t>(n);
+    pid_t pgrp = 0, session = 0;
+    if (!GroupAndSession(pid, &pgrp, &session)) continue;  // dead, or gone meanwhile
+    if (pgrp == leader || session == leader ||
+        (!env_marker.empty() && EnvironHolds(pid, env_marker))) {
+      out.push_back(pid);
+    }
+  }
+  ::closedir(proc);
+  return out;
+}
+
+int ProcessTree::Signal(int sig) const {
+  if (leader <= 1) return 0;
+  // Found first, so that the count does not depend on how fast the group dies.
+  const std::vector<pid_t> members = Members();
+  ::kill(-leader, sig);
+  for (pid_t pid : members) ::kill(pid, sig);
+  return static_cast<int>(members.size());
+}
+
+bool Subprocess::Exited(bool block) {
+  for (;;) {
+    siginfo_t info{};
+    const int r =
+        ::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOWAIT | (block ? 0 : WNOHANG));
+    if (r < 0 && errno == EINTR) continue;
+    // With WNOHANG and no exit yet, waitid returns 0 and leaves si_pid 0.
+    return r == 0 && info.si_pid == pid_;
   }
 }
 

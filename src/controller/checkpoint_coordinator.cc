@@ -2,6 +2,7 @@
 #include "controller/checkpoint_coordinator.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "common/hash.h"
 
@@ -12,7 +13,12 @@ using checkpoint::ShardCopy;
 using checkpoint::Tier;
 
 CheckpointCoordinator::CheckpointCoordinator(Env* env, CoordinatorOptions options)
-    : env_(env), o_(std::move(options)), dir_(env, o_.dir) {}
+    : env_(env), o_(std::move(options)), dir_(env, o_.dir) {
+  for (int64_t step : dir_.ListSteps()) {
+    if (dir_.CommittedShards(step).ok()) found_.push_back(step);
+  }
+  if (!found_.empty()) newest_commit_ = found_.back();
+}
 
 void CheckpointCoordinator::OnInventory(const std::string& node, std::vector<ShardCopy> copies,
                                         uint64_t t0_bytes, uint64_t t1_bytes) {
@@ -40,12 +46,25 @@ Status CheckpointCoordinator::OnPersisted(int64_t step, int shard, int shards,
   ENDURE_RETURN_IF_ERROR(dir_.CommitStep(step, entries));
   ++commits_;
   newest_commit_ = step;
-  return dir_.Retain(o_.keep);
+  committed_.insert(step);
+  abandoned_.erase(step);  // rewritten by this timeline
+  RetryAbandoned();
+  // The agents hashed the bytes they wrote and this manifest lists exactly
+  // those checksums: retention takes the step as verified rather than
+  // re-reading every shard on the controller's event loop. Plans still
+  // verify every durable copy they would use.
+  ENDURE_RETURN_IF_ERROR(dir_.Retain(o_.keep, step));
+  const std::vector<int64_t> present = dir_.ListSteps();
+  std::erase_if(committed_, [&](int64_t s) {
+    return !std::binary_search(present.begin(), present.end(), s);
+  });
+  return Status::Ok();
 }
 
 std::vector<ShardCopy> CheckpointCoordinator::DurableCopies() const {
   std::vector<ShardCopy> copies;
   for (int64_t step : dir_.ListSteps()) {
+    if (abandoned_.count(step)) continue;
     Result<std::vector<checkpoint::ShardEntry>> shards = dir_.CommittedShards(step);
     if (!shards.ok()) continue;  // never committed
     for (size_t i = 0; i < shards->size(); ++i) {
@@ -63,8 +82,54 @@ std::vector<ShardCopy> CheckpointCoordinator::DurableCopies() const {
   return copies;
 }
 
+std::vector<std::string> CheckpointCoordinator::RemoveAbandoned(int64_t from) {
+  std::vector<std::string> notes;
+  for (int64_t step : dir_.ListSteps()) {
+    if (step < from) continue;
+    const Status committed = dir_.CommittedShards(step).status();
+    // Ours (it holds the anomalous update), or no commit at all (leftover
+    // shards of an unfinished save, never loadable).
+    const bool removable =
+        committed_.count(step) > 0 || committed.code() == StatusCode::kDataLoss;
+    if (!removable) {
+      if (committed.ok()) {
+        // Committed before this timeline's restore point, by another run:
+        // not computed from the anomalous step.
+        notes.push_back("kept durable step " + std::to_string(step) +
+                        ": committed by another run, not part of this timeline");
+      } else {
+        notes.push_back("kept durable step " + std::to_string(step) +
+                        ": its manifest cannot be read (" + committed.message() + ")");
+      }
+      continue;
+    }
+    Status st = dir_.RemoveStep(step);
+    if (st.ok()) {
+      committed_.erase(step);
+      abandoned_.erase(step);
+      continue;
+    }
+    abandoned_.insert(step);
+    notes.push_back("could not remove abandoned durable step " + std::to_string(step) + " (" +
+                    st.message() + "); it is never restored, and its removal is retried");
+    std::fprintf(stderr, "endure controller: %s\n", notes.back().c_str());
+  }
+  return notes;
+}
+
+void CheckpointCoordinator::RetryAbandoned() {
+  for (auto it = abandoned_.begin(); it != abandoned_.end();) {
+    if (dir_.RemoveStep(*it).ok()) {
+      committed_.erase(*it);
+      it = abandoned_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 RestorePlan CheckpointCoordinator::Plan(const std::vector<std::string>& members,
-                                        int64_t restore_step, bool rollback) {
+                                        int64_t restore_step, int64_t abandoned_from) {
   std::map<std::string, std::vector<int>> node_ranks;
   std::vector<ShardCopy> copies;
   for (size_t i = 0; i < members.size(); ++i) {
@@ -98,14 +163,25 @@ RestorePlan CheckpointCoordinator::Plan(const std::vector<std::string>& members,
       if (!refused) break;
     }
   }
-  if (!checkpoint::AssignLoaders(plan, node_ranks).ok()) plan = RestorePlan{};  // cannot happen
+  if (Status st = checkpoint::AssignLoaders(plan, node_ranks); !st.ok()) {
+    // Only memory copies of the members were offered, so every one has a
+    // loader; should that ever fail, a fresh start says why.
+    plan = RestorePlan{};
+    plan.notes.push_back("no restore: " + st.message());
+  }
   for (const checkpoint::RestoreSource& s : plan.sources) {
     ++restores_by_tier_[std::string(checkpoint::TierName(s.copy.tier))];
   }
-  if (rollback) {
-    (void)dir_.RemoveAfter(plan.step);
-    newest_commit_ = std::min(newest_commit_, plan.step);
+  if (abandoned_from >= 0) {
+    for (std::string& note : RemoveAbandoned(std::max(abandoned_from, plan.step + 1))) {
+      plan.notes.push_back(std::move(note));
+    }
   }
+  // The new timeline starts at the restore point: what it persists from
+  // there is new, and steps it commits from there are the ones a later
+  // rollback may remove.
+  newest_commit_ = std::min(newest_commit_, plan.step);
+  std::erase_if(committed_, [&](int64_t s) { return s <= plan.step; });
   // Shards of the abandoned steps will never complete.
   pending_.erase(pending_.upper_bound(plan.step), pending_.end());
   for (auto& [node, inv] : inventories_) {

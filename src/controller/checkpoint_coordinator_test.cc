@@ -3,10 +3,14 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <variant>
 
 #include "checkpoint/tensor_blob.h"
+#include "core/job_machine.h"
 
 namespace endure::controller {
 namespace {
@@ -14,6 +18,27 @@ namespace {
 using checkpoint::ShardCopy;
 using checkpoint::ShardEntry;
 using checkpoint::Tier;
+
+// Writes every shard of `step` into `root` as the agents would and reports
+// them to `c`, the way the controller does when their "persisted" arrive.
+void PersistWith(CheckpointCoordinator& c, const std::string& root, int64_t step, int shards = 2,
+                 size_t payload = 0) {
+  checkpoint::CheckpointDir dir(Env::Default(), root);
+  for (int s = 0; s < shards; ++s) {
+    const std::string meta = "{\"step\":" + std::to_string(step) + "}";
+    checkpoint::TensorBlob blob{"w", "uint8", {static_cast<int64_t>(payload)},
+                                std::string(payload, static_cast<char>('a' + s))};
+    std::vector<checkpoint::TensorView> v =
+        checkpoint::ShardViews(meta, payload > 0 ? std::vector<checkpoint::TensorView>{
+                                                       checkpoint::ViewOf(blob)}
+                                                 : std::vector<checkpoint::TensorView>{});
+    std::string bytes(checkpoint::EncodedSize(v), '\0');
+    checkpoint::EncodeTensorsInto(v, bytes.data());
+    Result<ShardEntry> e = dir.WriteShard(step, s, bytes);
+    ASSERT_TRUE(e.ok());
+    ASSERT_TRUE(c.OnPersisted(step, s, shards, *e).ok());
+  }
+}
 
 class CheckpointCoordinatorTest : public ::testing::Test {
  protected:
@@ -80,7 +105,7 @@ TEST_F(CheckpointCoordinatorTest, PlansFromMemoryFirstAndVerifiesDurableCopies) 
                             300, 300);
   coordinator_->OnInventory("node1", {Memory(22, 1, Tier::kT0, "node1")}, 300, 300);
   coordinator_->OnNodeGone("node1");
-  checkpoint::RestorePlan plan = coordinator_->Plan({"node0", "node2"}, -1, false);
+  checkpoint::RestorePlan plan = coordinator_->Plan({"node0", "node2"}, -1, -1);
   EXPECT_EQ(plan.Summary(), "step 22 from T0 x1, T1 x1");
   EXPECT_EQ(plan.sources[1].loader_rank, 0);  // node0 reads the replica for rank 1
 
@@ -93,7 +118,7 @@ TEST_F(CheckpointCoordinatorTest, PlansFromMemoryFirstAndVerifiesDurableCopies) 
     f.seekp(12);
     f.put('\x7f');
   }
-  plan = coordinator_->Plan({"node2", "node3"}, -1, false);
+  plan = coordinator_->Plan({"node2", "node3"}, -1, -1);
   EXPECT_EQ(plan.Summary(), "step 10 from T2 x2");
   ASSERT_FALSE(plan.notes.empty());
   EXPECT_NE(plan.notes[0].find("refused step 20 shard 1 in T2"), std::string::npos)
@@ -103,15 +128,175 @@ TEST_F(CheckpointCoordinatorTest, PlansFromMemoryFirstAndVerifiesDurableCopies) 
 
 TEST_F(CheckpointCoordinatorTest, RollbackDropsLaterDurableStepsAndBudgetSplitsSlots) {
   for (int64_t s : {10, 20}) Persist(s);
-  checkpoint::RestorePlan plan = coordinator_->Plan({"node0", "node1"}, 15, true);
+  // An anomaly at step 16: step 20 holds its update.
+  checkpoint::RestorePlan plan = coordinator_->Plan({"node0", "node1"}, 15, 16);
   EXPECT_EQ(plan.step, 10);
   EXPECT_EQ(checkpoint::CheckpointDir(Env::Default(), root_).ListSteps(),
             (std::vector<int64_t>{10}));
-  EXPECT_EQ(coordinator_->Plan({"node0", "node1"}, 0, true).Summary(), "fresh start");
+  EXPECT_EQ(coordinator_->Plan({"node0", "node1"}, 0, -1).Summary(), "fresh start");
   // 1000 bytes per node: two T0 slots and two T1 replicas per rank.
   EXPECT_EQ(coordinator_->SlotBytes(), 250u);
   coordinator_->OnMemory(600, 200);
   EXPECT_EQ(coordinator_->ReportJson()["peak_t0_bytes"], 600);
+}
+
+// The controller's shell in miniature, with scripted time: the job machine
+// decides, the coordinator plans from what the tiers hold. An earlier run in
+// the same state directory committed steps up to 20 (and a step 40 whose
+// shard rotted); this run resumes from 20 and its loss turns NaN at step 25,
+// before its own first checkpoint. The machine knew only the checkpoints this
+// run reported, so it asked for a fresh start and the coordinator deleted
+// every durable step (RemoveAfter(0)).
+TEST(CheckpointRollback, AResumedJobRollsBackToTheEarlierRunsCheckpointAndKeepsIt) {
+  char tmpl[] = "/tmp/endure-rollback-XXXXXX";
+  const std::string root = mkdtemp(tmpl);
+  CoordinatorOptions o;
+  o.dir = root;
+  o.keep = 3;
+  o.world_size = 2;
+  {
+    CheckpointCoordinator earlier(Env::Default(), o);
+    for (int64_t step : {10, 15, 20, 40}) PersistWith(earlier, root, step);
+  }
+  checkpoint::CheckpointDir dir(Env::Default(), root);
+  {
+    std::fstream f(dir.ShardPath(40, 0), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(12);
+    f.put('\x7f');
+  }
+  ASSERT_EQ(dir.ListSteps(), (std::vector<int64_t>{15, 20, 40}));  // keep = 3
+
+  CheckpointCoordinator coordinator(Env::Default(), o);
+  EXPECT_EQ(coordinator.found_steps(), (std::vector<int64_t>{15, 20, 40}));
+  core::JobMachineOptions mo;
+  mo.nodes = 2;
+  mo.recovery.backoff_initial = Duration(0);
+  core::JobMachine machine(mo, {}, core::At(Duration(0)));
+  double now = 0;
+  auto step = [&](const core::JobEvent& e) {
+    return machine.Step(e, core::At(std::chrono::duration_cast<Duration>(
+                               std::chrono::duration<double>(now))));
+  };
+  auto start_of = [](const std::vector<core::JobAction>& actions) {
+    for (const core::JobAction& a : actions) {
+      if (const auto* s = std::get_if<core::StartGenerationAction>(&a)) return *s;
+    }
+    ADD_FAILURE() << "no StartGeneration";
+    return core::StartGenerationAction{};
+  };
+  auto run = [&](int64_t from, int64_t to, double loss_at_to) {
+    for (int64_t s = from; s <= to; ++s) {
+      now += 0.1;
+      const double loss = s == to ? loss_at_to : 2.0;
+      for (int r = 0; r < 2; ++r) step(core::StepEnd{machine.generation(), r, s, loss, 0, -1});
+    }
+  };
+  auto stop_both = [&] {
+    now += 0.1;
+    step(core::GenerationStoppedEvent{machine.generation(), core::NodeId{0}});
+    return step(core::GenerationStoppedEvent{machine.generation(), core::NodeId{1}});
+  };
+
+  step(core::CheckpointsFound{coordinator.found_steps()});
+  step(core::NodeUp{core::NodeId{0}, "node0", 1});
+  core::StartGenerationAction start = start_of(step(core::NodeUp{core::NodeId{1}, "node1", 1}));
+  checkpoint::RestorePlan plan =
+      coordinator.Plan({"node0", "node1"}, start.restore_step, start.abandoned_from);
+  EXPECT_EQ(plan.Summary(), "step 20 from T2 x2");  // 40 does not verify
+  ASSERT_FALSE(plan.notes.empty());
+  EXPECT_NE(plan.notes[0].find("refused step 40 shard 0 in T2"), std::string::npos) << plan.notes[0];
+  for (int r = 0; r < 2; ++r) step(core::WorkerReady{0, r, 20, 0.1});
+
+  run(21, 25, std::nan(""));
+  start = start_of(stop_both());
+  EXPECT_EQ(start.restore_step, 24);
+  EXPECT_EQ(start.abandoned_from, 25);
+  plan = coordinator.Plan({"node0", "node1"}, start.restore_step, start.abandoned_from);
+  EXPECT_EQ(plan.Summary(), "step 20 from T2 x2");
+  // Step 40 is at or after the anomaly, but another run wrote it: kept.
+  EXPECT_EQ(dir.ListSteps(), (std::vector<int64_t>{15, 20, 40}));
+  bool kept_note = false;
+  for (const std::string& n : plan.notes) {
+    kept_note |= n.find("kept durable step 40: committed by another run") != std::string::npos;
+  }
+  EXPECT_TRUE(kept_note) << testing::PrintToString(plan.notes);
+  ASSERT_EQ(machine.incidents().size(), 1u);
+  EXPECT_NE(machine.incidents()[0].reason.find("rolling back to the checkpoint of step 20"),
+            std::string::npos)
+      << machine.incidents()[0].reason;
+
+  // The new timeline commits 25, 30 and 32 (persisted while step 33 ran); a
+  // NaN at step 33 restores 32, the newest before it.
+  for (int r = 0; r < 2; ++r) step(core::WorkerReady{machine.generation(), r, 20, 0.1});
+  run(21, 30, 2.0);
+  PersistWith(coordinator, root, 25);
+  PersistWith(coordinator, root, 30);
+  EXPECT_EQ(dir.ListSteps(), (std::vector<int64_t>{25, 30, 40}));  // keep = 3, trusted 30
+  PersistWith(coordinator, root, 32);  // persisted while step 33 ran
+  run(31, 33, std::nan(""));
+  start = start_of(stop_both());
+  EXPECT_EQ(start.restore_step, 32);
+  EXPECT_EQ(start.abandoned_from, 33);
+  plan = coordinator.Plan({"node0", "node1"}, start.restore_step, start.abandoned_from);
+  EXPECT_EQ(plan.Summary(), "step 32 from T2 x2");
+  EXPECT_EQ(dir.ListSteps(), (std::vector<int64_t>{30, 32, 40}));
+
+  // A checkpoint of the anomalous step itself holds its update: removed
+  // (retention had already let 34 and 35 replace 32).
+  for (int r = 0; r < 2; ++r) step(core::WorkerReady{machine.generation(), r, 32, 0.1});
+  run(33, 34, 2.0);
+  PersistWith(coordinator, root, 34);
+  run(35, 35, std::nan(""));  // a NaN at 35 after 34 was saved; 35's own save too
+  PersistWith(coordinator, root, 35);
+  start = start_of(stop_both());
+  plan = coordinator.Plan({"node0", "node1"}, start.restore_step, start.abandoned_from);
+  EXPECT_EQ(plan.Summary(), "step 34 from T2 x2");
+  EXPECT_EQ(dir.ListSteps(), (std::vector<int64_t>{34, 40}));
+  std::filesystem::remove_all(root);
+}
+
+// An Env that counts reads of shard files: retention must not re-read and
+// hash what the coordinator just committed (it runs on the event loop).
+class CountingEnv final : public Env {
+ public:
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p) override {
+    return base_->NewWritableFile(p);
+  }
+  Result<std::string> ReadFile(const std::string& p) override {
+    if (p.find("shard-") != std::string::npos) ++shard_reads;
+    return base_->ReadFile(p);
+  }
+  Status RenameFile(const std::string& a, const std::string& b) override {
+    return base_->RenameFile(a, b);
+  }
+  Status SyncDir(const std::string& d) override { return base_->SyncDir(d); }
+  Status CreateDirs(const std::string& d) override { return base_->CreateDirs(d); }
+  Status RemoveFile(const std::string& p) override { return base_->RemoveFile(p); }
+  Status RemoveAll(const std::string& p) override { return base_->RemoveAll(p); }
+  bool Exists(const std::string& p) override { return base_->Exists(p); }
+  Result<std::vector<std::string>> ListDir(const std::string& d) override {
+    return base_->ListDir(d);
+  }
+  int shard_reads = 0;
+
+ private:
+  Env* base_ = Env::Default();
+};
+
+TEST_F(CheckpointCoordinatorTest, CommittingReadsNoShardBack) {
+  CountingEnv env;
+  CoordinatorOptions o;
+  o.dir = root_;
+  o.keep = 2;
+  o.world_size = 2;
+  CheckpointCoordinator c(&env, o);
+  for (int64_t step : {10, 20, 30}) PersistWith(c, root_, step, 2, 1 << 20);
+  EXPECT_EQ(env.shard_reads, 0);  // was 2 per commit: Retain verified the newest step
+  EXPECT_EQ(checkpoint::CheckpointDir(&env, root_).ListSteps(), (std::vector<int64_t>{20, 30}));
+  // A plan still verifies what it would load.
+  checkpoint::RestorePlan plan = c.Plan({"node0", "node1"}, -1, -1);
+  EXPECT_EQ(plan.Summary(), "step 30 from T2 x2");
+  EXPECT_EQ(env.shard_reads, 2);
 }
 
 }  // namespace

@@ -4,22 +4,32 @@
 
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
 
+#include <atomic>
+#include <charconv>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "common/env.h"
 #include "common/hash.h"
+#include "common/names.h"
+#include "common/secret.h"
 #include "common/subprocess.h"
+#include "common/utf8.h"
 #include "controller/checkpoint_coordinator.h"
+#include "controller/event_queue.h"
 #include "controller/report.h"
 #include "controller/state_store.h"
 #include "core/log_classifier.h"
@@ -39,6 +49,36 @@ TimePoint Now() {
 
 double WallSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// What one agent can make the controller hold. An agent sends a heartbeat a
+// second and a few events per rank and step; far more than that waiting for
+// the loop is a flood (or a loop that cannot keep up), and the agent's
+// stream is closed rather than the queue grown without bound.
+constexpr int kMaxMessageBytes = 4 << 20;  // one AgentEvent (gRPC's receive limit)
+constexpr int kMaxQueuedPerAgent = 10'000;
+constexpr size_t kMaxFieldBytes = 256;  // host, replica address
+constexpr auto kHelloTimeout = std::chrono::seconds(10);
+constexpr size_t kMaxNodeNames = 4096;  // the report's list of nodes that took part
+
+// Registered agents plus streams still waiting for their first message.
+int MaxConnections(const JobSpec& spec) { return 2 * spec.nodes + 64; }
+
+// Whether `host` (of a bind address) only accepts connections from this
+// machine: 127.0.0.0/8, ::1 or localhost.
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
+std::string SignalName(int sig) {
+  switch (sig) {
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
+    default:
+      return "signal " + std::to_string(sig);
+  }
 }
 
 // One attached agent. The stream belongs to its Attach call; `open` turns
@@ -72,11 +112,17 @@ class Controller final : public proto::Controller::Service {
         start_(start),
         start_unix_(WallSeconds()),
         machine_(MachineOptions(o_.spec), ExternalFaults(o_.spec), start),
-        checkpoints_(Env::Default(), CoordinatorFor(o_.spec)) {}
+        checkpoints_(Env::Default(), CoordinatorFor(o_.spec)) {
+    for (const faults::Fault& f : o_.spec.faults) fault_ids_.insert(f.id);
+  }
 
   Result<int> Run();
 
   grpc::Status Attach(grpc::ServerContext* context, Stream* stream) override;
+
+  // SIGTERM or SIGINT arrived (from the signal thread): the loop stops the
+  // job next, before any event already queued.
+  void OnSignal(int sig);
 
  private:
   // What a stream thread hands to the loop: a core event, and what the shell
@@ -90,10 +136,25 @@ class Controller final : public proto::Controller::Service {
     std::optional<proto::ShardPersisted> persisted;
     NodeId node;
     TimePoint at;
+    int stop_signal = 0;  // > 0: stop the job, a signal asked for it
   };
-  void Post(Queued item);
-  void Post(core::JobEvent event) { Post(Queued{std::move(event)}); }
+  // Queues a control event for the loop (never refused).
+  void Post(core::JobEvent event);
   Queued Translate(const proto::AgentEvent& e, NodeId node);
+  // A signal stops the job: every agent is told to stop its workers, and
+  // from then on the loop makes no decision (the workers' exits are the
+  // stop's) but still takes what the tiers report, so that a step the agents
+  // persist on their way out commits. The stop ends (FinishStop) once every
+  // agent has stopped or hung up, or at stop_deadline_.
+  void StopOnSignal(int sig, TimePoint now);
+  void FinishStop();
+  bool EveryAgentStopped();
+  // Cancels the streams whose first message is overdue.
+  void CancelSilentHellos(TimePoint now);
+  // Logs a failure to journal to the state store; the job goes on.
+  void Journal(const std::string& what, const Status& st);
+  // Waits until every agent hung up, or `deadline`.
+  void AwaitAgents(TimePoint deadline);
   void Execute(const std::vector<core::JobAction>& actions, TimePoint now);
   void Send(NodeId node, proto::AgentCommand cmd);
   std::shared_ptr<Connection> Conn(NodeId node);
@@ -120,17 +181,24 @@ class Controller final : public proto::Controller::Service {
   std::optional<StateStore> store_;
 
   std::mutex conns_mu_;
+  // Open streams only: an Attach erases its own when it returns.
   std::map<NodeId, std::shared_ptr<Connection>> conns_;  // GUARDED_BY(conns_mu_)
   int next_node_ = 0;                                    // GUARDED_BY(conns_mu_)
+  // Streams waiting for their first message, and until when.
+  std::map<grpc::ServerContext*, TimePoint> hellos_;  // GUARDED_BY(conns_mu_)
+  std::vector<std::string> node_names_;  // GUARDED_BY(conns_mu_); that ever registered
+  std::set<std::string> fault_ids_;      // the spec's; immutable after construction
 
-  std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
-  std::deque<Queued> queue_;  // GUARDED_BY(queue_mu_)
+  EventQueue<Queued> queue_{kMaxQueuedPerAgent};
 
   // Loop-thread state.
   std::map<std::pair<int64_t, int>, proto::LogMatch> last_log_;  // (generation, rank)
   std::string fingerprint_;
   std::optional<core::FinishAction> finish_;
+  int stop_signal_ = 0;      // the signal that stopped the job, if one did
+  std::string stopped_by_;  // its name
+  std::optional<TimePoint> stop_deadline_;
+  std::set<NodeId> stopped_nodes_;  // agents that reported their workers stopped since
   httplib::Server http_;
   std::thread http_thread_;
   std::mutex http_mu_;
@@ -144,13 +212,17 @@ class Controller final : public proto::Controller::Service {
   std::deque<std::pair<TimePoint, int64_t>> recent_steps_;  // for the rate
 };
 
-void Controller::Post(Queued item) {
+void Controller::Post(core::JobEvent event) {
+  Queued item{std::move(event)};
   item.at = Now();
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    queue_.push_back(std::move(item));
-  }
-  queue_cv_.notify_one();
+  queue_.PostControl(std::move(item));
+}
+
+void Controller::OnSignal(int sig) {
+  Queued stop;
+  stop.stop_signal = sig;
+  stop.at = Now();
+  queue_.PostControl(std::move(stop), /*urgent=*/true);
 }
 
 std::shared_ptr<Connection> Controller::Conn(NodeId node) {
@@ -168,9 +240,27 @@ void Controller::Send(NodeId node, proto::AgentCommand cmd) {
 }
 
 grpc::Status Controller::Attach(grpc::ServerContext* context, Stream* stream) {
+  {
+    // Every stream holds a thread: at most a few more than the job's nodes,
+    // and none may sit silent before its hello (CancelSilentHellos).
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    if (static_cast<int>(conns_.size() + hellos_.size()) >= MaxConnections(o_.spec)) {
+      std::fprintf(stderr, "endure controller: refused a connection from %s: %d streams open\n",
+                   context->peer().c_str(), MaxConnections(o_.spec));
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          "too many agent connections for a job of " +
+                              std::to_string(o_.spec.nodes) + " nodes");
+    }
+    hellos_[context] = Now() + kHelloTimeout;
+  }
   proto::AgentEvent first;
-  if (!stream->Read(&first)) return grpc::Status(grpc::StatusCode::CANCELLED, "no hello");
-  if (first.token() != o_.token) {
+  const bool got = stream->Read(&first);
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    hellos_.erase(context);
+  }
+  if (!got) return grpc::Status(grpc::StatusCode::CANCELLED, "no hello");
+  if (!ConstantTimeEquals(first.token(), o_.token)) {
     std::fprintf(stderr, "endure controller: refused an agent from %s: wrong or missing token\n",
                  context->peer().c_str());
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
@@ -179,28 +269,133 @@ grpc::Status Controller::Attach(grpc::ServerContext* context, Stream* stream) {
   if (!first.has_register_()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "first message must register");
   }
+  const proto::Register& hello = first.register_();
+  Status valid = CheckNodeName(hello.node_id(), "the registration's node_id");
+  if (valid.ok() && (hello.slots() < 1 || hello.slots() > kMaxRanksPerNode)) {
+    valid = InvalidArgument("the registration's slots must be in 1.." +
+                            std::to_string(kMaxRanksPerNode) + ", got " +
+                            std::to_string(hello.slots()));
+  }
+  if (valid.ok() && (hello.host().size() > kMaxFieldBytes ||
+                     hello.replica_address().size() > kMaxFieldBytes)) {
+    valid = InvalidArgument("the registration's host or replica_address is longer than " +
+                            std::to_string(kMaxFieldBytes) + " bytes");
+  }
+  if (!valid.ok()) {
+    std::fprintf(stderr, "endure controller: refused an agent from %s: %s\n",
+                 context->peer().c_str(), valid.message().c_str());
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, valid.message());
+  }
   auto conn = std::make_shared<Connection>();
   conn->stream = stream;
-  conn->name = first.register_().node_id();
-  conn->host = first.register_().host();
-  conn->replica_address = first.register_().replica_address();
+  conn->name = hello.node_id();
+  conn->host = hello.host();
+  conn->replica_address = hello.replica_address();
   {
     std::lock_guard<std::mutex> lock(conns_mu_);
     conn->node = NodeId{next_node_++};
     conns_[conn->node] = conn;
+    if (node_names_.size() < kMaxNodeNames &&
+        std::find(node_names_.begin(), node_names_.end(), conn->name) == node_names_.end()) {
+      node_names_.push_back(conn->name);
+    }
   }
-  Post(core::NodeUp{conn->node, conn->name, first.register_().slots()});
+  Post(core::NodeUp{conn->node, conn->name, hello.slots()});
+  std::string reason = "the agent's stream closed";
+  grpc::Status status = grpc::Status::OK;
+  const EventQueue<Queued>::Source source = queue_.NewSource();
   proto::AgentEvent e;
   while (stream->Read(&e)) {
-    if (e.token() != o_.token) continue;
-    Post(Translate(e, conn->node));
+    if (!ConstantTimeEquals(e.token(), o_.token)) continue;
+    Queued q = Translate(e, conn->node);
+    q.at = Now();
+    if (!queue_.Post(std::move(q), source)) {
+      reason = "the controller closed the agent's stream: " + std::to_string(kMaxQueuedPerAgent) +
+               " of its events were waiting for the event loop (a flood)";
+      std::fprintf(stderr, "endure controller: %s: %s\n", conn->name.c_str(), reason.c_str());
+      status = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, reason);
+      break;
+    }
   }
   {
     std::lock_guard<std::mutex> lock(conn->mu);
     conn->open = false;
   }
-  Post(core::NodeDown{conn->node, "the agent's stream closed"});
-  return grpc::Status::OK;
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    conns_.erase(conn->node);
+  }
+  Post(core::NodeDown{conn->node, reason});
+  return status;
+}
+
+void Controller::CancelSilentHellos(TimePoint now) {
+  std::lock_guard<std::mutex> lock(conns_mu_);
+  for (const auto& [context, deadline] : hellos_) {
+    // Safe: an Attach erases its context, under this mutex, before it returns.
+    if (now >= deadline) context->TryCancel();
+  }
+}
+
+void Controller::Journal(const std::string& what, const Status& st) {
+  if (st.ok()) return;
+  std::fprintf(stderr, "endure controller: journaling %s to %s failed: %s\n", what.c_str(),
+               StateStore::PathIn(o_.state_dir).c_str(), st.message().c_str());
+}
+
+void Controller::StopOnSignal(int sig, TimePoint now) {
+  stop_signal_ = sig;
+  stopped_by_ = SignalName(sig);
+  // The agents' grace period, their last persist (a second), and a margin.
+  stop_deadline_ = now + o_.spec.recovery.grace_period + std::chrono::seconds(3);
+  std::fprintf(stderr, "endure controller: %s: stopping the workers (grace %.1fs) and the agents\n",
+               stopped_by_.c_str(), Seconds(o_.spec.recovery.grace_period));
+  std::lock_guard<std::mutex> lock(conns_mu_);
+  for (const auto& [node, conn] : conns_) {
+    proto::AgentCommand stop;
+    stop.set_token(o_.token);
+    stop.set_generation(machine_.generation());
+    stop.mutable_stop()->set_grace_s(Seconds(o_.spec.recovery.grace_period));
+    std::lock_guard<std::mutex> conn_lock(conn->mu);
+    if (conn->open) conn->stream->Write(stop);
+  }
+}
+
+bool Controller::EveryAgentStopped() {
+  std::lock_guard<std::mutex> lock(conns_mu_);
+  for (const auto& [node, conn] : conns_) {
+    if (!stopped_nodes_.count(node)) return false;
+  }
+  return true;
+}
+
+void Controller::FinishStop() {
+  const nlohmann::json newest = checkpoints_.ReportJson()["newest_durable_step"];
+  finish_ = core::FinishAction{
+      128 + stop_signal_,
+      "stopped by " + stopped_by_ + " at step " + std::to_string(machine_.step()) +
+          " before training completed; running the spec again resumes from the newest "
+          "checkpoint" +
+          (newest.is_number() ? " (durable: step " + newest.dump() + ")" : std::string())};
+  std::lock_guard<std::mutex> lock(conns_mu_);
+  for (const auto& [node, conn] : conns_) {
+    proto::AgentCommand shutdown;
+    shutdown.set_token(o_.token);
+    shutdown.set_generation(machine_.generation());
+    shutdown.mutable_shutdown()->set_reason("the controller was stopped by " + stopped_by_);
+    std::lock_guard<std::mutex> conn_lock(conn->mu);
+    if (conn->open) conn->stream->Write(shutdown);
+  }
+}
+
+void Controller::AwaitAgents(TimePoint deadline) {
+  while (Now() < deadline) {
+    {
+      std::lock_guard<std::mutex> lock(conns_mu_);
+      if (conns_.empty()) return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 // Runs on an agent's stream thread: a pure conversion.
@@ -239,10 +434,14 @@ Controller::Queued Controller::Translate(const proto::AgentEvent& e, NodeId node
       break;
     }
     case proto::AgentEvent::kStackDump:
-      q.event = core::StackDumpEvent{gen, e.stack_dump().rank(), e.stack_dump().text()};
+      q.event = core::StackDumpEvent{gen, e.stack_dump().rank(),
+                                     SanitizeUtf8(e.stack_dump().text())};
       break;
     case proto::AgentEvent::kFaultFired: {
       const auto& f = e.fault_fired();
+      // Only the spec's faults are remembered: any other id would grow the
+      // set of fired faults handed to every later generation.
+      if (!fault_ids_.count(f.fault_id())) break;
       // The worker's wall clock says when; map it onto the steady clock.
       const double ago = std::max(0.0, WallSeconds() - e.time_s());
       q.event = core::FaultFiredEvent{gen,      f.rank(), f.fault_id(),
@@ -315,9 +514,12 @@ void Controller::Execute(const std::vector<core::JobAction>& actions, TimePoint 
         names += (names.empty() ? "" : ",") + machine_.NodeName(a->nodes[i]);
       }
       if (store_) {
-        (void)store_->SaveGeneration({a->generation, Seconds(now - start_), a->restore_step,
-                                      spec.world_size(), names, std::nullopt});
+        Journal("generation " + std::to_string(a->generation),
+                store_->SaveGeneration({a->generation, Seconds(now - start_), a->restore_step,
+                                        spec.world_size(), names, std::nullopt}));
       }
+      // Log matches explain exits of their own generation only.
+      std::erase_if(last_log_, [&](const auto& entry) { return entry.first.first < a->generation; });
     } else if (const auto* a = std::get_if<core::StopGenerationAction>(&action)) {
       std::vector<NodeId> members;
       for (int r = 0; r < spec.world_size(); r += spec.ranks_per_node) {
@@ -463,8 +665,7 @@ proto::CheckpointConfig Controller::CheckpointFor(const core::StartGenerationAct
   c.set_slot_bytes(checkpoints_.SlotBytes());
   std::vector<std::string> members;
   for (NodeId n : a.nodes) members.push_back(NameOf(n));
-  const bool rollback = a.generation > 0 && a.restore_step >= 0;
-  checkpoint::RestorePlan plan = checkpoints_.Plan(members, a.restore_step, rollback);
+  checkpoint::RestorePlan plan = checkpoints_.Plan(members, a.restore_step, a.abandoned_from);
   c.set_discard_after(a.generation > 0 ? plan.step : -1);
   c.set_restore_plan_json(checkpoint::RestorePlanToJson(plan).dump());
   std::string note = plan.Summary();
@@ -478,10 +679,10 @@ void Controller::Persist() {
   // Incidents change while they recover: save the open one and any new ones.
   const auto& incidents = machine_.incidents();
   for (size_t i = saved_incidents_ > 0 ? saved_incidents_ - 1 : 0; i < incidents.size(); ++i) {
-    (void)store_->SaveIncident(incidents[i], start_);
+    Journal("an incident", store_->SaveIncident(incidents[i], start_));
   }
   saved_incidents_ = incidents.size();
-  (void)store_->SaveLedger(machine_.ledger());
+  Journal("the ledger", store_->SaveLedger(machine_.ledger()));
 }
 
 void Controller::Publish(const nlohmann::json& status) {
@@ -517,6 +718,47 @@ void Controller::Publish(const nlohmann::json& status) {
 }
 
 Result<std::string> Controller::StartHttp() {
+  const size_t colon = o_.http_listen.rfind(':');
+  if (colon == std::string::npos) {
+    return InvalidArgument("--http: '" + o_.http_listen + "' is not HOST:PORT");
+  }
+  const std::string host = o_.http_listen.substr(0, colon);
+  const std::string port_text = o_.http_listen.substr(colon + 1);
+  int wanted = -1;
+  const auto [end, ec] =
+      std::from_chars(port_text.data(), port_text.data() + port_text.size(), wanted);
+  if (ec != std::errc() || end != port_text.data() + port_text.size() || wanted < 0 ||
+      wanted > 65535) {
+    return InvalidArgument("--http: '" + o_.http_listen + "' is not HOST:PORT (port 0..65535)");
+  }
+  // Beyond loopback anyone on the network can ask: every request must carry
+  // the job token, as "Authorization: Bearer TOKEN" or "?token=TOKEN".
+  const bool open = IsLoopback(host);
+  http_.set_pre_routing_handler([this, open](const httplib::Request& req,
+                                             httplib::Response& res) {
+    if (open) return httplib::Server::HandlerResponse::Unhandled;
+    std::string presented;
+    const std::string auth = req.get_header_value("Authorization");
+    if (auth.rfind("Bearer ", 0) == 0) {
+      presented = auth.substr(7);
+    } else if (req.has_param("token")) {
+      presented = req.get_param_value("token");
+    }
+    if (!presented.empty() && ConstantTimeEquals(presented, o_.token)) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    res.status = 401;
+    res.set_header("WWW-Authenticate", "Bearer realm=\"endure\"");
+    res.set_content(
+        "401 Unauthorized: this controller serves beyond loopback; send the job token as "
+        "'Authorization: Bearer TOKEN' or '?token=TOKEN'\n",
+        "text/plain");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // GET only: nothing a client sends needs more than a few kilobytes.
+  http_.set_payload_max_length(64 * 1024);
+  http_.set_read_timeout(5, 0);
+  http_.set_write_timeout(5, 0);
   http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     std::lock_guard<std::mutex> lock(http_mu_);
     res.set_content(metrics_text_, "text/plain; version=0.0.4");
@@ -529,13 +771,13 @@ Result<std::string> Controller::StartHttp() {
     // A minimal dashboard: the live status, refreshed every second.
     res.set_content(
         "<!doctype html><title>Endure</title><h1>Endure job</h1><pre id=s>loading</pre>"
-        "<p><a href=/metrics>/metrics</a> <a href=/api/status>/api/status</a></p><script>"
-        "setInterval(()=>fetch('/api/status').then(r=>r.json()).then(j=>"
+        "<p><a id=m href=/metrics>/metrics</a> <a id=a href=/api/status>/api/status</a></p>"
+        "<script>const q=location.search;"  // carries ?token= beyond loopback
+        "document.getElementById('m').href+=q;document.getElementById('a').href+=q;"
+        "setInterval(()=>fetch('/api/status'+q).then(r=>r.json()).then(j=>"
         "document.getElementById('s').textContent=JSON.stringify(j,null,2)),1000)</script>",
         "text/html");
   });
-  const std::string host = o_.http_listen.substr(0, o_.http_listen.rfind(':'));
-  const int wanted = std::atoi(o_.http_listen.substr(o_.http_listen.rfind(':') + 1).c_str());
   const int port = wanted > 0 && http_.bind_to_port(host.c_str(), wanted)
                        ? wanted
                        : (wanted > 0 ? -1 : http_.bind_to_any_port(host.c_str()));
@@ -558,6 +800,12 @@ Result<int> Controller::Run() {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(o_.listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  // Each stream holds a thread of the synchronous server: bounded with the
+  // connections (Attach refuses beyond them), plus the server's own pollers.
+  grpc::ResourceQuota quota("endure-controller");
+  quota.SetMaxThreads(2 * MaxConnections(o_.spec) + 32);
+  builder.SetResourceQuota(quota);
   builder.RegisterService(this);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
@@ -572,38 +820,48 @@ Result<int> Controller::Run() {
   if (!http.ok()) return http.status();
   ENDURE_RETURN_IF_ERROR(
       WriteFileAtomically(Env::Default(), JoinPath(o_.state_dir, "http.addr"), *http));
+  // What the durable directory already holds (an earlier run in this state
+  // directory): a rollback before this run's first checkpoint goes there.
+  if (!checkpoints_.found_steps().empty()) {
+    const std::vector<int64_t>& found = checkpoints_.found_steps();
+    std::fprintf(stderr, "endure controller: the durable directory holds %zu committed step(s), "
+                 "the newest %lld\n", found.size(), static_cast<long long>(found.back()));
+    const TimePoint now = Now();
+    Execute(machine_.Step(core::CheckpointsFound{found}, now), now);
+  }
   WriteStatus(Now(), true);
   std::fprintf(stderr, "endure controller: job '%s' listening on %s (gRPC), http://%s/ (metrics)\n",
                o_.spec.name.c_str(), address.c_str(), http->c_str());
 
   while (!finish_) {
-    Queued item;
-    bool have = false;
-    {
-      std::unique_lock<std::mutex> lock(queue_mu_);
-      std::optional<TimePoint> deadline = machine_.NextDeadline();
-      auto ready = [&] { return !queue_.empty(); };
-      if (deadline) {
-        const auto wake = std::chrono::steady_clock::time_point(
-            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                deadline->time_since_epoch()));
-        queue_cv_.wait_until(lock, wake, ready);
-      } else {
-        queue_cv_.wait_for(lock, std::chrono::milliseconds(500), ready);
-      }
-      if (!queue_.empty()) {
-        item = std::move(queue_.front());
-        queue_.pop_front();
-        have = true;
-      }
+    // At least once a second: silent new streams are cancelled on time.
+    TimePoint wake = Now() + std::chrono::seconds(1);
+    if (std::optional<TimePoint> deadline = machine_.NextDeadline()) {
+      wake = std::min(wake, *deadline);
     }
+    if (stop_deadline_) wake = std::min(wake, *stop_deadline_);
+    std::optional<Queued> next = queue_.PopUntil(std::chrono::steady_clock::time_point(
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(wake.time_since_epoch())));
+    const bool have = next.has_value();
+    Queued item = have ? std::move(*next) : Queued{};
     const TimePoint now = Now();
+    CancelSilentHellos(now);
+    if (item.stop_signal > 0 && !stop_deadline_) StopOnSignal(item.stop_signal, now);
+    if (stop_deadline_) {
+      OnCheckpointEvent(item);
+      if (item.stopped) stopped_nodes_.insert(item.node);
+      if (EveryAgentStopped() || now >= *stop_deadline_) FinishStop();
+      continue;
+    }
     if (!have) {
       item.event = core::Tick{};
       item.at = now;
     }
     if (item.log_match) {
-      last_log_[{machine_.generation(), item.log_match->rank()}] = *item.log_match;
+      const int rank = item.log_match->rank();
+      if (rank >= 0 && rank < o_.spec.world_size()) {
+        last_log_[{machine_.generation(), rank}] = *item.log_match;
+      }
       continue;
     }
     OnCheckpointEvent(item);
@@ -611,10 +869,10 @@ Result<int> Controller::Run() {
     if (auto* exit = std::get_if<core::WorkerExitEvent>(&*item.event)) {
       auto it = last_log_.find({exit->generation, exit->rank});
       if (it != last_log_.end()) {
-        exit->log_cause = it->second.cause();
+        exit->log_cause = SanitizeUtf8(it->second.cause());  // bytes: a worker's output
         exit->log_action = it->second.action();
         exit->log_rule = it->second.rule();
-        exit->log_line = it->second.line();
+        exit->log_line = SanitizeUtf8(it->second.line());
       }
       if (!item.fingerprint.empty() && exit->rank == 0) fingerprint_ = item.fingerprint;
     }
@@ -648,20 +906,24 @@ Result<int> Controller::Run() {
                   machine_.step(),
                   machine_.last_loss(),
                   {}};
+  in.stopped_by = stopped_by_;
   {
     std::lock_guard<std::mutex> lock(conns_mu_);
-    for (const auto& [node, conn] : conns_) in.nodes.push_back(conn->name);
+    in.nodes = node_names_;
   }
   nlohmann::json report = BuildReport(in);
   report["checkpoint"] = checkpoints_.ReportJson();
-  (void)store_->SaveReport(report);
+  Journal("the report", store_->SaveReport(report));
   job.finished_at_unix = WallSeconds();
   job.exit_code = finish_->exit_code;
   job.verdict = finish_->reason;
   job.param_fingerprint = fingerprint_;
-  (void)store_->SaveJob(job);
+  Journal("the job", store_->SaveJob(job));
   ENDURE_RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), JoinPath(o_.state_dir, "report.json"),
                                              report.dump(2) + "\n"));
+  // The agents were told to shut down: give them their grace period to stop
+  // their workers and hang up, then end the streams of any that did not.
+  AwaitAgents(Now() + o_.spec.recovery.grace_period + std::chrono::seconds(3));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
   http_.stop();
   if (http_thread_.joinable()) http_thread_.join();
@@ -673,8 +935,31 @@ Result<int> Controller::Run() {
 Result<int> RunController(const ControllerOptions& options) {
   ControllerOptions o = options;
   if (o.token.empty()) return InvalidArgument("no job token: set ENDURE_TOKEN or --token-file");
-  Controller controller(std::move(o), Now());
-  return controller.Run();
+  // SIGTERM and SIGINT (Slurm, Kubernetes, Ctrl-C) are taken by one thread
+  // with sigtimedwait, never by a handler: they are blocked before any other
+  // thread exists, so every thread inherits the mask.
+  sigset_t stop_signals, previous;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, &previous);
+  Result<int> code = Internal("the controller did not run");
+  {
+    Controller controller(std::move(o), Now());
+    std::atomic<bool> done{false};
+    std::thread signals([&] {
+      while (!done) {
+        const timespec poll{0, 100 * 1000 * 1000};
+        const int sig = sigtimedwait(&stop_signals, nullptr, &poll);
+        if (sig > 0) controller.OnSignal(sig);
+      }
+    });
+    code = controller.Run();
+    done = true;
+    signals.join();
+  }
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  return code;
 }
 
 }  // namespace endure::controller

@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <utility>
 
@@ -114,6 +117,19 @@ Status ValidProgressPattern(const std::string& pattern) {
   return Status::Ok();
 }
 
+// "node12" -> 12; nullopt for anything else (no sign, no spaces, fits an int).
+std::optional<int> NodeIndex(std::string_view name) {
+  constexpr std::string_view kPrefix = "node";
+  if (name.size() <= kPrefix.size() || name.substr(0, kPrefix.size()) != kPrefix) {
+    return std::nullopt;
+  }
+  const std::string_view digits = name.substr(kPrefix.size());
+  int n = -1;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+  if (ec != std::errc() || end != digits.data() + digits.size() || n < 0) return std::nullopt;
+  return n;
+}
+
 bool ValidJobName(std::string_view name) {
   return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
@@ -197,6 +213,15 @@ class SpecParser {
     return *d;
   }
 
+  // Stop paths wait this long at most: a deadline of days is no deadline.
+  // `max_text` is `max` as the message shows it.
+  Status AtMost(const toml::node& node, std::string_view key, Duration d, Duration max,
+                std::string_view max_text) const {
+    if (d <= max) return Status::Ok();
+    return Error(node, key,
+                 "must be at most " + std::string(max_text) + ", got " + node.as_string()->get());
+  }
+
   Result<int64_t> Bytes(const toml::node& node, std::string_view key) const {
     if (node.is_integer()) return Integer(node, key, 0);
     if (!node.is_string()) {
@@ -212,7 +237,7 @@ class SpecParser {
   // Runs the handler of each key of `table` (section `section`); refuses keys
   // without one, listing the valid keys.
   Status Keys(const toml::table& table, const std::string& section,
-              const std::vector<std::pair<std::string, Handler>>& handlers) const {
+              const std::vector<std::pair<std::string, Handler>>& handlers) {
     // In file order, so that the first error reported is the first in the file.
     std::vector<std::pair<const toml::key*, const toml::node*>> entries;
     for (const auto& [k, value] : table) entries.emplace_back(&k, &value);
@@ -223,6 +248,7 @@ class SpecParser {
     for (const auto& [k, value] : entries) {
       const std::string name(k->str());
       const std::string key = section + "." + name;
+      lines_[key] = LineOf(k->source());
       auto it = std::find_if(handlers.begin(), handlers.end(),
                              [&](const auto& h) { return h.first == name; });
       if (it == handlers.end()) {
@@ -238,6 +264,7 @@ class SpecParser {
   }
 
   Status Parse(std::string_view text, JobSpec& spec);
+  const std::map<std::string, int>& lines() const { return lines_; }
 
  private:
   Status ParseJob(const toml::table& t, JobSpec& spec);
@@ -248,7 +275,8 @@ class SpecParser {
   Status ParseSchedule(const toml::table& t, JobSpec& spec);
 
   std::string path_;
-  // Lines of keys that later cross-checks point at.
+  // The line of every key read so far (and of [faults_schedule]), for the
+  // cross-checks that point at one, and for JobSpec::key_lines.
   std::map<std::string, int> lines_;
 };
 
@@ -350,12 +378,21 @@ Status SpecParser::ParseJob(const toml::table& t, JobSpec& spec) {
         }},
        {"nodes",
         [&](const toml::node& v, const std::string& key) -> Status {
-          ENDURE_ASSIGN_OR_RETURN(spec.nodes, Int(v, key, 1));
+          ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1, kMaxNodes));
+          spec.nodes = static_cast<int>(n);
           return Status::Ok();
         }},
        {"ranks_per_node",
         [&](const toml::node& v, const std::string& key) -> Status {
-          ENDURE_ASSIGN_OR_RETURN(spec.ranks_per_node, Int(v, key, 1));
+          ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1));
+          if (n > kMaxRanksPerNode) {
+            return Error(v, key,
+                         "must be at most " + std::to_string(kMaxRanksPerNode) + ", got " +
+                             std::to_string(n) +
+                             ": it is the number of workers (GPUs) on one machine; use more "
+                             "nodes for a larger world");
+          }
+          spec.ranks_per_node = static_cast<int>(n);
           return Status::Ok();
         }},
        {"state_dir",
@@ -383,10 +420,10 @@ Status SpecParser::ParseJob(const toml::table& t, JobSpec& spec) {
           ENDURE_ASSIGN_OR_RETURN(spec.listen, String(v, key));
           const size_t colon = spec.listen.rfind(':');
           const std::string port = colon == std::string::npos ? "" : spec.listen.substr(colon + 1);
-          if (colon == 0 || port.empty() ||
-              !std::all_of(port.begin(), port.end(),
-                           [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }) ||
-              std::stol(port.substr(0, 6)) > 65535) {
+          int number = -1;
+          const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), number);
+          if (colon == 0 || port.empty() || ec != std::errc() ||
+              end != port.data() + port.size() || number < 0 || number > 65535) {
             return Error(v, key,
                          "'" + spec.listen +
                              "' is not HOST:PORT (e.g. \"127.0.0.1:0\", port 0 picks a free one)");
@@ -402,6 +439,16 @@ Status SpecParser::ParseJob(const toml::table& t, JobSpec& spec) {
       return Error(LineOf(t.source()), std::string("job.") + required,
                    "missing: [job] needs name, command and state_dir");
     }
+  }
+  // Each factor is bounded, so the product fits; it is checked in 64 bits anyway.
+  const int64_t world = int64_t{spec.nodes} * spec.ranks_per_node;
+  if (world > kMaxWorldSize) {
+    const std::string key =
+        lines_["job.nodes"] > lines_["job.ranks_per_node"] ? "job.nodes" : "job.ranks_per_node";
+    return Error(lines_[key], key,
+                 "the world size nodes x ranks_per_node = " + std::to_string(spec.nodes) + " x " +
+                     std::to_string(spec.ranks_per_node) + " = " + std::to_string(world) +
+                     " is more than " + std::to_string(kMaxWorldSize) + " ranks");
   }
   return Status::Ok();
 }
@@ -471,7 +518,8 @@ Status SpecParser::ParseDetection(const toml::table& t, JobSpec& spec) {
                 }},
                {"hang_window",
                 [&](const toml::node& v, const std::string& key) -> Status {
-                  ENDURE_ASSIGN_OR_RETURN(d.hang_window, Int(v, key, 1));
+                  ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1, kMaxDetectionWindow));
+                  d.hang_window = static_cast<int>(n);
                   return Status::Ok();
                 }},
                {"startup_timeout", duration(&d.startup_timeout, true)},
@@ -488,7 +536,8 @@ Status SpecParser::ParseDetection(const toml::table& t, JobSpec& spec) {
                 }},
                {"loss_window",
                 [&](const toml::node& v, const std::string& key) -> Status {
-                  ENDURE_ASSIGN_OR_RETURN(d.loss_window, Int(v, key, 2));
+                  ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 2, kMaxDetectionWindow));
+                  d.loss_window = static_cast<int>(n);
                   return Status::Ok();
                 }},
                {"on_recurrence",
@@ -504,7 +553,11 @@ Status SpecParser::ParseDetection(const toml::table& t, JobSpec& spec) {
                   ENDURE_ASSIGN_OR_RETURN(d.log_rules, String(v, key));
                   return Status::Ok();
                 }},
-               {"stack_timeout", duration(&d.stack_timeout, true)},
+               {"stack_timeout",
+                [&](const toml::node& v, const std::string& key) -> Status {
+                  ENDURE_ASSIGN_OR_RETURN(d.stack_timeout, Dur(v, key, true));
+                  return AtMost(v, key, d.stack_timeout, kMaxStopTimeout, "1h");
+                }},
                {"progress_pattern", [&](const toml::node& v, const std::string& key) -> Status {
                   ENDURE_ASSIGN_OR_RETURN(d.progress_pattern, String(v, key));
                   if (Status st = ValidProgressPattern(d.progress_pattern); !st.ok()) {
@@ -535,7 +588,11 @@ Status SpecParser::ParseRecovery(const toml::table& t, JobSpec& spec) {
             {"restart_window", duration(&r.restart_window, true)},
             {"backoff_initial", duration(&r.backoff_initial, false)},
             {"backoff_max", duration(&r.backoff_max, false)},
-            {"grace_period", duration(&r.grace_period, false)},
+            {"grace_period",
+             [&](const toml::node& v, const std::string& key) -> Status {
+               ENDURE_ASSIGN_OR_RETURN(r.grace_period, Dur(v, key, false));
+               return AtMost(v, key, r.grace_period, kMaxStopTimeout, "1h");
+             }},
             {"structural_repeats", integer(&r.structural_repeats)},
             {"evict_node_after", integer(&r.evict_node_after)},
             {"startup_repeats", integer(&r.startup_repeats)},
@@ -597,14 +654,8 @@ Status SpecParser::ParseFault(const toml::table& t, int index, JobSpec& spec) {
        {"node",
         [&](const toml::node& v, const std::string& key) -> Status {
           ENDURE_ASSIGN_OR_RETURN(f.node, String(v, key));
-          int n = -1;
-          if (f.node.size() > 4 && f.node.compare(0, 4, "node") == 0 &&
-              std::all_of(f.node.begin() + 4, f.node.end(),
-                          [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }) &&
-              f.node.size() < 12) {
-            n = std::stoi(f.node.substr(4));
-          }
-          if (n < 0 || n >= spec.nodes) {
+          const std::optional<int> n = NodeIndex(f.node);
+          if (!n || *n >= spec.nodes) {
             return Error(v, key,
                          "'" + f.node + "' is not a node of this job: use node0 .. node" +
                              std::to_string(spec.nodes - 1));
@@ -650,7 +701,7 @@ Status SpecParser::ParseFault(const toml::table& t, int index, JobSpec& spec) {
         "disk-error, corrupt-t0 or corrupt-t1)");
   }
   if (f.kind == faults::FaultKind::kKillAgent && !f.node.empty() && f.rank >= 0 &&
-      f.rank / spec.ranks_per_node != std::stoi(f.node.substr(4))) {
+      f.rank / spec.ranks_per_node != NodeIndex(f.node)) {
     return Error(line, prefix + ".node",
                  "rank " + std::to_string(f.rank) + " does not run on " + f.node +
                      ": give the node or a rank, not both");
@@ -697,10 +748,16 @@ Status SpecParser::ParseSchedule(const toml::table& t, JobSpec& spec) {
     return Error(line, "faults_schedule.mtbf",
                  "missing: give the mean time between faults, e.g. \"60s\"");
   }
-  for (faults::Fault& f :
-       faults::PoissonSchedule(s.mtbf, s.seed, s.horizon, spec.world_size(), s.kind)) {
-    spec.faults.push_back(std::move(f));
+  // Bounded with the listed faults: the total is what the controller holds.
+  const int64_t room =
+      std::max<int64_t>(0, faults::kMaxScheduledFaults - static_cast<int64_t>(spec.faults.size()));
+  Result<std::vector<faults::Fault>> drawn =
+      faults::PoissonSchedule(s.mtbf, s.seed, s.horizon, spec.world_size(), s.kind, room);
+  if (!drawn.ok()) {
+    const std::string key = "faults_schedule.mtbf";
+    return Error(lines_.count(key) ? lines_[key] : line, key, drawn.status().message());
   }
+  for (faults::Fault& f : *drawn) spec.faults.push_back(std::move(f));
   spec.schedule = s;
   return Status::Ok();
 }
@@ -712,15 +769,58 @@ Result<JobSpec> ParseJobSpec(std::string_view text, const std::string& path) {
   spec.path = path;
   SpecParser parser(path);
   ENDURE_RETURN_IF_ERROR(parser.Parse(text, spec));
+  spec.key_lines = parser.lines();
   return spec;
 }
 
 Result<JobSpec> LoadJobSpec(const std::string& path) {
+  // A spec is a page of TOML: a huge file (or a device) is not read whole.
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::exists(st)) {
+    if (!std::filesystem::is_regular_file(st)) {
+      return InvalidArgument(path + ": cannot read the job spec: not a regular file");
+    }
+    const uintmax_t size = std::filesystem::file_size(path, ec);
+    if (!ec && size > static_cast<uintmax_t>(kMaxSpecBytes)) {
+      return InvalidArgument(path + ": the job spec is " + std::to_string(size) +
+                             " bytes; at most " + std::to_string(kMaxSpecBytes) + " are read");
+    }
+  }
   Result<std::string> text = Env::Default()->ReadFile(path);
   if (!text.ok()) {
     return InvalidArgument(path + ": cannot read the job spec: " + text.status().message());
   }
   return ParseJobSpec(*text, path);
+}
+
+Status ValidateForEmbeddedRun(const JobSpec& spec) {
+  auto error = [&](const std::string& key, const std::string& message) {
+    auto it = spec.key_lines.find(key);
+    const int line = it == spec.key_lines.end() ? 1 : std::max(it->second, 1);
+    return InvalidArgument(spec.path + ":" + std::to_string(line) + ": key '" + key +
+                           "': " + message);
+  };
+  const std::string across =
+      "; for more, run `endure controller` on one host and `endure agent` on each node "
+      "(README, \"How it works\")";
+  if (spec.nodes > kMaxEmbeddedNodes) {
+    return error("job.nodes", "endure run starts every node as a process on this machine: at most " +
+                                  std::to_string(kMaxEmbeddedNodes) + " nodes, got " +
+                                  std::to_string(spec.nodes) + across);
+  }
+  if (spec.world_size() > kMaxEmbeddedWorldSize) {
+    auto line = [&](const char* key) {
+      auto it = spec.key_lines.find(key);
+      return it == spec.key_lines.end() ? 0 : it->second;
+    };
+    const std::string key =
+        line("job.nodes") > line("job.ranks_per_node") ? "job.nodes" : "job.ranks_per_node";
+    return error(key, "endure run starts every rank as a process on this machine: at most " +
+                          std::to_string(kMaxEmbeddedWorldSize) + " ranks (nodes x " +
+                          "ranks_per_node), got " + std::to_string(spec.world_size()) + across);
+  }
+  return Status::Ok();
 }
 
 core::JobMachineOptions MachineOptions(const JobSpec& spec) {
@@ -761,7 +861,8 @@ std::vector<core::ExternalFault> ExternalFaults(const JobSpec& spec) {
     e.id = f.id;
     e.kind = std::string(faults::FaultKindName(f.kind));
     e.rank = f.rank;
-    if (agent && !f.node.empty()) e.rank = std::stoi(f.node.substr(4)) * spec.ranks_per_node;
+    // The parser accepted only "nodeN" with N a node of the job.
+    if (agent && !f.node.empty()) e.rank = NodeIndex(f.node).value_or(0) * spec.ranks_per_node;
     if (agent && e.rank >= 0) e.rank -= e.rank % spec.ranks_per_node;
     e.step = f.step;
     e.at = f.at;

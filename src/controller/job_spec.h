@@ -26,6 +26,20 @@
 
 namespace endure::controller {
 
+// Bounds that keep an absurd spec from crashing or exhausting the machine:
+// refused with the file, line and key like any other bad value.
+inline constexpr int kMaxNodes = 100'000;
+inline constexpr int kMaxRanksPerNode = 1024;  // workers (GPUs) of one machine
+inline constexpr int kMaxWorldSize = 1 << 20;  // nodes x ranks_per_node
+inline constexpr int kMaxDetectionWindow = 100'000;  // hang_window, loss_window (steps)
+inline constexpr Duration kMaxStopTimeout = std::chrono::hours(1);  // grace_period, stack_timeout
+inline constexpr int64_t kMaxSpecBytes = 1 << 20;  // the spec file
+// `endure run` starts every node (an agent) and every rank (a worker) on this
+// one machine; beyond these it refuses and points to `endure controller` and
+// `endure agent` across machines.
+inline constexpr int kMaxEmbeddedNodes = 256;
+inline constexpr int kMaxEmbeddedWorldSize = 1024;
+
 // [checkpoint]
 struct CheckpointSpec {
   int64_t every_steps = 0;  // 0: no checkpoints
@@ -111,15 +125,25 @@ struct JobSpec {
   std::vector<faults::Fault> faults;
   std::optional<FaultScheduleSpec> schedule;
 
+  // The line of every key the file set ("job.nodes" -> 4), for messages of
+  // checks made after parsing (ValidateForEmbeddedRun).
+  std::map<std::string, int> key_lines;
+
   int world_size() const { return nodes * ranks_per_node; }
 };
 
 // Parses the spec text read from `path` (used in messages only).
 Result<JobSpec> ParseJobSpec(std::string_view text, const std::string& path);
 
-// Reads and parses the spec at `path`. A file that cannot be read is an
-// InvalidArgument naming the path.
+// Reads and parses the spec at `path`. A file that cannot be read, or is
+// larger than kMaxSpecBytes, is an InvalidArgument naming the path.
 Result<JobSpec> LoadJobSpec(const std::string& path);
+
+// The limits of `endure run`, which starts every node and rank on this
+// machine: at most kMaxEmbeddedNodes nodes and kMaxEmbeddedWorldSize ranks.
+// InvalidArgument "FILE:LINE: key 'job.nodes': ..." saying to run `endure
+// controller` and `endure agent` across machines for more.
+Status ValidateForEmbeddedRun(const JobSpec& spec);
 
 // The decision cores' options for `spec`: nodes and ranks, the hang and loss
 // detectors, the anomaly and recovery policies. Valid for every parsed spec.

@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include "common/env.h"
 
@@ -233,7 +234,7 @@ horizon = "5m"
   ASSERT_TRUE(spec->schedule.has_value());
   EXPECT_EQ(spec->schedule->seed, 7u);
   const std::vector<faults::Fault> expected =
-      faults::PoissonSchedule(std::chrono::seconds(60), 7, std::chrono::minutes(5), 32);
+      *faults::PoissonSchedule(std::chrono::seconds(60), 7, std::chrono::minutes(5), 32);
   ASSERT_EQ(spec->faults.size(), 4 + expected.size());
   for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(spec->faults[4 + i], expected[i]);
 
@@ -438,6 +439,97 @@ TEST(JobSpec, NegativeAndOutOfRangeValues) {
                            : std::string(kMinimal) + c.text;
     EXPECT_THAT(ErrorOf(text), HasSubstr(c.message)) << c.text;
   }
+}
+
+// Specs that used to crash or exhaust the machine: a world size that
+// overflowed int (65536 x 65536 = 0, then SIGFPE), a schedule of 6e8 faults
+// (bad_alloc), windows that reserve gigabytes, node numbers that made
+// std::stoi throw, stop deadlines of days. Each is refused with its key.
+TEST(JobSpec, AbsurdSizesAreRefusedWithTheirKey) {
+  struct Case {
+    std::string text;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"nodes = 65536\nranks_per_node = 65536\n",
+            "job.toml:6: key 'job.ranks_per_node': must be at most 1024, got 65536: it is the "
+            "number of workers (GPUs) on one machine"},
+           {"nodes = 100001\n", "job.toml:5: key 'job.nodes': must be at most 100000, got 100001"},
+           {"ranks_per_node = 16\nnodes = 100000\n",
+            "job.toml:6: key 'job.nodes': the world size nodes x ranks_per_node = 100000 x 16 = "
+            "1600000 is more than 1048576 ranks"},
+           {"[faults_schedule]\nmtbf = \"1us\"\n",
+            "job.toml:6: key 'faults_schedule.mtbf': the schedule would hold about 6e+08 faults "
+            "over the horizon 600s with mtbf 1us; at most 100000 are allowed: raise the mtbf or "
+            "shorten the horizon"},
+           {"[faults_schedule]\nhorizon = \"100d\"\nmtbf = \"1s\"\n",
+            "job.toml:7: key 'faults_schedule.mtbf': the schedule would hold about 8.64e+06"},
+           {"[detection]\nhang_window = 2147483647\n",
+            "job.toml:6: key 'detection.hang_window': must be at most 100000, got 2147483647"},
+           {"[detection]\nloss_window = 1000000000\n",
+            "job.toml:6: key 'detection.loss_window': must be at most 100000"},
+           {"[recovery]\ngrace_period = \"1000h\"\n",
+            "job.toml:6: key 'recovery.grace_period': must be at most 1h, got 1000h"},
+           {"[detection]\nstack_timeout = \"2h\"\n",
+            "job.toml:6: key 'detection.stack_timeout': must be at most 1h"},
+           {"listen = \"h:99999999999999999999\"\n", "job.toml:5: key 'job.listen'"},
+           {"nodes = 2\n[[faults]]\nkind = \"kill-agent\"\nnode = \"node99999999999999999999\"\n"
+            "at = \"1s\"\n",
+            "job.toml:8: key 'faults[0].node': 'node99999999999999999999' is not a node of this "
+            "job"},
+           {"nodes = 2\n[[faults]]\nkind = \"kill-agent\"\nnode = \"node+1\"\nat = \"1s\"\n",
+            "job.toml:8: key 'faults[0].node': 'node+1' is not a node of this job"},
+           {"nodes = 2\n[[faults]]\nkind = \"kill-agent\"\nnode = \"node-1\"\nat = \"1s\"\n",
+            "job.toml:8: key 'faults[0].node': 'node-1' is not a node of this job"},
+       }) {
+    EXPECT_THAT(ErrorOf(std::string(kMinimal) + c.text), HasSubstr(c.message)) << c.text;
+  }
+  // At the bounds, a spec parses (a controller across machines may run it).
+  Result<JobSpec> big = ParseJobSpec(
+      std::string(kMinimal) + "nodes = 100000\nranks_per_node = 8\n[faults_schedule]\n"
+                              "mtbf = \"6ms\"\n",
+      "job.toml");
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+  EXPECT_EQ(big->world_size(), 800000);
+  EXPECT_GT(big->faults.size(), 99000u);
+  EXPECT_LE(big->faults.size(), 100000u);
+}
+
+TEST(JobSpec, EmbeddedRunLimitsNameTheKey) {
+  Result<JobSpec> many = ParseJobSpec(std::string(kMinimal) + "nodes = 100000\n", "job.toml");
+  ASSERT_TRUE(many.ok()) << many.status().ToString();
+  Status st = ValidateForEmbeddedRun(*many);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(),
+              AllOf(HasSubstr("job.toml:5: key 'job.nodes': endure run starts every node as a "
+                              "process on this machine: at most 256 nodes, got 100000"),
+                    HasSubstr("`endure controller`"), HasSubstr("`endure agent`")));
+  Result<JobSpec> wide =
+      ParseJobSpec(std::string(kMinimal) + "nodes = 8\nranks_per_node = 256\n", "job.toml");
+  ASSERT_TRUE(wide.ok()) << wide.status().ToString();
+  EXPECT_THAT(ValidateForEmbeddedRun(*wide).message(),
+              HasSubstr("job.toml:6: key 'job.ranks_per_node': endure run starts every rank as a "
+                        "process on this machine: at most 1024 ranks (nodes x ranks_per_node), "
+                        "got 2048"));
+  Result<JobSpec> fits =
+      ParseJobSpec(std::string(kMinimal) + "nodes = 256\nranks_per_node = 4\n", "job.toml");
+  ASSERT_TRUE(fits.ok());
+  EXPECT_TRUE(ValidateForEmbeddedRun(*fits).ok());
+}
+
+TEST(JobSpec, LoadRefusesAHugeFile) {
+  char tmpl[] = "/tmp/endure-spec-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string path = dir + "/huge.toml";
+  std::string text = kMinimal;
+  text += "# " + std::string(kMaxSpecBytes, 'x') + "\n";
+  ASSERT_TRUE(WriteFileAtomically(Env::Default(), path, text).ok());
+  Result<JobSpec> spec = LoadJobSpec(path);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(spec.status().message(), HasSubstr(path + ": the job spec is"));
+  EXPECT_THAT(spec.status().message(), HasSubstr("at most 1048576"));
+  EXPECT_THAT(LoadJobSpec(dir).status().message(), HasSubstr("not a regular file"));
+  ASSERT_TRUE(Env::Default()->RemoveAll(dir).ok());
 }
 
 TEST(JobSpec, ProgressPatternMustCompileAndNameTheStep) {

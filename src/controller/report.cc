@@ -142,6 +142,9 @@ std::string Outcome(const Json& report) {
   if (!report.value("final", true)) return "not finished";
   const Json& code = report["exit_code"];
   if (!code.is_number_integer()) return "not finished";
+  if (report.contains("stopped_by") && report["stopped_by"].is_string()) {
+    return "stopped by " + report["stopped_by"].get<std::string>();
+  }
   switch (code.get<int>()) {
     case 0:
       return "completed";
@@ -176,6 +179,8 @@ Json BuildReport(const ReportInputs& in) {
   report["final"] = true;
   report["exit_code"] = in.exit_code;
   report["verdict"] = in.verdict;
+  report["completed"] = in.exit_code == 0 && in.stopped_by.empty();
+  report["stopped_by"] = in.stopped_by.empty() ? Json(nullptr) : Json(in.stopped_by);
   report["param_fingerprint"] = in.param_fingerprint;
   report["steps"] = in.steps;
   report["last_loss"] = std::isfinite(in.last_loss) ? Json(in.last_loss) : Json(nullptr);
@@ -209,6 +214,8 @@ Result<Json> ReportFromStore(StateStore& store) {
                                 "controller stopped before writing one; figures are "
                                 "as last saved")
                           : job.verdict;
+  report["completed"] = false;  // not known to have completed without the final report
+  report["stopped_by"] = nullptr;
   report["param_fingerprint"] = job.param_fingerprint;
   report["steps"] = nullptr;
   report["last_loss"] = nullptr;

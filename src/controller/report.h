@@ -35,9 +35,12 @@ struct ReportInputs {
   int64_t steps = 0;              // steps completed
   double last_loss = 0;
   std::vector<std::string> nodes;  // names of the nodes that took part
+  std::string stopped_by;          // "SIGTERM" when a signal stopped the job; empty otherwise
 };
 
-// The report as JSON; keys in docs/report.md. "final" is true.
+// The report as JSON; keys in docs/report.md. "final" is true; "completed"
+// is true only when training completed; "stopped_by" names the signal that
+// stopped the job (null otherwise).
 nlohmann::json BuildReport(const ReportInputs& inputs);
 
 // The report of a job from its state store: the final report when one was

@@ -232,6 +232,23 @@ TEST(Report, GaveUpAndEmpty) {
   EXPECT_THAT(RenderReport(nlohmann::json::object()), HasSubstr("Incidents: 0"));
 }
 
+TEST(Report, AJobStoppedByASignalIsNotCompletedAndSaysWhy) {
+  ScriptedJob job;
+  const core::JobMachine& m = job.Run();
+  ReportInputs in = Inputs(m);
+  in.exit_code = 128 + 15;
+  in.verdict = "stopped by SIGTERM at step 10 before training completed";
+  in.stopped_by = "SIGTERM";
+  const nlohmann::json r = BuildReport(in);
+  EXPECT_EQ(r["completed"], false);
+  EXPECT_EQ(r["stopped_by"], "SIGTERM");
+  EXPECT_EQ(r["exit_code"], 143);
+  EXPECT_THAT(RenderReport(r), HasSubstr("Job demo: stopped by SIGTERM (exit 143)"));
+  const nlohmann::json done = BuildReport(Inputs(m));
+  EXPECT_EQ(done["completed"], true);
+  EXPECT_TRUE(done["stopped_by"].is_null());
+}
+
 TEST(Report, FromStoreFinalOrAsLastSaved) {
   const std::string dir = testing::TempDir() + "report_test_store";
   (void)Env::Default()->RemoveAll(dir);

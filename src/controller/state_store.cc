@@ -169,6 +169,13 @@ Status StateStore::Exec(const char* sql) {
   return Status::Ok();
 }
 
+Status StateStore::RolledBack(Status failed) {
+  Status rollback = Exec("ROLLBACK");
+  if (rollback.ok()) return failed;
+  return Status(failed.code(), failed.message() + "; rolling the transaction back failed too (" +
+                                   rollback.message() + ")");
+}
+
 Status StateStore::Init() {
   sqlite3_busy_timeout(db_.get(), 5000);
   // WAL: a reader (`endure report`) never blocks the controller; FULL
@@ -179,10 +186,7 @@ Status StateStore::Init() {
     return Error("not a usable SQLite database");
   }
   ENDURE_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
-  auto rollback = [&](Status st) {
-    (void)Exec("ROLLBACK");
-    return st;
-  };
+  auto rollback = [&](Status st) { return RolledBack(std::move(st)); };
   if (Status st = Exec("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)");
       !st.ok()) {
     return rollback(st);
@@ -374,9 +378,7 @@ Status StateStore::SaveLedger(const core::EttrLedger& ledger) {
     s.Bind(1, std::string(core::LedgerCategoryName(category)));
     s.Bind(2, Seconds(ledger.total(category)));
     if (s.Step() != SQLITE_DONE) {
-      Status st = Error("saving the ledger");
-      (void)Exec("ROLLBACK");
-      return st;
+      return RolledBack(Error("saving the ledger"));
     }
   }
   return Exec("COMMIT");

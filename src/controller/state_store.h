@@ -105,6 +105,9 @@ class StateStore {
   static Result<StateStore> OpenWithFlags(const std::string& path, int flags);
   Status Init();
   Status Exec(const char* sql);
+  // Rolls back the open transaction after `failed`; returns `failed`, with
+  // the rollback's own error added when that fails too.
+  Status RolledBack(Status failed);
   Status Error(const std::string& what) const;
 
   std::string path_;

@@ -85,7 +85,10 @@ Status HangDetector::OnStepEnd(int rank, StepNumber step, TimePoint now) {
       // advances measure steps and nothing else.
       frontier_time_ = now;
       frontier_step_ = step;
-      for (const RankProgress& r : ranks_) frontier_step_ = std::max(frontier_step_, *r.last_step);
+      // `p` itself has no step yet: it is the one being recorded.
+      for (const RankProgress& r : ranks_) {
+        if (r.last_step) frontier_step_ = std::max(frontier_step_, *r.last_step);
+      }
     }
   }
   p.last_step = step;

@@ -252,6 +252,12 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
                    "); training goes on, restorable from the memory tiers (T0/T1) only";
       incidents_.push_back(std::move(inc));
     }
+  } else if (const auto* e = std::get_if<CheckpointsFound>(&event)) {
+    for (int64_t step : e->steps) {
+      auto at = std::lower_bound(found_checkpoints_.begin(), found_checkpoints_.end(), step);
+      if (at == found_checkpoints_.end() || *at != step) found_checkpoints_.insert(at, step);
+    }
+
   } else if (const auto* e = std::get_if<StackDumpEvent>(&event)) {
     for (Incident& inc : incidents_) {
       if (inc.generation == e->generation && inc.cause == "hang") {
@@ -373,19 +379,28 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
   std::optional<NodeId> evict;
   Duration delay{0};
   if (failure.anomaly) {
+    // What this run reported and what the tiers held before it: a job
+    // resumed from an earlier run's checkpoint rolls back to it, not to 0.
     std::vector<StepNumber> ckpts;
     for (int64_t s : checkpoints_) ckpts.push_back(StepNumber{s});
+    for (int64_t s : found_checkpoints_) ckpts.push_back(StepNumber{s});
     AnomalyDecision d = anomaly_.Decide(*failure.loss_anomaly, ckpts);
     inc.action = std::string(AnomalyActionName(d.action));
     reason = d.reason;  // it restates the anomaly itself
     if (d.action == AnomalyAction::kStop) {
       stop = true;
     } else {
-      restore_step_ = d.restore_step ? d.restore_step->value : 0;
+      // The restore is asked as "the newest at or before the step before
+      // the anomaly": the tiers, not this list, say which checkpoints exist
+      // and verify. Checkpoints of the anomalous step and later hold its
+      // update: they are the abandoned timeline.
+      const int64_t anomalous = failure.loss_anomaly->step.value;
+      restore_step_ = std::max<int64_t>(0, anomalous - 1);
+      abandoned_from_ = anomalous;
       skip_steps_.clear();
       for (StepNumber s : d.skip_steps) skip_steps_.push_back(s.value);
-      // Checkpoints after the restore point belong to the abandoned timeline.
       std::erase_if(checkpoints_, [&](int64_t s) { return s > restore_step_; });
+      std::erase_if(found_checkpoints_, [&](int64_t s) { return s > restore_step_; });
     }
   } else if (failure.log_action == "stop") {
     inc.action = "stop";
@@ -420,8 +435,12 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
       case RecoveryAction::kTolerate:
         break;
     }
-    // A crash restart resumes from the newest checkpoint of this timeline.
-    restore_step_ = checkpoints_.empty() ? -1 : checkpoints_.back();
+    // A crash restart resumes from the newest checkpoint that verifies: a
+    // rollback removed the abandoned timeline's, so all that remain are of
+    // this one, and a bound from this run's reports could only go back
+    // further (a commit whose report was lost) and make the trainer drop it.
+    restore_step_ = -1;
+    abandoned_from_ = -1;
   }
   inc.reason = reason;
   incidents_.push_back(std::move(inc));
@@ -477,7 +496,11 @@ void JobMachine::MaybeStart(TimePoint now, std::vector<JobAction>& out) {
   if (Incident* inc = OpenIncident()) inc->relaunched_at = now;
   phase_ = JobPhase::kRunning;
   out.push_back(StartGenerationAction{generation_, members_, generation_ == 0 ? -1 : restore_step_,
-                                      skip_steps_, fired_});
+                                      generation_ == 0 ? -1 : abandoned_from_, skip_steps_,
+                                      fired_});
+  // Removed with this start; a later restart abandons nothing more unless a
+  // new anomaly says so.
+  abandoned_from_ = -1;
 }
 
 void JobMachine::Finish(int code, std::string reason, TimePoint now, std::vector<JobAction>& out) {

@@ -118,17 +118,32 @@ struct PersistFailedEvent {
   std::string error;
 };
 
+// Committed checkpoints that exist although this run never reported them:
+// the shell lists the durable directory at start (an earlier run in the same
+// state directory may have left steps there). A rollback counts them.
+struct CheckpointsFound {
+  std::vector<int64_t> steps;
+};
+
 struct Tick {};
 
 using JobEvent =
     std::variant<NodeUp, NodeDown, NodeHeartbeat, WorkerReady, StepEnd, WorkerExitEvent,
-                 FaultFiredEvent, GenerationStoppedEvent, StackDumpEvent, PersistFailedEvent, Tick>;
+                 FaultFiredEvent, GenerationStoppedEvent, StackDumpEvent, PersistFailedEvent,
+                 CheckpointsFound, Tick>;
 
 // ---- Actions ----
 struct StartGenerationAction {
   int generation = 0;
   std::vector<NodeId> nodes;  // node i runs ranks [i * ranks_per_node, (i+1) * ranks_per_node)
-  int64_t restore_step = -1;  // -1: newest that verifies; 0: fresh; N: newest at or before N
+  // -1: newest that verifies (a start or a crash restart); 0: fresh; N: newest
+  // at or before N (a rollback: N is the step before the anomaly, whichever
+  // run wrote the checkpoint that the tiers find there).
+  int64_t restore_step = -1;
+  // >= 0 on a rollback: the anomalous step. Checkpoints of it and later hold
+  // its update (the abandoned timeline); the shell removes those this run
+  // wrote. -1: nothing is abandoned.
+  int64_t abandoned_from = -1;
   std::vector<int64_t> skip_steps;
   std::set<std::string> fired_faults;  // faults the workers must not fire again
 };
@@ -271,12 +286,14 @@ class JobMachine {
   int64_t start_step_ = 0;   // step the current generation started from
   bool productive_ = false;  // the current generation has completed a step
   double last_loss_ = 0;
-  std::vector<int64_t> checkpoints_;
+  std::vector<int64_t> checkpoints_;        // reported in this run, this timeline
+  std::vector<int64_t> found_checkpoints_;  // CheckpointsFound, ascending
   std::set<std::string> fired_;
   std::map<std::string, TimePoint> fired_at_;  // fault id -> time, current generation
   std::vector<std::pair<int, FaultFiredEvent>> fired_events_;
   std::optional<TimePoint> wait_until_;  // backoff before the next start
   int64_t restore_step_ = -1;
+  int64_t abandoned_from_ = -1;
   std::vector<int64_t> skip_steps_;
   std::vector<Incident> incidents_;
   bool incident_open_ = false;

@@ -121,7 +121,10 @@ TEST(JobMachine, KilledRankIsDetectedAtOnceAndRestartedFromTheLastCheckpoint) {
   auto restart = Find<StartGenerationAction>(job.StopBoth());
   ASSERT_EQ(restart.size(), 1u);
   EXPECT_EQ(restart[0].generation, 1);
-  EXPECT_EQ(restart[0].restore_step, 30);
+  // The newest checkpoint that verifies (the tiers hold step 30); nothing is
+  // abandoned by a crash.
+  EXPECT_EQ(restart[0].restore_step, -1);
+  EXPECT_EQ(restart[0].abandoned_from, -1);
   EXPECT_TRUE(restart[0].fired_faults.count("f1"));
   job.now += 0.5;
   job.Ready(30, 0.05);
@@ -139,6 +142,41 @@ TEST(JobMachine, KilledRankIsDetectedAtOnceAndRestartedFromTheLastCheckpoint) {
   const EttrLedger& l = job.m.ledger();
   EXPECT_GT(l.total(LedgerCategory::kRecompute), Duration(0));
   EXPECT_GT(l.total(LedgerCategory::kRecovery), Duration(0));
+}
+
+// A job resumed from step 20, which an earlier run in the same state
+// directory committed, hits a NaN at step 25 before its own first checkpoint.
+// It used to roll back to "the initial parameters" (restore_step 0), and the
+// shell then deleted every durable step: the machine knew only the
+// checkpoints this run reported.
+TEST(JobMachine, ARollbackBeforeTheRunsFirstCheckpointAsksForTheEarlierRunsOne) {
+  Job job;
+  job.Do(CheckpointsFound{{10, 15, 20}});
+  job.Up();
+  job.Ready(20);
+  job.Run(21, 24);
+  job.now += 0.15;
+  job.StepBoth(25, std::nan(""));
+  auto restart = Find<StartGenerationAction>(job.StopBoth());
+  ASSERT_EQ(restart.size(), 1u);
+  EXPECT_EQ(restart[0].restore_step, 24);
+  EXPECT_EQ(restart[0].abandoned_from, 25);
+  ASSERT_EQ(job.m.incidents().size(), 1u);
+  EXPECT_EQ(job.m.incidents()[0].action, "roll_back");
+  EXPECT_NE(job.m.incidents()[0].reason.find("the checkpoint of step 20, the newest before step 25"),
+            std::string::npos)
+      << job.m.incidents()[0].reason;
+  // A crash afterwards abandons nothing and asks for the newest.
+  job.Ready(20);
+  job.Run(21, 22);
+  job.now += 0.05;
+  job.Do(WorkerExitEvent{job.m.generation(), 0, NodeId{0}, std::nullopt, 9});
+  restart = Find<StartGenerationAction>(job.StopBoth());
+  ASSERT_EQ(restart.size(), 1u);
+  EXPECT_EQ(restart[0].restore_step, -1);
+  EXPECT_EQ(restart[0].abandoned_from, -1);
+  // The earlier run's steps are not this run's checkpoints in the report.
+  EXPECT_TRUE(job.m.checkpoints().empty());
 }
 
 TEST(JobMachine, HangIsDetectedAfterTheTimeoutWithStacks) {
@@ -176,7 +214,10 @@ TEST(JobMachine, NanRollsBackThenSkipsTheStepWhenItRecurs) {
   job.StepBoth(25, std::nan(""));
   auto restart = Find<StartGenerationAction>(job.StopBoth());
   ASSERT_EQ(restart.size(), 1u);
-  EXPECT_EQ(restart[0].restore_step, 20);
+  // The newest checkpoint before step 25, whichever the tiers hold (step 20
+  // here); checkpoints of step 25 and later hold the NaN update.
+  EXPECT_EQ(restart[0].restore_step, 24);
+  EXPECT_EQ(restart[0].abandoned_from, 25);
   EXPECT_TRUE(restart[0].skip_steps.empty());
   job.Ready(20);
   job.Run(21, 24);
@@ -184,7 +225,8 @@ TEST(JobMachine, NanRollsBackThenSkipsTheStepWhenItRecurs) {
   job.StepBoth(25, std::nan(""));
   restart = Find<StartGenerationAction>(job.StopBoth());
   ASSERT_EQ(restart.size(), 1u);
-  EXPECT_EQ(restart[0].restore_step, 20);
+  EXPECT_EQ(restart[0].restore_step, 24);
+  EXPECT_EQ(restart[0].abandoned_from, 25);
   EXPECT_EQ(restart[0].skip_steps, std::vector<int64_t>{25});
   // The re-run skips step 25: reported as skipped, it is not judged.
   job.Ready(20);
@@ -490,6 +532,74 @@ TEST(JobMachine, FailingPersistenceIsOneIncidentThatStopsNothing) {
   ASSERT_EQ(job.m.incidents().size(), 2u);
   EXPECT_EQ(job.m.incidents()[1].restore, "step 10 from T0 x2");
   EXPECT_EQ(job.m.incidents()[0].restore, "");
+}
+
+// Every message carries the generation it belongs to. One of an earlier
+// generation (a worker of a stopped generation exiting late, reports still
+// in flight, a stop confirmed twice) is dropped: it changes nothing.
+TEST(JobMachine, MessagesOfAStaleGenerationAreDropped) {
+  Job job;
+  job.Up();
+  job.Ready(0);
+  job.Run(1, 12);
+  job.now += 0.05;
+  ASSERT_EQ(
+      Find<StopGenerationAction>(job.Do(WorkerExitEvent{0, 1, NodeId{1}, std::nullopt, 9})).size(),
+      1u);
+  ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
+  ASSERT_EQ(job.m.generation(), 1);
+  const std::vector<int64_t> checkpoints = job.m.checkpoints();
+  const int64_t step = job.m.step();
+  const double loss = job.m.last_loss();
+
+  // Generation 1 has started; its workers are not ready yet. Generation 0
+  // says all it could.
+  std::vector<JobAction> actions;
+  auto stale = [&](const JobEvent& e) {
+    std::vector<JobAction> a = job.Do(e);
+    actions.insert(actions.end(), a.begin(), a.end());
+  };
+  job.now += 0.01;
+  for (int r = 0; r < 2; ++r) stale(WorkerReady{0, r, 12, 0.5});
+  stale(StepEnd{0, 0, 13, std::nan(""), 0, 13});
+  stale(StepEnd{0, 1, 13, std::nan(""), 0, -1});
+  stale(WorkerExitEvent{0, 0, NodeId{0}, std::nullopt, 9});
+  stale(WorkerExitEvent{0, 1, NodeId{1}, 1, std::nullopt, "xid_79", "evict_node", "xid_hardware",
+                        "NVRM: Xid 79"});
+  for (int r = 0; r < 2; ++r) stale(WorkerExitEvent{0, r, NodeId{r}, 0, std::nullopt});
+  stale(GenerationStoppedEvent{0, NodeId{0}});
+  stale(GenerationStoppedEvent{0, NodeId{1}});
+  EXPECT_TRUE(actions.empty()) << actions.size() << " actions";
+  EXPECT_EQ(job.m.phase(), JobPhase::kRunning);
+  EXPECT_EQ(job.m.generation(), 1);
+  EXPECT_EQ(job.m.step(), step);
+  EXPECT_EQ(job.m.last_loss(), loss);
+  EXPECT_EQ(job.m.checkpoints(), checkpoints);
+  ASSERT_EQ(job.m.incidents().size(), 1u);
+  EXPECT_FALSE(job.m.incidents()[0].ready_at.has_value());  // generation 1 is not ready
+  EXPECT_FALSE(job.m.incidents()[0].recovered_at.has_value());
+
+  // Generation 1 goes on as if nothing had been said.
+  job.Ready(10, 0.05);
+  EXPECT_EQ(job.m.incidents()[0].restored_step, 10);
+  EXPECT_EQ(job.m.incidents()[0].restore_s, 0.05);
+  job.Run(11, 15);
+  EXPECT_EQ(job.m.step(), 15);
+  EXPECT_TRUE(job.m.incidents()[0].recovered_at.has_value());
+
+  // It fails in turn: generation 0's stop confirmations do not stand for
+  // generation 1's, which alone start generation 2.
+  job.now += 0.05;
+  ASSERT_EQ(
+      Find<StopGenerationAction>(job.Do(WorkerExitEvent{1, 0, NodeId{0}, std::nullopt, 9})).size(),
+      1u);
+  EXPECT_TRUE(job.Do(GenerationStoppedEvent{0, NodeId{0}}).empty());
+  EXPECT_TRUE(job.Do(GenerationStoppedEvent{0, NodeId{1}}).empty());
+  EXPECT_EQ(job.m.phase(), JobPhase::kStopping);
+  std::vector<StartGenerationAction> next = Find<StartGenerationAction>(job.StopBoth());
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_EQ(next[0].generation, 2);
+  EXPECT_EQ(job.m.incidents().size(), 2u);
 }
 
 }  // namespace

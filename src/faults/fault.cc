@@ -2,7 +2,10 @@
 // Poisson schedule.
 #include "faults/fault.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -164,6 +167,10 @@ Result<std::vector<Fault>> DecodeFaults(std::string_view json) {
     auto get_int = [&](const std::string& key, int64_t lo, int64_t hi, int64_t* out) -> Status {
       const nlohmann::json& v = j.at(key);
       if (!v.is_number_integer()) return bad(key, "expected an integer, got " + v.dump());
+      // Above INT64_MAX, get<int64_t>() would wrap (2^64 - 1 read as -1).
+      if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+        return bad(key, v.dump() + " is out of range");
+      }
       const int64_t n = v.get<int64_t>();
       if (n < lo || n > hi) return bad(key, std::to_string(n) + " is out of range");
       *out = n;
@@ -222,9 +229,27 @@ Result<std::vector<Fault>> DecodeFaults(std::string_view json) {
   return faults;
 }
 
-std::vector<Fault> PoissonSchedule(Duration mtbf, uint64_t seed, Duration horizon, int world_size,
-                                   FaultKind kind) {
+double ExpectedFaultCount(Duration mtbf, Duration horizon) {
+  if (mtbf.count() <= 0) return std::numeric_limits<double>::infinity();
+  return std::max(0.0, static_cast<double>(horizon.count()) / static_cast<double>(mtbf.count()));
+}
+
+Result<std::vector<Fault>> PoissonSchedule(Duration mtbf, uint64_t seed, Duration horizon,
+                                           int world_size, FaultKind kind, int64_t max_faults) {
   ENDURE_CHECK(mtbf.count() > 0 && world_size >= 1);
+  auto too_many = [&](const std::string& what) {
+    return InvalidArgument(what + " over the horizon " + ExactDuration(horizon) + " with mtbf " +
+                           ExactDuration(mtbf) + "; at most " + std::to_string(max_faults) +
+                           " are allowed: raise the mtbf or shorten the horizon");
+  };
+  // Checked before drawing: an mtbf of a microsecond over ten minutes would
+  // otherwise allocate hundreds of millions of faults first.
+  const double expected = ExpectedFaultCount(mtbf, horizon);
+  if (expected > static_cast<double>(max_faults)) {
+    char count[32];
+    std::snprintf(count, sizeof count, "%.3g", expected);
+    return too_many(std::string("the schedule would hold about ") + count + " faults");
+  }
   std::mt19937_64 rng(seed);
   std::vector<Fault> faults;
   const double mean_ns = static_cast<double>(mtbf.count());
@@ -233,6 +258,10 @@ std::vector<Fault> PoissonSchedule(Duration mtbf, uint64_t seed, Duration horizo
     // Inverse transform: -mean * ln(1 - u) with u in [0, 1) never takes ln(0).
     t_ns += -mean_ns * std::log1p(-Unit53(rng));
     if (t_ns >= static_cast<double>(horizon.count())) break;
+    if (static_cast<int64_t>(faults.size()) >= max_faults) {
+      return too_many("seed " + std::to_string(seed) + " draws more than " +
+                      std::to_string(max_faults) + " faults");
+    }
     Fault f;
     f.id = "sched-" + std::to_string(faults.size() + 1);
     f.kind = kind;

@@ -89,6 +89,15 @@ std::string EncodeFaults(const std::vector<Fault>& faults);
 // does not Validate().
 Result<std::vector<Fault>> DecodeFaults(std::string_view json);
 
+// The most faults a seeded schedule may hold: each fault costs memory in the
+// controller and is handed to the workers, so a schedule of millions (an
+// mtbf of microseconds) is a mistake, refused with a message, not expanded.
+inline constexpr int64_t kMaxScheduledFaults = 100'000;
+
+// How many faults a schedule over `horizon` with mean time between faults
+// `mtbf` holds on average: horizon / mtbf (+inf for mtbf <= 0).
+double ExpectedFaultCount(Duration mtbf, Duration horizon);
+
 // A seeded Poisson process of faults of `kind` over [0, horizon): inter-
 // arrival times are exponential with mean `mtbf`, each fault has `at` set and
 // a rank drawn uniformly from [0, world_size); ids are "sched-1", "sched-2",
@@ -97,8 +106,14 @@ Result<std::vector<Fault>> DecodeFaults(std::string_view json);
 // of a std::mt19937_64 seeded with `seed`, not through <random>'s
 // distributions. kExit faults get exit code 1, kSlow factor 2, kLog a line
 // naming the fault. Requires mtbf > 0 and world_size >= 1 (ENDURE_CHECK).
-std::vector<Fault> PoissonSchedule(Duration mtbf, uint64_t seed, Duration horizon, int world_size,
-                                   FaultKind kind = FaultKind::kKill);
+//
+// At most `max_faults`: kInvalidArgument, before anything is drawn, when
+// the expected count (ExpectedFaultCount) exceeds it, and when the draw
+// itself comes out larger (deterministic for a seed). The message says to
+// raise the mtbf or shorten the horizon.
+Result<std::vector<Fault>> PoissonSchedule(Duration mtbf, uint64_t seed, Duration horizon,
+                                           int world_size, FaultKind kind = FaultKind::kKill,
+                                           int64_t max_faults = kMaxScheduledFaults);
 
 // The faults the worker of `rank` fires itself: step-keyed (step >= 1, no
 // `at`) worker faults of that rank whose id is not in `fired`, in input

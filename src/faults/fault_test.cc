@@ -153,6 +153,9 @@ TEST(Json, ErrorsNameTheField) {
       {R"([{"id":"a","kind":"slow","factor":"x"}])", "faults[0].factor: expected a number"},
       {R"([{"id":"a","kind":"kill","stpe":3}])", "faults[0]: unknown key 'stpe'"},
       {R"([{"id":7,"kind":"kill"}])", "faults[0].id: expected a string"},
+      // Wrapped around to rank -1 ("no rank") before.
+      {R"([{"id":"a","kind":"kill-agent","rank":18446744073709551615,"at":"1s"}])",
+       "faults[0].rank: 18446744073709551615 is out of range"},
   };
   for (const Case& c : cases) {
     Result<std::vector<Fault>> r = DecodeFaults(c.json);
@@ -164,9 +167,9 @@ TEST(Json, ErrorsNameTheField) {
 }
 
 TEST(PoissonSchedule, IsDeterministicForASeed) {
-  std::vector<Fault> a = PoissonSchedule(60s, 42, 3600s, 8);
-  std::vector<Fault> b = PoissonSchedule(60s, 42, 3600s, 8);
-  std::vector<Fault> c = PoissonSchedule(60s, 43, 3600s, 8);
+  std::vector<Fault> a = *PoissonSchedule(60s, 42, 3600s, 8);
+  std::vector<Fault> b = *PoissonSchedule(60s, 42, 3600s, 8);
+  std::vector<Fault> c = *PoissonSchedule(60s, 43, 3600s, 8);
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
   ASSERT_FALSE(a.empty());
@@ -187,7 +190,7 @@ TEST(PoissonSchedule, IsDeterministicForASeed) {
 // fixed by the standard, and times are compared in whole milliseconds so that
 // a last-bit difference of log1p between C libraries does not matter.
 TEST(PoissonSchedule, PinnedValues) {
-  std::vector<Fault> a = PoissonSchedule(60s, 42, 600s, 4);
+  std::vector<Fault> a = *PoissonSchedule(60s, 42, 600s, 4);
   std::string summary;
   for (const Fault& f : a) {
     summary += std::to_string(f.at->count() / 1000000) + "ms@" + std::to_string(f.rank) + " ";
@@ -201,7 +204,7 @@ TEST(PoissonSchedule, MeanInterArrivalMatchesMtbf) {
   // 20000 arrivals: the sample mean of an exponential has relative standard
   // error 1/sqrt(n) = 0.7%; 3% is more than four standard errors.
   const Duration mtbf = 60s;
-  std::vector<Fault> f = PoissonSchedule(mtbf, 7, mtbf * 20000, 4);
+  std::vector<Fault> f = *PoissonSchedule(mtbf, 7, mtbf * 20000, 4);
   ASSERT_GT(f.size(), 19000u);
   ASSERT_LT(f.size(), 21000u);
   const double mean = Seconds(*f.back().at) / static_cast<double>(f.size());
@@ -219,12 +222,39 @@ TEST(PoissonSchedule, MeanInterArrivalMatchesMtbf) {
 TEST(PoissonSchedule, OtherKindsAreValid) {
   for (FaultKind k : {FaultKind::kExit, FaultKind::kHang, FaultKind::kNan, FaultKind::kSlow,
                       FaultKind::kLog, FaultKind::kKillAgent}) {
-    std::vector<Fault> f = PoissonSchedule(10s, 1, 100s, 2, k);
+    std::vector<Fault> f = *PoissonSchedule(10s, 1, 100s, 2, k);
     ASSERT_FALSE(f.empty());
     EXPECT_TRUE(ValidateFaults(f).ok()) << ValidateFaults(f).message();
     EXPECT_EQ(f[0].kind, k);
   }
-  EXPECT_TRUE(PoissonSchedule(10s, 1, 0s, 2).empty());
+  EXPECT_TRUE(PoissonSchedule(10s, 1, 0s, 2)->empty());
+}
+
+// An mtbf of a microsecond over ten minutes would be 6e8 faults (gigabytes):
+// refused from the expected count, before anything is drawn, and a draw that
+// comes out larger than the bound is refused too.
+TEST(PoissonSchedule, RefusesMoreThanTheBound) {
+  Result<std::vector<Fault>> huge = PoissonSchedule(1us, 1, 600s, 4);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(huge.status().message().find("about 6e+08 faults"), std::string::npos)
+      << huge.status().message();
+  EXPECT_NE(huge.status().message().find("at most 100000"), std::string::npos);
+  EXPECT_NE(huge.status().message().find("raise the mtbf"), std::string::npos);
+  EXPECT_DOUBLE_EQ(ExpectedFaultCount(1us, 600s), 6e8);
+  // Expected 100 faults: refused under a bound of 50 before drawing. A seed
+  // whose draw comes out above 100 is refused by the draw under a bound of
+  // 100 (the expected count passes), and accepted under 150.
+  EXPECT_NE(PoissonSchedule(1s, 3, 100s, 2, FaultKind::kKill, 50).status().message().find(
+                "about 100 faults"),
+            std::string::npos);
+  uint64_t seed = 1;
+  while (PoissonSchedule(1s, seed, 100s, 2, FaultKind::kKill, 150)->size() <= 100) ++seed;
+  Result<std::vector<Fault>> over = PoissonSchedule(1s, seed, 100s, 2, FaultKind::kKill, 100);
+  ASSERT_FALSE(over.ok()) << "seed " << seed;
+  EXPECT_NE(over.status().message().find("seed " + std::to_string(seed) + " draws more than 100"),
+            std::string::npos)
+      << over.status().message();
 }
 
 TEST(FaultsForRank, KeepsUnfiredStepFaultsOfThatRank) {

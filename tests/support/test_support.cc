@@ -1,9 +1,12 @@
 // Test helpers; see test_support.h.
 #include "tests/support/test_support.h"
 
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -33,6 +36,18 @@ CommandOutcome RunCommand(const std::vector<std::string>& argv) {
   CommandOutcome outcome{st.exited ? st.code : -st.signal, ReadAll(out)};
   (void)Env::Default()->RemoveFile(out);
   return outcome;
+}
+
+ScratchDir::ScratchDir(const std::string& prefix) {
+  const char* tmpdir = std::getenv("TMPDIR");
+  std::string tmpl = std::string(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp") + "/" +
+                     prefix + ".XXXXXX";
+  if (mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
+}
+
+ScratchDir::~ScratchDir() {
+  std::error_code ec;
+  if (!path_.empty()) std::filesystem::remove_all(path_, ec);
 }
 
 const std::vector<std::string>& SmallTrainerFlags() {

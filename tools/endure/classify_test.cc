@@ -1,11 +1,14 @@
 // Runs the built `endure classify` on real-world log excerpts.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/env.h"
@@ -20,10 +23,34 @@ struct Outcome {
   std::string output;  // stdout and stderr
 };
 
+// A fresh directory of its own (mkdtemp), removed at the end of the scope:
+// ctest runs these tests in parallel, and no two may share an input file.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string tmpl = testing::TempDir() + "endure_classify_test.XXXXXX";
+    path_ = mkdtemp(tmpl.data()) != nullptr ? tmpl : "";
+    EXPECT_FALSE(path_.empty()) << "mkdtemp " << tmpl;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  // `name` in the directory, holding `text`.
+  std::string Write(const std::string& name, const std::string& text) const {
+    const std::string path = path_ + "/" + name;
+    EXPECT_TRUE(WriteFileAtomically(Env::Default(), path, text).ok()) << path;
+    return path;
+  }
+
+ private:
+  std::string path_;
+};
+
 // Runs `endure ARGS < input` through the shell.
 Outcome Classify(const std::string& args, const std::string& input) {
-  const std::string in_path = testing::TempDir() + "endure_classify_test.in";
-  EXPECT_TRUE(WriteFileAtomically(Env::Default(), in_path, input).ok());
+  ScratchDir dir;
+  const std::string in_path = dir.Write("input.txt", input);
   const std::string cmd =
       std::string("'") + ENDURE_BIN + "' classify " + args + " < '" + in_path + "' 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
@@ -36,6 +63,17 @@ Outcome Classify(const std::string& args, const std::string& input) {
   const int status = pclose(p);
   o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return o;
+}
+
+// The JSON objects of `endure classify --json` output, one per line.
+std::vector<nlohmann::json> JsonLines(const std::string& output) {
+  std::vector<nlohmann::json> objects;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    objects.push_back(nlohmann::json::parse(line, nullptr, false));
+    EXPECT_FALSE(objects.back().is_discarded()) << line;
+  }
+  return objects;
 }
 
 const char kExcerpts[] =
@@ -101,24 +139,99 @@ TEST(EndureClassifyCli, JsonIsOneObjectPerExcerpt) {
 TEST(EndureClassifyCli, LinesModeClassifiesEachLine) {
   Outcome o = Classify("--lines --json", kExcerpts);
   ASSERT_EQ(o.code, 0) << o.output;
-  std::istringstream lines(o.output);
-  int count = 0;
-  for (std::string line; std::getline(lines, line);) ++count;
-  EXPECT_EQ(count, 11);  // every non-blank input line
+  // Every non-blank input line on its own, by its own line number: alone,
+  // the traceback's header is the generic Python rule, and its frames match
+  // nothing.
+  using Row = std::tuple<int, nlohmann::json, nlohmann::json>;  // line, cause, rule
+  const std::vector<Row> expected = {
+      {1, "xid_79", "xid_hardware"},
+      {3, "nccl_timeout", "nccl_watchdog_timeout"},
+      {4, "nccl_error", "nccl_async_abort"},
+      {6, "oom", "oom_killer"},
+      {8, "user_exception", "python_traceback"},
+      {9, nullptr, nullptr},
+      {10, nullptr, nullptr},
+      {11, nullptr, nullptr},
+      {12, nullptr, nullptr},
+      {13, "user_exception", "user_exception"},
+      {15, nullptr, nullptr},
+  };
+  std::vector<Row> got;
+  for (const nlohmann::json& j : JsonLines(o.output)) {
+    EXPECT_EQ(j["first_line"], j["last_line"]) << j.dump();
+    got.emplace_back(j.value("first_line", -1), j["cause"], j["rule"]);
+  }
+  EXPECT_EQ(got, expected) << o.output;
+}
+
+TEST(EndureClassifyCli, EachInputGetsTheCauseOfTheRuleItMatches) {
+  // The same command, different lines: different rules, causes and actions.
+  struct Case {
+    std::string line;
+    nlohmann::json cause, action, rule;
+  };
+  const std::vector<Case> cases = {
+      {"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.", "xid_79", "evict_node",
+       "xid_hardware"},
+      {"NVRM: Xid (PCI:0000:3b:00): 48, pid=1, An uncorrectable double bit error", "xid_48",
+       "evict_node", "xid_hardware"},
+      {"NVRM: Xid (PCI:0000:3b:00): 13, pid=1, Graphics Exception", "xid_13", "investigate",
+       "xid_application"},
+      {"Out of memory: Killed process 99 (python) total-vm:1kB", "oom", "restart", "oom_killer"},
+      {"step 1200 | loss 2.4312", nullptr, nullptr, nullptr},
+  };
+  for (const Case& c : cases) {
+    Outcome o = Classify("--json", c.line + "\n");
+    ASSERT_EQ(o.code, 0) << o.output;
+    std::vector<nlohmann::json> objects = JsonLines(o.output);
+    ASSERT_EQ(objects.size(), 1u) << o.output;
+    EXPECT_EQ(objects[0]["cause"], c.cause) << c.line;
+    EXPECT_EQ(objects[0]["action"], c.action) << c.line;
+    EXPECT_EQ(objects[0]["rule"], c.rule) << c.line;
+    if (!c.cause.is_null()) EXPECT_EQ(objects[0]["line"], c.line);
+  }
+}
+
+TEST(EndureClassifyCli, RulesFromAnotherFileReplaceTheShippedOnes) {
+  ScratchDir dir;
+  const std::string rules =
+      dir.Write("rules.toml",
+                "[[rule]]\nname = \"fire\"\npattern = 'disk (?P<disk>\\w+) "
+                "is on fire'\ncause = \"disk_fire\"\naction = \"evict_node\"\n");
+  const std::string line = "disk sda is on fire";
+  std::vector<nlohmann::json> own =
+      JsonLines(Classify("--json --rules '" + rules + "'", line).output);
+  ASSERT_EQ(own.size(), 1u);
+  EXPECT_EQ(own[0]["cause"], "disk_fire");
+  EXPECT_EQ(own[0]["rule"], "fire");
+  EXPECT_EQ(own[0]["captures"]["disk"], "sda");
+  // The shipped rules know nothing of it...
+  std::vector<nlohmann::json> shipped = JsonLines(Classify("--json", line).output);
+  ASSERT_EQ(shipped.size(), 1u);
+  EXPECT_TRUE(shipped[0]["cause"].is_null()) << shipped[0].dump();
+  // ...and the file's rules are all there is: an Xid line matches none.
+  std::vector<nlohmann::json> xid = JsonLines(
+      Classify("--json --rules '" + rules + "'", "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, x\n")
+          .output);
+  ASSERT_EQ(xid.size(), 1u);
+  EXPECT_TRUE(xid[0]["cause"].is_null()) << xid[0].dump();
 }
 
 TEST(EndureClassifyCli, ShippedRulesPassTheirOwnCheck) {
   Outcome o = Classify("--check", "");
   EXPECT_EQ(o.code, 0) << o.output;
   EXPECT_THAT(o.output, HasSubstr("examples are classified by their own rule"));
+  // It lists the rules it checked, from the shipped file.
+  EXPECT_THAT(o.output, HasSubstr("log_rules.toml: "));
+  EXPECT_THAT(o.output, HasSubstr("xid_hardware"));
+  EXPECT_THAT(o.output, HasSubstr("oom_killer"));
 }
 
 TEST(EndureClassifyCli, BrokenRulesFileExitsTwoWithFileAndLine) {
-  const std::string rules = testing::TempDir() + "endure_classify_bad_rules.toml";
-  ASSERT_TRUE(WriteFileAtomically(Env::Default(), rules,
-                                  "[[rule]]\nname = \"x\"\npattern = 'Xid (\\d+'\n"
-                                  "cause = \"c\"\naction = \"restart\"\n")
-                  .ok());
+  ScratchDir dir;
+  const std::string rules = dir.Write("bad_rules.toml",
+                                      "[[rule]]\nname = \"x\"\npattern = 'Xid (\\d+'\n"
+                                      "cause = \"c\"\naction = \"restart\"\n");
   Outcome o = Classify("--rules '" + rules + "'", "anything\n");
   EXPECT_EQ(o.code, 2);
   EXPECT_THAT(o.output, HasSubstr(rules + ":3: rule \"x\": the pattern does not compile"));

@@ -50,7 +50,9 @@ TEST(EndureSimCli, InvalidParametersExitTwoNamingTheFlag) {
 }
 
 TEST(EndureSimCli, TomlErrorsNameFileLineAndKey) {
-  std::string path = testing::TempDir() + "endure_cli_bad." + std::to_string(getpid()) + ".toml";
+  testing_support::ScratchDir dir("endure_cli_test");
+  ASSERT_FALSE(dir.path().empty());
+  const std::string path = dir.Path("bad.toml");
   ASSERT_TRUE(WriteFileAtomically(Env::Default(), path, "nodes = 10\nrestart = \"-1m\"\n").ok());
   Outcome o = RunEndure({"sim", "--scenario", path});
   EXPECT_EQ(o.code, 2);
@@ -88,8 +90,10 @@ TEST(EndureSimCli, AnalyticAndHelp) {
 }
 
 TEST(EndureSimCli, SweepWritesCsvAndSvg) {
-  std::string csv = testing::TempDir() + "endure_cli_sweep." + std::to_string(getpid()) + ".csv";
-  std::string svg = testing::TempDir() + "endure_cli_sweep." + std::to_string(getpid()) + ".svg";
+  testing_support::ScratchDir dir("endure_cli_test");
+  ASSERT_FALSE(dir.path().empty());
+  const std::string csv = dir.Path("sweep.csv");
+  const std::string svg = dir.Path("sweep.svg");
   Outcome o = RunEndure({"sim", "--nodes", "1000", "--duration", "5d", "--runs", "3", "--seed", "1",
                          "--sweep", "ckpt-interval=10m:60m:3", "--csv", csv, "--svg", svg});
   ASSERT_EQ(o.code, 0) << o.output;

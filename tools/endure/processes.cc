@@ -38,7 +38,9 @@ Verb AddControllerVerb(CLI::App& root) {
     std::string spec, state_dir, listen, token_file, address_file, http = "127.0.0.1:0";
   };
   auto flags = std::make_shared<Flags>();
-  CLI::App* cmd = root.add_subcommand("controller", "Run a job's controller (one per job)");
+  CLI::App* cmd = root.add_subcommand(
+      "controller",
+      "Run a job's controller (one per job); SIGTERM or SIGINT stops the job (exit 128 + N)");
   cmd->add_option("--spec", flags->spec, "Job spec (TOML)")->required();
   cmd->add_option("--state-dir", flags->state_dir, "State directory (default: the spec's)");
   cmd->add_option("--listen", flags->listen, "gRPC address (default: the spec's, 127.0.0.1:0)");
@@ -46,7 +48,9 @@ Verb AddControllerVerb(CLI::App& root) {
                   "File holding the job token (else ENDURE_TOKEN)");
   cmd->add_option("--address-file", flags->address_file, "Write the bound host:port here");
   cmd->add_option("--http", flags->http,
-                  "HTTP address for /metrics, /api/status and / (bound one in STATE_DIR/http.addr)")
+                  "HTTP address for /metrics, /api/status and / (bound one in STATE_DIR/http.addr); "
+                  "beyond loopback every request needs the job token (Authorization: Bearer, "
+                  "or ?token=)")
       ->capture_default_str();
   return {cmd, [flags] {
             Result<controller::JobSpec> spec = controller::LoadJobSpec(flags->spec);

@@ -27,10 +27,10 @@ Outcome RunEndure(std::vector<std::string> args) {
   return testing_support::RunCommand(args);
 }
 
-std::string FreshDir(const std::string& name) {
-  const std::string dir =
-      testing::TempDir() + "endure_report_test_" + std::to_string(getpid()) + "_" + name;
-  (void)Env::Default()->RemoveAll(dir);
+// `name`, a new directory in `scratch` (the test's own).
+std::string FreshDir(const testing_support::ScratchDir& scratch, const std::string& name) {
+  EXPECT_FALSE(scratch.path().empty());
+  const std::string dir = scratch.Path(name);
   EXPECT_TRUE(Env::Default()->CreateDirs(dir).ok());
   return dir;
 }
@@ -54,7 +54,8 @@ nlohmann::json SampleReport() {
 }
 
 TEST(EndureReportCli, PrintsTheStoredReport) {
-  const std::string dir = FreshDir("final");
+  testing_support::ScratchDir scratch("endure_report_test");
+  const std::string dir = FreshDir(scratch, "final");
   {
     Result<controller::StateStore> store =
         controller::StateStore::Open(controller::StateStore::PathIn(dir));
@@ -79,7 +80,8 @@ TEST(EndureReportCli, PrintsTheStoredReport) {
 }
 
 TEST(EndureReportCli, JobWithoutAFinalReport) {
-  const std::string dir = FreshDir("running");
+  testing_support::ScratchDir scratch("endure_report_test");
+  const std::string dir = FreshDir(scratch, "running");
   {
     Result<controller::StateStore> store =
         controller::StateStore::Open(controller::StateStore::PathIn(dir));
@@ -98,7 +100,8 @@ TEST(EndureReportCli, MissingDirectoryOrDatabaseIsAUsageError) {
   EXPECT_THAT(none.output, HasSubstr("/nonexistent/endure/state: no such directory; pass the "
                                      "state directory of a job"));
 
-  const std::string empty = FreshDir("empty");
+  testing_support::ScratchDir scratch("endure_report_test");
+  const std::string empty = FreshDir(scratch, "empty");
   Outcome no_db = RunEndure({"report", empty});
   EXPECT_EQ(no_db.code, 2) << no_db.output;
   EXPECT_THAT(no_db.output, HasSubstr("no controller database"));
@@ -106,7 +109,7 @@ TEST(EndureReportCli, MissingDirectoryOrDatabaseIsAUsageError) {
   EXPECT_FALSE(Env::Default()->Exists(empty + "/controller.db"));
 
   // A database without a job (the controller died before saving one).
-  const std::string bare = FreshDir("bare");
+  const std::string bare = FreshDir(scratch, "bare");
   ASSERT_TRUE(controller::StateStore::Open(controller::StateStore::PathIn(bare)).ok());
   Outcome no_job = RunEndure({"report", bare});
   EXPECT_EQ(no_job.code, 2) << no_job.output;

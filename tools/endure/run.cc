@@ -3,7 +3,8 @@
 // up a replacement node when one dies (after the spec's repair_delay,
 // standing in for a spare machine), shows a live status line, prints the
 // report, and exits with the job's code: 0 completed, 3 gave up, 2 bad spec.
-// Ctrl-C stops everything it started.
+// SIGTERM or SIGINT (Ctrl-C, Slurm, Kubernetes) stops everything it started,
+// within the grace period and a margin, and exits with 128 + the signal.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -21,6 +23,7 @@
 #include <thread>
 
 #include "common/env.h"
+#include "common/secret.h"
 #include "common/shipped_files.h"
 #include "common/subprocess.h"
 #include "controller/job_spec.h"
@@ -35,27 +38,15 @@ using Clock = std::chrono::steady_clock;
 std::atomic<int> g_signal{0};
 void OnSignal(int sig) { g_signal = sig; }
 
+// After a stop signal, what the controller and agents may take beyond the
+// grace period (the agents' last persist, the controller's commit, report
+// and goodbyes) before what is left is killed.
+constexpr auto kStopMargin = std::chrono::seconds(6);
+
 std::string SelfExe() {
   char exe[4096];
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   return n > 0 ? std::string(exe, static_cast<size_t>(n)) : "endure";
-}
-
-Result<std::string> NewToken() {
-  unsigned char bytes[16];
-  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || ::read(fd, bytes, sizeof bytes) != static_cast<ssize_t>(sizeof bytes)) {
-    if (fd >= 0) ::close(fd);
-    return IOError("cannot read /dev/urandom for the job token");
-  }
-  ::close(fd);
-  std::string hex;
-  for (unsigned char b : bytes) {
-    char h[3];
-    std::snprintf(h, sizeof h, "%02x", b);
-    hex += h;
-  }
-  return hex;
 }
 
 // The live status line, from the controller's STATE_DIR/status.json.
@@ -103,6 +94,8 @@ class EmbeddedRun {
   Status StartController();
   Status StartAgent();
   void StopAll();
+  // Stops everything after signal `sig` (see kStopMargin).
+  void StopOnSignal(int sig);
 
   controller::JobSpec spec_;
   bool quiet_;
@@ -115,7 +108,8 @@ class EmbeddedRun {
 
 Status EmbeddedRun::StartController() {
   const std::string address_file = JoinPath(spec_.state_dir, "controller.addr");
-  (void)Env::Default()->RemoveFile(address_file);
+  // A stale address would send the agents to a controller that is gone.
+  ENDURE_RETURN_IF_ERROR(Env::Default()->RemoveFile(address_file));
   ProcessSpec ps;
   ps.argv = {exe_,           "controller",    "--spec",         spec_.path,
              "--state-dir",  spec_.state_dir, "--listen",       spec_.listen,
@@ -176,6 +170,35 @@ void EmbeddedRun::StopAll() {
   controller_.reset();
 }
 
+void EmbeddedRun::StopOnSignal(int sig) {
+  const auto start = Clock::now();
+  g_signal = 0;  // a second signal skips to SIGKILL
+  // Forwarded to every process at once, as a terminal or Slurm would: the
+  // agents stop their workers within the grace period and persist the
+  // newest step if time allows; the controller tells them to stop as well,
+  // commits what they persisted and writes the report (stopped by `sig`).
+  if (controller_) controller_->Signal(sig);
+  for (auto& [pid, agent] : agents_) agent.second.Signal(sig);
+  const auto deadline = start + spec_.recovery.grace_period + kStopMargin;
+  while ((controller_ || !agents_.empty()) && g_signal == 0 && Clock::now() < deadline) {
+    if (controller_ && controller_->WaitFor(std::chrono::milliseconds(0))) controller_.reset();
+    for (auto it = agents_.begin(); it != agents_.end();) {
+      if (it->second.second.WaitFor(std::chrono::milliseconds(0))) {
+        it = agents_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // Whatever is left is killed with its process group; its workers die with
+  // their agent (PR_SET_PDEATHSIG).
+  for (auto& [pid, agent] : agents_) ReapBy(agent.second, Clock::now());
+  agents_.clear();
+  if (controller_) ReapBy(*controller_, Clock::now());
+  controller_.reset();
+}
+
 int EmbeddedRun::Run() {
   Env* env = Env::Default();
   if (Status st = env->CreateDirs(spec_.state_dir); !st.ok()) {
@@ -190,22 +213,30 @@ int EmbeddedRun::Run() {
     return kExitUsage;
   }
   rules_ = *rules;
-  Result<std::string> token = spec_.token.empty() ? NewToken() : Result<std::string>(spec_.token);
+  Result<std::string> token =
+      spec_.token.empty() ? RandomHex(16) : Result<std::string>(spec_.token);
   if (!token.ok()) {
     std::fprintf(stderr, "endure run: %s\n", token.status().message().c_str());
     return kExitInternal;
   }
   token_file_ = JoinPath(spec_.state_dir, "token");
-  (void)env->RemoveFile(token_file_);
+  if (Status st = env->RemoveFile(token_file_); !st.ok()) {
+    std::fprintf(stderr, "endure run: %s\n", st.message().c_str());
+    return kExitInternal;
+  }
   int fd = ::open(token_file_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0 || ::write(fd, token->data(), token->size()) < 0) {
     std::fprintf(stderr, "endure run: cannot write %s\n", token_file_.c_str());
     return kExitInternal;
   }
   ::close(fd);
+  // A previous run's report must not pass for this one's.
   for (const char* f :
        {"report.json", "status.json", "controller.db", "controller.db-wal", "controller.db-shm"}) {
-    (void)env->RemoveFile(JoinPath(spec_.state_dir, f));
+    if (Status st = env->RemoveFile(JoinPath(spec_.state_dir, f)); !st.ok()) {
+      std::fprintf(stderr, "endure run: %s\n", st.message().c_str());
+      return kExitInternal;
+    }
   }
 
   struct sigaction sa {};
@@ -233,10 +264,18 @@ int EmbeddedRun::Run() {
   auto last_line = Clock::now() - std::chrono::hours(1);
   std::optional<ExitStatus> controller_exit;
   while (!controller_exit) {
-    if (g_signal != 0) {
-      std::printf("\nendure run: interrupted; stopping the controller, agents and workers\n");
-      StopAll();
-      return 128 + g_signal;
+    if (const int sig = g_signal; sig != 0) {
+      std::printf("\nendure run: interrupted by %s; stopping the controller, agents and workers\n",
+                  sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : strsignal(sig));
+      std::fflush(stdout);
+      StopOnSignal(sig);
+      Result<std::string> report = env->ReadFile(JoinPath(spec_.state_dir, "report.json"));
+      nlohmann::json j =
+          report.ok() ? nlohmann::json::parse(*report, nullptr, false) : nlohmann::json();
+      if (j.is_object()) std::printf("%s", controller::RenderReport(j).c_str());
+      std::printf("endure run: stopped by signal %d; report: %s\n", sig,
+                  j.is_object() ? JoinPath(spec_.state_dir, "report.json").c_str() : "none");
+      return 128 + sig;
     }
     controller_exit = controller_->WaitFor(std::chrono::milliseconds(100));
     if (controller_exit) break;
@@ -308,6 +347,10 @@ Verb AddRunVerb(CLI::App& root) {
             Result<controller::JobSpec> spec = controller::LoadJobSpec(*path);
             if (!spec.ok()) {
               std::fprintf(stderr, "endure run: %s\n", spec.status().message().c_str());
+              return kExitUsage;
+            }
+            if (Status st = controller::ValidateForEmbeddedRun(*spec); !st.ok()) {
+              std::fprintf(stderr, "endure run: %s\n", st.message().c_str());
               return kExitUsage;
             }
             EmbeddedRun run(std::move(spec).value(), *quiet);

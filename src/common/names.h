@@ -1,0 +1,30 @@
+// Names that Endure joins into file paths or uses as keys across processes
+// and the network (node names, above all), checked against one strict
+// pattern so that a hostile peer cannot make a path leave its directory.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace endure {
+
+// The longest node name accepted (bytes).
+inline constexpr size_t kMaxNodeNameBytes = 64;
+
+// Whether `name` is a valid node name: ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$, so
+// never "", ".", ".." or anything with a '/', a NUL or a non-ASCII byte.
+// Safe as one component of a file path. Thread-safe, pure.
+bool IsValidNodeName(std::string_view name);
+
+// OK for a valid node name; kInvalidArgument otherwise, with a message that
+// names `what` ("--node-id", "the replica frame's 'node'") and shows the
+// offending name (cut to 64 printable characters).
+Status CheckNodeName(std::string_view name, std::string_view what);
+
+// `text` cut to `max` bytes with every byte outside printable ASCII shown as
+// \xHH: for quoting hostile input in an error message or a log line.
+std::string QuoteForLog(std::string_view text, size_t max = 64);
+
+}  // namespace endure
