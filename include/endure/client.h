@@ -290,7 +290,7 @@ class Session {
   void BeginStep(int64_t step_index);
 
   // Step index `step_index` finished. Applies a due `slow` fault (sleeps
-  // (factor - 1) x (compute_s + comm_s) from the fault's step on, reported as
+  // (factor - 1) x compute_s from the fault's step on, reported as
   // compute time), sends the "step" datagram and returns the loss to log:
   // NaN when a `nan` fault is due at this step, `loss` otherwise. Without a
   // loss (nullopt: the program does not know it) the step counts as

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
@@ -136,7 +137,10 @@ Result<std::unique_ptr<SnapshotWriter>> SnapshotWriter::Open(const std::string& 
 Status SnapshotWriter::Reserve(Slot& slot, uint64_t payload) {
   const uint64_t need = kHeaderSize + payload;
   if (need <= slot.capacity) return Status::Ok();
-  const uint64_t size = (need + kGrowQuantum - 1) / kGrowQuantum * kGrowQuantum;
+  uint64_t size = (need + kGrowQuantum - 1) / kGrowQuantum * kGrowQuantum;
+  // Grown in whole quanta, but never past the slot's share of the memory
+  // budget: what the agent counts against the budget is the file's size.
+  if (max_bytes_ > 0) size = std::min(size, std::max(need, max_bytes_));
   if (ftruncate(slot.fd, static_cast<off_t>(size)) != 0) {
     return Errno("cannot grow checkpoint slot (is the shared memory full?)", slot.path);
   }
@@ -153,7 +157,8 @@ Status SnapshotWriter::Reserve(Slot& slot, uint64_t payload) {
 Result<std::optional<SnapshotWriter::Saved>> SnapshotWriter::Save(
     int64_t step, const std::vector<TensorView>& views, std::chrono::milliseconds wait) {
   const uint64_t bytes = EncodedSize(views);
-  if (max_bytes_ > 0 && bytes > max_bytes_) {
+  // The share bounds the whole slot file, header included.
+  if (max_bytes_ > 0 && kHeaderSize + bytes > max_bytes_) {
     return InvalidArgument("a checkpoint shard of " + std::to_string(bytes) +
                            " bytes exceeds its share of the memory budget (" +
                            std::to_string(max_bytes_) +

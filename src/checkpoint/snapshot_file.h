@@ -52,7 +52,7 @@ class SnapshotWriter {
  public:
   // Opens (creating) DIR/rank-R.slot-{0,1}. Slots left kWriting by a crashed
   // predecessor are reset to kEmpty. `max_bytes` (0: no limit) bounds one
-  // slot's payload: the memory budget's share of this rank.
+  // slot file, its header included: the memory budget's share of this rank.
   static Result<std::unique_ptr<SnapshotWriter>> Open(const std::string& dir, int rank, int shards,
                                                       uint64_t max_bytes);
   ~SnapshotWriter();

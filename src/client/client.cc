@@ -504,7 +504,10 @@ std::optional<double> Session::EndStep(int64_t step_index, std::optional<double>
     }
   }
   if (s.slow_factor > 1) {
-    const double extra_s = (s.slow_factor - 1) * (compute_s + comm_s);
+    // Only the rank's own compute is stretched: its communication time
+    // includes waiting for peers, which are slowed too when they carry the
+    // same fault, and scaling that would compound step after step.
+    const double extra_s = (s.slow_factor - 1) * compute_s;
     std::this_thread::sleep_for(std::chrono::duration<double>(extra_s));
     compute_s += extra_s;
   }

@@ -334,14 +334,16 @@ TEST(Session, SlowFaultStretchesEveryStepFromItsStepOn) {
   for (int64_t i = 1; i <= 2; ++i) {
     start = Clock::now();
     s->EndStep(i, 1, 0.010, 0.005, 0, -1);
-    EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(30));  // (3 - 1) x 15 ms
+    // (3 - 1) x 10 ms of compute; the 5 ms of communication (waiting for
+    // peers, who may be slowed too) is not stretched.
+    EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(20));
     Json j = r.NextReport();
     if (i == 1) {
       EXPECT_EQ(j["type"], "fault");
       EXPECT_EQ(j["kind"], "slow");
       j = r.NextReport();
     }
-    EXPECT_NEAR(j["compute_s"].get<double>(), 0.040, 1e-9);  // reported as compute
+    EXPECT_NEAR(j["compute_s"].get<double>(), 0.030, 1e-9);  // reported as compute
     EXPECT_EQ(j["comm_s"], 0.005);
   }
 }
