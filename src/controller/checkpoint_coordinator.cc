@@ -55,9 +55,8 @@ Status CheckpointCoordinator::OnPersisted(int64_t step, int shard, int shards,
   // verify every durable copy they would use.
   ENDURE_RETURN_IF_ERROR(dir_.Retain(o_.keep, step));
   const std::vector<int64_t> present = dir_.ListSteps();
-  std::erase_if(committed_, [&](int64_t s) {
-    return !std::binary_search(present.begin(), present.end(), s);
-  });
+  std::erase_if(committed_,
+                [&](int64_t s) { return !std::binary_search(present.begin(), present.end(), s); });
   return Status::Ok();
 }
 
@@ -89,8 +88,7 @@ std::vector<std::string> CheckpointCoordinator::RemoveAbandoned(int64_t from) {
     const Status committed = dir_.CommittedShards(step).status();
     // Ours (it holds the anomalous update), or no commit at all (leftover
     // shards of an unfinished save, never loadable).
-    const bool removable =
-        committed_.count(step) > 0 || committed.code() == StatusCode::kDataLoss;
+    const bool removable = committed_.count(step) > 0 || committed.code() == StatusCode::kDataLoss;
     if (!removable) {
       if (committed.ok()) {
         // Committed before this timeline's restore point, by another run:

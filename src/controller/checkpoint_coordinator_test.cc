@@ -26,12 +26,13 @@ void PersistWith(CheckpointCoordinator& c, const std::string& root, int64_t step
   checkpoint::CheckpointDir dir(Env::Default(), root);
   for (int s = 0; s < shards; ++s) {
     const std::string meta = "{\"step\":" + std::to_string(step) + "}";
-    checkpoint::TensorBlob blob{"w", "uint8", {static_cast<int64_t>(payload)},
+    checkpoint::TensorBlob blob{"w",
+                                "uint8",
+                                {static_cast<int64_t>(payload)},
                                 std::string(payload, static_cast<char>('a' + s))};
-    std::vector<checkpoint::TensorView> v =
-        checkpoint::ShardViews(meta, payload > 0 ? std::vector<checkpoint::TensorView>{
-                                                       checkpoint::ViewOf(blob)}
-                                                 : std::vector<checkpoint::TensorView>{});
+    std::vector<checkpoint::TensorView> v = checkpoint::ShardViews(
+        meta, payload > 0 ? std::vector<checkpoint::TensorView>{checkpoint::ViewOf(blob)}
+                          : std::vector<checkpoint::TensorView>{});
     std::string bytes(checkpoint::EncodedSize(v), '\0');
     checkpoint::EncodeTensorsInto(v, bytes.data());
     Result<ShardEntry> e = dir.WriteShard(step, s, bytes);
@@ -174,8 +175,8 @@ TEST(CheckpointRollback, AResumedJobRollsBackToTheEarlierRunsCheckpointAndKeepsI
   core::JobMachine machine(mo, {}, core::At(Duration(0)));
   double now = 0;
   auto step = [&](const core::JobEvent& e) {
-    return machine.Step(e, core::At(std::chrono::duration_cast<Duration>(
-                               std::chrono::duration<double>(now))));
+    return machine.Step(
+        e, core::At(std::chrono::duration_cast<Duration>(std::chrono::duration<double>(now))));
   };
   auto start_of = [](const std::vector<core::JobAction>& actions) {
     for (const core::JobAction& a : actions) {
@@ -204,7 +205,8 @@ TEST(CheckpointRollback, AResumedJobRollsBackToTheEarlierRunsCheckpointAndKeepsI
       coordinator.Plan({"node0", "node1"}, start.restore_step, start.abandoned_from);
   EXPECT_EQ(plan.Summary(), "step 20 from T2 x2");  // 40 does not verify
   ASSERT_FALSE(plan.notes.empty());
-  EXPECT_NE(plan.notes[0].find("refused step 40 shard 0 in T2"), std::string::npos) << plan.notes[0];
+  EXPECT_NE(plan.notes[0].find("refused step 40 shard 0 in T2"), std::string::npos)
+      << plan.notes[0];
   for (int r = 0; r < 2; ++r) step(core::WorkerReady{0, r, 20, 0.1});
 
   run(21, 25, std::nan(""));
@@ -232,7 +234,7 @@ TEST(CheckpointRollback, AResumedJobRollsBackToTheEarlierRunsCheckpointAndKeepsI
   PersistWith(coordinator, root, 25);
   PersistWith(coordinator, root, 30);
   EXPECT_EQ(dir.ListSteps(), (std::vector<int64_t>{25, 30, 40}));  // keep = 3, trusted 30
-  PersistWith(coordinator, root, 32);  // persisted while step 33 ran
+  PersistWith(coordinator, root, 32);                              // persisted while step 33 ran
   run(31, 33, std::nan(""));
   start = start_of(stop_both());
   EXPECT_EQ(start.restore_step, 32);

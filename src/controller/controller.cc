@@ -186,8 +186,8 @@ class Controller final : public proto::Controller::Service {
   int next_node_ = 0;                                    // GUARDED_BY(conns_mu_)
   // Streams waiting for their first message, and until when.
   std::map<grpc::ServerContext*, TimePoint> hellos_;  // GUARDED_BY(conns_mu_)
-  std::vector<std::string> node_names_;  // GUARDED_BY(conns_mu_); that ever registered
-  std::set<std::string> fault_ids_;      // the spec's; immutable after construction
+  std::vector<std::string> node_names_;               // GUARDED_BY(conns_mu_); that ever registered
+  std::set<std::string> fault_ids_;                   // the spec's; immutable after construction
 
   EventQueue<Queued> queue_{kMaxQueuedPerAgent};
 
@@ -195,7 +195,7 @@ class Controller final : public proto::Controller::Service {
   std::map<std::pair<int64_t, int>, proto::LogMatch> last_log_;  // (generation, rank)
   std::string fingerprint_;
   std::optional<core::FinishAction> finish_;
-  int stop_signal_ = 0;      // the signal that stopped the job, if one did
+  int stop_signal_ = 0;     // the signal that stopped the job, if one did
   std::string stopped_by_;  // its name
   std::optional<TimePoint> stop_deadline_;
   std::set<NodeId> stopped_nodes_;  // agents that reported their workers stopped since
@@ -247,9 +247,9 @@ grpc::Status Controller::Attach(grpc::ServerContext* context, Stream* stream) {
     if (static_cast<int>(conns_.size() + hellos_.size()) >= MaxConnections(o_.spec)) {
       std::fprintf(stderr, "endure controller: refused a connection from %s: %d streams open\n",
                    context->peer().c_str(), MaxConnections(o_.spec));
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          "too many agent connections for a job of " +
-                              std::to_string(o_.spec.nodes) + " nodes");
+      return grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          "too many agent connections for a job of " + std::to_string(o_.spec.nodes) + " nodes");
     }
     hellos_[context] = Now() + kHelloTimeout;
   }
@@ -276,8 +276,8 @@ grpc::Status Controller::Attach(grpc::ServerContext* context, Stream* stream) {
                             std::to_string(kMaxRanksPerNode) + ", got " +
                             std::to_string(hello.slots()));
   }
-  if (valid.ok() && (hello.host().size() > kMaxFieldBytes ||
-                     hello.replica_address().size() > kMaxFieldBytes)) {
+  if (valid.ok() &&
+      (hello.host().size() > kMaxFieldBytes || hello.replica_address().size() > kMaxFieldBytes)) {
     valid = InvalidArgument("the registration's host or replica_address is longer than " +
                             std::to_string(kMaxFieldBytes) + " bytes");
   }
@@ -434,8 +434,8 @@ Controller::Queued Controller::Translate(const proto::AgentEvent& e, NodeId node
       break;
     }
     case proto::AgentEvent::kStackDump:
-      q.event = core::StackDumpEvent{gen, e.stack_dump().rank(),
-                                     SanitizeUtf8(e.stack_dump().text())};
+      q.event =
+          core::StackDumpEvent{gen, e.stack_dump().rank(), SanitizeUtf8(e.stack_dump().text())};
       break;
     case proto::AgentEvent::kFaultFired: {
       const auto& f = e.fault_fired();
@@ -519,7 +519,8 @@ void Controller::Execute(const std::vector<core::JobAction>& actions, TimePoint 
                                         spec.world_size(), names, std::nullopt}));
       }
       // Log matches explain exits of their own generation only.
-      std::erase_if(last_log_, [&](const auto& entry) { return entry.first.first < a->generation; });
+      std::erase_if(last_log_,
+                    [&](const auto& entry) { return entry.first.first < a->generation; });
     } else if (const auto* a = std::get_if<core::StopGenerationAction>(&action)) {
       std::vector<NodeId> members;
       for (int r = 0; r < spec.world_size(); r += spec.ranks_per_node) {
@@ -734,8 +735,7 @@ Result<std::string> Controller::StartHttp() {
   // Beyond loopback anyone on the network can ask: every request must carry
   // the job token, as "Authorization: Bearer TOKEN" or "?token=TOKEN".
   const bool open = IsLoopback(host);
-  http_.set_pre_routing_handler([this, open](const httplib::Request& req,
-                                             httplib::Response& res) {
+  http_.set_pre_routing_handler([this, open](const httplib::Request& req, httplib::Response& res) {
     if (open) return httplib::Server::HandlerResponse::Unhandled;
     std::string presented;
     const std::string auth = req.get_header_value("Authorization");
@@ -824,8 +824,10 @@ Result<int> Controller::Run() {
   // directory): a rollback before this run's first checkpoint goes there.
   if (!checkpoints_.found_steps().empty()) {
     const std::vector<int64_t>& found = checkpoints_.found_steps();
-    std::fprintf(stderr, "endure controller: the durable directory holds %zu committed step(s), "
-                 "the newest %lld\n", found.size(), static_cast<long long>(found.back()));
+    std::fprintf(stderr,
+                 "endure controller: the durable directory holds %zu committed step(s), "
+                 "the newest %lld\n",
+                 found.size(), static_cast<long long>(found.back()));
     const TimePoint now = Now();
     Execute(machine_.Step(core::CheckpointsFound{found}, now), now);
   }

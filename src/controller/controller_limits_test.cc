@@ -120,8 +120,7 @@ TEST_F(ControllerLimitsTest, StreamsBeyondTheBoundAreRefusedAndEndedOnesForgotte
   std::this_thread::sleep_for(1s);
   Agent extra = Register("node68");
   const grpc::Status refused = Drain(extra);
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
-      << refused.error_message();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
   for (Agent& a : agents) a.context->TryCancel();
   for (Agent& a : agents) EXPECT_EQ(a.stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
   agents.clear();

@@ -422,8 +422,8 @@ Status SpecParser::ParseJob(const toml::table& t, JobSpec& spec) {
           const std::string port = colon == std::string::npos ? "" : spec.listen.substr(colon + 1);
           int number = -1;
           const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), number);
-          if (colon == 0 || port.empty() || ec != std::errc() ||
-              end != port.data() + port.size() || number < 0 || number > 65535) {
+          if (colon == 0 || port.empty() || ec != std::errc() || end != port.data() + port.size() ||
+              number < 0 || number > 65535) {
             return Error(v, key,
                          "'" + spec.listen +
                              "' is not HOST:PORT (e.g. \"127.0.0.1:0\", port 0 picks a free one)");
@@ -805,9 +805,10 @@ Status ValidateForEmbeddedRun(const JobSpec& spec) {
       "; for more, run `endure controller` on one host and `endure agent` on each node "
       "(README, \"How it works\")";
   if (spec.nodes > kMaxEmbeddedNodes) {
-    return error("job.nodes", "endure run starts every node as a process on this machine: at most " +
-                                  std::to_string(kMaxEmbeddedNodes) + " nodes, got " +
-                                  std::to_string(spec.nodes) + across);
+    return error("job.nodes",
+                 "endure run starts every node as a process on this machine: at most " +
+                     std::to_string(kMaxEmbeddedNodes) + " nodes, got " +
+                     std::to_string(spec.nodes) + across);
   }
   if (spec.world_size() > kMaxEmbeddedWorldSize) {
     auto line = [&](const char* key) {

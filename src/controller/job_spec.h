@@ -29,11 +29,11 @@ namespace endure::controller {
 // Bounds that keep an absurd spec from crashing or exhausting the machine:
 // refused with the file, line and key like any other bad value.
 inline constexpr int kMaxNodes = 100'000;
-inline constexpr int kMaxRanksPerNode = 1024;  // workers (GPUs) of one machine
-inline constexpr int kMaxWorldSize = 1 << 20;  // nodes x ranks_per_node
+inline constexpr int kMaxRanksPerNode = 1024;        // workers (GPUs) of one machine
+inline constexpr int kMaxWorldSize = 1 << 20;        // nodes x ranks_per_node
 inline constexpr int kMaxDetectionWindow = 100'000;  // hang_window, loss_window (steps)
 inline constexpr Duration kMaxStopTimeout = std::chrono::hours(1);  // grace_period, stack_timeout
-inline constexpr int64_t kMaxSpecBytes = 1 << 20;  // the spec file
+inline constexpr int64_t kMaxSpecBytes = 1 << 20;                   // the spec file
 // `endure run` starts every node (an agent) and every rank (a worker) on this
 // one machine; beyond these it refuses and points to `endure controller` and
 // `endure agent` across machines.

@@ -485,10 +485,10 @@ TEST(JobSpec, AbsurdSizesAreRefusedWithTheirKey) {
     EXPECT_THAT(ErrorOf(std::string(kMinimal) + c.text), HasSubstr(c.message)) << c.text;
   }
   // At the bounds, a spec parses (a controller across machines may run it).
-  Result<JobSpec> big = ParseJobSpec(
-      std::string(kMinimal) + "nodes = 100000\nranks_per_node = 8\n[faults_schedule]\n"
-                              "mtbf = \"6ms\"\n",
-      "job.toml");
+  Result<JobSpec> big = ParseJobSpec(std::string(kMinimal) +
+                                         "nodes = 100000\nranks_per_node = 8\n[faults_schedule]\n"
+                                         "mtbf = \"6ms\"\n",
+                                     "job.toml");
   ASSERT_TRUE(big.ok()) << big.status().ToString();
   EXPECT_EQ(big->world_size(), 800000);
   EXPECT_GT(big->faults.size(), 99000u);

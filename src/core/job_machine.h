@@ -127,10 +127,9 @@ struct CheckpointsFound {
 
 struct Tick {};
 
-using JobEvent =
-    std::variant<NodeUp, NodeDown, NodeHeartbeat, WorkerReady, StepEnd, WorkerExitEvent,
-                 FaultFiredEvent, GenerationStoppedEvent, StackDumpEvent, PersistFailedEvent,
-                 CheckpointsFound, Tick>;
+using JobEvent = std::variant<NodeUp, NodeDown, NodeHeartbeat, WorkerReady, StepEnd,
+                              WorkerExitEvent, FaultFiredEvent, GenerationStoppedEvent,
+                              StackDumpEvent, PersistFailedEvent, CheckpointsFound, Tick>;
 
 // ---- Actions ----
 struct StartGenerationAction {

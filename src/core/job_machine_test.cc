@@ -163,8 +163,9 @@ TEST(JobMachine, ARollbackBeforeTheRunsFirstCheckpointAsksForTheEarlierRunsOne) 
   EXPECT_EQ(restart[0].abandoned_from, 25);
   ASSERT_EQ(job.m.incidents().size(), 1u);
   EXPECT_EQ(job.m.incidents()[0].action, "roll_back");
-  EXPECT_NE(job.m.incidents()[0].reason.find("the checkpoint of step 20, the newest before step 25"),
-            std::string::npos)
+  EXPECT_NE(
+      job.m.incidents()[0].reason.find("the checkpoint of step 20, the newest before step 25"),
+      std::string::npos)
       << job.m.incidents()[0].reason;
   // A crash afterwards abandons nothing and asks for the newest.
   job.Ready(20);

@@ -245,8 +245,10 @@ TEST(PoissonSchedule, RefusesMoreThanTheBound) {
   // Expected 100 faults: refused under a bound of 50 before drawing. A seed
   // whose draw comes out above 100 is refused by the draw under a bound of
   // 100 (the expected count passes), and accepted under 150.
-  EXPECT_NE(PoissonSchedule(1s, 3, 100s, 2, FaultKind::kKill, 50).status().message().find(
-                "about 100 faults"),
+  EXPECT_NE(PoissonSchedule(1s, 3, 100s, 2, FaultKind::kKill, 50)
+                .status()
+                .message()
+                .find("about 100 faults"),
             std::string::npos);
   uint64_t seed = 1;
   while (PoissonSchedule(1s, seed, 100s, 2, FaultKind::kKill, 150)->size() <= 100) ++seed;

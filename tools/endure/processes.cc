@@ -47,10 +47,11 @@ Verb AddControllerVerb(CLI::App& root) {
   cmd->add_option("--token-file", flags->token_file,
                   "File holding the job token (else ENDURE_TOKEN)");
   cmd->add_option("--address-file", flags->address_file, "Write the bound host:port here");
-  cmd->add_option("--http", flags->http,
-                  "HTTP address for /metrics, /api/status and / (bound one in STATE_DIR/http.addr); "
-                  "beyond loopback every request needs the job token (Authorization: Bearer, "
-                  "or ?token=)")
+  cmd->add_option(
+         "--http", flags->http,
+         "HTTP address for /metrics, /api/status and / (bound one in STATE_DIR/http.addr); "
+         "beyond loopback every request needs the job token (Authorization: Bearer, "
+         "or ?token=)")
       ->capture_default_str();
   return {cmd, [flags] {
             Result<controller::JobSpec> spec = controller::LoadJobSpec(flags->spec);

@@ -266,7 +266,9 @@ int EmbeddedRun::Run() {
   while (!controller_exit) {
     if (const int sig = g_signal; sig != 0) {
       std::printf("\nendure run: interrupted by %s; stopping the controller, agents and workers\n",
-                  sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : strsignal(sig));
+                  sig == SIGINT    ? "SIGINT"
+                  : sig == SIGTERM ? "SIGTERM"
+                                   : strsignal(sig));
       std::fflush(stdout);
       StopOnSignal(sig);
       Result<std::string> report = env->ReadFile(JoinPath(spec_.state_dir, "report.json"));
