@@ -43,6 +43,33 @@ class Env {
   virtual Result<std::vector<std::string>> ListDir(const std::string& dir) = 0;
 };
 
+// An Env that forwards every call to another one (`target`, which must
+// outlive it): tests and fault injectors override only what they change.
+class EnvWrapper : public Env {
+ public:
+  explicit EnvWrapper(Env* target) : target_(target) {}
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    return target_->NewWritableFile(path);
+  }
+  Result<std::string> ReadFile(const std::string& path) override {
+    return target_->ReadFile(path);
+  }
+  Status RenameFile(const std::string& from, const std::string& to) override {
+    return target_->RenameFile(from, to);
+  }
+  Status SyncDir(const std::string& dir) override { return target_->SyncDir(dir); }
+  Status CreateDirs(const std::string& dir) override { return target_->CreateDirs(dir); }
+  Status RemoveFile(const std::string& path) override { return target_->RemoveFile(path); }
+  Status RemoveAll(const std::string& path) override { return target_->RemoveAll(path); }
+  bool Exists(const std::string& path) override { return target_->Exists(path); }
+  Result<std::vector<std::string>> ListDir(const std::string& dir) override {
+    return target_->ListDir(dir);
+  }
+
+ private:
+  Env* target_;
+};
+
 // Writes `data` to `path` so that a reader sees either the old file or the
 // whole new one, never a part: data to `path.tmp`, fsync, rename, fsync of
 // the directory. On failure the temporary file is removed where possible.
