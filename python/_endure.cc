@@ -57,8 +57,8 @@ std::vector<endure::TensorRef> Refs(const std::vector<TensorTuple>& tensors) {
   std::vector<endure::TensorRef> refs;
   refs.reserve(tensors.size());
   for (const auto& [name, dtype, shape, address, bytes] : tensors) {
-    refs.push_back(endure::TensorRef{name, dtype, shape, reinterpret_cast<const void*>(address),
-                                     bytes});
+    refs.push_back(
+        endure::TensorRef{name, dtype, shape, reinterpret_cast<const void*>(address), bytes});
   }
   return refs;
 }
@@ -68,8 +68,8 @@ std::vector<endure::TensorRef> Refs(const std::vector<TensorTuple>& tensors) {
 py::tuple ShardTuple(endure::StoredShard shard) {
   py::list tensors;
   for (endure::StoredTensor& t : shard.tensors) {
-    tensors.append(py::make_tuple(t.name, t.dtype, t.shape,
-                                  py::bytearray(t.data.data(), t.data.size())));
+    tensors.append(
+        py::make_tuple(t.name, t.dtype, t.shape, py::bytearray(t.data.data(), t.data.size())));
     std::string().swap(t.data);  // one copy at a time in memory
   }
   return py::make_tuple(shard.meta_json, tensors);
@@ -104,8 +104,7 @@ PYBIND11_MODULE(_endure, m) {
 
   using endure::Session;
   py::class_<Session>(m, "Session")
-      .def_static("from_env",
-                  [] { return Unwrap(Session::FromEnvironment()); })
+      .def_static("from_env", [] { return Unwrap(Session::FromEnvironment()); })
       .def_static("disabled", &Session::Disabled)
       .def_property_readonly("active", &Session::active)
       .def_property_readonly("rank", &Session::rank)
@@ -148,8 +147,7 @@ PYBIND11_MODULE(_endure, m) {
       .def("ready", &Session::Ready, py::call_guard<py::gil_scoped_release>())
       .def("begin_step", &Session::BeginStep, py::call_guard<py::gil_scoped_release>())
       .def("end_step", &Session::EndStep, py::call_guard<py::gil_scoped_release>())
-      .def("end_skipped_step", &Session::EndSkippedStep,
-           py::call_guard<py::gil_scoped_release>());
+      .def("end_skipped_step", &Session::EndSkippedStep, py::call_guard<py::gil_scoped_release>());
 
   m.def("seconds_since_process_start", &endure::SecondsSinceProcessStart);
   m.def("dtype_bytes", [](const std::string& dtype) { return endure::DTypeBytes(dtype); });

@@ -1006,8 +1006,8 @@ namespace {
 // its group); the report, if one was written.
 JobResult RunWithin(const fs::path& spec, std::chrono::seconds limit) {
   const fs::path out = fs::path(spec).replace_extension(".out");
-  auto p = Subprocess::Start({.argv = {ENDURE_BIN, "run", spec.string(), "--quiet"},
-                              .output_path = out.string()});
+  auto p = Subprocess::Start(
+      {.argv = {ENDURE_BIN, "run", spec.string(), "--quiet"}, .output_path = out.string()});
   JobResult r;
   std::optional<ExitStatus> e = p->WaitFor(limit);
   if (!e) {
@@ -1124,12 +1124,11 @@ TEST_F(ControlPlaneTest, HostileDatagramsAndTheJobTokenAreRefusedAndTheJobRunsOn
   // Before: the loss "garbage" and the job-token NaN each rolled back.
   EXPECT_TRUE(r.report["incidents"].empty()) << r.report.dump(2);
   const std::string agent_log = ReadAll(state / "nodes" / "node0" / "agent.log");
-  for (const char* reason : {"refused a datagram", "field 'type'", "not a JSON object",
-                             "nested more than 4", "field 'loss'", "field 'step'",
-                             "field 'path'", "unknown datagram type 'bogus'",
-                             "from a rank this node does not run",
-                             "wrong credential (not this generation's ENDURE_TOKEN)",
-                             "not shown"}) {
+  for (const char* reason :
+       {"refused a datagram", "field 'type'", "not a JSON object", "nested more than 4",
+        "field 'loss'", "field 'step'", "field 'path'", "unknown datagram type 'bogus'",
+        "from a rank this node does not run",
+        "wrong credential (not this generation's ENDURE_TOKEN)", "not shown"}) {
     EXPECT_NE(agent_log.find(reason), std::string::npos) << reason << "\n" << agent_log;
   }
   // The flood was logged at a rate limit, not line by line.
@@ -1243,8 +1242,8 @@ TEST_F(ControlPlaneTest, SigtermToAnAgentOrToEndureRunLeavesNoSharedMemoryAndNoW
                       << "nodes = 2\nstate_dir = \"" << state.string() << "\"\n"
                       << "[recovery]\nrepair_delay = \"1s\"\nbackoff_initial = \"0s\"\n";
   const fs::path out = dir_ / "sigterm.out";
-  auto run = Subprocess::Start({.argv = {ENDURE_BIN, "run", spec.string(), "--quiet"},
-                                .output_path = out.string()});
+  auto run = Subprocess::Start(
+      {.argv = {ENDURE_BIN, "run", spec.string(), "--quiet"}, .output_path = out.string()});
   ASSERT_TRUE(run.ok());
   std::vector<pid_t> agents, workers;
   const auto running = [&] {
@@ -1273,9 +1272,9 @@ TEST_F(ControlPlaneTest, SigtermToAnAgentOrToEndureRunLeavesNoSharedMemoryAndNoW
   ASSERT_NE(flag, std::string::npos);
   const std::string work = cmdline.substr(flag + 11, cmdline.find('\0', flag + 11) - flag - 11);
   ::kill(agent, SIGTERM);
-  for (int i = 0; i < 200 && ::kill(agent, 0) == 0 && ParentOf(agent) != 0 &&
-                  ReadAll("/proc/" + std::to_string(agent) + "/stat").find(") Z") ==
-                      std::string::npos;
+  for (int i = 0;
+       i < 200 && ::kill(agent, 0) == 0 && ParentOf(agent) != 0 &&
+       ReadAll("/proc/" + std::to_string(agent) + "/stat").find(") Z") == std::string::npos;
        ++i) {
     std::this_thread::sleep_for(50ms);
   }
@@ -1307,12 +1306,11 @@ TEST_F(ControlPlaneTest, AnAgentSweepsTheSharedMemoryOfDeadAgentsAndKeepsALiveOn
   // An agent with no controller to reach: it holds its shared memory while
   // it tries for 15 s.
   const auto agent = [&](const std::string& node) {
-    return Subprocess::Start(
-               {.argv = {ENDURE_BIN, "agent", "--controller", "127.0.0.1:1", "--node-id", node,
-                         "--token-file", (dir_ / "token").string(), "--work-dir",
-                         (dir_ / node).string()},
-                .unset_env = {"ENDURE_TOKEN"},
-                .output_path = (dir_ / (node + ".log")).string()})
+    return Subprocess::Start({.argv = {ENDURE_BIN, "agent", "--controller", "127.0.0.1:1",
+                                       "--node-id", node, "--token-file", (dir_ / "token").string(),
+                                       "--work-dir", (dir_ / node).string()},
+                              .unset_env = {"ENDURE_TOKEN"},
+                              .output_path = (dir_ / (node + ".log")).string()})
         .value();
   };
   // Shared memory of an agent that died without cleaning up.
@@ -1433,8 +1431,8 @@ TEST_F(ControlPlaneTest, AbsurdSpecsExitTwoNamingFileLineAndKey) {
     JobResult r = Run(path.string());
     EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
     EXPECT_TRUE(r.exit.exited && r.exit.code == 2) << r.exit.ToString() << "\n" << r.output;
-    EXPECT_NE(r.output.find("absurd.toml" + c.expected), std::string::npos)
-        << c.expected << "\n" << r.output;
+    EXPECT_NE(r.output.find("absurd.toml" + c.expected), std::string::npos) << c.expected << "\n"
+                                                                            << r.output;
   }
 }
 
@@ -1467,7 +1465,8 @@ TEST_F(ControlPlaneTest, SigtermStopsEveryProcessOfTheRunAndTheReportSaysWhy) {
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_TRUE(run->exit->exited && run->exit->code == 128 + SIGTERM)
-      << run->exit->ToString() << "\n" << ReadAll(out);
+      << run->exit->ToString() << "\n"
+      << ReadAll(out);
   EXPECT_LT(took, 2.0 + 6.0) << ReadAll(out);  // grace period plus the documented margin
   nlohmann::json report = nlohmann::json::parse(ReadAll(state / "report.json"), nullptr, false);
   ASSERT_TRUE(report.is_object()) << ReadAll(out);
@@ -1489,10 +1488,10 @@ TEST_F(ControlPlaneTest, SigtermStopsEveryProcessOfTheRunAndTheReportSaysWhy) {
 TEST_F(ControlPlaneTest, HttpBeyondLoopbackRequiresTheToken) {
   const std::string spec = Spec("httpauth", "");
   std::ofstream(dir_ / "right") << "right-token\n";
-  auto controller = Subprocess::Start(
-      {.argv = {ENDURE_BIN, "controller", "--spec", spec, "--token-file", (dir_ / "right").string(),
-                "--http", "0.0.0.0:0"},
-       .output_path = (dir_ / "controller.out").string()});
+  auto controller =
+      Subprocess::Start({.argv = {ENDURE_BIN, "controller", "--spec", spec, "--token-file",
+                                  (dir_ / "right").string(), "--http", "0.0.0.0:0"},
+                         .output_path = (dir_ / "controller.out").string()});
   const fs::path addr = dir_ / "httpauth" / "http.addr";
   for (int i = 0; i < 300 && ReadAll(addr).empty(); ++i) std::this_thread::sleep_for(20ms);
   const std::string hostport = ReadAll(addr);

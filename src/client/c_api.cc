@@ -1,8 +1,6 @@
 // The C API (include/endure/endure.h) over the C++ client: handles wrap a
 // Session, Statuses become status codes plus a per-thread message, and no
 // exception crosses into C.
-#include "endure/endure.h"
-
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -12,6 +10,7 @@
 #include <vector>
 
 #include "endure/client.h"
+#include "endure/endure.h"
 
 struct endure_session {
   std::unique_ptr<endure::Session> session;
@@ -162,9 +161,8 @@ endure_status endure_save_snapshot(endure_session* s, int64_t step, int shards,
         return Fail(ENDURE_INVALID_ARGUMENT,
                     "endure_save_snapshot: tensor " + std::to_string(i) + " has a NULL field");
       }
-      refs.push_back(endure::TensorRef{t.name, t.dtype,
-                                       std::vector<int64_t>(t.shape, t.shape + t.ndim), t.data,
-                                       t.bytes});
+      refs.push_back(endure::TensorRef{
+          t.name, t.dtype, std::vector<int64_t>(t.shape, t.shape + t.ndim), t.data, t.bytes});
     }
     endure::Result<bool> r = s->session->SaveSnapshot(step, shards, meta_json, refs);
     if (!r.ok()) return Fail(r.status());
@@ -195,8 +193,7 @@ void endure_buffer_free(endure_buffer* buffer) {
   buffer->size = 0;
 }
 
-endure_status endure_read_restore_shard(const endure_session* s, size_t index,
-                                        endure_buffer* out) {
+endure_status endure_read_restore_shard(const endure_session* s, size_t index, endure_buffer* out) {
   if (s == nullptr || out == nullptr) {
     return Fail(ENDURE_INVALID_ARGUMENT, "endure_read_restore_shard: NULL argument");
   }
@@ -240,8 +237,8 @@ endure_status endure_shard_tensor(const endure_shard* shard, size_t index, endur
     return Fail(ENDURE_INVALID_ARGUMENT, "endure_shard_tensor: no tensor " + std::to_string(index));
   }
   const endure::StoredTensor& t = shard->shard.tensors[index];
-  *out = endure_tensor{t.name.c_str(), t.dtype.c_str(), t.shape.data(), t.shape.size(),
-                       t.data.data(), t.data.size()};
+  *out = endure_tensor{t.name.c_str(), t.dtype.c_str(), t.shape.data(),
+                       t.shape.size(), t.data.data(),   t.data.size()};
   return ENDURE_OK;
 }
 

@@ -17,20 +17,20 @@
 static int g_failed = 0;
 static int g_passed = 0;
 
-#define EXPECT(cond)                                                   \
-  do {                                                                 \
-    if (cond) {                                                        \
-      ++g_passed;                                                      \
-    } else {                                                           \
-      ++g_failed;                                                      \
+#define EXPECT(cond)                                                      \
+  do {                                                                    \
+    if (cond) {                                                           \
+      ++g_passed;                                                         \
+    } else {                                                              \
+      ++g_failed;                                                         \
       fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                  \
+    }                                                                     \
   } while (0)
 
 static void ClearEnv(void) {
-  const char* names[] = {"ENDURE_AGENT_SOCKET", "ENDURE_TOKEN", "ENDURE_GENERATION", "RANK",
-                         "ENDURE_FAULTS", "ENDURE_T0_DIR", "ENDURE_RESTORE_PLAN",
-                         "ENDURE_HEARTBEAT_INTERVAL"};
+  const char* names[] = {
+      "ENDURE_AGENT_SOCKET", "ENDURE_TOKEN",  "ENDURE_GENERATION",   "RANK",
+      "ENDURE_FAULTS",       "ENDURE_T0_DIR", "ENDURE_RESTORE_PLAN", "ENDURE_HEARTBEAT_INTERVAL"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i) unsetenv(names[i]);
 }
 

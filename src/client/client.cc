@@ -12,19 +12,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <thread>
-#include <atomic>
-#include <condition_variable>
-#include <mutex>
 
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/restore_plan.h"

@@ -1,8 +1,5 @@
 #include "endure/client.h"
 
-#include <csignal>
-#include <fstream>
-
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -11,8 +8,10 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -207,10 +206,8 @@ TEST(Session, ReadsARestorePlanFromAFile) {
 
   FakeEnv both(std::map<std::string, std::string>{{"ENDURE_RESTORE_PLAN_FILE", path},
                                                   {"ENDURE_RESTORE_PLAN", plan}});
-  EXPECT_EQ(Session::FromEnvironment(both.lookup()).status().code(),
-            StatusCode::kInvalidArgument);
-  FakeEnv missing(
-      std::map<std::string, std::string>{{"ENDURE_RESTORE_PLAN_FILE", path + ".gone"}});
+  EXPECT_EQ(Session::FromEnvironment(both.lookup()).status().code(), StatusCode::kInvalidArgument);
+  FakeEnv missing(std::map<std::string, std::string>{{"ENDURE_RESTORE_PLAN_FILE", path + ".gone"}});
   Result<std::unique_ptr<Session>> gone = Session::FromEnvironment(missing.lookup());
   ASSERT_FALSE(gone.ok());
   EXPECT_NE(gone.status().message().find("ENDURE_RESTORE_PLAN_FILE"), std::string::npos);

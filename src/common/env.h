@@ -51,9 +51,7 @@ class EnvWrapper : public Env {
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     return target_->NewWritableFile(path);
   }
-  Result<std::string> ReadFile(const std::string& path) override {
-    return target_->ReadFile(path);
-  }
+  Result<std::string> ReadFile(const std::string& path) override { return target_->ReadFile(path); }
   Status RenameFile(const std::string& from, const std::string& to) override {
     return target_->RenameFile(from, to);
   }

@@ -209,8 +209,8 @@ Result<bool> SaveShard(Session& session, GPT& model, torch::optim::AdamW& optimi
     const torch::Tensor& t = parts.tensors[i].second;
     ENDURE_CHECK(t.is_contiguous() && t.device().is_cpu());
     refs.push_back(TensorRef{parts.tensors[i].first, DTypeName(t.scalar_type()),
-                             std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
-                             t.data_ptr(), t.nbytes()});
+                             std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), t.data_ptr(),
+                             t.nbytes()});
   }
   return session.SaveSnapshot(step, dist.world_size, parts.meta.dump(), refs);
 }
@@ -583,7 +583,8 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
   if (const auto& plan = session.restore_plan()) {
     // The agent chose the restore point across the checkpoint tiers.
     if (plan->step > 0) {
-      ENDURE_ASSIGN_OR_RETURN(TrainingState state, LoadPlanned(*plan, dist, cluster.group.get(), session));
+      ENDURE_ASSIGN_OR_RETURN(TrainingState state,
+                              LoadPlanned(*plan, dist, cluster.group.get(), session));
       if (ModelFromJson(state.meta.value("model", nlohmann::json::object())) != options.model) {
         return InvalidArgument("checkpoint step " + std::to_string(plan->step) +
                                " holds a model of config " + state.meta["model"].dump() +
