@@ -192,6 +192,11 @@ Result<std::vector<ShardEntry>> CheckpointDir::CommittedShards(int64_t step) con
 
 Result<std::string> CheckpointDir::ReadShard(int64_t step, int shard) const {
   ENDURE_ASSIGN_OR_RETURN(std::vector<ShardEntry> shards, CommittedShards(step));
+  return ReadListedShard(step, shard, shards);
+}
+
+Result<std::string> CheckpointDir::ReadListedShard(int64_t step, int shard,
+                                                   const std::vector<ShardEntry>& shards) const {
   if (shard < 0 || static_cast<size_t>(shard) >= shards.size()) {
     return DataLoss(JoinPath(StepDir(step), kManifest) + ": has no shard " + std::to_string(shard));
   }
@@ -202,10 +207,12 @@ Result<std::string> CheckpointDir::ReadShard(int64_t step, int shard) const {
   return bytes;
 }
 
+// Verify and Load read the manifest once: a step of N shards costs N reads,
+// not N manifest parses of N entries each.
 Status CheckpointDir::Verify(int64_t step) const {
   ENDURE_ASSIGN_OR_RETURN(std::vector<ShardEntry> shards, CommittedShards(step));
   for (size_t i = 0; i < shards.size(); ++i) {
-    ENDURE_RETURN_IF_ERROR(ReadShard(step, static_cast<int>(i)).status());
+    ENDURE_RETURN_IF_ERROR(ReadListedShard(step, static_cast<int>(i), shards).status());
   }
   return Status::Ok();
 }
@@ -215,7 +222,7 @@ Result<TrainingState> CheckpointDir::Load(int64_t step) const {
   TrainingState state;
   state.step = step;
   for (size_t i = 0; i < shards.size(); ++i) {
-    ENDURE_ASSIGN_OR_RETURN(std::string bytes, ReadShard(step, static_cast<int>(i)));
+    ENDURE_ASSIGN_OR_RETURN(std::string bytes, ReadListedShard(step, static_cast<int>(i), shards));
     const std::string path = ShardPath(step, static_cast<int>(i));
     ENDURE_ASSIGN_OR_RETURN(DecodedShard shard, DecodeShard(bytes, path));
     if (shard.meta["step"].get<int64_t>() != step) {

@@ -121,6 +121,9 @@ class CheckpointDir {
 
  private:
   Result<nlohmann::json> ReadManifest(int64_t step) const;
+  // ReadShard with the step's manifest already read.
+  Result<std::string> ReadListedShard(int64_t step, int shard,
+                                      const std::vector<ShardEntry>& shards) const;
 
   Env* env_;
   std::string root_;

@@ -119,7 +119,9 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
     MaybeStart(now, out);
 
   } else if (const auto* e = std::get_if<NodeHeartbeat>(&event)) {
-    (void)heartbeats_.OnHeartbeat(e->node, now);
+    // A heartbeat from a node already declared lost changes nothing: its
+    // loss was acted on when declared, and its stream is fenced by the shell.
+    if (!heartbeats_.OnHeartbeat(e->node, now)) return out;
 
   } else if (const auto* e = std::get_if<NodeDown>(&event)) {
     heartbeats_.Remove(e->node);
@@ -144,7 +146,10 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
     if (e->generation != generation_ || phase_ != JobPhase::kRunning) return out;
     if (e->rank < 0 || e->rank >= world_size()) return out;
     rank_step_[e->rank] = std::max(rank_step_[e->rank], e->step);
-    (void)hang_.OnStepEnd(e->rank, StepNumber{e->step}, now);
+    // The rank is in this generation's world (checked above), which the hang
+    // detector was started with: an error here is a bug.
+    const Status recorded = hang_.OnStepEnd(e->rank, StepNumber{e->step}, now);
+    ENDURE_CHECK(recorded.ok());
     const int64_t job_step = *std::min_element(rank_step_.begin(), rank_step_.end());
     if (!productive_ && job_step > start_step_) {
       // Every rank finished its first step of this generation.

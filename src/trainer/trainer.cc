@@ -647,13 +647,16 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
   if (leader && !options.ckpt_dir.empty() && !session.restore_plan() && session.restore_step() &&
       *session.restore_step() != -1) {
     // A rollback (or fresh start) ordered by the agent abandons the steps
-    // after the restore point: checkpoints taken there must never be
-    // restored later, so they go before this timeline commits its own.
+    // after its limit: checkpoints taken there must never be restored later,
+    // so they go before this timeline commits its own. Steps at or before
+    // the limit stay, even those that did not load here: a read error for a
+    // moment must not cost a good checkpoint (docs/checkpoints.md).
+    const int64_t limit = *session.restore_step();
     for (int64_t later : ckpt.ListSteps()) {
-      if (later <= summary.start_step) continue;
+      if (later <= limit) continue;
       ENDURE_RETURN_IF_ERROR(Env::Default()->RemoveAll(ckpt.StepDir(later)));
-      std::printf("rollback: removed %s (after the restore point, step %lld)\n",
-                  ckpt.StepDir(later).c_str(), static_cast<long long>(summary.start_step));
+      std::printf("rollback: removed %s (after the restore limit, step %lld)\n",
+                  ckpt.StepDir(later).c_str(), static_cast<long long>(limit));
     }
   }
   const double restore_s = SecondsSince(restore_start);
