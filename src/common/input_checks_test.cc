@@ -38,6 +38,25 @@ TEST(NodeName, RefusesAnythingThatCouldLeaveADirectory) {
   }
 }
 
+TEST(Address, HostOfEveryForm) {
+  EXPECT_EQ(HostOfAddress("127.0.0.1:5000"), "127.0.0.1");
+  EXPECT_EQ(HostOfAddress("[::1]:5000"), "::1");
+  EXPECT_EQ(HostOfAddress("node7.example:0"), "node7.example");
+  EXPECT_EQ(HostOfAddress("::1"), "::1");
+  EXPECT_EQ(HostOfAddress("0.0.0.0:1"), "0.0.0.0");
+}
+
+TEST(Address, LoopbackIsOnlyThisMachine) {
+  for (const char* host : {"localhost", "127.0.0.1", "127.1.2.3", "::1"}) {
+    EXPECT_TRUE(IsLoopbackHost(host)) << host;
+  }
+  // Every interface, other hosts, and names that only start like loopback.
+  for (const char* host : {"", "0.0.0.0", "::", "10.0.0.1", "127.example.com", "127.0.0.1.nip.io",
+                           "127.0.0.256", "127..0.1", "localhost.evil", "[::1]"}) {
+    EXPECT_FALSE(IsLoopbackHost(host)) << host;
+  }
+}
+
 TEST(QuoteForLog, ShowsUnprintableBytesAndCuts) {
   EXPECT_EQ(QuoteForLog("a\nb\xe9"), "a\\x0ab\\xe9");
   EXPECT_EQ(QuoteForLog(std::string(100, 'x'), 4), "xxxx...");

@@ -1,6 +1,7 @@
-// Node-name checks.
+// Node-name and address checks.
 #include "common/names.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace endure {
@@ -42,6 +43,37 @@ std::string QuoteForLog(std::string_view text, size_t max) {
   }
   if (cut) out += "...";
   return out;
+}
+
+std::string HostOfAddress(std::string_view address) {
+  if (!address.empty() && address.front() == '[') {
+    const size_t close = address.find(']');
+    if (close != std::string_view::npos) return std::string(address.substr(1, close - 1));
+  }
+  const size_t colon = address.rfind(':');
+  // More than one colon without brackets: a bare IPv6 address, no port.
+  if (colon == std::string_view::npos || address.find(':') != colon) return std::string(address);
+  return std::string(address.substr(0, colon));
+}
+
+bool IsLoopbackHost(std::string_view host) {
+  if (host == "localhost" || host == "::1") return true;
+  // 127.0.0.0/8 in dotted form: four decimal parts, the first 127.
+  if (host.rfind("127.", 0) != 0) return false;
+  int parts = 0;
+  size_t i = 0;
+  while (i <= host.size()) {
+    const size_t dot = std::min(host.find('.', i), host.size());
+    const std::string_view part = host.substr(i, dot - i);
+    if (part.empty() || part.size() > 3 ||
+        part.find_first_not_of("0123456789") != std::string_view::npos ||
+        std::stoi(std::string(part)) > 255) {
+      return false;
+    }
+    ++parts;
+    i = dot + 1;
+  }
+  return parts == 4;
 }
 
 }  // namespace endure

@@ -27,4 +27,13 @@ Status CheckNodeName(std::string_view name, std::string_view what);
 // \xHH: for quoting hostile input in an error message or a log line.
 std::string QuoteForLog(std::string_view text, size_t max = 64);
 
+// The host part of "host:port" or "[v6addr]:port" (brackets removed); the
+// whole text when it has no port.
+std::string HostOfAddress(std::string_view address);
+
+// Whether `host` names this machine's loopback interface only: "localhost",
+// 127.0.0.0/8 or ::1. "", "0.0.0.0" and "::" (every interface) are not:
+// what listens there is reachable from other hosts. Pure.
+bool IsLoopbackHost(std::string_view host);
+
 }  // namespace endure

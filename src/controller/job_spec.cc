@@ -430,8 +430,13 @@ Status SpecParser::ParseJob(const toml::table& t, JobSpec& spec) {
           }
           return Status::Ok();
         }},
-       {"token", [&](const toml::node& v, const std::string& key) -> Status {
+       {"token",
+        [&](const toml::node& v, const std::string& key) -> Status {
           ENDURE_ASSIGN_OR_RETURN(spec.token, String(v, key));
+          return Status::Ok();
+        }},
+       {"tls", [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(spec.tls, Bool(v, key));
           return Status::Ok();
         }}}));
   for (const char* required : {"name", "command", "state_dir"}) {

@@ -115,6 +115,10 @@ struct JobSpec {
   std::map<std::string, std::string> env;  // extra worker environment
   std::string listen = "127.0.0.1:0";      // controller gRPC address
   std::string token;                       // empty: generated at start
+  // Mutual TLS between every process of the job (gRPC and the replica link)
+  // even on loopback: `endure run` makes the job's certificates under
+  // STATE_DIR/tls (common/tls.h). Beyond loopback TLS is required either way.
+  bool tls = false;
 
   CheckpointSpec checkpoint;
   DetectionSpec detection;
