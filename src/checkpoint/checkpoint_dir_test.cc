@@ -186,11 +186,37 @@ class ProbeEnv final : public EnvWrapper {
   Result<std::string> ReadFile(const std::string& p) override {
     if (eio.count(p)) return IOError("read " + p + ": Input/output error");
     if (p.find("shard-") != std::string::npos) ++shard_reads;
+    if (p.find("MANIFEST") != std::string::npos) ++manifest_reads;
     return EnvWrapper::ReadFile(p);
   }
   std::set<std::string> eio;
   int shard_reads = 0;
+  int manifest_reads = 0;
 };
+
+// Verify and Load of a step of N shards read its manifest once: they used to
+// re-read it for each shard (N parses of N entries).
+TEST_F(CheckpointDirTest, VerifyAndLoadReadTheManifestOnce) {
+  ProbeEnv probe;
+  dir_ = CheckpointDir(&probe, root_);
+  constexpr int kShards = 64;
+  std::vector<ShardEntry> shards;
+  for (int i = 0; i < kShards; ++i) {
+    Result<ShardEntry> e = dir_.WriteShard(30, i, ShardBytes(30, i));
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    shards.push_back(*e);
+  }
+  ASSERT_TRUE(dir_.CommitStep(30, shards).ok());
+  probe.manifest_reads = probe.shard_reads = 0;
+  ASSERT_TRUE(dir_.Verify(30).ok());
+  EXPECT_EQ(probe.manifest_reads, 1);
+  EXPECT_EQ(probe.shard_reads, kShards);
+  probe.manifest_reads = 0;
+  Result<TrainingState> s = dir_.Load(30);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->tensors.size(), static_cast<size_t>(kShards));
+  EXPECT_EQ(probe.manifest_reads, 1);
+}
 
 TEST_F(CheckpointDirTest, RetainTrustsAVerifiedStepAndReadsNoShard) {
   ProbeEnv probe;

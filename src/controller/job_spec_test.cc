@@ -48,6 +48,17 @@ std::string ErrorOf(const std::string& text) {
   return spec.status().message();
 }
 
+TEST(JobSpec, TlsIsABoolOffByDefault) {
+  Result<JobSpec> plain = ParseJobSpec(kMinimal, "job.toml");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_FALSE(plain->tls);
+  Result<JobSpec> on = ParseJobSpec(std::string(kMinimal) + "tls = true\n", "job.toml");
+  ASSERT_TRUE(on.ok()) << on.status().ToString();
+  EXPECT_TRUE(on->tls);
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "tls = \"yes\"\n"),
+              AllOf(HasSubstr("job.toml:5"), HasSubstr("job.tls")));
+}
+
 TEST(JobSpec, ParsesTheIssueExample) {
   Result<JobSpec> spec = ParseJobSpec(kIssueExample, "demo.toml");
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
