@@ -1,6 +1,7 @@
-// Replica link over blocking-style TCP: non-blocking sockets whose every wait
-// goes through poll(), so that the sender's deadline, the receiver's idle
-// limit and the receiver's shutdown all bound each wait.
+// Replica link over blocking-style TCP, optionally inside mutual TLS:
+// non-blocking sockets whose every wait goes through poll(), so that the
+// sender's deadline, the receiver's idle limit and the receiver's shutdown
+// all bound each wait, the TLS handshake's included.
 #include "checkpoint/replica_link.h"
 
 #include <arpa/inet.h>
@@ -41,34 +42,73 @@ constexpr uint64_t kPayloadChunk = 4 << 20;
 // off; it serves one connection at a time, so this bounds what a stalled
 // sender costs the others.
 constexpr Duration kReceiverIdleLimit = std::chrono::seconds(10);
+// A TLS connection opens with a handshake record (content type 22); a frame
+// opens with kMagic.
+constexpr unsigned char kTlsHandshakeRecord = 0x16;
+// How long, and for how many bytes, a receiver that refused a sender before
+// reading all it sent waits for the sender to close first (Stream::Linger).
+constexpr Duration kLingerLimit = std::chrono::seconds(1);
+constexpr size_t kMaxLingerBytes = 1 << 20;
 
 std::string ErrnoText(const char* call) { return std::string(call) + ": " + std::strerror(errno); }
 
 // A connected non-blocking socket, owned: reads and writes that wait (poll)
 // until `deadline`, at most `idle` without progress when `idle` is positive,
-// and not at all once `stop_fd` is readable.
+// and not at all once `stop_fd` is readable. After StartTls, they go through
+// the TLS session.
 class Stream {
  public:
   Stream(int fd, Clock::time_point deadline, Duration idle, int stop_fd)
       : fd_(fd), deadline_(deadline), idle_(idle), stop_fd_(stop_fd) {}
-  ~Stream() { ::close(fd_); }
+  ~Stream() {
+    if (tls_ != nullptr) tls_->Close();
+    tls_.reset();
+    ::close(fd_);
+  }
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
+
+  // The TLS handshake in `role`, within the same bounds as every other wait.
+  Status StartTls(const tls::Context& context, tls::Session::Role role) {
+    ENDURE_ASSIGN_OR_RETURN(tls_, tls::Session::New(context, fd_, role));
+    while (true) {
+      ENDURE_ASSIGN_OR_RETURN(const tls::Session::Io io, tls_->Handshake());
+      if (io.state == tls::Session::State::kDone) return Status::Ok();
+      ENDURE_RETURN_IF_ERROR(Wait(io.state == tls::Session::State::kWantWrite ? POLLOUT : POLLIN,
+                                  "the TLS handshake"));
+    }
+  }
+
+  // The CN of the peer's verified certificate; empty without TLS.
+  std::string peer_name() const { return tls_ != nullptr ? tls_->peer_name() : ""; }
+
+  // The first byte the peer sent, left unread; waits for it.
+  Result<unsigned char> PeekByte(const char* what) {
+    while (true) {
+      unsigned char c = 0;
+      const ssize_t r = ::recv(fd_, &c, 1, MSG_PEEK);
+      if (r == 1) return c;
+      if (r == 0) return Unavailable(std::string("connection closed before ") + what);
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        ENDURE_RETURN_IF_ERROR(Wait(POLLIN, what));
+      } else if (errno != EINTR) {
+        return Unavailable(ErrnoText("recv") + " while waiting for " + what);
+      }
+    }
+  }
 
   // Reads exactly n bytes; `what` names them in the error ("the payload").
   Status ReadFull(char* buf, size_t n, const char* what) {
     size_t got = 0;
     while (got < n) {
-      const ssize_t r = ::recv(fd_, buf + got, n - got, 0);
-      if (r > 0) {
-        got += static_cast<size_t>(r);
-      } else if (r == 0) {
+      ENDURE_ASSIGN_OR_RETURN(const Io io, Recv(buf + got, n - got, what));
+      if (io.wait != 0) {
+        ENDURE_RETURN_IF_ERROR(Wait(io.wait, what));
+      } else if (io.bytes == 0) {
         return Unavailable("connection closed after " + std::to_string(got) + " of " +
                            std::to_string(n) + " bytes of " + what);
-      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        ENDURE_RETURN_IF_ERROR(Wait(POLLIN, what));
-      } else if (errno != EINTR) {
-        return Unavailable(ErrnoText("recv") + " while reading " + what);
+      } else {
+        got += io.bytes;
       }
     }
     return Status::Ok();
@@ -76,14 +116,11 @@ class Stream {
 
   Status WriteAll(std::string_view data, const char* what) {
     while (!data.empty()) {
-      // MSG_NOSIGNAL: a peer that went away is an EPIPE here, not a SIGPIPE.
-      const ssize_t r = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
-      if (r >= 0) {
-        data.remove_prefix(static_cast<size_t>(r));
-      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        ENDURE_RETURN_IF_ERROR(Wait(POLLOUT, what));
-      } else if (errno != EINTR) {
-        return Unavailable(ErrnoText("send") + " while sending " + what);
+      ENDURE_ASSIGN_OR_RETURN(const Io io, Send(data, what));
+      if (io.wait != 0) {
+        ENDURE_RETURN_IF_ERROR(Wait(io.wait, what));
+      } else {
+        data.remove_prefix(io.bytes);
       }
     }
     return Status::Ok();
@@ -103,7 +140,90 @@ class Stream {
                        " bytes: the peer does not speak the replica protocol");
   }
 
+  // Ends a connection whose peer may still be sending (it was refused before
+  // all it sent was read): half-closes, then discards what arrives until the
+  // peer closes, for at most kLingerLimit. Closing with unread bytes would
+  // reset the connection, and the reset can destroy a refusal (or a TLS
+  // alert) that the peer has not read yet.
+  void Linger() {
+    ::shutdown(fd_, SHUT_WR);
+    const Clock::time_point until = Clock::now() + kLingerLimit;
+    char buf[4096];
+    size_t drained = 0;
+    while (drained < kMaxLingerBytes) {
+      const ssize_t r = ::recv(fd_, buf, sizeof buf, 0);
+      if (r == 0) return;
+      if (r > 0) {
+        drained += static_cast<size_t>(r);
+        continue;
+      }
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return;
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now());
+      if (left.count() <= 0) return;
+      pollfd fds[2] = {{fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+      const int n = ::poll(fds, 2, static_cast<int>(left.count()));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0 || fds[1].revents != 0) return;
+    }
+  }
+
  private:
+  // One attempt at a read or a write: `bytes` moved, or the events to wait
+  // for before trying again (`wait` != 0). A read of 0 bytes that need not
+  // wait is the end of the stream.
+  struct Io {
+    size_t bytes = 0;
+    short wait = 0;
+  };
+
+  static Result<Io> FromTls(const Result<tls::Session::Io>& r) {
+    if (!r.ok()) return r.status();
+    switch (r->state) {
+      case tls::Session::State::kWantRead:
+        return Io{0, POLLIN};
+      case tls::Session::State::kWantWrite:
+        return Io{0, POLLOUT};
+      case tls::Session::State::kClosed:
+        return Io{0, 0};
+      case tls::Session::State::kDone:
+        break;
+    }
+    return Io{r->bytes, 0};
+  }
+
+  Result<Io> Recv(char* buf, size_t n, const char* what) {
+    if (tls_ != nullptr) {
+      Result<Io> io = FromTls(tls_->Read(buf, n));
+      if (!io.ok()) return io.status().WithContext(std::string("reading ") + what);
+      return io;
+    }
+    while (true) {
+      const ssize_t r = ::recv(fd_, buf, n, 0);
+      if (r >= 0) return Io{static_cast<size_t>(r), 0};
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Io{0, POLLIN};
+      if (errno != EINTR) return Unavailable(ErrnoText("recv") + " while reading " + what);
+    }
+  }
+
+  Result<Io> Send(std::string_view data, const char* what) {
+    if (tls_ != nullptr) {
+      Result<Io> io = FromTls(tls_->Write(data.data(), data.size()));
+      if (!io.ok()) return io.status().WithContext(std::string("sending ") + what);
+      if (io->bytes == 0 && io->wait == 0) {
+        return Unavailable(std::string("the peer closed the connection while sending ") + what);
+      }
+      return io;
+    }
+    while (true) {
+      // MSG_NOSIGNAL: a peer that went away is an EPIPE here, not a SIGPIPE.
+      const ssize_t r = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
+      if (r >= 0) return Io{static_cast<size_t>(r), 0};
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Io{0, POLLOUT};
+      if (errno != EINTR) return Unavailable(ErrnoText("send") + " while sending " + what);
+    }
+  }
+
   Status Wait(short events, const char* what) {
     Clock::time_point until = deadline_;
     if (idle_ > Duration::zero()) until = std::min(until, Clock::now() + idle_);
@@ -128,6 +248,7 @@ class Stream {
   const Clock::time_point deadline_;
   const Duration idle_;
   const int stop_fd_;
+  std::unique_ptr<tls::Session> tls_;  // set by StartTls; uses fd_, so it goes first
 };
 
 // Closes a descriptor on the error paths of Start and Connect.
@@ -278,14 +399,22 @@ Result<ReplicaFrame> DecodeHeader(std::string_view text) {
   return f;
 }
 
-// Reads one frame up to and including its payload, refusing what `token` and
-// `max_bytes` do not allow before the payload is asked for.
-Result<Replica> ReadFrame(Stream& s, const std::string& token, uint64_t max_bytes) {
+// Reads one frame up to and including its payload, refusing what `token`,
+// `max_bytes` and `sender` do not allow before the payload is asked for.
+// `sender`: the node the peer's TLS certificate names, which the frame must
+// name too; empty without TLS.
+Result<Replica> ReadFrame(Stream& s, const std::string& token, uint64_t max_bytes,
+                          const std::string& sender) {
   // The magic is checked before the length is read, so that a peer that
   // speaks another protocol is refused for what it is.
   char prefix[kPrefixBytes];
   ENDURE_RETURN_IF_ERROR(s.ReadFull(prefix, kMagic.size(), "the magic"));
   if (std::string_view(prefix, kMagic.size()) != kMagic) {
+    if (static_cast<unsigned char>(prefix[0]) == kTlsHandshakeRecord) {
+      return InvalidArgument(
+          "bad magic: the sender opened a TLS handshake, and this receiver runs without TLS "
+          "(give both sides the job's certificates with --tls-dir)");
+    }
     return InvalidArgument("bad magic: not a replica frame (expected " + std::string(kMagic) + ")");
   }
   ENDURE_RETURN_IF_ERROR(s.ReadFull(prefix + kMagic.size(), 4, "the header length"));
@@ -296,6 +425,13 @@ Result<Replica> ReadFrame(Stream& s, const std::string& token, uint64_t max_byte
   ENDURE_ASSIGN_OR_RETURN(ReplicaFrame f, DecodeHeader(json));
   if (!ConstantTimeEquals(f.token, token)) {
     return InvalidArgument("wrong token: the sender's job token is not this agent's");
+  }
+  // A node's certificate vouches for that node only: it must not be able to
+  // plant replicas under another node's name.
+  if (!sender.empty() && f.header.node != sender) {
+    return InvalidArgument("the frame names node '" + f.header.node +
+                           "', but the sender's certificate is for node '" + QuoteForLog(sender) +
+                           "': a node may send only its own replicas");
   }
   if (f.header.bytes > max_bytes) {
     return InvalidArgument("payload of " + std::to_string(f.header.bytes) +
@@ -409,9 +545,9 @@ Result<ReplicaFrame> DecodeReplicaFrame(std::string_view bytes) {
   return DecodeHeader(json);
 }
 
-Result<std::unique_ptr<ReplicaServer>> ReplicaServer::Start(const std::string& host, int port,
-                                                            std::string token, uint64_t max_bytes,
-                                                            Sink sink) {
+Result<std::unique_ptr<ReplicaServer>> ReplicaServer::Start(
+    const std::string& host, int port, std::string token, uint64_t max_bytes, Sink sink,
+    std::shared_ptr<const tls::Context> tls) {
   if (!sink) return InvalidArgument("ReplicaServer needs a sink");
   if (max_bytes == 0) return InvalidArgument("ReplicaServer: max_bytes must be positive");
   const std::string where = (host.empty() ? "*" : host) + ":" + std::to_string(port);
@@ -448,20 +584,22 @@ Result<std::unique_ptr<ReplicaServer>> ReplicaServer::Start(const std::string& h
                           : ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
     FdCloser stop(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (stop.get() < 0) return IOError(ErrnoText("eventfd"));
-    return std::unique_ptr<ReplicaServer>(new ReplicaServer(
-        fd.release(), stop.release(), bound, std::move(token), max_bytes, std::move(sink)));
+    return std::unique_ptr<ReplicaServer>(new ReplicaServer(fd.release(), stop.release(), bound,
+                                                            std::move(token), max_bytes,
+                                                            std::move(sink), std::move(tls)));
   }
   return IOError("cannot listen for replicas on " + where + ": " + last);
 }
 
 ReplicaServer::ReplicaServer(int listen_fd, int stop_fd, int port, std::string token,
-                             uint64_t max_bytes, Sink sink)
+                             uint64_t max_bytes, Sink sink, std::shared_ptr<const tls::Context> tls)
     : listen_fd_(listen_fd),
       stop_fd_(stop_fd),
       port_(port),
       token_(std::move(token)),
       max_bytes_(max_bytes),
       sink_(std::move(sink)),
+      tls_(std::move(tls)),
       thread_([this] { Serve(); }) {}
 
 ReplicaServer::~ReplicaServer() {
@@ -519,8 +657,28 @@ void ReplicaServer::Serve() {
 void ReplicaServer::HandleConnection(int fd, const std::string& peer) {
   SetNoDelay(fd);
   Stream s(fd, Clock::time_point::max(), kReceiverIdleLimit, stop_fd_);
+  // How a refusal reaches the sender: on the stream (in TLS once the
+  // handshake is done), in plain text to a sender without TLS, or not at all
+  // after a failed handshake (OpenSSL has sent its alert).
+  enum class Refusal { kReply, kPlainReply, kNone } refusal = Refusal::kReply;
   Status st = [&]() -> Status {
-    ENDURE_ASSIGN_OR_RETURN(Replica r, ReadFrame(s, token_, max_bytes_.load()));
+    std::string sender;
+    if (tls_ != nullptr) {
+      // Told apart before the handshake, so that a sender that speaks the
+      // protocol without TLS can read why it is refused.
+      ENDURE_ASSIGN_OR_RETURN(const unsigned char first, s.PeekByte("the TLS handshake"));
+      if (first != kTlsHandshakeRecord) {
+        refusal = Refusal::kPlainReply;
+        return InvalidArgument(
+            "this replica receiver requires TLS: give the sender the job's certificates "
+            "(--tls-dir)");
+      }
+      refusal = Refusal::kNone;
+      ENDURE_RETURN_IF_ERROR(s.StartTls(*tls_, tls::Session::Role::kServer));
+      refusal = Refusal::kReply;
+      sender = s.peer_name();
+    }
+    ENDURE_ASSIGN_OR_RETURN(Replica r, ReadFrame(s, token_, max_bytes_.load(), sender));
     sink_(r.header, std::move(r.payload));
     ++received_;
     return s.WriteAll("OK\n", "the acknowledgement");
@@ -530,12 +688,15 @@ void ReplicaServer::HandleConnection(int fd, const std::string& peer) {
   // also finds it counted.
   if (!stopping_) RecordError("replica from " + peer + ": " + st.message());
   // Best effort: a sender that broke the connection will not read it.
-  (void)s.WriteAll(ErrLine(st), "the refusal");
+  if (refusal != Refusal::kNone) (void)s.WriteAll(ErrLine(st), "the refusal");
+  // These senders have bytes in flight that were never read: the header
+  // without TLS, the client's last handshake flight and maybe its header.
+  if (refusal != Refusal::kReply && !stopping_) s.Linger();
 }
 
 Status SendReplica(const std::string& address, const std::string& token,
                    const ReplicaHeader& header, std::string_view payload, Duration timeout,
-                   int cancel_fd) {
+                   int cancel_fd, std::shared_ptr<const tls::Context> tls) {
   const std::string what = "replica of " + header.node + " shard " + std::to_string(header.shard) +
                            "/" + std::to_string(header.shards) + " step " +
                            std::to_string(header.step) + " to " + address;
@@ -567,6 +728,10 @@ Status SendReplica(const std::string& address, const std::string& token,
   Result<int> fd = Connect(host, port, deadline, cancel_fd);
   if (!fd.ok()) return annotate(fd.status());
   Stream s(*fd, deadline, Duration::zero(), cancel_fd);
+  if (tls != nullptr) {
+    const Status handshake = s.StartTls(*tls, tls::Session::Role::kClient);
+    if (!handshake.ok()) return annotate(handshake);
+  }
   const Status st = Exchange(s, token, header, payload);
   return st.ok() ? st : annotate(st);
 }

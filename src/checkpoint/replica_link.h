@@ -12,6 +12,13 @@
 // CODE is a StatusCodeName ("DATA_LOSS", "INVALID_ARGUMENT"). The receiver
 // answers before the payload is sent so that a refused replica (wrong token,
 // too large) costs no transfer and its reason always reaches the sender.
+//
+// With a tls::Context (common/tls.h) on both sides, the connection starts
+// with a mutual TLS 1.3 handshake and all of the above travels inside it:
+// the receiver requires a client certificate from the job CA, the sender
+// verifies the receiver's chain against the same CA, and the receiver takes
+// a frame only from the node its certificate names (header.node == the
+// certificate's CN). The job token is checked as well.
 #pragma once
 
 #include <atomic>
@@ -25,6 +32,7 @@
 
 #include "common/duration.h"
 #include "common/status.h"
+#include "common/tls.h"
 
 namespace endure::checkpoint {
 
@@ -66,10 +74,16 @@ Result<ReplicaFrame> DecodeReplicaFrame(std::string_view bytes);
 // an error reply, the connection closed, errors() incremented and
 // last_error() set. It never calls the sink with bad data.
 //
+// With TLS, a sender that does not complete the handshake (no certificate,
+// one from another CA, no TLS at all) is refused the same way, and so is a
+// frame whose header.node is not the node its certificate names; a sender
+// that speaks the protocol without TLS reads an "ERR INVALID_ARGUMENT" reply
+// saying that TLS is required.
+//
 // Connections are served one at a time; a sender that makes no progress for
-// 10 s is cut off, so a stalled peer delays others at most that long. The
-// accessors are thread-safe. The sink must not throw and must not destroy the
-// server; while it runs, no other replica is received.
+// 10 s (handshake included) is cut off, so a stalled peer delays others at
+// most that long. The accessors are thread-safe. The sink must not throw and
+// must not destroy the server; while it runs, no other replica is received.
 class ReplicaServer {
  public:
   using Sink = std::function<void(const ReplicaHeader&, std::string payload)>;
@@ -79,12 +93,13 @@ class ReplicaServer {
   // replica can make the receiver allocate: a frame that claims more is
   // refused before its payload is asked for, and a payload's memory is
   // allocated only as its bytes arrive, never zero-filled up front for the
-  // size the frame claims. kIOError when the address cannot
+  // size the frame claims. `tls`: mutual TLS with this identity on every
+  // connection; nullptr for plain TCP. kIOError when the address cannot
   // be resolved or bound, kInvalidArgument when max_bytes is 0 or `sink` is
   // empty.
-  static Result<std::unique_ptr<ReplicaServer>> Start(const std::string& host, int port,
-                                                      std::string token, uint64_t max_bytes,
-                                                      Sink sink);
+  static Result<std::unique_ptr<ReplicaServer>> Start(
+      const std::string& host, int port, std::string token, uint64_t max_bytes, Sink sink,
+      std::shared_ptr<const tls::Context> tls = nullptr);
 
   // Stops accepting, cuts the connection being served (its sender sees
   // kUnavailable) and joins the thread. Returns promptly, unless the sink is
@@ -106,10 +121,12 @@ class ReplicaServer {
   // (a generation's memory budget).
   void set_max_bytes(uint64_t max_bytes);
   uint64_t max_bytes() const { return max_bytes_.load(); }
+  // Whether connections must use mutual TLS.
+  bool uses_tls() const { return tls_ != nullptr; }
 
  private:
   ReplicaServer(int listen_fd, int stop_fd, int port, std::string token, uint64_t max_bytes,
-                Sink sink);
+                Sink sink, std::shared_ptr<const tls::Context> tls);
 
   void Serve();
   // Serves one connection, takes ownership of `fd` and closes it.
@@ -122,6 +139,7 @@ class ReplicaServer {
   const std::string token_;
   std::atomic<uint64_t> max_bytes_;
   const Sink sink_;
+  const std::shared_ptr<const tls::Context> tls_;  // null: plain TCP
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> received_{0};
   std::atomic<int64_t> errors_{0};
@@ -139,8 +157,13 @@ class ReplicaServer {
 // peer's code (kDataLoss, kInvalidArgument) and reason when it refuses the
 // replica. `cancel_fd` (optional, e.g. an eventfd): once it is readable,
 // every wait ends at once with kUnavailable (the sender shuts down).
+// `tls`: mutual TLS with this identity (its name should be header.node, which
+// the receiver checks); the handshake counts against `timeout`, and a
+// handshake that fails (the receiver's certificate is not from the job CA,
+// the receiver refused ours, the receiver does not use TLS) is kUnavailable
+// with the reason. nullptr for plain TCP.
 Status SendReplica(const std::string& address, const std::string& token,
                    const ReplicaHeader& header, std::string_view payload, Duration timeout,
-                   int cancel_fd = -1);
+                   int cancel_fd = -1, std::shared_ptr<const tls::Context> tls = nullptr);
 
 }  // namespace endure::checkpoint

@@ -1,15 +1,21 @@
 // ReplicaServer and SendReplica over 127.0.0.1: intact delivery, every kind
-// of refusal, hostile and stalled clients, and prompt shutdown.
+// of refusal, hostile and stalled clients, and prompt shutdown; in plain TCP
+// and in mutual TLS.
 #include "checkpoint/replica_link.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -19,6 +25,7 @@
 
 #include "common/hash.h"
 #include "common/subprocess.h"
+#include "common/tls.h"
 
 namespace endure::checkpoint {
 namespace {
@@ -69,6 +76,7 @@ class RawClient {
   ~RawClient() { ::close(fd_); }
 
   bool connected() const { return connected_; }
+  int fd() const { return fd_; }
 
   bool Send(std::string_view bytes) {
     while (!bytes.empty()) {
@@ -107,12 +115,15 @@ struct Delivery {
 
 class ReplicaLinkTest : public ::testing::Test {
  protected:
-  void StartServer(uint64_t max_bytes = 64 << 20) {
-    auto server = ReplicaServer::Start("127.0.0.1", 0, kToken, max_bytes,
-                                       [this](const ReplicaHeader& h, std::string payload) {
-                                         std::lock_guard<std::mutex> lock(mu_);
-                                         deliveries_.push_back({h, std::move(payload)});
-                                       });
+  void StartServer(uint64_t max_bytes = 64 << 20,
+                   std::shared_ptr<const tls::Context> tls = nullptr) {
+    auto server = ReplicaServer::Start(
+        "127.0.0.1", 0, kToken, max_bytes,
+        [this](const ReplicaHeader& h, std::string payload) {
+          std::lock_guard<std::mutex> lock(mu_);
+          deliveries_.push_back({h, std::move(payload)});
+        },
+        std::move(tls));
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(*server);
   }
@@ -125,10 +136,11 @@ class ReplicaLinkTest : public ::testing::Test {
   }
 
   // Sends `payload` with a correct header and checks that the sink got it exactly.
-  void ExpectDelivered(const std::string& payload) {
+  void ExpectDelivered(const std::string& payload,
+                       std::shared_ptr<const tls::Context> tls = nullptr) {
     const size_t before = DeliveryCount();
     const ReplicaHeader h = HeaderFor(payload);
-    const Status st = SendReplica(Address(), kToken, h, payload, kTimeout);
+    const Status st = SendReplica(Address(), kToken, h, payload, kTimeout, -1, std::move(tls));
     ASSERT_TRUE(st.ok()) << st.ToString();
     // SendReplica returns after the acknowledgement, which follows the sink.
     std::lock_guard<std::mutex> lock(mu_);
@@ -492,6 +504,238 @@ TEST(ReplicaLink, ASenderStopsAtOnceWhenCancelled) {
   ::close(cancel[0]);
   ::close(cancel[1]);
   ::close(fd);
+}
+
+// ---- Mutual TLS ----
+
+// A job's certificates (controller, node0, node1) and another job's, in a
+// directory of the test's own; the server is node0 and the senders node1
+// (HeaderFor names node1).
+class TlsReplicaLinkTest : public ReplicaLinkTest {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern =
+        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/replica_tlsXXXXXX";
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    root_ = pattern;
+    for (const char* job : {"job", "other"}) {
+      tls::CertRequest r;
+      r.dir = root_ + "/" + job;
+      r.nodes = {"node0", "node1"};
+      const Status st = tls::MakeCertificates(r);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+    }
+    server_tls_ = Load("job", "node0");
+    sender_tls_ = Load("job", "node1");
+  }
+  void TearDown() override {
+    server_.reset();
+    std::filesystem::remove_all(root_);
+  }
+
+  std::shared_ptr<const tls::Context> Load(const std::string& job, const std::string& name) {
+    Result<tls::Identity> id = tls::LoadIdentity(root_ + "/" + job, name);
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    if (!id.ok()) return nullptr;
+    return Make(*id);
+  }
+  static std::shared_ptr<const tls::Context> Make(const tls::Identity& id) {
+    Result<std::shared_ptr<const tls::Context>> ctx = tls::Context::Make(id);
+    EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
+    return ctx.ok() ? *ctx : nullptr;
+  }
+
+  void StartTlsServer() { StartServer(64 << 20, server_tls_); }
+
+  Status Send(const std::string& payload, std::shared_ptr<const tls::Context> tls,
+              Duration timeout = kTimeout) {
+    return SendReplica(Address(), kToken, HeaderFor(payload), payload, timeout, -1, std::move(tls));
+  }
+
+  std::string root_;
+  std::shared_ptr<const tls::Context> server_tls_;
+  std::shared_ptr<const tls::Context> sender_tls_;
+};
+
+TEST_F(TlsReplicaLinkTest, DeliversReplicasIntact) {
+  StartTlsServer();
+  EXPECT_TRUE(server_->uses_tls());
+  std::mt19937_64 rng(7);              // fixed seed: the same bytes every run
+  std::string payload(9 << 20, '\0');  // several payload chunks and many TLS records
+  for (size_t i = 0; i + 8 <= payload.size(); i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(payload.data() + i, &v, 8);
+  }
+  ExpectDelivered(payload, sender_tls_);
+  ExpectDelivered("", sender_tls_);
+  ExpectDelivered("x", sender_tls_);
+  EXPECT_EQ(server_->received(), 3);
+  EXPECT_EQ(server_->errors(), 0);
+  EXPECT_EQ(server_->last_error(), "");
+}
+
+TEST_F(TlsReplicaLinkTest, TheTokenIsStillChecked) {
+  StartTlsServer();
+  const std::string payload = "p";
+  const Status st =
+      SendReplica(Address(), "other-job", HeaderFor(payload), payload, kTimeout, -1, sender_tls_);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("wrong token"), std::string::npos) << st.message();
+  EXPECT_EQ(DeliveryCount(), 0u);
+}
+
+TEST_F(TlsReplicaLinkTest, RefusesASenderCertificateFromAnotherCa) {
+  StartTlsServer();
+  // It trusts this job's CA (so it accepts the receiver) but presents a
+  // certificate that another CA signed: the receiver must refuse it.
+  Result<tls::Identity> foreign = tls::LoadIdentity(root_ + "/other", "node1");
+  ASSERT_TRUE(foreign.ok()) << foreign.status().ToString();
+  Result<tls::Identity> ours = tls::LoadIdentity(root_ + "/job", "node1");
+  ASSERT_TRUE(ours.ok());
+  foreign->ca_pem = ours->ca_pem;
+  const auto start = Clock::now();
+  const Status st = Send("stolen shard", Make(*foreign));
+  EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("TLS"), std::string::npos) << st.message();
+  EXPECT_EQ(DeliveryCount(), 0u);
+  // The refusal (a TLS alert) leaves before the receiver counts it; once the
+  // next connection is served, it has been counted.
+  ExpectDelivered("still serving", sender_tls_);
+  EXPECT_EQ(server_->received(), 1);
+  EXPECT_EQ(server_->errors(), 1);
+  EXPECT_NE(server_->last_error().find("certificate verify failed"), std::string::npos)
+      << server_->last_error();
+}
+
+TEST_F(TlsReplicaLinkTest, ASenderOfAnotherJobRefusesTheReceiver) {
+  StartTlsServer();
+  const Status st = Send("shard", Load("other", "node1"));
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("not from this job's CA"), std::string::npos) << st.message();
+  EXPECT_EQ(DeliveryCount(), 0u);
+  // The sender gave up first; the receiver has counted it once the next
+  // connection is served.
+  ExpectDelivered("still serving", sender_tls_);
+  EXPECT_EQ(server_->errors(), 1);
+}
+
+TEST_F(TlsReplicaLinkTest, RefusesAPlainSenderWithinItsDeadline) {
+  StartTlsServer();
+  const auto start = Clock::now();
+  const Status st = Send("plain shard", nullptr, 5s);
+  EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("requires TLS"), std::string::npos) << st.message();
+  EXPECT_EQ(DeliveryCount(), 0u);
+  EXPECT_EQ(server_->errors(), 1);
+  EXPECT_NE(server_->last_error().find("requires TLS"), std::string::npos) << server_->last_error();
+  ExpectDelivered("still serving", sender_tls_);
+}
+
+// A TLS client that trusts `ca_pem` and presents no certificate; sends
+// `frame` and returns the first line of the reply, "" when the session fails.
+std::string SendWithoutCertificate(int port, const std::string& ca_pem, const std::string& frame) {
+  ::signal(SIGPIPE, SIG_IGN);  // OpenSSL's own socket BIO writes with write(2)
+  RawClient raw(port);
+  std::string line;
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  BIO* bio = BIO_new_mem_buf(ca_pem.data(), static_cast<int>(ca_pem.size()));
+  X509* ca = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
+  X509_STORE_add_cert(SSL_CTX_get_cert_store(ctx), ca);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+  SSL* ssl = SSL_new(ctx);
+  SSL_set_fd(ssl, raw.fd());
+  if (SSL_connect(ssl) == 1 && SSL_write(ssl, frame.data(), static_cast<int>(frame.size())) > 0) {
+    char c = 0;
+    while (SSL_read(ssl, &c, 1) == 1 && c != '\n') line.push_back(c);
+  }
+  SSL_free(ssl);
+  X509_free(ca);
+  BIO_free(bio);
+  SSL_CTX_free(ctx);
+  return line;
+}
+
+TEST_F(TlsReplicaLinkTest, RefusesATlsSenderWithoutACertificate) {
+  StartTlsServer();
+  Result<tls::Identity> ours = tls::LoadIdentity(root_ + "/job", "node1");
+  ASSERT_TRUE(ours.ok());
+  nlohmann::json j = HeaderJson(1);
+  j["node"] = "node1";
+  EXPECT_EQ(SendWithoutCertificate(server_->port(), ours->ca_pem, FrameStart(j.dump())), "");
+  EXPECT_EQ(DeliveryCount(), 0u);
+  ExpectDelivered("still serving", sender_tls_);
+  EXPECT_EQ(server_->errors(), 1);
+  EXPECT_NE(server_->last_error().find("TLS handshake"), std::string::npos)
+      << server_->last_error();
+}
+
+TEST_F(TlsReplicaLinkTest, RefusesAFrameForAnotherNodeThanTheCertificate) {
+  StartTlsServer();
+  // node0's certificate, a frame that says node1 (HeaderFor).
+  const Status st = Send("planted shard", Load("job", "node0"));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("'node1'"), std::string::npos) << st.message();
+  EXPECT_EQ(DeliveryCount(), 0u);
+  EXPECT_EQ(server_->errors(), 1);
+  const std::string error = server_->last_error();
+  EXPECT_NE(error.find("the frame names node 'node1', but the sender's certificate is for node "
+                       "'node0'"),
+            std::string::npos)
+      << error;
+  ExpectDelivered("still serving", sender_tls_);
+}
+
+TEST_F(TlsReplicaLinkTest, ATlsSenderToAPlainReceiverFailsWithinItsDeadline) {
+  StartServer();  // no TLS
+  const auto start = Clock::now();
+  const Status st = Send("shard", sender_tls_, 5s);
+  EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("TLS"), std::string::npos) << st.message();
+  EXPECT_EQ(DeliveryCount(), 0u);
+  ExpectDelivered("still serving");  // in plain TCP: after it, the refusal is counted
+  EXPECT_EQ(server_->errors(), 1);
+  EXPECT_NE(server_->last_error().find("opened a TLS handshake"), std::string::npos)
+      << server_->last_error();
+}
+
+TEST_F(TlsReplicaLinkTest, AHandshakeWithASilentReceiverTimesOut) {
+  // Listens, never accepts: the ClientHello is buffered and never answered.
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const auto start = Clock::now();
+  const Status st = SendReplica("127.0.0.1:" + std::to_string(ntohs(addr.sin_port)), kToken,
+                                HeaderFor("x"), "x", 300ms, -1, sender_tls_);
+  const auto elapsed = Clock::now() - start;
+  ::close(fd);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("timed out after"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("TLS handshake"), std::string::npos) << st.message();
+  EXPECT_GE(elapsed, 300ms);
+  EXPECT_LT(elapsed, 5s);
+}
+
+TEST_F(TlsReplicaLinkTest, DestructorCutsOffAStalledHandshakePromptly) {
+  StartTlsServer();
+  RawClient raw(server_->port());
+  ASSERT_TRUE(raw.connected());
+  // A handshake record header that announces 255 bytes, and nothing more.
+  ASSERT_TRUE(raw.Send(std::string("\x16\x03\x01\x00\xff", 5)));
+  std::this_thread::sleep_for(100ms);  // the server is now inside the handshake
+  const auto start = Clock::now();
+  server_.reset();
+  EXPECT_LT(Clock::now() - start, 2s);
+  EXPECT_TRUE(raw.ClosedByServer());
+  EXPECT_EQ(DeliveryCount(), 0u);
 }
 
 }  // namespace

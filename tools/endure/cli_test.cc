@@ -1,6 +1,8 @@
-// Runs the built `endure` binary: exit codes and messages of `endure sim`.
+// Runs the built `endure` binary: exit codes and messages of `endure sim`
+// and `endure certs`.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -9,6 +11,7 @@
 
 #include "common/env.h"
 #include "common/subprocess.h"
+#include "common/tls.h"
 #include "tests/support/test_support.h"
 
 namespace endure {
@@ -104,6 +107,84 @@ TEST(EndureSimCli, SweepWritesCsvAndSvg) {
   Result<std::string> svg_text = Env::Default()->ReadFile(svg);
   ASSERT_TRUE(svg_text.ok());
   EXPECT_THAT(*svg_text, HasSubstr("<svg"));
+}
+
+mode_t ModeOf(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+TEST(EndureCertsCli, WritesTheJobsCertificatesWithPrivateKeys) {
+  testing_support::ScratchDir scratch("endure_cli_test");
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string dir = scratch.Path("certs");
+  Outcome o = RunEndure({"certs", "--dir", dir, "--nodes", "node0,node1", "--host", "10.0.0.7",
+                         "--host", "trainer.example.com", "--valid", "30d"});
+  ASSERT_EQ(o.code, 0) << o.output;
+  EXPECT_THAT(o.output, HasSubstr("wrote the CA " + dir + "/ca.pem"));
+  EXPECT_THAT(o.output, HasSubstr("wrote " + dir + "/node1.pem and " + dir + "/node1.key"));
+  EXPECT_THAT(o.output, HasSubstr("valid for 30d"));
+  EXPECT_EQ(ModeOf(dir), 0700u);
+  for (const char* name : {"ca", "controller", "node0", "node1"}) {
+    EXPECT_EQ(ModeOf(dir + "/" + name + ".key"), 0600u) << name;
+    EXPECT_EQ(ModeOf(dir + "/" + name + ".pem"), 0644u) << name;
+  }
+  for (const char* name : {"controller", "node0", "node1"}) {
+    Result<tls::Identity> id = tls::LoadIdentity(dir, name);
+    EXPECT_TRUE(id.ok()) << name << ": " << id.status().ToString();
+  }
+
+  // Again on the same directory: the CA stays, node2 joins it.
+  const std::string ca = testing_support::ReadAll(dir + "/ca.pem");
+  o = RunEndure({"certs", "--dir", dir, "--nodes-count", "3"});
+  ASSERT_EQ(o.code, 0) << o.output;
+  EXPECT_THAT(o.output, HasSubstr("kept the CA " + dir + "/ca.pem"));
+  EXPECT_EQ(testing_support::ReadAll(dir + "/ca.pem"), ca);
+  EXPECT_TRUE(tls::LoadIdentity(dir, "node2").ok());
+  EXPECT_TRUE(tls::LoadIdentity(dir, "node0").ok());
+
+  Outcome help = RunEndure({"certs", "--help"});
+  EXPECT_EQ(help.code, 0);
+  EXPECT_THAT(help.output, HasSubstr("--nodes-count"));
+}
+
+TEST(EndureCertsCli, BadInputExitsTwoNamingTheFlagOrFile) {
+  testing_support::ScratchDir scratch("endure_cli_test");
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string dir = scratch.Path("certs");
+  ASSERT_TRUE(WriteFileAtomically(Env::Default(), scratch.Path("file"), "x").ok());
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--dir", dir, "--nodes", "node0,../etc"}, "--nodes: '../etc' is not a valid node name"},
+      {{"--dir", dir, "--nodes", "controller"}, "--nodes: 'controller' is reserved"},
+      {{"--dir", dir, "--nodes", "node0", "--valid", "90"}, "--valid: invalid duration '90'"},
+      {{"--dir", dir, "--nodes", "node0", "--valid", "0s"}, "--valid: must be positive"},
+      {{"--dir", dir, "--nodes", "node0", "--host", "a b"}, "--host: 'a b'"},
+      {{"--dir", dir, "--nodes-count", "0"}, "--nodes-count: must be between 1 and"},
+      {{"--dir", dir}, "no nodes: give --nodes"},
+      {{"--dir", scratch.Path("file") + "/certs", "--nodes", "node0"}, scratch.Path("file")},
+      {{"--nodes", "node0"}, "--dir"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"certs"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    Outcome o = RunEndure(args);
+    EXPECT_EQ(o.code, 2) << c.message << "\n" << o.output;
+    EXPECT_THAT(o.output, HasSubstr(c.message));
+  }
+  EXPECT_FALSE(Env::Default()->Exists(dir));  // refused before anything was written
+
+  // A CA key that is not the CA certificate's.
+  ASSERT_EQ(RunEndure({"certs", "--dir", dir, "--nodes", "node0"}).code, 0);
+  ASSERT_EQ(RunEndure({"certs", "--dir", scratch.Path("other"), "--nodes", "node0"}).code, 0);
+  ASSERT_EQ(::rename(scratch.Path("other/ca.key").c_str(), (dir + "/ca.key").c_str()), 0);
+  Outcome o = RunEndure({"certs", "--dir", dir, "--nodes", "node1"});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_THAT(o.output, HasSubstr(dir + "/ca.key is not the key of " + dir + "/ca.pem"));
 }
 
 }  // namespace

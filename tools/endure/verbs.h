@@ -39,4 +39,7 @@ Verb AddAgentVerb(CLI::App& root);
 // `endure run JOB.toml`: the embedded single-machine mode (run.cc).
 Verb AddRunVerb(CLI::App& root);
 
+// `endure certs`: the job's CA and mutual-TLS certificates (certs.cc).
+Verb AddCertsVerb(CLI::App& root);
+
 }  // namespace endure::cli
