@@ -6,6 +6,8 @@
 // generations, incidents and ledger — goes to SQLite under the state
 // directory, the live status to STATE_DIR/status.json and over HTTP
 // (/metrics, /api/status, /), and the final report to STATE_DIR/report.json.
+// The loop's logic is ControllerShell (controller_shell.h), on a Transport
+// (transport.h: gRPC here, a fake in tests) and a Clock.
 #pragma once
 
 #include <string>

@@ -1,0 +1,741 @@
+// The controller's shell around core::JobMachine: stream admission, the
+// event loop, command dispatch, persistence and status.
+#include "controller/controller_shell.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "common/env.h"
+#include "common/names.h"
+#include "common/secret.h"
+#include "common/utf8.h"
+#include "controller/report.h"
+
+namespace endure::controller {
+namespace {
+
+using core::NodeId;
+using core::TimePoint;
+
+constexpr size_t kMaxFieldBytes = 256;  // host, replica address
+constexpr size_t kMaxNodeNames = 4096;  // the report's list of nodes that took part
+
+std::string SignalName(int sig) {
+  switch (sig) {
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
+    default:
+      return "signal " + std::to_string(sig);
+  }
+}
+
+CoordinatorOptions CoordinatorFor(const JobSpec& spec) {
+  std::error_code ec;
+  CoordinatorOptions o;
+  o.dir = std::filesystem::absolute(spec.checkpoint.dir, ec).string();
+  o.keep = spec.checkpoint.keep;
+  o.world_size = spec.world_size();
+  o.ranks_per_node = spec.ranks_per_node;
+  o.memory_budget = static_cast<uint64_t>(spec.checkpoint.memory_budget_bytes);
+  o.replicas = spec.checkpoint.replicas;
+  return o;
+}
+
+}  // namespace
+
+int MaxConnections(const JobSpec& spec) { return 2 * spec.nodes + 64; }
+
+ControllerShell::ControllerShell(ControllerOptions options, Clock* clock, Transport* transport,
+                                 PortPicker pick_port)
+    : o_(std::move(options)),
+      clock_(clock),
+      transport_(transport),
+      pick_port_(std::move(pick_port)),
+      start_(Now()),
+      start_unix_(clock_->WallSeconds()),
+      machine_(MachineOptions(o_.spec), ExternalFaults(o_.spec), start_),
+      checkpoints_(Env::Default(), CoordinatorFor(o_.spec)) {
+  for (const faults::Fault& f : o_.spec.faults) fault_ids_.insert(f.id);
+}
+
+TimePoint ControllerShell::Now() const {
+  return std::chrono::time_point_cast<Duration>(clock_->Now());
+}
+
+void ControllerShell::Post(core::JobEvent event) {
+  Queued item{std::move(event)};
+  item.at = Now();
+  queue_.PostControl(std::move(item));
+}
+
+void ControllerShell::OnSignal(int sig) {
+  Queued stop;
+  stop.stop_signal = sig;
+  stop.at = Now();
+  queue_.PostControl(std::move(stop), /*urgent=*/true);
+}
+
+std::optional<ControllerShell::Agent> ControllerShell::AgentOf(NodeId node) const {
+  std::lock_guard<std::mutex> lock(conns_mu_);
+  auto it = agents_.find(node);
+  if (it == agents_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string ControllerShell::NameOf(NodeId node) const {
+  std::optional<Agent> a = AgentOf(node);
+  return a ? a->name : machine_.NodeName(node);
+}
+
+void ControllerShell::Send(NodeId node, proto::AgentCommand cmd) {
+  std::optional<Agent> a = AgentOf(node);
+  if (!a) return;
+  cmd.set_token(o_.token);
+  transport_->Send(a->connection, cmd);
+}
+
+void ControllerShell::Broadcast(proto::AgentCommand cmd) {
+  cmd.set_token(o_.token);
+  std::vector<ConnectionId> open;
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    for (const auto& [node, agent] : agents_) open.push_back(agent.connection);
+  }
+  // Outside conns_mu_: a transport may deliver an OnClose from Send.
+  for (ConnectionId id : open) transport_->Send(id, cmd);
+}
+
+bool ControllerShell::AgentsGone() const {
+  std::lock_guard<std::mutex> lock(conns_mu_);
+  return agents_.empty();
+}
+
+// ---- Streams (the transport's threads) ----
+
+StreamVerdict ControllerShell::OnOpen(ConnectionId id, const PeerInfo& peer) {
+  // Every stream may hold a thread of the transport: at most a few more
+  // than the job's nodes, and none may sit silent before its hello
+  // (CancelSilentHellos).
+  std::lock_guard<std::mutex> lock(conns_mu_);
+  if (static_cast<int>(agents_.size() + hellos_.size()) >= MaxConnections(o_.spec)) {
+    std::fprintf(stderr, "endure controller: refused a connection from %s: %d streams open\n",
+                 peer.address.c_str(), MaxConnections(o_.spec));
+    return StreamVerdict::Refuse(
+        StreamVerdict::Code::kResourceExhausted,
+        "too many agent connections for a job of " + std::to_string(o_.spec.nodes) + " nodes");
+  }
+  hellos_[id] = PendingHello{Now() + kHelloTimeout, peer};
+  return StreamVerdict::Accept();
+}
+
+StreamVerdict ControllerShell::CheckRegistration(const PeerInfo& peer,
+                                                 const proto::AgentEvent& first) const {
+  if (!ConstantTimeEquals(first.token(), o_.token)) {
+    std::fprintf(stderr, "endure controller: refused an agent from %s: wrong or missing token\n",
+                 peer.address.c_str());
+    return StreamVerdict::Refuse(StreamVerdict::Code::kUnauthenticated,
+                                 "wrong or missing job token (ENDURE_TOKEN / --token-file)");
+  }
+  if (!first.has_register_()) {
+    return StreamVerdict::Refuse(StreamVerdict::Code::kInvalidArgument,
+                                 "first message must register");
+  }
+  const proto::Register& hello = first.register_();
+  Status valid = CheckNodeName(hello.node_id(), "the registration's node_id");
+  if (valid.ok() && (hello.slots() < 1 || hello.slots() > kMaxRanksPerNode)) {
+    valid = InvalidArgument("the registration's slots must be in 1.." +
+                            std::to_string(kMaxRanksPerNode) + ", got " +
+                            std::to_string(hello.slots()));
+  }
+  if (valid.ok() &&
+      (hello.host().size() > kMaxFieldBytes || hello.replica_address().size() > kMaxFieldBytes)) {
+    valid = InvalidArgument("the registration's host or replica_address is longer than " +
+                            std::to_string(kMaxFieldBytes) + " bytes");
+  }
+  if (!valid.ok()) {
+    std::fprintf(stderr, "endure controller: refused an agent from %s: %s\n", peer.address.c_str(),
+                 valid.message().c_str());
+    return StreamVerdict::Refuse(StreamVerdict::Code::kInvalidArgument, valid.message());
+  }
+  return StreamVerdict::Accept();
+}
+
+StreamVerdict ControllerShell::OnHello(ConnectionId id, const proto::AgentEvent& first) {
+  PeerInfo peer;
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    auto it = hellos_.find(id);
+    if (it != hellos_.end()) {
+      peer = it->second.peer;
+      hellos_.erase(it);
+    }
+  }
+  const StreamVerdict verdict = CheckRegistration(peer, first);
+  if (!verdict.accepted()) return verdict;
+  // The registration is accepted: the stream is this node's from now on.
+  const proto::Register& hello = first.register_();
+  Agent agent;
+  agent.connection = id;
+  agent.name = hello.node_id();
+  agent.host = hello.host();
+  agent.replica_address = hello.replica_address();
+  agent.source = queue_.NewSource();
+  NodeId node;
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    node = NodeId{next_node_++};
+    agents_[node] = agent;
+    registered_[id] = node;
+    if (node_names_.size() < kMaxNodeNames &&
+        std::find(node_names_.begin(), node_names_.end(), agent.name) == node_names_.end()) {
+      node_names_.push_back(agent.name);
+    }
+  }
+  Post(core::NodeUp{node, agent.name, hello.slots()});
+  return StreamVerdict::Accept();
+}
+
+StreamVerdict ControllerShell::OnEvent(ConnectionId id, const proto::AgentEvent& e) {
+  if (!ConstantTimeEquals(e.token(), o_.token)) return StreamVerdict::Accept();  // dropped
+  NodeId node;
+  EventQueue<Queued>::Source source;
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    auto it = registered_.find(id);
+    if (it == registered_.end()) return StreamVerdict::Accept();
+    node = it->second;
+    source = agents_.at(node).source;
+  }
+  Queued q = Translate(e, node);
+  q.at = Now();
+  if (!queue_.Post(std::move(q), source)) {
+    const std::string reason =
+        "the controller closed the agent's stream: " + std::to_string(kMaxQueuedPerAgent) +
+        " of its events were waiting for the event loop (a flood)";
+    std::fprintf(stderr, "endure controller: %s: %s\n", NameOf(node).c_str(), reason.c_str());
+    return StreamVerdict::Refuse(StreamVerdict::Code::kResourceExhausted, reason);
+  }
+  return StreamVerdict::Accept();
+}
+
+void ControllerShell::OnClose(ConnectionId id, const std::string& reason) {
+  NodeId node;
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    hellos_.erase(id);
+    auto it = registered_.find(id);
+    if (it == registered_.end()) return;  // never registered
+    node = it->second;
+    registered_.erase(it);
+    agents_.erase(node);
+  }
+  Post(core::NodeDown{node, reason});
+}
+
+// Runs on an agent's stream thread: a pure conversion.
+ControllerShell::Queued ControllerShell::Translate(const proto::AgentEvent& e, NodeId node) const {
+  const int gen = static_cast<int>(e.generation());
+  Queued q;
+  q.node = node;
+  switch (e.event_case()) {
+    case proto::AgentEvent::kWorkerReady:
+      q.event = core::WorkerReady{gen, e.worker_ready().rank(), e.worker_ready().start_step(),
+                                  e.worker_ready().restore_s()};
+      break;
+    case proto::AgentEvent::kStep: {
+      const auto& s = e.step();
+      q.event = core::StepEnd{
+          gen, s.rank(), s.step(), s.loss(), s.ckpt_stall_s(), s.checkpoint_step(), s.skipped()};
+      q.tokens = s.tokens();
+      break;
+    }
+    case proto::AgentEvent::kLogMatch:
+      q.log_match = e.log_match();
+      break;
+    case proto::AgentEvent::kWorkerExited: {
+      const auto& x = e.worker_exited();
+      core::WorkerExitEvent exit;
+      exit.generation = gen;
+      exit.rank = x.rank();
+      exit.node = node;
+      if (x.exited()) {
+        exit.exit_code = x.exit_code();
+      } else {
+        exit.signal = x.signal();
+      }
+      q.event = exit;
+      q.fingerprint = x.param_fingerprint();
+      break;
+    }
+    case proto::AgentEvent::kStackDump:
+      q.event =
+          core::StackDumpEvent{gen, e.stack_dump().rank(), SanitizeUtf8(e.stack_dump().text())};
+      break;
+    case proto::AgentEvent::kFaultFired: {
+      const auto& f = e.fault_fired();
+      // Only the spec's faults are remembered: any other id would grow the
+      // set of fired faults handed to every later generation.
+      if (!fault_ids_.count(f.fault_id())) break;
+      // The worker's wall clock says when; map it onto the steady clock.
+      const double ago = std::max(0.0, clock_->WallSeconds() - e.time_s());
+      q.event = core::FaultFiredEvent{gen,      f.rank(), f.fault_id(),
+                                      f.kind(), f.step(), Now() - FromSeconds(ago)};
+      break;
+    }
+    case proto::AgentEvent::kStopped:
+      q.event = core::GenerationStoppedEvent{gen, node};
+      q.stopped = e.stopped();
+      break;
+    case proto::AgentEvent::kPersisted: {
+      const auto& p = e.persisted();
+      q.persisted = p;
+      if (!p.error().empty()) {
+        q.event = core::PersistFailedEvent{gen, p.shard(), p.step(), node, p.error()};
+      }
+      break;
+    }
+    case proto::AgentEvent::kHeartbeat:
+      q.event = core::NodeHeartbeat{node};
+      break;
+    default:
+      break;
+  }
+  return q;
+}
+
+// ---- The loop ----
+
+void ControllerShell::CancelSilentHellos(TimePoint now) {
+  std::vector<ConnectionId> overdue;
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    for (const auto& [id, pending] : hellos_) {
+      if (now >= pending.deadline) overdue.push_back(id);
+    }
+  }
+  // Outside conns_mu_: the OnClose that follows may come from within Close.
+  for (ConnectionId id : overdue) transport_->Close(id);
+}
+
+void ControllerShell::Journal(const std::string& what, const Status& st) const {
+  if (st.ok()) return;
+  std::fprintf(stderr, "endure controller: journaling %s to %s failed: %s\n", what.c_str(),
+               StateStore::PathIn(o_.state_dir).c_str(), st.message().c_str());
+}
+
+void ControllerShell::StopOnSignal(int sig, TimePoint now) {
+  stop_signal_ = sig;
+  stopped_by_ = SignalName(sig);
+  // The agents' grace period, their last persist (a second), and a margin.
+  stop_deadline_ = now + o_.spec.recovery.grace_period + std::chrono::seconds(3);
+  std::fprintf(stderr, "endure controller: %s: stopping the workers (grace %.1fs) and the agents\n",
+               stopped_by_.c_str(), Seconds(o_.spec.recovery.grace_period));
+  proto::AgentCommand stop;
+  stop.set_generation(machine_.generation());
+  stop.mutable_stop()->set_grace_s(Seconds(o_.spec.recovery.grace_period));
+  Broadcast(std::move(stop));
+}
+
+bool ControllerShell::EveryAgentStopped() const {
+  std::lock_guard<std::mutex> lock(conns_mu_);
+  for (const auto& [node, agent] : agents_) {
+    if (!stopped_nodes_.count(node)) return false;
+  }
+  return true;
+}
+
+void ControllerShell::FinishStop() {
+  const nlohmann::json newest = checkpoints_.ReportJson()["newest_durable_step"];
+  finish_ = core::FinishAction{
+      128 + stop_signal_,
+      "stopped by " + stopped_by_ + " at step " + std::to_string(machine_.step()) +
+          " before training completed; running the spec again resumes from the newest "
+          "checkpoint" +
+          (newest.is_number() ? " (durable: step " + newest.dump() + ")" : std::string())};
+  proto::AgentCommand shutdown;
+  shutdown.set_generation(machine_.generation());
+  shutdown.mutable_shutdown()->set_reason("the controller was stopped by " + stopped_by_);
+  Broadcast(std::move(shutdown));
+}
+
+Status ControllerShell::Start() {
+  ENDURE_RETURN_IF_ERROR(Env::Default()->CreateDirs(o_.state_dir));
+  Result<StateStore> store = StateStore::Open(StateStore::PathIn(o_.state_dir));
+  if (!store.ok()) return store.status();
+  store_.emplace(std::move(store).value());
+  job_.name = o_.spec.name;
+  job_.spec_path = o_.spec.path;
+  job_.started_at_unix = start_unix_;
+  ENDURE_RETURN_IF_ERROR(store_->SaveJob(job_));
+  // What the durable directory already holds (an earlier run in this state
+  // directory): a rollback before this run's first checkpoint goes there.
+  if (!checkpoints_.found_steps().empty()) {
+    const std::vector<int64_t>& found = checkpoints_.found_steps();
+    std::fprintf(stderr,
+                 "endure controller: the durable directory holds %zu committed step(s), "
+                 "the newest %lld\n",
+                 found.size(), static_cast<long long>(found.back()));
+    const TimePoint now = Now();
+    Execute(machine_.Step(core::CheckpointsFound{found}, now), now);
+  }
+  WriteStatus(Now(), true);
+  return Status::Ok();
+}
+
+void ControllerShell::RunOnce(bool block) {
+  // At least once a second: silent new streams are cut on time.
+  TimePoint wake = Now() + std::chrono::seconds(1);
+  if (std::optional<TimePoint> deadline = machine_.NextDeadline()) {
+    wake = std::min(wake, *deadline);
+  }
+  if (stop_deadline_) wake = std::min(wake, *stop_deadline_);
+  std::optional<Queued> next = queue_.PopUntil(
+      block ? std::chrono::time_point_cast<std::chrono::steady_clock::duration>(wake)
+            : std::chrono::steady_clock::time_point{});
+  const bool have = next.has_value();
+  Queued item = have ? std::move(*next) : Queued{};
+  const TimePoint now = Now();
+  CancelSilentHellos(now);
+  if (item.stop_signal > 0 && !stop_deadline_) StopOnSignal(item.stop_signal, now);
+  if (stop_deadline_) {
+    OnCheckpointEvent(item);
+    if (item.stopped) stopped_nodes_.insert(item.node);
+    if (EveryAgentStopped() || now >= *stop_deadline_) FinishStop();
+    return;
+  }
+  if (!have) {
+    item.event = core::Tick{};
+    item.at = now;
+  }
+  if (item.log_match) {
+    const int rank = item.log_match->rank();
+    if (rank >= 0 && rank < o_.spec.world_size()) {
+      last_log_[{machine_.generation(), rank}] = *item.log_match;
+    }
+    return;
+  }
+  OnCheckpointEvent(item);
+  if (!item.event) return;
+  if (auto* exit = std::get_if<core::WorkerExitEvent>(&*item.event)) {
+    auto it = last_log_.find({exit->generation, exit->rank});
+    if (it != last_log_.end()) {
+      exit->log_cause = SanitizeUtf8(it->second.cause());  // bytes: a worker's output
+      exit->log_action = it->second.action();
+      exit->log_rule = it->second.rule();
+      exit->log_line = SanitizeUtf8(it->second.line());
+    }
+    if (!item.fingerprint.empty() && exit->rank == 0) fingerprint_ = item.fingerprint;
+  }
+  if (auto* step = std::get_if<core::StepEnd>(&*item.event); step && step->rank == 0) {
+    if (item.tokens > 0) tokens_per_step_ = item.tokens;
+    recent_steps_.emplace_back(item.at, step->step);
+    while (recent_steps_.size() > 20) recent_steps_.pop_front();
+  }
+  const size_t incidents_before = machine_.incidents().size();
+  // The machine's time never goes backwards: an event that waited in the
+  // queue behind a tick is stepped at the tick's time.
+  last_step_at_ = std::max(last_step_at_, std::min(item.at, now));
+  std::vector<core::JobAction> actions = machine_.Step(*item.event, last_step_at_);
+  Execute(actions, now);
+  const bool changed = !actions.empty() || machine_.incidents().size() != incidents_before;
+  if (changed) Persist();
+  WriteStatus(now, changed);
+}
+
+Result<int> ControllerShell::Finish() {
+  ENDURE_CHECK(finish_.has_value());
+  const TimePoint end = Now();
+  Persist();
+  WriteStatus(end, true);
+  ReportInputs in{machine_,
+                  o_.spec.name,
+                  start_,
+                  end,
+                  finish_->exit_code,
+                  finish_->reason,
+                  fingerprint_,
+                  machine_.step(),
+                  machine_.last_loss(),
+                  {}};
+  in.stopped_by = stopped_by_;
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    in.nodes = node_names_;
+  }
+  nlohmann::json report = BuildReport(in);
+  report["checkpoint"] = checkpoints_.ReportJson();
+  if (store_) Journal("the report", store_->SaveReport(report));
+  job_.finished_at_unix = clock_->WallSeconds();
+  job_.exit_code = finish_->exit_code;
+  job_.verdict = finish_->reason;
+  job_.param_fingerprint = fingerprint_;
+  if (store_) Journal("the job", store_->SaveJob(job_));
+  ENDURE_RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), JoinPath(o_.state_dir, "report.json"),
+                                             report.dump(2) + "\n"));
+  return finish_->exit_code;
+}
+
+void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimePoint now) {
+  const JobSpec& spec = o_.spec;
+  for (const core::JobAction& action : actions) {
+    if (const auto* a = std::get_if<core::StartGenerationAction>(&action)) {
+      Result<int> port = pick_port_();
+      std::optional<Agent> first = AgentOf(a->nodes.at(0));
+      proto::StartGeneration start;
+      start.set_world_size(spec.world_size());
+      start.set_master_addr(first ? first->host : "127.0.0.1");
+      start.set_master_port(port.ok() ? *port : 29500);
+      start.set_restore_step(a->restore_step);
+      for (int64_t s : a->skip_steps) start.add_skip_steps(s);
+      for (const std::string& arg : spec.command) start.add_command(arg);
+      for (const auto& [k, v] : spec.env) (*start.mutable_env())[k] = v;
+      if (spec.checkpoint.every_steps > 0) {
+        std::error_code ec;
+        (*start.mutable_env())["ENDURE_CKPT_DIR"] =
+            std::filesystem::absolute(spec.checkpoint.dir, ec).string();
+        (*start.mutable_env())["ENDURE_CKPT_EVERY"] = std::to_string(spec.checkpoint.every_steps);
+      }
+      *start.mutable_checkpoint() = CheckpointFor(*a);
+      start.set_progress_pattern(spec.detection.progress_pattern);
+      std::string names;
+      for (size_t i = 0; i < a->nodes.size(); ++i) {
+        proto::AgentCommand cmd;
+        cmd.set_generation(a->generation);
+        *cmd.mutable_start() = start;
+        // Each node replicates to the next one, never to itself.
+        if (spec.checkpoint.replicas > 0 && a->nodes.size() > 1) {
+          std::optional<Agent> peer = AgentOf(a->nodes[(i + 1) % a->nodes.size()]);
+          if (peer) {
+            cmd.mutable_start()->mutable_checkpoint()->set_replica_peer(peer->replica_address);
+          }
+        }
+        for (int l = 0; l < spec.ranks_per_node; ++l) {
+          const int rank = static_cast<int>(i) * spec.ranks_per_node + l;
+          proto::RankAssignment* r = cmd.mutable_start()->add_ranks();
+          r->set_rank(rank);
+          r->set_local_rank(l);
+          r->set_faults_json(
+              faults::EncodeFaults(faults::FaultsForRank(spec.faults, rank, a->fired_faults)));
+        }
+        Send(a->nodes[i], std::move(cmd));
+        names += (names.empty() ? "" : ",") + machine_.NodeName(a->nodes[i]);
+      }
+      if (store_) {
+        Journal("generation " + std::to_string(a->generation),
+                store_->SaveGeneration({a->generation, Seconds(now - start_), a->restore_step,
+                                        spec.world_size(), names, std::nullopt}));
+      }
+      // Log matches explain exits of their own generation only.
+      std::erase_if(last_log_,
+                    [&](const auto& entry) { return entry.first.first < a->generation; });
+    } else if (const auto* a = std::get_if<core::StopGenerationAction>(&action)) {
+      std::vector<NodeId> members;
+      for (int r = 0; r < spec.world_size(); r += spec.ranks_per_node) {
+        members.push_back(machine_.NodeOfRank(r));
+      }
+      for (NodeId n : members) {
+        if (a->dump_stacks) {
+          proto::AgentCommand dump;
+          dump.set_generation(a->generation);
+          dump.mutable_dump_stacks()->set_timeout_s(Seconds(spec.detection.stack_timeout));
+          Send(n, std::move(dump));
+        }
+        proto::AgentCommand stop;
+        stop.set_generation(a->generation);
+        stop.mutable_stop()->set_grace_s(Seconds(spec.recovery.grace_period));
+        Send(n, std::move(stop));
+      }
+    } else if (const auto* a = std::get_if<core::EvictNodeAction>(&action)) {
+      proto::AgentCommand cmd;
+      cmd.set_generation(machine_.generation());
+      cmd.mutable_shutdown()->set_reason("evicted: " + a->reason);
+      Send(a->node, std::move(cmd));
+    } else if (const auto* a = std::get_if<core::InjectFaultAction>(&action)) {
+      proto::AgentCommand cmd;
+      cmd.set_generation(a->generation);
+      cmd.mutable_inject()->set_rank(a->fault.rank);
+      cmd.mutable_inject()->set_kind(a->fault.kind);
+      cmd.mutable_inject()->set_fault_id(a->fault.id);
+      NodeId target = a->node;
+      if (a->fault.kind == "corrupt-t1") {
+        // The replica of a node's shards lives on the next node of the generation.
+        const int nodes = spec.nodes;
+        const int i = a->fault.rank / spec.ranks_per_node;
+        target = machine_.NodeOfRank(((i + 1) % nodes) * spec.ranks_per_node);
+      }
+      std::fprintf(stderr, "endure controller: injecting fault %s (%s) on %s\n",
+                   a->fault.id.c_str(), a->fault.kind.c_str(), machine_.NodeName(target).c_str());
+      Send(target, std::move(cmd));
+    } else if (const auto* a = std::get_if<core::FinishAction>(&action)) {
+      finish_ = *a;
+      proto::AgentCommand cmd;
+      cmd.set_generation(machine_.generation());
+      cmd.mutable_shutdown()->set_reason("the job ended: " + a->reason);
+      Broadcast(std::move(cmd));
+    }
+  }
+}
+
+void ControllerShell::WriteStatus(TimePoint now, bool force) {
+  if (!force && now - last_status_ < std::chrono::milliseconds(250)) return;
+  last_status_ = now;
+  double steps_per_s = 0;
+  if (recent_steps_.size() >= 2) {
+    const double dt = Seconds(recent_steps_.back().first - recent_steps_.front().first);
+    const double ds = double(recent_steps_.back().second - recent_steps_.front().second);
+    if (dt > 0 && ds > 0) steps_per_s = ds / dt;
+  }
+  nlohmann::json status = {
+      {"phase", std::string(core::JobPhaseName(machine_.phase()))},
+      {"generation", machine_.generation()},
+      {"step", machine_.step()},
+      {"loss", std::isfinite(machine_.last_loss()) ? nlohmann::json(machine_.last_loss())
+                                                   : nlohmann::json("nan")},
+      {"steps_per_s", steps_per_s},
+      {"tokens_per_s", steps_per_s * double(tokens_per_step_)},
+      {"ettr", machine_.ledger().Ettr()},
+      {"elapsed_s", Seconds(now - start_)},
+      {"incidents", machine_.incidents().size()},
+  };
+  if (!machine_.incidents().empty()) {
+    const core::Incident& inc = machine_.incidents().back();
+    status["last_incident"] =
+        inc.cause + " (rank " + std::to_string(inc.rank) + ", " + inc.action + ")";
+  }
+  Publish(status);
+  // Not durable on purpose: a live view, rewritten four times a second.
+  const std::string path = JoinPath(o_.state_dir, "status.json");
+  FILE* f = std::fopen((path + ".tmp").c_str(), "w");
+  if (f == nullptr) return;
+  std::fputs(status.dump().c_str(), f);
+  std::fclose(f);
+  std::rename((path + ".tmp").c_str(), path.c_str());
+}
+
+void ControllerShell::Publish(const nlohmann::json& status) {
+  const std::string job = "{job=\"" + o_.spec.name + "\"}";
+  std::string m;
+  auto gauge = [&](const char* name, const char* help, double value, const char* type = "gauge") {
+    char line[64];
+    std::snprintf(line, sizeof line, "%.9g", value);
+    m += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
+         name + job + " " + line + "\n";
+  };
+  gauge("endure_generation", "Current generation of the worker set.", machine_.generation());
+  gauge("endure_step", "Steps every rank has completed.", static_cast<double>(machine_.step()));
+  gauge("endure_loss", "Loss reported by rank 0 for its last step.", machine_.last_loss());
+  gauge("endure_tokens_per_second", "Training throughput.", status.value("tokens_per_s", 0.0));
+  gauge("endure_ettr", "Effective training time ratio so far (productive / wall).",
+        machine_.ledger().Ettr());
+  gauge("endure_incidents_total", "Failures detected so far.",
+        static_cast<double>(machine_.incidents().size()), "counter");
+  m += "# HELP endure_ledger_seconds Wall time so far, by ETTR ledger category.\n"
+       "# TYPE endure_ledger_seconds counter\n";
+  for (int c = 0; c < core::kNumLedgerCategories; ++c) {
+    const auto category = static_cast<core::LedgerCategory>(c);
+    char line[160];
+    std::snprintf(line, sizeof line, "endure_ledger_seconds{job=\"%s\",category=\"%s\"} %.6f\n",
+                  o_.spec.name.c_str(), std::string(core::LedgerCategoryName(category)).c_str(),
+                  Seconds(machine_.ledger().total(category)));
+    m += line;
+  }
+  std::lock_guard<std::mutex> lock(published_mu_);
+  status_json_ = status.dump();
+  metrics_text_ = std::move(m);
+}
+
+std::string ControllerShell::StatusJson() const {
+  std::lock_guard<std::mutex> lock(published_mu_);
+  return status_json_;
+}
+
+std::string ControllerShell::MetricsText() const {
+  std::lock_guard<std::mutex> lock(published_mu_);
+  return metrics_text_;
+}
+
+void ControllerShell::OnCheckpointEvent(const Queued& item) {
+  if (item.stopped) {
+    std::vector<checkpoint::ShardCopy> copies;
+    for (const proto::ShardCopy& p : item.stopped->inventory()) {
+      Result<checkpoint::Tier> tier = checkpoint::TierFromName(p.tier());
+      if (!tier.ok()) continue;
+      checkpoint::ShardCopy c;
+      c.step = p.step();
+      c.shard = p.shard();
+      c.shards = p.shards();
+      c.tier = *tier;
+      c.node = NameOf(item.node);
+      c.path = p.path();
+      c.bytes = p.bytes();
+      c.xxh3 = std::strtoull(p.xxh3().c_str(), nullptr, 16);
+      c.refused = p.refused();
+      copies.push_back(std::move(c));
+    }
+    checkpoints_.OnInventory(NameOf(item.node), std::move(copies), item.stopped->t0_bytes(),
+                             item.stopped->t1_bytes());
+  }
+  if (item.persisted) {
+    const proto::ShardPersisted& p = *item.persisted;
+    checkpoints_.OnMemory(p.t0_bytes(), p.t1_bytes());
+    if (!p.error().empty()) {
+      checkpoints_.OnPersistFailed();
+    } else {
+      Status st =
+          checkpoints_.OnPersisted(p.step(), p.shard(), p.shards(),
+                                   {p.bytes(), std::strtoull(p.xxh3().c_str(), nullptr, 16)});
+      if (!st.ok()) {
+        std::fprintf(stderr, "endure controller: committing step %lld failed: %s\n",
+                     static_cast<long long>(p.step()), st.message().c_str());
+        checkpoints_.OnPersistFailed();
+      }
+    }
+  }
+  if (item.event) {
+    if (const auto* down = std::get_if<core::NodeDown>(&*item.event)) {
+      checkpoints_.OnNodeGone(NameOf(down->node));
+    }
+  }
+}
+
+proto::CheckpointConfig ControllerShell::CheckpointFor(const core::StartGenerationAction& a) {
+  const CheckpointSpec& spec = o_.spec.checkpoint;
+  proto::CheckpointConfig c;
+  if (spec.every_steps <= 0 || !spec.memory) return c;
+  std::error_code ec;
+  c.set_enabled(true);
+  c.set_dir(std::filesystem::absolute(spec.dir, ec).string());
+  c.set_persist_every_steps(spec.persist_every_steps);
+  c.set_memory_budget(static_cast<uint64_t>(spec.memory_budget_bytes));
+  c.set_slot_bytes(checkpoints_.SlotBytes());
+  std::vector<std::string> members;
+  for (NodeId n : a.nodes) members.push_back(NameOf(n));
+  checkpoint::RestorePlan plan = checkpoints_.Plan(members, a.restore_step, a.abandoned_from);
+  c.set_discard_after(a.generation > 0 ? plan.step : -1);
+  c.set_restore_plan_json(checkpoint::RestorePlanToJson(plan).dump());
+  std::string note = plan.Summary();
+  for (const std::string& n : plan.notes) note += "; " + n;
+  machine_.NoteRestore(a.generation, note);
+  return c;
+}
+
+void ControllerShell::Persist() {
+  if (!store_) return;
+  // Incidents change while they recover: save the open one and any new ones.
+  const auto& incidents = machine_.incidents();
+  for (size_t i = saved_incidents_ > 0 ? saved_incidents_ - 1 : 0; i < incidents.size(); ++i) {
+    Journal("an incident", store_->SaveIncident(incidents[i], start_));
+  }
+  saved_incidents_ = incidents.size();
+  Journal("the ledger", store_->SaveLedger(machine_.ledger()));
+}
+
+}  // namespace endure::controller

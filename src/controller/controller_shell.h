@@ -1,0 +1,206 @@
+// ControllerShell: the controller's logic around core::JobMachine, apart
+// from its process. It takes the agents' streams from a Transport — checks
+// each stream's token and registration, turns its AgentEvents into the
+// machine's events — and runs one event loop that steps the machine (with
+// ticks at its deadlines, read from a Clock) and carries out its actions as
+// AgentCommands down the streams. It coordinates the checkpoint tiers,
+// journals the job to SQLite under the state directory, writes
+// STATE_DIR/status.json and, at the end, STATE_DIR/report.json.
+//
+// RunController (controller.h) wires it to gRPC, the real clock, signals
+// and the HTTP status server; tests wire it to a FakeTransport and a
+// FakeClock and drive the loop with RunOnce.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "controller/checkpoint_coordinator.h"
+#include "controller/controller.h"
+#include "controller/event_queue.h"
+#include "controller/state_store.h"
+#include "controller/transport.h"
+#include "core/job_machine.h"
+
+namespace endure::controller {
+
+// What one agent may have waiting for the event loop: an agent sends a
+// heartbeat a second and a few events per rank and step; far more than that
+// waiting is a flood (or a loop that cannot keep up), and the agent's stream
+// is closed rather than the queue grown without bound.
+inline constexpr int kMaxQueuedPerAgent = 10'000;
+// A stream must say hello (register) within this long of opening.
+inline constexpr Duration kHelloTimeout = std::chrono::seconds(10);
+
+// Streams the controller holds at once, registered or waiting for their
+// hello: a few more than the job's nodes.
+int MaxConnections(const JobSpec& spec);
+
+// Thread safety: the TransportSink calls, OnSignal, AgentsGone, StatusJson,
+// MetricsText and queued() may come from any thread; Start, RunOnce, done
+// and Finish from one loop thread, which owns the machine and the state
+// store.
+class ControllerShell final : public TransportSink {
+ public:
+  // The rendezvous port for a generation's rank 0 (StartGeneration's
+  // master_port); 29500 is sent when it fails.
+  using PortPicker = std::function<Result<int>()>;
+
+  // `clock` and `transport` must outlive the shell; the job starts now (on
+  // `clock`). Commands go down `transport`, whose sink this shell must be.
+  ControllerShell(ControllerOptions options, Clock* clock, Transport* transport,
+                  PortPicker pick_port);
+
+  // Makes the state directory, opens its state store and journals the job;
+  // learns the durable steps an earlier run left (a rollback before this
+  // run's first checkpoint goes there); writes the first status. Errors:
+  // the state directory or its database cannot be made or written.
+  [[nodiscard]] Status Start();
+
+  // One turn of the event loop: the next queued event — with `block`,
+  // waiting for one until the loop's next deadline (at most a second) — or,
+  // when none is queued, a tick at the clock's time. Steps the machine,
+  // carries out its actions, cuts the streams whose hello is overdue.
+  // With a FakeClock, `block` waits for nothing (its deadlines are long past
+  // on the real clock).
+  void RunOnce(bool block);
+  // The job has ended: nothing more for RunOnce; Finish next.
+  bool done() const { return finish_.has_value(); }
+  // Once done: journals the end and writes STATE_DIR/report.json. Returns
+  // the job's exit code: 0 training completed, 3 the controller gave up,
+  // 128 + N a signal N stopped it. Error: report.json cannot be written.
+  [[nodiscard]] Result<int> Finish();
+  // No agent is attached any more (after the end: they all hung up).
+  bool AgentsGone() const;
+
+  // SIGTERM or SIGINT arrived: the loop stops the job next, before any event
+  // already queued.
+  void OnSignal(int sig);
+
+  // The live status, as /api/status serves it (JSON) and as /metrics serves
+  // it (Prometheus' text format, with the ETTR ledger).
+  std::string StatusJson() const;
+  std::string MetricsText() const;
+  // Events waiting for the loop.
+  size_t queued() const { return queue_.size(); }
+
+  // TransportSink. Registration is accepted in OnHello.
+  StreamVerdict OnOpen(ConnectionId id, const PeerInfo& peer) override;
+  StreamVerdict OnHello(ConnectionId id, const proto::AgentEvent& first) override;
+  StreamVerdict OnEvent(ConnectionId id, const proto::AgentEvent& event) override;
+  void OnClose(ConnectionId id, const std::string& reason) override;
+
+ private:
+  // What a stream thread hands to the loop: a core event, and what the shell
+  // alone needs of it.
+  struct Queued {
+    std::optional<core::JobEvent> event;
+    std::optional<proto::LogMatch> log_match;         // explains the exit that follows
+    std::string fingerprint;                          // from a worker's last words
+    int64_t tokens = 0;                               // tokens of a step
+    std::optional<proto::GenerationStopped> stopped;  // with the node's checkpoint inventory
+    std::optional<proto::ShardPersisted> persisted;
+    core::NodeId node;
+    core::TimePoint at;
+    int stop_signal = 0;  // > 0: stop the job, a signal asked for it
+  };
+  // A stream waiting for its hello.
+  struct PendingHello {
+    core::TimePoint deadline;
+    PeerInfo peer;
+  };
+  // A registered agent whose stream is open.
+  struct Agent {
+    ConnectionId connection;
+    std::string name;
+    std::string host;
+    std::string replica_address;  // where peers send this node's checkpoint replicas
+    EventQueue<Queued>::Source source;
+  };
+
+  core::TimePoint Now() const;
+  // Whether `first` may register an agent: the job's token, a Register with
+  // a valid node name, slots and fields. Refusals say what to fix.
+  StreamVerdict CheckRegistration(const PeerInfo& peer, const proto::AgentEvent& first) const;
+  // Queues a control event for the loop (never refused).
+  void Post(core::JobEvent event);
+  // A pure conversion, on the stream's thread.
+  Queued Translate(const proto::AgentEvent& e, core::NodeId node) const;
+  // A signal stops the job: every agent is told to stop its workers, and
+  // from then on the loop makes no decision (the workers' exits are the
+  // stop's) but still takes what the tiers report, so that a step the agents
+  // persist on their way out commits. The stop ends (FinishStop) once every
+  // agent has stopped or hung up, or at stop_deadline_.
+  void StopOnSignal(int sig, core::TimePoint now);
+  void FinishStop();
+  bool EveryAgentStopped() const;
+  // Cuts the streams whose first message is overdue.
+  void CancelSilentHellos(core::TimePoint now);
+  // Logs a failure to journal to the state store; the job goes on.
+  void Journal(const std::string& what, const Status& st) const;
+  void Execute(const std::vector<core::JobAction>& actions, core::TimePoint now);
+  // Sends `cmd`, with the job's token, to `node`'s agent; dropped when its
+  // stream has ended.
+  void Send(core::NodeId node, proto::AgentCommand cmd);
+  // Sends `cmd`, with the job's token, to every attached agent.
+  void Broadcast(proto::AgentCommand cmd);
+  std::optional<Agent> AgentOf(core::NodeId node) const;
+  std::string NameOf(core::NodeId node) const;
+  void WriteStatus(core::TimePoint now, bool force);
+  // Hands the live status to StatusJson and MetricsText.
+  void Publish(const nlohmann::json& status);
+  void Persist();
+  // Inventories, durable shards and lost nodes, for the checkpoint engine.
+  void OnCheckpointEvent(const Queued& item);
+  // The checkpoint part of a StartGeneration.
+  proto::CheckpointConfig CheckpointFor(const core::StartGenerationAction& start);
+
+  const ControllerOptions o_;
+  Clock* const clock_;
+  Transport* const transport_;
+  const PortPicker pick_port_;
+  const core::TimePoint start_;
+  const double start_unix_;
+  std::set<std::string> fault_ids_;    // the spec's; immutable after construction
+  core::JobMachine machine_;           // owned by the loop thread
+  CheckpointCoordinator checkpoints_;  // owned by the loop thread
+  std::optional<StateStore> store_;    // owned by the loop thread
+  JobRecord job_;                      // owned by the loop thread
+
+  mutable std::mutex conns_mu_;
+  std::map<ConnectionId, PendingHello> hellos_;      // GUARDED_BY(conns_mu_)
+  std::map<ConnectionId, core::NodeId> registered_;  // GUARDED_BY(conns_mu_)
+  std::map<core::NodeId, Agent> agents_;             // GUARDED_BY(conns_mu_); open streams only
+  int next_node_ = 0;                                // GUARDED_BY(conns_mu_)
+  std::vector<std::string> node_names_;              // GUARDED_BY(conns_mu_); that ever registered
+
+  EventQueue<Queued> queue_{kMaxQueuedPerAgent};
+
+  // Loop-thread state.
+  std::map<std::pair<int64_t, int>, proto::LogMatch> last_log_;  // (generation, rank)
+  std::string fingerprint_;
+  std::optional<core::FinishAction> finish_;
+  int stop_signal_ = 0;     // the signal that stopped the job, if one did
+  std::string stopped_by_;  // its name
+  std::optional<core::TimePoint> stop_deadline_;
+  std::set<core::NodeId> stopped_nodes_;  // agents that reported their workers stopped since
+  core::TimePoint last_status_{};
+  core::TimePoint last_step_at_{};
+  size_t saved_incidents_ = 0;
+  int64_t tokens_per_step_ = 0;
+  std::deque<std::pair<core::TimePoint, int64_t>> recent_steps_;  // for the rate
+
+  mutable std::mutex published_mu_;
+  std::string status_json_ = "{}";  // GUARDED_BY(published_mu_)
+  std::string metrics_text_;        // GUARDED_BY(published_mu_)
+};
+
+}  // namespace endure::controller

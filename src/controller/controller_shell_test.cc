@@ -1,0 +1,628 @@
+// ControllerShell on a FakeTransport and a FakeClock: the test plays the
+// agents (streams, events, hang-ups) and drives the loop with RunOnce, so
+// every deadline — silent hellos, heartbeats, the stop after a signal — is
+// reached with FakeClock::Advance, never by sleeping. Outcomes are read where
+// an operator reads them: the commands each agent received, status.json,
+// report.json and the state store.
+#include "controller/controller_shell.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint_dir.h"
+#include "common/clock.h"
+#include "common/env.h"
+#include "common/hash.h"
+#include "controller/fake_transport.h"
+#include "controller/job_spec.h"
+#include "controller/state_store.h"
+#include "tests/support/test_support.h"
+
+namespace endure::controller {
+namespace {
+
+using namespace std::chrono_literals;
+using testing_support::ReadAll;
+using testing_support::ScratchDir;
+using Code = StreamVerdict::Code;
+
+constexpr char kToken[] = "0123456789abcdef0123456789abcdef";
+constexpr int kMasterPort = 29999;
+
+proto::AgentEvent Hello(const std::string& node, const std::string& token = kToken, int slots = 1) {
+  proto::AgentEvent e;
+  e.set_token(token);
+  e.mutable_register_()->set_node_id(node);
+  e.mutable_register_()->set_slots(slots);
+  e.mutable_register_()->set_host("host-" + node);
+  e.mutable_register_()->set_replica_address(node + ":7000");
+  return e;
+}
+
+proto::AgentEvent Event(int generation) {
+  proto::AgentEvent e;
+  e.set_token(kToken);
+  e.set_generation(generation);
+  return e;
+}
+
+proto::AgentEvent Step(int generation, int rank, int64_t step, double loss = 2.0) {
+  proto::AgentEvent e = Event(generation);
+  e.mutable_step()->set_rank(rank);
+  e.mutable_step()->set_step(step);
+  e.mutable_step()->set_loss(loss);
+  e.mutable_step()->set_checkpoint_step(-1);
+  return e;
+}
+
+proto::AgentEvent Exited(int generation, int rank, int code) {
+  proto::AgentEvent e = Event(generation);
+  e.mutable_worker_exited()->set_rank(rank);
+  e.mutable_worker_exited()->set_exited(true);
+  e.mutable_worker_exited()->set_exit_code(code);
+  return e;
+}
+
+proto::AgentEvent Stopped(int generation) {
+  proto::AgentEvent e = Event(generation);
+  e.mutable_stopped()->set_workers(1);
+  return e;
+}
+
+proto::AgentEvent Heartbeat() {
+  proto::AgentEvent e = Event(0);
+  e.mutable_heartbeat();
+  return e;
+}
+
+nlohmann::json ReadJson(const std::string& path) {
+  return nlohmann::json::parse(ReadAll(path), nullptr, /*allow_exceptions=*/false);
+}
+
+// The kinds of `commands`, e.g. {"start", "stop"}.
+std::vector<std::string> Kinds(const std::vector<proto::AgentCommand>& commands) {
+  std::vector<std::string> kinds;
+  for (const proto::AgentCommand& c : commands) {
+    switch (c.command_case()) {
+      case proto::AgentCommand::kStart:
+        kinds.push_back("start");
+        break;
+      case proto::AgentCommand::kStop:
+        kinds.push_back("stop");
+        break;
+      case proto::AgentCommand::kDumpStacks:
+        kinds.push_back("dump_stacks");
+        break;
+      case proto::AgentCommand::kShutdown:
+        kinds.push_back("shutdown");
+        break;
+      case proto::AgentCommand::kInject:
+        kinds.push_back("inject");
+        break;
+      default:
+        kinds.push_back("?");
+    }
+  }
+  return kinds;
+}
+
+std::vector<int> Ranks(const proto::AgentCommand& start) {
+  std::vector<int> ranks;
+  for (const proto::RankAssignment& r : start.start().ranks()) ranks.push_back(r.rank());
+  return ranks;
+}
+
+class ControllerShellTest : public ::testing::Test {
+ protected:
+  // A shell for a job of `nodes` nodes of one rank each; `extra` is TOML
+  // appended to the spec ([checkpoint], [recovery], ...).
+  void Make(int nodes, const std::string& extra = "") {
+    const std::string text =
+        "[job]\nname = \"shell\"\ncommand = [\"/bin/true\"]\nnodes = " + std::to_string(nodes) +
+        "\nstate_dir = \"" + state_dir() + "\"\n[checkpoint]\ndir = \"" + ckpt_dir() + "\"\n" +
+        extra;
+    Result<JobSpec> spec = ParseJobSpec(text, "shell.toml");
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    ControllerOptions o;
+    o.spec = *spec;
+    o.state_dir = state_dir();
+    o.token = kToken;
+    shell_ = std::make_unique<ControllerShell>(o, &clock_, &transport_,
+                                               [] { return Result<int>(kMasterPort); });
+    ASSERT_TRUE(transport_.Start(shell_.get()).ok());
+    ASSERT_TRUE(shell_->Start().ok());
+  }
+
+  std::string state_dir() const { return dir_.Path("state"); }
+  std::string ckpt_dir() const { return dir_.Path("ckpt"); }
+
+  // Every queued event through the loop (no tick when none was queued).
+  void Pump() {
+    while (shell_->queued() > 0) shell_->RunOnce(/*block=*/false);
+  }
+  // One turn of the loop with nothing queued: a tick at the clock's time.
+  void Tick() {
+    Pump();
+    shell_->RunOnce(/*block=*/false);
+  }
+
+  // An agent opens a stream and registers `node`; fails the test if refused.
+  ConnectionId Attach(const std::string& node) {
+    const ConnectionId id = transport_.Open();
+    EXPECT_TRUE(transport_.Deliver(id, Hello(node))) << transport_.ended_with(id).message;
+    return id;
+  }
+
+  // Attaches node0..node{n-1} and returns their streams, each past its
+  // StartGeneration of generation 0 (checked).
+  std::vector<ConnectionId> AttachAndStart(int n) {
+    std::vector<ConnectionId> ids;
+    for (int i = 0; i < n; ++i) ids.push_back(Attach("node" + std::to_string(i)));
+    Pump();
+    for (int i = 0; i < n; ++i) {
+      const std::vector<proto::AgentCommand> got = transport_.TakeCommands(ids[i]);
+      EXPECT_EQ(Kinds(got), std::vector<std::string>{"start"}) << "node" << i;
+      if (!got.empty()) EXPECT_EQ(got[0].generation(), 0);
+    }
+    return ids;
+  }
+
+  // Both ranks of a 2-node job report steps first..last, a second apart.
+  void Steps(const std::vector<ConnectionId>& ids, int generation, int64_t first, int64_t last) {
+    for (int64_t s = first; s <= last; ++s) {
+      clock_.Advance(1s);
+      for (size_t r = 0; r < ids.size(); ++r) {
+        ASSERT_TRUE(transport_.Deliver(ids[r], Step(generation, static_cast<int>(r), s)));
+      }
+      Pump();
+    }
+  }
+
+  nlohmann::json Status() const { return nlohmann::json::parse(shell_->StatusJson()); }
+
+  ScratchDir dir_{"endure_controller_shell"};
+  FakeClock clock_;
+  FakeTransport transport_;
+  std::unique_ptr<ControllerShell> shell_;
+};
+
+TEST_F(ControllerShellTest, TwoNodesStartStepAndCompleteWithExitZero) {
+  Make(2);
+  EXPECT_EQ(ReadJson(JoinPath(state_dir(), "status.json"))["phase"], "waiting_for_nodes");
+  const ConnectionId a = Attach("node0");
+  Pump();
+  EXPECT_TRUE(transport_.TakeCommands(a).empty()) << "one node of two: nothing starts";
+
+  const ConnectionId b = Attach("node1");
+  Pump();
+  const std::vector<proto::AgentCommand> to_a = transport_.TakeCommands(a);
+  const std::vector<proto::AgentCommand> to_b = transport_.TakeCommands(b);
+  ASSERT_EQ(Kinds(to_a), std::vector<std::string>{"start"});
+  ASSERT_EQ(Kinds(to_b), std::vector<std::string>{"start"});
+  for (const proto::AgentCommand* c : {&to_a[0], &to_b[0]}) {
+    EXPECT_EQ(c->token(), kToken);
+    EXPECT_EQ(c->generation(), 0);
+    EXPECT_EQ(c->start().world_size(), 2);
+    EXPECT_EQ(c->start().restore_step(), -1);
+    EXPECT_EQ(c->start().master_addr(), "host-node0");
+    EXPECT_EQ(c->start().master_port(), kMasterPort);
+    EXPECT_EQ(c->start().command(0), "/bin/true");
+  }
+  EXPECT_EQ(Ranks(to_a[0]), std::vector<int>{0});
+  EXPECT_EQ(Ranks(to_b[0]), std::vector<int>{1});
+  // Each node replicates to the next one.
+  EXPECT_EQ(to_a[0].start().checkpoint().replica_peer(), "node1:7000");
+  EXPECT_EQ(to_b[0].start().checkpoint().replica_peer(), "node0:7000");
+
+  Steps({a, b}, 0, 1, 3);
+  clock_.Advance(300ms);  // status.json is rewritten at most four times a second
+  Tick();
+  nlohmann::json status = ReadJson(JoinPath(state_dir(), "status.json"));
+  EXPECT_EQ(status["phase"], "running");
+  EXPECT_EQ(status["step"], 3);
+  EXPECT_EQ(status["loss"], 2.0);
+  EXPECT_EQ(Status()["step"], 3);
+  EXPECT_NE(shell_->MetricsText().find("endure_step{job=\"shell\"} 3\n"), std::string::npos)
+      << shell_->MetricsText();
+
+  ASSERT_TRUE(transport_.Deliver(a, Exited(0, 0, 0)));
+  Pump();
+  EXPECT_FALSE(shell_->done()) << "rank 1 still runs";
+  ASSERT_TRUE(transport_.Deliver(b, Exited(0, 1, 0)));
+  Pump();
+  ASSERT_TRUE(shell_->done());
+  for (ConnectionId id : {a, b}) {
+    const std::vector<proto::AgentCommand> got = transport_.TakeCommands(id);
+    ASSERT_EQ(Kinds(got), std::vector<std::string>{"shutdown"});
+    EXPECT_EQ(got[0].shutdown().reason(), "the job ended: training completed");
+  }
+  Result<int> code = shell_->Finish();
+  ASSERT_TRUE(code.ok()) << code.status().ToString();
+  EXPECT_EQ(*code, 0);
+
+  const nlohmann::json report = ReadJson(JoinPath(state_dir(), "report.json"));
+  EXPECT_EQ(report["completed"], true);
+  EXPECT_EQ(report["exit_code"], 0);
+  EXPECT_EQ(report["verdict"], "training completed");
+  EXPECT_EQ(report["incidents"].size(), 0u);
+  EXPECT_EQ(report["nodes"], nlohmann::json({"node0", "node1"}));
+
+  Result<StateStore> store = StateStore::OpenExisting(StateStore::PathIn(state_dir()));
+  ASSERT_TRUE(store.ok());
+  Result<JobRecord> job = store->LoadJob();
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->exit_code, 0);
+  EXPECT_EQ(job->verdict, "training completed");
+  Result<std::vector<GenerationRecord>> generations = store->LoadGenerations();
+  ASSERT_TRUE(generations.ok());
+  ASSERT_EQ(generations->size(), 1u);
+  EXPECT_EQ((*generations)[0].nodes, "node0,node1");
+  Result<std::map<std::string, double>> ledger = store->LoadLedger();
+  ASSERT_TRUE(ledger.ok());
+  EXPECT_GT((*ledger)["productive"], 0.0);
+
+  EXPECT_FALSE(shell_->AgentsGone());
+  transport_.HangUp(a);
+  transport_.HangUp(b);
+  EXPECT_TRUE(shell_->AgentsGone());
+}
+
+TEST_F(ControllerShellTest, AWrongTokenIsRefusedAndLaterEventsWithOneAreDropped) {
+  Make(2);
+  const ConnectionId a = Attach("node0");
+  const std::string same_length_other = std::string(kToken).replace(31, 1, "0");
+  ASSERT_EQ(same_length_other.size(), std::string(kToken).size());
+  for (const std::string& token : {same_length_other, std::string(kToken).substr(0, 16),
+                                   std::string(kToken) + "x", std::string()}) {
+    const ConnectionId bad = transport_.Open();
+    EXPECT_FALSE(transport_.Deliver(bad, Hello("node1", token))) << "'" << token << "'";
+    EXPECT_EQ(transport_.ended_with(bad).code, Code::kUnauthenticated) << "'" << token << "'";
+    EXPECT_NE(transport_.ended_with(bad).message.find("token"), std::string::npos);
+  }
+  Pump();
+  EXPECT_TRUE(transport_.TakeCommands(a).empty()) << "a refused agent is no node of the job";
+  EXPECT_EQ(Status()["phase"], "waiting_for_nodes");
+
+  const ConnectionId b = Attach("node1");
+  Pump();
+  EXPECT_EQ(Kinds(transport_.TakeCommands(a)), std::vector<std::string>{"start"});
+  EXPECT_EQ(Kinds(transport_.TakeCommands(b)), std::vector<std::string>{"start"});
+  // A crash reported with the wrong token is no crash.
+  proto::AgentEvent forged = Exited(0, 1, 1);
+  forged.set_token(same_length_other);
+  EXPECT_TRUE(transport_.Deliver(b, forged));
+  Pump();
+  EXPECT_TRUE(transport_.TakeCommands(a).empty());
+  EXPECT_EQ(Status()["phase"], "running");
+  EXPECT_EQ(Status()["incidents"], 0);
+}
+
+TEST_F(ControllerShellTest, AnInvalidRegistrationIsRefused) {
+  Make(1);
+  for (const char* name : {"../../etc", "", "node/0", ".."}) {
+    const ConnectionId id = transport_.Open();
+    EXPECT_FALSE(transport_.Deliver(id, Hello(name)));
+    EXPECT_EQ(transport_.ended_with(id).code, Code::kInvalidArgument) << name;
+    EXPECT_NE(transport_.ended_with(id).message.find("node_id"), std::string::npos);
+  }
+  {
+    const ConnectionId id = transport_.Open();
+    EXPECT_FALSE(transport_.Deliver(id, Hello("node0", kToken, /*slots=*/0)));
+    EXPECT_EQ(transport_.ended_with(id).code, Code::kInvalidArgument);
+    EXPECT_NE(transport_.ended_with(id).message.find("slots"), std::string::npos);
+  }
+  {
+    proto::AgentEvent long_host = Hello("node0");
+    long_host.mutable_register_()->set_host(std::string(257, 'h'));
+    const ConnectionId id = transport_.Open();
+    EXPECT_FALSE(transport_.Deliver(id, long_host));
+    EXPECT_EQ(transport_.ended_with(id).code, Code::kInvalidArgument);
+  }
+  {
+    const ConnectionId id = transport_.Open();
+    EXPECT_FALSE(transport_.Deliver(id, Heartbeat()));
+    EXPECT_EQ(transport_.ended_with(id).code, Code::kInvalidArgument);
+    EXPECT_EQ(transport_.ended_with(id).message, "first message must register");
+  }
+  Pump();
+  EXPECT_EQ(Status()["phase"], "waiting_for_nodes");
+  const ConnectionId good = Attach("node0");
+  Pump();
+  EXPECT_EQ(Kinds(transport_.TakeCommands(good)), std::vector<std::string>{"start"});
+}
+
+// What the code does today: a second agent registering a name already
+// attached is a node of its own (another NodeId), so a job of 2 nodes runs
+// on two agents that both call themselves node0.
+TEST_F(ControllerShellTest, ASecondAgentWithTheSameNameIsAnotherNode) {
+  Make(2);
+  const ConnectionId first = Attach("node0");
+  const ConnectionId second = Attach("node0");
+  Pump();
+  const std::vector<proto::AgentCommand> to_first = transport_.TakeCommands(first);
+  const std::vector<proto::AgentCommand> to_second = transport_.TakeCommands(second);
+  ASSERT_EQ(Kinds(to_first), std::vector<std::string>{"start"});
+  ASSERT_EQ(Kinds(to_second), std::vector<std::string>{"start"});
+  EXPECT_EQ(Ranks(to_first[0]), std::vector<int>{0});
+  EXPECT_EQ(Ranks(to_second[0]), std::vector<int>{1});
+  EXPECT_EQ(to_first[0].start().checkpoint().replica_peer(), "node0:7000");
+  EXPECT_TRUE(transport_.open(first));
+  EXPECT_TRUE(transport_.open(second));
+}
+
+TEST_F(ControllerShellTest, StreamsBeyondTheBoundAreRefusedAndEndedOnesForgotten) {
+  Make(1);  // 2 x 1 + 64 = 66 streams
+  std::vector<ConnectionId> ids;
+  for (int i = 0; i < MaxConnections(JobSpec{}); ++i) {
+    ids.push_back(transport_.Open());
+    ASSERT_TRUE(transport_.open(ids.back())) << i;
+  }
+  const ConnectionId extra = transport_.Open();
+  EXPECT_FALSE(transport_.open(extra));
+  EXPECT_EQ(transport_.ended_with(extra).code, Code::kResourceExhausted);
+  transport_.HangUp(ids[0]);
+  const ConnectionId again = transport_.Open();
+  EXPECT_TRUE(transport_.open(again)) << "a stream that ended frees its place";
+}
+
+TEST_F(ControllerShellTest, AStreamThatNeverSaysHelloIsCutAtItsDeadline) {
+  Make(1);
+  const ConnectionId silent = transport_.Open();
+  const ConnectionId agent = Attach("node0");
+  Pump();
+  clock_.Advance(kHelloTimeout - 100ms);
+  ASSERT_TRUE(transport_.Deliver(agent, Heartbeat()));
+  Tick();
+  EXPECT_TRUE(transport_.open(silent));
+  clock_.Advance(100ms);
+  Tick();
+  EXPECT_TRUE(transport_.cut(silent));
+  EXPECT_FALSE(transport_.open(silent));
+  EXPECT_FALSE(transport_.cut(agent)) << "a registered agent has no hello deadline";
+  EXPECT_TRUE(transport_.open(agent));
+}
+
+TEST_F(ControllerShellTest, AWorkerCrashStopsEveryNodeAndStartsTheNextGeneration) {
+  Make(2);
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  Steps(ids, 0, 1, 2);
+  ASSERT_TRUE(transport_.Deliver(ids[1], Exited(0, 1, 1)));
+  Pump();
+  for (ConnectionId id : ids) {
+    const std::vector<proto::AgentCommand> got = transport_.TakeCommands(id);
+    ASSERT_EQ(Kinds(got), std::vector<std::string>{"stop"});
+    EXPECT_EQ(got[0].generation(), 0);
+    EXPECT_EQ(got[0].stop().grace_s(), 2.0);
+  }
+  EXPECT_EQ(Status()["phase"], "stopping");
+  ASSERT_TRUE(transport_.Deliver(ids[0], Stopped(0)));
+  Pump();
+  EXPECT_TRUE(transport_.TakeCommands(ids[0]).empty()) << "node1 has not stopped yet";
+  ASSERT_TRUE(transport_.Deliver(ids[1], Stopped(0)));
+  Pump();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::vector<proto::AgentCommand> got = transport_.TakeCommands(ids[i]);
+    ASSERT_EQ(Kinds(got), std::vector<std::string>{"start"});
+    EXPECT_EQ(got[0].generation(), 1);
+    EXPECT_EQ(got[0].start().restore_step(), -1);
+    EXPECT_EQ(Ranks(got[0]), std::vector<int>{static_cast<int>(i)});
+  }
+  Result<StateStore> store = StateStore::OpenExisting(StateStore::PathIn(state_dir()));
+  ASSERT_TRUE(store.ok());
+  Result<std::vector<core::Incident>> incidents = store->LoadIncidents(core::TimePoint{});
+  ASSERT_TRUE(incidents.ok());
+  ASSERT_EQ(incidents->size(), 1u);
+  EXPECT_EQ((*incidents)[0].cause, "worker_exit code 1");
+  EXPECT_EQ((*incidents)[0].rank, 1);
+  EXPECT_EQ((*incidents)[0].node_name, "node1");
+  EXPECT_EQ((*incidents)[0].failed_at_step, 2);
+  EXPECT_EQ((*incidents)[0].action, "restart_in_place");
+}
+
+TEST_F(ControllerShellTest, AnXidInTheLogEvictsTheNodeAndAReplacementTakesItsRanks) {
+  Make(2);
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  Steps(ids, 0, 1, 2);
+  proto::AgentEvent xid = Event(0);
+  xid.mutable_log_match()->set_rank(1);
+  xid.mutable_log_match()->set_cause("xid_79");
+  xid.mutable_log_match()->set_action("evict_node");
+  xid.mutable_log_match()->set_rule("xid_hardware");
+  xid.mutable_log_match()->set_line("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.");
+  ASSERT_TRUE(transport_.Deliver(ids[1], xid));
+  ASSERT_TRUE(transport_.Deliver(ids[1], Exited(0, 1, 1)));
+  Pump();
+  EXPECT_EQ(Kinds(transport_.TakeCommands(ids[0])), std::vector<std::string>{"stop"});
+  const std::vector<proto::AgentCommand> to_bad = transport_.TakeCommands(ids[1]);
+  ASSERT_EQ(Kinds(to_bad), (std::vector<std::string>{"stop", "shutdown"}));
+  EXPECT_EQ(to_bad[1].shutdown().reason().rfind("evicted: ", 0), 0u) << to_bad[1].DebugString();
+  ASSERT_TRUE(transport_.Deliver(ids[0], Stopped(0)));
+  Pump();
+  EXPECT_TRUE(transport_.TakeCommands(ids[0]).empty()) << "one healthy node of two";
+  EXPECT_EQ(Status()["last_incident"], "xid_79 (rank 1, evict_and_wait_for_repair)");
+
+  const ConnectionId spare = Attach("node2");
+  Pump();
+  const std::vector<proto::AgentCommand> to_a = transport_.TakeCommands(ids[0]);
+  const std::vector<proto::AgentCommand> to_spare = transport_.TakeCommands(spare);
+  ASSERT_EQ(Kinds(to_a), std::vector<std::string>{"start"});
+  ASSERT_EQ(Kinds(to_spare), std::vector<std::string>{"start"});
+  EXPECT_EQ(to_a[0].generation(), 1);
+  EXPECT_EQ(Ranks(to_a[0]), std::vector<int>{0});
+  EXPECT_EQ(Ranks(to_spare[0]), std::vector<int>{1});
+  EXPECT_TRUE(transport_.TakeCommands(ids[1]).empty());
+}
+
+TEST_F(ControllerShellTest, AStreamThatDropsIsANodeLostIncident) {
+  Make(2);
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  Steps(ids, 0, 1, 2);
+  transport_.HangUp(ids[1]);
+  Pump();
+  EXPECT_EQ(Kinds(transport_.TakeCommands(ids[0])), std::vector<std::string>{"stop"});
+  EXPECT_TRUE(transport_.TakeCommands(ids[1]).empty());
+  Result<StateStore> store = StateStore::OpenExisting(StateStore::PathIn(state_dir()));
+  ASSERT_TRUE(store.ok());
+  Result<std::vector<core::Incident>> incidents = store->LoadIncidents(core::TimePoint{});
+  ASSERT_TRUE(incidents.ok());
+  ASSERT_EQ(incidents->size(), 1u);
+  EXPECT_EQ((*incidents)[0].cause, "node_lost");
+  EXPECT_EQ((*incidents)[0].node_name, "node1");
+  EXPECT_EQ((*incidents)[0].rank, 1);
+  EXPECT_NE((*incidents)[0].reason.find(kStreamClosed), std::string::npos)
+      << (*incidents)[0].reason;
+}
+
+TEST_F(ControllerShellTest, AnAgentSilentPastTheHeartbeatTimeoutIsLost) {
+  Make(2, "[detection]\nheartbeat_timeout = \"5s\"\n");
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  for (int i = 0; i < 4; ++i) {
+    clock_.Advance(1s);
+    ASSERT_TRUE(transport_.Deliver(ids[0], Heartbeat()));
+    Tick();
+  }
+  EXPECT_EQ(Status()["incidents"], 0);
+  for (int i = 0; i < 2; ++i) {
+    clock_.Advance(1s);
+    ASSERT_TRUE(transport_.Deliver(ids[0], Heartbeat()));
+    Tick();
+  }
+  EXPECT_EQ(Status()["incidents"], 1);
+  EXPECT_EQ(Status()["last_incident"].get<std::string>().rfind("node_lost (rank 1", 0), 0u)
+      << Status();
+  EXPECT_EQ(Kinds(transport_.TakeCommands(ids[0])), std::vector<std::string>{"stop"});
+}
+
+TEST_F(ControllerShellTest, SigtermStopsTheAgentsWithTheGraceAndExits143OnceTheyStopped) {
+  Make(2, "[recovery]\ngrace_period = \"4s\"\n");
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  Steps(ids, 0, 1, 2);
+  // Queued before the signal, taken after it: the job stops first.
+  ASSERT_TRUE(transport_.Deliver(ids[1], Exited(0, 1, 1)));
+  shell_->OnSignal(SIGTERM);
+  shell_->RunOnce(/*block=*/false);
+  for (ConnectionId id : ids) {
+    const std::vector<proto::AgentCommand> got = transport_.TakeCommands(id);
+    ASSERT_EQ(Kinds(got), std::vector<std::string>{"stop"});
+    EXPECT_EQ(got[0].stop().grace_s(), 4.0);
+    EXPECT_EQ(got[0].token(), kToken);
+  }
+  Pump();
+  EXPECT_FALSE(shell_->done());
+  EXPECT_EQ(Status()["incidents"], 0) << "a worker's exit during the stop is the stop's";
+  ASSERT_TRUE(transport_.Deliver(ids[0], Stopped(0)));
+  Pump();
+  EXPECT_FALSE(shell_->done());
+  ASSERT_TRUE(transport_.Deliver(ids[1], Stopped(0)));
+  Pump();
+  ASSERT_TRUE(shell_->done());
+  for (ConnectionId id : ids) {
+    const std::vector<proto::AgentCommand> got = transport_.TakeCommands(id);
+    ASSERT_EQ(Kinds(got), std::vector<std::string>{"shutdown"});
+    EXPECT_EQ(got[0].shutdown().reason(), "the controller was stopped by SIGTERM");
+  }
+  Result<int> code = shell_->Finish();
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 128 + SIGTERM);
+  const nlohmann::json report = ReadJson(JoinPath(state_dir(), "report.json"));
+  EXPECT_EQ(report["stopped_by"], "SIGTERM");
+  EXPECT_EQ(report["completed"], false);
+  EXPECT_EQ(report["exit_code"], 143);
+}
+
+TEST_F(ControllerShellTest, AfterSigintTheStopEndsAtItsDeadlineWithoutEveryAgent) {
+  Make(2, "[recovery]\ngrace_period = \"4s\"\n");
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  shell_->OnSignal(SIGINT);
+  Tick();
+  ASSERT_TRUE(transport_.Deliver(ids[0], Stopped(0)));
+  Pump();
+  // The grace period, a second for the last persist, and a margin: 4 + 3 s.
+  clock_.Advance(7s - 1ms);
+  Tick();
+  EXPECT_FALSE(shell_->done());
+  clock_.Advance(1ms);
+  Tick();
+  ASSERT_TRUE(shell_->done());
+  Result<int> code = shell_->Finish();
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 128 + SIGINT);
+  EXPECT_EQ(ReadJson(JoinPath(state_dir(), "report.json"))["stopped_by"], "SIGINT");
+}
+
+TEST_F(ControllerShellTest, ACommittedCheckpointIsTheNextGenerationsRestorePoint) {
+  Make(2, "every_steps = 1\n");  // appended to [checkpoint]
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  Steps(ids, 0, 1, 3);
+  // Each rank's agent persists its shard of step 2, as the tiers do.
+  checkpoint::CheckpointDir dir(Env::Default(), ckpt_dir());
+  for (int rank = 0; rank < 2; ++rank) {
+    Result<checkpoint::ShardEntry> entry =
+        dir.WriteShard(2, rank, "shard " + std::to_string(rank) + " of step 2");
+    ASSERT_TRUE(entry.ok()) << entry.status().ToString();
+    proto::AgentEvent persisted = Event(0);
+    persisted.mutable_persisted()->set_step(2);
+    persisted.mutable_persisted()->set_shard(rank);
+    persisted.mutable_persisted()->set_shards(2);
+    persisted.mutable_persisted()->set_bytes(entry->bytes);
+    persisted.mutable_persisted()->set_xxh3(HexU64(entry->xxh3));
+    ASSERT_TRUE(transport_.Deliver(ids[rank], persisted));
+    Pump();
+    EXPECT_EQ(dir.CommittedShards(2).ok(), rank == 1) << "committed once every shard is durable";
+  }
+  ASSERT_TRUE(transport_.Deliver(ids[0], Exited(0, 0, 1)));
+  Pump();
+  for (ConnectionId id : ids) ASSERT_TRUE(transport_.Deliver(id, Stopped(0)));
+  Pump();
+  for (ConnectionId id : ids) {
+    const std::vector<proto::AgentCommand> got = transport_.TakeCommands(id);
+    ASSERT_EQ(Kinds(got), (std::vector<std::string>{"stop", "start"}));
+    const proto::CheckpointConfig& c = got[1].start().checkpoint();
+    EXPECT_TRUE(c.enabled());
+    EXPECT_EQ(c.discard_after(), 2);
+    const nlohmann::json plan = nlohmann::json::parse(c.restore_plan_json());
+    EXPECT_EQ(plan["step"], 2) << plan;
+    ASSERT_EQ(plan["sources"].size(), 2u);
+    EXPECT_EQ(plan["sources"][0]["tier"], "T2");
+  }
+  shell_->OnSignal(SIGTERM);
+  Tick();
+  clock_.Advance(10s);
+  Tick();
+  ASSERT_TRUE(shell_->done());
+  ASSERT_TRUE(shell_->Finish().ok());
+  const nlohmann::json report = ReadJson(JoinPath(state_dir(), "report.json"));
+  EXPECT_EQ(report["checkpoint"]["durable_commits"], 1);
+  EXPECT_EQ(report["checkpoint"]["newest_durable_step"], 2);
+  EXPECT_NE(report["verdict"].get<std::string>().find("(durable: step 2)"), std::string::npos)
+      << report["verdict"];
+  ASSERT_EQ(report["incidents"].size(), 1u);
+  EXPECT_EQ(report["incidents"][0]["restore"], "step 2 from T2 x2") << report["incidents"][0];
+}
+
+TEST_F(ControllerShellTest, AFloodingAgentIsCutAndItsNodeLost) {
+  Make(1);
+  const std::vector<ConnectionId> ids = AttachAndStart(1);
+  int taken = 0;
+  while (transport_.Deliver(ids[0], Heartbeat())) ++taken;
+  EXPECT_EQ(taken, kMaxQueuedPerAgent);
+  EXPECT_EQ(transport_.ended_with(ids[0]).code, Code::kResourceExhausted);
+  Pump();
+  EXPECT_EQ(Status()["incidents"], 1);
+  Result<StateStore> store = StateStore::OpenExisting(StateStore::PathIn(state_dir()));
+  ASSERT_TRUE(store.ok());
+  Result<std::vector<core::Incident>> incidents = store->LoadIncidents(core::TimePoint{});
+  ASSERT_TRUE(incidents.ok());
+  ASSERT_EQ(incidents->size(), 1u);
+  EXPECT_EQ((*incidents)[0].cause, "node_lost");
+  EXPECT_NE((*incidents)[0].reason.find("a flood"), std::string::npos) << (*incidents)[0].reason;
+}
+
+}  // namespace
+}  // namespace endure::controller

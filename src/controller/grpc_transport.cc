@@ -1,0 +1,131 @@
+// The agents' streams over gRPC: one Attach call per agent, read on its own
+// server thread.
+#include "controller/grpc_transport.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+
+namespace endure::controller {
+namespace {
+
+grpc::Status ToGrpc(const StreamVerdict& v) {
+  switch (v.code) {
+    case StreamVerdict::Code::kAccept:
+      return grpc::Status::OK;
+    case StreamVerdict::Code::kUnauthenticated:
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, v.message);
+    case StreamVerdict::Code::kInvalidArgument:
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, v.message);
+    case StreamVerdict::Code::kResourceExhausted:
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, v.message);
+  }
+  return grpc::Status(grpc::StatusCode::INTERNAL, v.message);
+}
+
+}  // namespace
+
+GrpcTransport::GrpcTransport(GrpcTransportOptions options) : o_(std::move(options)) {}
+
+GrpcTransport::~GrpcTransport() { Shutdown(Duration(0)); }
+
+std::unique_ptr<grpc::Server> GrpcTransport::StartGrpcServer(int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(o_.listen, grpc::InsecureServerCredentials(), port);
+  builder.SetMaxReceiveMessageSize(o_.max_message_bytes);
+  // Each stream holds a thread of the synchronous server: bounded with the
+  // connections (the sink refuses beyond them), plus the server's own pollers.
+  grpc::ResourceQuota quota("endure-controller");
+  quota.SetMaxThreads(o_.max_threads);
+  builder.SetResourceQuota(quota);
+  builder.RegisterService(this);
+  return builder.BuildAndStart();
+}
+
+Result<std::string> GrpcTransport::Start(TransportSink* sink) {
+  sink_ = sink;
+  int port = 0;
+  server_ = StartGrpcServer(&port);
+  if (!server_ || port == 0) {
+    server_.reset();
+    return InvalidArgument("--listen: cannot listen on '" + o_.listen + "'");
+  }
+  return o_.listen.substr(0, o_.listen.rfind(':')) + ":" + std::to_string(port);
+}
+
+std::shared_ptr<GrpcTransport::Call> GrpcTransport::Find(ConnectionId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = calls_.find(id);
+  return it == calls_.end() ? nullptr : it->second;
+}
+
+bool GrpcTransport::Send(ConnectionId id, const proto::AgentCommand& command) {
+  std::shared_ptr<Call> call = Find(id);
+  if (!call) return false;
+  std::lock_guard<std::mutex> lock(call->mu);
+  return call->open && call->stream->Write(command);
+}
+
+void GrpcTransport::Close(ConnectionId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = calls_.find(id);
+  // Under mu_: the call's Attach erases it, under mu_, before it returns and
+  // its context goes away. The stream's Read then fails and OnClose follows.
+  if (it != calls_.end()) it->second->context->TryCancel();
+}
+
+void GrpcTransport::Shutdown(Duration grace) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (!server_) return;
+  server_->Shutdown(std::chrono::system_clock::now() +
+                    std::chrono::duration_cast<std::chrono::system_clock::duration>(grace));
+  server_->Wait();
+}
+
+grpc::Status GrpcTransport::Attach(grpc::ServerContext* context, Stream* stream) {
+  auto call = std::make_shared<Call>();
+  call->stream = stream;
+  call->context = context;
+  ConnectionId id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = ConnectionId{next_id_++};
+    calls_[id] = call;
+  }
+  auto forget = [&] {
+    {
+      std::lock_guard<std::mutex> lock(call->mu);
+      call->open = false;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    calls_.erase(id);
+  };
+  const StreamVerdict opened = sink_->OnOpen(id, PeerInfo{context->peer()});
+  if (!opened.accepted()) {
+    forget();
+    return ToGrpc(opened);
+  }
+  grpc::Status status = grpc::Status::OK;
+  std::string reason = kStreamClosed;
+  proto::AgentEvent e;
+  if (!stream->Read(&e)) {
+    reason = "no hello";
+    status = grpc::Status(grpc::StatusCode::CANCELLED, reason);
+  } else {
+    StreamVerdict v = sink_->OnHello(id, e);
+    while (v.accepted() && stream->Read(&e)) v = sink_->OnEvent(id, e);
+    if (!v.accepted()) {
+      reason = v.message;
+      status = ToGrpc(v);
+    }
+  }
+  forget();
+  sink_->OnClose(id, reason);
+  return status;
+}
+
+}  // namespace endure::controller
