@@ -1,19 +1,8 @@
-// Agent: the gRPC stream to the controller, the worker datagram socket, and
-// the commands. Threads: the main thread reads commands and carries them
-// out in order; one thread receives worker datagrams; WorkerSet's watcher
-// threads report exits and, with a progress pattern, turn output lines into
-// progress; one thread waits for SIGTERM/SIGINT and shuts the node down.
-// command_mu_ serialises carrying out a command with that shutdown; writes
-// to the stream are serialised by write_mu_; what the generation's ranks
-// reported (the datagram gate, progress from output, stack signals) by
-// reports_mu_, taken before write_mu_ where both are held.
-//
-// Workers never see the job token: each generation gets a fresh random
-// credential (their ENDURE_TOKEN), and only datagrams that carry it, parsed
-// and checked by agent/datagram.h, are taken.
+// The per-node agent: its commands, the worker datagram socket, the
+// shutdown on a signal (the Agent of agent/agent_shell.h), and RunAgent,
+// which runs one on the real clock, the gRPC transport and real processes.
 #include "agent/agent.h"
 
-#include <grpcpp/grpcpp.h>
 #include <malloc.h>
 #include <poll.h>
 #include <signal.h>
@@ -41,23 +30,15 @@
 #include <thread>
 #include <vector>
 
-#include "agent/datagram.h"
-#include "agent/progress_pattern.h"
-#include "agent/tier_store.h"
-#include "agent/worker_set.h"
-#include "common/env.h"
+#include "agent/agent_shell.h"
+#include "agent/grpc_transport.h"
+#include "agent/process_launcher.h"
 #include "common/hash.h"
 #include "common/names.h"
 #include "common/secret.h"
-#include "core/log_classifier.h"
-#include "proto/endure.grpc.pb.h"
 
 namespace endure::agent {
 namespace {
-
-double WallSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 // execve does not search PATH; a bare program name is looked up here.
 std::string ResolveProgram(const std::string& program) {
@@ -169,97 +150,27 @@ bool AcceptableStackSignal(int64_t sig) {
   return sig == SIGUSR1 || sig == SIGUSR2 || (sig >= SIGRTMIN && sig <= SIGRTMAX);
 }
 
-class Agent {
- public:
-  Agent(AgentOptions options, core::LogClassifier classifier)
-      : o_(std::move(options)), classifier_(std::move(classifier)) {}
+}  // namespace
 
-  Status Run();
-
- private:
-  void Send(proto::AgentEvent event, int64_t generation);
-  Status OpenSocket();
-  void ReceiveDatagrams();
-  // One datagram from a worker: parsed, checked against the gate, turned
-  // into an event for the controller. Refusals are counted and logged at a
-  // rate limit; nothing a worker sends can throw here.
-  void HandleDatagram(std::string_view bytes);
-  // Logs a refused datagram, unless too many were refused lately.
-  void Refuse(const std::string& why);
-  void OnWorkerExit(int64_t generation, const WorkerEnd& end);
-  // A line of a worker's output (watcher thread); only with a progress pattern.
-  void OnWorkerLine(int64_t generation, int rank, std::string_view line);
-  // Waits for SIGTERM/SIGINT (the shutdown thread) and then shuts down.
-  void AwaitSignal();
-  // Stops the workers with the grace period, persists the node's newest
-  // complete step if there is time, and ends the stream so that Run() returns
-  // OK; the shared memory goes when Run() ends.
-  void ShutDownOnSignal(int sig);
-  void Start(int64_t generation, const proto::StartGeneration& start);
-  void Stop(int64_t generation, double grace_s);
-  void DumpStacks(int64_t generation, double timeout_s);
-  void Inject(const proto::InjectFault& inject);
-  void OnPersisted(const PersistReport& report);
-
-  // Warm standbys: workers started ahead of the next generation so that a
-  // restart skips loading the program. Refilled once a generation has made
-  // its first step, so that their start does not slow the restart itself.
-  void RefillStandbys();
-  std::optional<Standby> TakeStandby(const std::vector<std::string>& argv);
-
-  AgentOptions o_;
-  core::LogClassifier classifier_;
-  std::mutex standby_mu_;
-  std::vector<Standby> standbys_;          // GUARDED_BY(standby_mu_)
-  std::vector<std::string> standby_argv_;  // GUARDED_BY(standby_mu_)
-  int standby_count_ = 0;                  // GUARDED_BY(standby_mu_)
-  bool refill_pending_ = false;            // GUARDED_BY(standby_mu_)
-  std::unique_ptr<grpc::ClientReaderWriter<proto::AgentEvent, proto::AgentCommand>> stream_;
-  // The stream's context while Run() holds it, for TryCancel (thread-safe),
-  // which needs no lock: a Send blocked on a controller that stopped reading
-  // holds write_mu_.
-  std::atomic<grpc::ClientContext*> context_{nullptr};
-  std::mutex write_mu_;
-  std::atomic<int64_t> generation_{-1};
-  // Held while a command is carried out, and by the shutdown on a signal.
-  std::mutex command_mu_;
-  bool signalled_ = false;              // GUARDED_BY(command_mu_): the shutdown on a signal ran
-  double grace_s_ = kDefaultGraceS;     // GUARDED_BY(command_mu_): the last stop's grace
-  std::unique_ptr<WorkerSet> workers_;  // GUARDED_BY(command_mu_)
-  std::unique_ptr<TierStore> tiers_;    // checkpoint memory (T0, T1) and persistence
-  // Injected memory corruption (tier, shard), applied once the workers stop.
-  std::vector<std::pair<checkpoint::Tier, int>> pending_corruption_;  // GUARDED_BY(command_mu_)
-  // The agent's variables that hold the job token (ENDURE_TOKEN among them):
-  // removed from every worker's environment. Set before the first worker.
-  std::vector<std::string> secret_variables_;
-  DatagramContext datagram_context_;  // set before the receiver starts
-  int socket_fd_ = -1;
-  std::string socket_path_;
-  std::atomic<bool> done_{false};
-  int wake_fd_ = -1;  // an eventfd that ends the shutdown thread's wait at the end of Run()
-
-  // Refused datagrams: counted, and logged at a rate limit.
-  std::mutex refusal_mu_;
-  int64_t refused_ = 0;  // GUARDED_BY(refusal_mu_)
-  LogRateLimiter refusal_log_{kRefusalLogBurst,
-                              std::chrono::seconds(1)};  // GUARDED_BY(refusal_mu_)
-
-  // What the ranks of the current generation reported.
-  std::mutex reports_mu_;
-  // This generation, its credential and its ranks on this node; the
-  // generation is also what output lines and stack dumps are checked against.
-  DatagramGate gate_;                              // GUARDED_BY(reports_mu_)
-  std::optional<OutputReports> output_;            // GUARDED_BY(reports_mu_); with a pattern
-  std::map<int, int> stack_signals_;               // GUARDED_BY(reports_mu_); rank -> signal
-  std::chrono::steady_clock::time_point started_;  // GUARDED_BY(reports_mu_)
-};
+Agent::Agent(AgentOptions options, core::LogClassifier classifier, AgentSeams seams)
+    : o_(std::move(options)),
+      classifier_(std::move(classifier)),
+      seams_(std::move(seams)),
+      clock_(seams_.clock),
+      transport_(seams_.transport),
+      launcher_(seams_.launcher),
+      grace_s_(kDefaultGraceS),
+      refusal_log_(kRefusalLogBurst, std::chrono::seconds(1)) {
+  ENDURE_CHECK(clock_ != nullptr && transport_ != nullptr && launcher_ != nullptr &&
+               seams_.env != nullptr);
+}
 
 void Agent::Send(proto::AgentEvent event, int64_t generation) {
   event.set_token(o_.token);
   event.set_generation(generation);
-  event.set_time_s(WallSeconds());
+  event.set_time_s(clock_->WallSeconds());
   std::lock_guard<std::mutex> lock(write_mu_);
-  if (stream_) stream_->Write(event);
+  if (stream_open_) transport_->Send(event);
 }
 
 Status Agent::OpenSocket() {
@@ -287,11 +198,11 @@ void Agent::ReceiveDatagrams() {
   // One byte more than the largest datagram accepted; MSG_TRUNC makes recv
   // return the real size of a larger one, which is refused.
   std::vector<char> buf(kMaxDatagramBytes + 1);
-  auto next_beat = std::chrono::steady_clock::now();
+  Clock::TimePoint next_beat = clock_->Now();
   while (!done_) {
     // The controller hears from the agent every second, whatever the
     // workers do; silence means a frozen or cut-off node.
-    if (std::chrono::steady_clock::now() >= next_beat) {
+    if (clock_->Now() >= next_beat) {
       proto::AgentEvent beat;
       beat.mutable_heartbeat();
       Send(std::move(beat), generation_);
@@ -308,11 +219,23 @@ void Agent::ReceiveDatagrams() {
   }
 }
 
+void Agent::WakeReceiver() {
+  // An empty datagram: its recv returns at once, where the receive timeout
+  // would take up to 200 ms.
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", socket_path_.c_str());
+  (void)::sendto(fd, "", 0, MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  ::close(fd);
+}
+
 void Agent::Refuse(const std::string& why) {
   std::lock_guard<std::mutex> lock(refusal_mu_);
   ++refused_;
   int64_t held_back = 0;
-  if (!refusal_log_.Allow(std::chrono::steady_clock::now(), &held_back)) return;
+  if (!refusal_log_.Allow(clock_->Now(), &held_back)) return;
   std::string line = "endure agent " + o_.node_id + ": refused a datagram (" +
                      std::to_string(refused_) + " so far";
   if (held_back > 0) line += ", " + std::to_string(held_back) + " not shown";
@@ -389,9 +312,9 @@ void Agent::HandleDatagram(std::string_view bytes) {
   e.set_generation(d.generation);
   // The worker's own clock says when it happened (a fault fires just before
   // its process dies); the controller maps it onto its own clock.
-  e.set_time_s(d.time_s.value_or(WallSeconds()));
+  e.set_time_s(d.time_s.value_or(clock_->WallSeconds()));
   std::lock_guard<std::mutex> lock(write_mu_);
-  if (stream_) stream_->Write(e);
+  if (stream_open_) transport_->Send(e);
 }
 
 void Agent::OnWorkerLine(int64_t generation, int rank, std::string_view line) {
@@ -399,8 +322,7 @@ void Agent::OnWorkerLine(int64_t generation, int rank, std::string_view line) {
   {
     std::lock_guard<std::mutex> lock(reports_mu_);
     if (generation != gate_.generation || !output_) return;
-    const double init_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    const double init_s = Seconds(clock_->Now() - started_);
     for (const OutputReport& r : output_->OnLine(rank, line)) {
       proto::AgentEvent e;
       if (r.kind == OutputReport::Kind::kReady) {
@@ -456,7 +378,7 @@ void Agent::RefillStandbys() {
   if (!refill_pending_) return;
   refill_pending_ = false;
   while (static_cast<int>(standbys_.size()) < standby_count_) {
-    Result<Standby> s = StartStandby(standby_argv_, {}, secret_variables_);
+    Result<Standby> s = launcher_->StartStandby(standby_argv_, {}, secret_variables_);
     if (!s.ok()) break;  // cold starts still work
     standbys_.push_back(std::move(s).value());
   }
@@ -486,7 +408,7 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
     std::lock_guard<std::mutex> lock(reports_mu_);
     gate_.generation = generation;
     gate_.credential = credential.ok() ? *credential : "";
-    started_ = std::chrono::steady_clock::now();
+    started_ = clock_->Now();
     gate_.local_ranks.clear();
     for (const proto::RankAssignment& r : start.ranks()) gate_.local_ranks.insert(r.rank());
     stack_signals_.clear();
@@ -510,7 +432,7 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
       OnWorkerLine(generation, rank, line);
     };
   }
-  workers_ = std::make_unique<WorkerSet>(
+  workers_ = launcher_->NewGroup(
       [this, generation](const WorkerEnd& end) { OnWorkerExit(generation, end); },
       std::move(on_line));
   std::vector<std::string> argv(start.command().begin(), start.command().end());
@@ -519,10 +441,11 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   {
     std::lock_guard<std::mutex> lock(standby_mu_);
     // Standbys of another program (a changed command) are of no use.
-    for (Standby& s : standbys_) {
-      if (s.argv != argv) DiscardStandby(s);
-    }
-    std::erase_if(standbys_, [](const Standby& s) { return !s.process; });
+    std::erase_if(standbys_, [&](Standby& s) {
+      if (s.argv == argv) return false;
+      launcher_->DiscardStandby(s);
+      return true;
+    });
     standby_argv_ = argv;
     standby_count_ = o_.standby ? start.ranks_size() : 0;
     refill_pending_ = true;
@@ -539,7 +462,7 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   std::error_code ec;
   // Absolute: workers may change their directory before they write there.
   const std::string logs = std::filesystem::absolute(JoinPath(o_.work_dir, "logs"), ec).string();
-  if (Status st = Env::Default()->CreateDirs(logs); !st.ok()) {
+  if (Status st = seams_.env->CreateDirs(logs); !st.ok()) {
     std::fprintf(stderr, "endure agent %s: %s\n", o_.node_id.c_str(), st.message().c_str());
   }
   // The restore plan goes to the workers as a file: a plan of many shards
@@ -547,7 +470,7 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   std::string plan_path;
   if (!ckpt.restore_plan_json().empty()) {
     plan_path = JoinPath(logs, "gen" + std::to_string(generation) + ".restore-plan.json");
-    if (Status st = WriteFileAtomically(Env::Default(), plan_path, ckpt.restore_plan_json());
+    if (Status st = WriteFileAtomically(seams_.env, plan_path, ckpt.restore_plan_json());
         !st.ok()) {
       std::fprintf(stderr, "endure agent %s: cannot write the restore plan: %s\n",
                    o_.node_id.c_str(), st.message().c_str());
@@ -612,14 +535,13 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
 void Agent::Stop(int64_t generation, double grace_s) {
   grace_s = ClampSeconds(grace_s, 3600);
   grace_s_ = grace_s;
-  const auto start = std::chrono::steady_clock::now();
+  const Clock::TimePoint start = clock_->Now();
   int count = 0;
   if (workers_) {
     count = static_cast<int>(workers_->Pids().size());
     workers_->StopAll(std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000)));
   }
-  const double teardown_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double teardown_s = Seconds(clock_->Now() - start);
   // With the workers gone the memory tiers hold still: report them, verified.
   tiers_->Drain();
   for (const auto& [tier, shard] : pending_corruption_) tiers_->Corrupt(tier, shard);
@@ -647,7 +569,7 @@ void Agent::Stop(int64_t generation, double grace_s) {
 
 void Agent::DumpStacks(int64_t generation, double timeout_s) {
   if (!workers_) return;
-  const auto start = std::chrono::steady_clock::now();
+  const Clock::TimePoint start = clock_->Now();
   std::map<int, int> signals;  // ranks that dump their own stacks
   {
     std::lock_guard<std::mutex> lock(reports_mu_);
@@ -656,8 +578,7 @@ void Agent::DumpStacks(int64_t generation, double timeout_s) {
   std::map<int, std::string> stacks = workers_->CaptureStacks(
       std::chrono::milliseconds(static_cast<int64_t>(ClampSeconds(timeout_s, 600) * 1000)),
       signals);
-  const double took =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double took = Seconds(clock_->Now() - start);
   for (const auto& [rank, text] : stacks) {
     proto::AgentEvent e;
     auto* d = e.mutable_stack_dump();
@@ -674,8 +595,9 @@ void Agent::Inject(const proto::InjectFault& inject) {
     std::fprintf(stderr, "endure agent %s: injected fault %s: the node dies now\n",
                  o_.node_id.c_str(), inject.fault_id().c_str());
     if (workers_) workers_->KillAll();
-    (void)Env::Default()->RemoveAll(tiers_->shm_dir());  // its memory goes with it
-    ::kill(::getpid(), SIGKILL);
+    (void)seams_.env->RemoveAll(tiers_->shm_dir());  // its memory goes with it
+    launcher_->KillAgent();
+    return;  // only where the launcher is a test's
   }
   if (inject.kind() == "disk-full" || inject.kind() == "disk-error") {
     std::fprintf(stderr,
@@ -716,15 +638,22 @@ void Agent::OnPersisted(const PersistReport& report) {
 }
 
 void Agent::AwaitSignal() {
-  pollfd fds[2] = {{g_signal_fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  pollfd fds[2] = {{seams_.signal_fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
   while (true) {
     if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
     if (fds[1].revents != 0) return;  // Run() is ending
-    if (fds[0].revents != 0 && g_signal != 0) {
-      ShutDownOnSignal(g_signal);
+    if (fds[0].revents != 0 && seams_.signal != nullptr && *seams_.signal != 0) {
+      ShutDownOnSignal(*seams_.signal);
       return;
     }
   }
+}
+
+void Agent::DiscardStandbys() {
+  std::lock_guard<std::mutex> lock(standby_mu_);
+  for (Standby& s : standbys_) launcher_->DiscardStandby(s);
+  standbys_.clear();
+  standby_count_ = 0;
 }
 
 void Agent::ShutDownOnSignal(int sig) {
@@ -734,12 +663,11 @@ void Agent::ShutDownOnSignal(int sig) {
   signalled_ = true;
   // The whole shutdown is bounded: the grace, the persist, and a margin for
   // the reports; past that the stream is cut, and with it any blocked Send.
+  // Real time, as every bound on waits for threads, processes and sockets.
   const Watchdog bound(std::chrono::steady_clock::now() +
                            std::chrono::milliseconds(static_cast<int64_t>(grace_s_ * 1000)) +
                            kShutdownPersistFor + kStreamMargin,
-                       [this] {
-                         if (grpc::ClientContext* c = context_.load()) c->TryCancel();
-                       });
+                       [this] { transport_->Cancel(); });
   std::fprintf(stderr,
                "endure agent %s: %s: stopping the workers (grace %.1fs), then shutting down\n",
                o_.node_id.c_str(), strsignal(sig), grace_s_);
@@ -750,33 +678,31 @@ void Agent::ShutDownOnSignal(int sig) {
     for (const auto& [rank, pid] : workers_->Pids()) ranks.insert(rank);
     workers_->StopAll(std::chrono::milliseconds(static_cast<int64_t>(grace_s_ * 1000)));
   }
-  {
-    std::lock_guard<std::mutex> lock(standby_mu_);
-    for (Standby& s : standbys_) DiscardStandby(s);
-    standbys_.clear();
-    standby_count_ = 0;
-  }
+  DiscardStandbys();
   {
     std::lock_guard<std::mutex> lock(reports_mu_);
     ranks.insert(gate_.local_ranks.begin(), gate_.local_ranks.end());
   }
   // The node's newest complete step goes to the durable directory if there
   // is time; the reports go up while the stream lasts, for the controller
-  // to commit the step if it still runs.
+  // to commit the step if it still runs. (The deadline is TierStore's, on
+  // real time.)
   const int64_t step =
       tiers_->PersistNewestComplete(ranks, std::chrono::steady_clock::now() + kShutdownPersistFor);
   if (step >= 0) {
     std::fprintf(stderr, "endure agent %s: persisted step %lld of this node's ranks\n",
                  o_.node_id.c_str(), static_cast<long long>(step));
   }
-  if (grpc::ClientContext* c = context_.load()) c->TryCancel();  // Run()'s Read returns
+  transport_->Cancel();  // Run()'s Read returns
 }
 
 Status Agent::Run() {
-  ENDURE_RETURN_IF_ERROR(Env::Default()->CreateDirs(o_.work_dir));
+  Env* const env = seams_.env;
+  ENDURE_RETURN_IF_ERROR(env->CreateDirs(o_.work_dir));
   secret_variables_ = VariablesHolding(o_.token);
   // Checkpoint memory lives in shared memory, which outlives a crashed worker.
-  const std::string shm = Env::Default()->Exists("/dev/shm") ? "/dev/shm" : o_.work_dir;
+  std::string shm = seams_.shm_parent;
+  if (shm.empty()) shm = env->Exists("/dev/shm") ? "/dev/shm" : o_.work_dir;
   // What agents killed before they could clean up left behind.
   for (const std::string& path : SweepStaleShm(shm, IsLiveEndureAgent)) {
     std::fprintf(stderr, "endure agent %s: removed %s, left by an agent that is gone\n",
@@ -819,26 +745,16 @@ Status Agent::Run() {
     return signalled_;
   };
 
-  auto channel = grpc::CreateChannel(o_.controller, grpc::InsecureChannelCredentials());
-  const auto connect_by = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-  bool connected = false;
-  while (!connected && !signalled() && std::chrono::steady_clock::now() < connect_by) {
-    connected = channel->WaitForConnected(std::chrono::system_clock::now() +
-                                          std::chrono::milliseconds(250));
-  }
-  if (!connected) {
+  if (Status attached = transport_->Attach(signalled); !attached.ok()) {
     finish();
     if (signalled()) return Status::Ok();
-    return Unavailable("cannot reach the controller at " + o_.controller);
+    return attached;
   }
-  auto stub = proto::Controller::NewStub(channel);
-  grpc::ClientContext context;
   {
     std::lock_guard<std::mutex> lock(write_mu_);
-    stream_ = stub->Attach(&context);
+    stream_open_ = true;
   }
-  context_ = &context;
-  if (signalled()) context.TryCancel();  // a signal came while attaching
+  if (signalled()) transport_->Cancel();  // a signal came while attaching
   proto::AgentEvent hello;
   auto* reg = hello.mutable_register_();
   reg->set_node_id(o_.node_id);
@@ -852,7 +768,7 @@ Status Agent::Run() {
   Status result = Status::Ok();
   proto::AgentCommand cmd;
   bool shutdown = false;
-  while (!shutdown && stream_->Read(&cmd)) {
+  while (!shutdown && transport_->Read(&cmd)) {
     std::lock_guard<std::mutex> lock(command_mu_);
     if (signalled_) break;
     if (!ConstantTimeEquals(cmd.token(), o_.token)) continue;
@@ -880,7 +796,7 @@ Status Agent::Run() {
   // Stopping the workers (their exits go up the stream) and closing the
   // stream wait on the controller: bounded, as every wait in the stop path.
   const Watchdog bound(std::chrono::steady_clock::now() + std::chrono::seconds(2) + kStreamMargin,
-                       [&context] { context.TryCancel(); });
+                       [this] { transport_->Cancel(); });
   {
     std::lock_guard<std::mutex> lock(command_mu_);
     by_signal = signalled_;
@@ -890,37 +806,30 @@ Status Agent::Run() {
     }
     workers_.reset();
   }
-  {
-    std::lock_guard<std::mutex> lock(standby_mu_);
-    for (Standby& s : standbys_) DiscardStandby(s);
-    standbys_.clear();
-    standby_count_ = 0;
-  }
+  DiscardStandbys();
   {
     std::lock_guard<std::mutex> lock(write_mu_);
-    stream_->WritesDone();
+    transport_->CloseWrites();
   }
-  grpc::Status st = stream_->Finish();
+  const Status end = transport_->Finish();
   if (!shutdown && !by_signal) {
-    if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-      result = InvalidArgument("the controller refused this agent: " + st.error_message());
+    if (end.code() == StatusCode::kInvalidArgument) {
+      result = InvalidArgument("the controller refused this agent: " + end.message());
     } else {
       result = Unavailable("lost the controller at " + o_.controller + ": " +
-                           (st.ok() ? "stream closed" : st.error_message()));
+                           (end.ok() ? "stream closed" : end.message()));
     }
   }
   done_ = true;
+  WakeReceiver();
   receiver.join();
   {
     std::lock_guard<std::mutex> lock(write_mu_);
-    stream_.reset();
+    stream_open_ = false;
   }
-  context_ = nullptr;
   finish();
   return result;
 }
-
-}  // namespace
 
 Status AgentOptions::Validate() const {
   if (controller.empty()) return InvalidArgument("--controller: required (host:port)");
@@ -958,7 +867,14 @@ Status RunAgent(const AgentOptions& options) {
   if (!rules_text.ok()) return InvalidArgument("--log-rules: " + rules_text.status().message());
   ENDURE_ASSIGN_OR_RETURN(core::LogClassifier classifier,
                           core::LogClassifier::FromToml(*rules_text, options.log_rules));
-  Agent agent(options, std::move(classifier));
+  const std::unique_ptr<Transport> transport = NewGrpcTransport(options);
+  const std::unique_ptr<ProcessLauncher> launcher = NewRealProcessLauncher();
+  AgentSeams seams;
+  seams.transport = transport.get();
+  seams.launcher = launcher.get();
+  seams.signal_fd = g_signal_fd;
+  seams.signal = &g_signal;
+  Agent agent(options, std::move(classifier), std::move(seams));
   return agent.Run();
 }
 

@@ -7,9 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
+#include <thread>
 #include <tuple>
 
 #include "common/hash.h"
@@ -219,6 +223,80 @@ TEST(IsLiveEndureAgent, KnowsADeadPidAndAProcessThatIsNoAgent) {
   EXPECT_FALSE(IsLiveEndureAgent(DeadPid()));
   EXPECT_FALSE(IsLiveEndureAgent(::getpid()));  // a test binary
   EXPECT_FALSE(IsLiveEndureAgent(0));
+}
+
+// Configure with a rollback takes mu_ and t1_mu_ one after the other, never
+// one inside the other: a replica arriving (KeepReplica) takes t1_mu_ and
+// then mu_, and with mu_ held around t1_mu_ the two deadlocked (ecb4ae3).
+// Many T0 slots widen the window in which Configure scans them while
+// replicas keep arriving. Deadlocked threads cannot be joined: on a timeout
+// the store and the threads are left behind (all they touch is leaked or
+// shared), so that the test fails instead of hanging.
+TEST_F(TierStoreTest, ARollbackDoesNotDeadlockWithArrivingReplicas) {
+  StartStore();
+  constexpr int kSlots = 200;
+  for (int rank = 0; rank < kSlots; ++rank) {
+    const std::string payload = "shard " + std::to_string(rank);
+    checkpoint::SnapshotInfo info;
+    info.step = 1;
+    info.shard = rank;
+    info.shards = kSlots;
+    info.xxh3 = Xxh3(payload);
+    ASSERT_TRUE(checkpoint::WriteSnapshotFile(checkpoint::SlotPath(store_->t0_dir(), rank, 0), info,
+                                              payload)
+                    .ok());
+  }
+  struct Shared {
+    std::atomic<bool> stop{false};
+    std::atomic<int> replicas{0};
+    std::mutex mu;
+    std::condition_variable cv;
+    bool configured = false;  // GUARDED_BY(mu)
+  };
+  auto shared = std::make_shared<Shared>();
+  std::thread replicas([shared, peer = Peer()] {
+    const std::string payload(1024, 'r');
+    int64_t step = 0;
+    while (!shared->stop) {
+      checkpoint::ReplicaHeader h{"node1", 0, 1, ++step % 50, payload.size(), Xxh3(payload)};
+      if (checkpoint::SendReplica(peer, kToken, h, payload, 2s).ok()) ++shared->replicas;
+    }
+  });
+  TierStore* store = store_.get();
+  std::thread configure([shared, store] {
+    TierConfig config;
+    for (int i = 0; i < 100; ++i) {
+      // Wait for the replicas to flow before the first round.
+      while (i == 0 && shared->replicas == 0 && !shared->stop) std::this_thread::yield();
+      store->Configure(config, /*discard_after=*/100);
+    }
+    std::lock_guard<std::mutex> lock(shared->mu);
+    shared->configured = true;
+    shared->cv.notify_all();
+  });
+  bool configured = false;
+  {
+    std::unique_lock<std::mutex> lock(shared->mu);
+    configured = shared->cv.wait_for(lock, 30s, [&] { return shared->configured; });
+  }
+  shared->stop = true;
+  if (!configured) {
+    ADD_FAILURE() << "Configure and KeepReplica deadlocked (" << shared->replicas
+                  << " replicas kept before)";
+    (void)store_.release();  // its threads are stuck on its mutexes
+    configure.detach();
+    replicas.detach();
+    return;
+  }
+  configure.join();
+  replicas.join();
+  EXPECT_GT(shared->replicas, 0);
+  // The replicas that arrived are there, under the rollback point.
+  bool replica_kept = false;
+  for (const checkpoint::ShardCopy& c : store_->Inventory()) {
+    if (c.tier == checkpoint::Tier::kT1) replica_kept = true;
+  }
+  EXPECT_TRUE(replica_kept);
 }
 
 }  // namespace

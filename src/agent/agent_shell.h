@@ -1,0 +1,160 @@
+// The agent itself, with its seams: RunAgent (agent/agent.h) builds one on
+// the real clock, gRPC transport and processes; tests build one on a
+// FakeClock, a FakeTransport and a FakeProcessLauncher and drive it through
+// the commands it reads.
+//
+// Threads: Run()'s thread reads commands and carries them out in order; one
+// thread receives worker datagrams (and sends the heartbeat); the workers'
+// threads (WorkerGroup) report exits and, with a progress pattern, turn
+// output lines into progress; one thread waits for SIGTERM/SIGINT and shuts
+// the node down. command_mu_ serialises carrying out a command with that
+// shutdown; writes to the transport are serialised by write_mu_; what the
+// generation's ranks reported (the datagram gate, progress from output,
+// stack signals) by reports_mu_, taken before write_mu_ where both are held.
+//
+// Workers never see the job token: each generation gets a fresh random
+// credential (their ENDURE_TOKEN), and only datagrams that carry it, parsed
+// and checked by agent/datagram.h, are taken.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "agent/agent.h"
+#include "agent/datagram.h"
+#include "agent/process_launcher.h"
+#include "agent/progress_pattern.h"
+#include "agent/tier_store.h"
+#include "agent/transport.h"
+#include "agent/worker_set.h"
+#include "common/clock.h"
+#include "common/env.h"
+#include "core/log_classifier.h"
+#include "proto/endure.pb.h"
+
+namespace endure::agent {
+
+// What the agent talks to. The pointers are not owned and must outlive the
+// Agent.
+struct AgentSeams {
+  Clock* clock = Clock::Real();  // event times, heartbeats, measured durations
+  Env* env = Env::Default();     // the work directory, logs, restore plans
+  Transport* transport = nullptr;
+  ProcessLauncher* launcher = nullptr;
+  // Where the node's checkpoint memory goes (a tmpfs); empty: /dev/shm, or
+  // the work directory where there is none. Checkpoint memory that agents
+  // killed before they could clean up left here is removed at the start.
+  std::string shm_parent;
+  // SIGTERM/SIGINT: a descriptor that becomes readable when one arrived, and
+  // where its number then is; -1 and null: the agent waits for no signal
+  // (ShutDownOnSignal can still be called).
+  int signal_fd = -1;
+  const std::atomic<int>* signal = nullptr;
+};
+
+// One agent, run once. Thread-safe as described above.
+class Agent {
+ public:
+  // `seams.transport` and `seams.launcher` are required.
+  Agent(AgentOptions options, core::LogClassifier classifier, AgentSeams seams);
+
+  // Registers, then carries out the controller's commands until it says shut
+  // down (OK), a signal shut the node down (OK), the stream breaks
+  // (kUnavailable), or the controller refuses the token (kInvalidArgument).
+  // The workers are stopped before it returns.
+  Status Run();
+
+  // Stops the workers with the last stop's grace period (the default one
+  // before any), persists the node's newest complete step if there is time,
+  // and ends the stream so that Run() returns OK; the shared memory goes
+  // when Run() ends. Called by the signal thread; callable from any thread
+  // while Run() runs, once.
+  void ShutDownOnSignal(int sig);
+
+ private:
+  void Send(proto::AgentEvent event, int64_t generation);
+  Status OpenSocket();
+  void ReceiveDatagrams();
+  // Ends the receiver's wait for a datagram (once done_ is set).
+  void WakeReceiver();
+  // One datagram from a worker: parsed, checked against the gate, turned
+  // into an event for the controller. Refusals are counted and logged at a
+  // rate limit; nothing a worker sends can throw here.
+  void HandleDatagram(std::string_view bytes);
+  // Logs a refused datagram, unless too many were refused lately.
+  void Refuse(const std::string& why);
+  void OnWorkerExit(int64_t generation, const WorkerEnd& end);
+  // A line of a worker's output (a group's thread); only with a progress pattern.
+  void OnWorkerLine(int64_t generation, int rank, std::string_view line);
+  // Waits for SIGTERM/SIGINT (the shutdown thread) and then shuts down.
+  void AwaitSignal();
+  void Start(int64_t generation, const proto::StartGeneration& start);
+  void Stop(int64_t generation, double grace_s);
+  void DumpStacks(int64_t generation, double timeout_s);
+  void Inject(const proto::InjectFault& inject);
+  void OnPersisted(const PersistReport& report);
+
+  // Warm standbys: workers started ahead of the next generation so that a
+  // restart skips loading the program. Refilled once a generation has made
+  // its first step, so that their start does not slow the restart itself.
+  void RefillStandbys();
+  std::optional<Standby> TakeStandby(const std::vector<std::string>& argv);
+  void DiscardStandbys();
+
+  AgentOptions o_;
+  core::LogClassifier classifier_;
+  AgentSeams seams_;
+  Clock* const clock_;
+  Transport* const transport_;
+  ProcessLauncher* const launcher_;
+  std::mutex standby_mu_;
+  std::vector<Standby> standbys_;          // GUARDED_BY(standby_mu_)
+  std::vector<std::string> standby_argv_;  // GUARDED_BY(standby_mu_)
+  int standby_count_ = 0;                  // GUARDED_BY(standby_mu_)
+  bool refill_pending_ = false;            // GUARDED_BY(standby_mu_)
+  // Sends go to the transport only while the stream is open: from Attach()
+  // until Run() ends.
+  std::mutex write_mu_;
+  bool stream_open_ = false;  // GUARDED_BY(write_mu_)
+  std::atomic<int64_t> generation_{-1};
+  // Held while a command is carried out, and by the shutdown on a signal.
+  std::mutex command_mu_;
+  bool signalled_ = false;                // GUARDED_BY(command_mu_): the shutdown on a signal ran
+  double grace_s_;                        // GUARDED_BY(command_mu_): the last stop's grace
+  std::unique_ptr<WorkerGroup> workers_;  // GUARDED_BY(command_mu_)
+  std::unique_ptr<TierStore> tiers_;      // checkpoint memory (T0, T1) and persistence
+  // Injected memory corruption (tier, shard), applied once the workers stop.
+  std::vector<std::pair<checkpoint::Tier, int>> pending_corruption_;  // GUARDED_BY(command_mu_)
+  // The agent's variables that hold the job token (ENDURE_TOKEN among them):
+  // removed from every worker's environment. Set before the first worker.
+  std::vector<std::string> secret_variables_;
+  DatagramContext datagram_context_;  // set before the receiver starts
+  int socket_fd_ = -1;
+  std::string socket_path_;
+  std::atomic<bool> done_{false};
+  int wake_fd_ = -1;  // an eventfd that ends the shutdown thread's wait at the end of Run()
+
+  // Refused datagrams: counted, and logged at a rate limit.
+  std::mutex refusal_mu_;
+  int64_t refused_ = 0;         // GUARDED_BY(refusal_mu_)
+  LogRateLimiter refusal_log_;  // GUARDED_BY(refusal_mu_)
+
+  // What the ranks of the current generation reported.
+  std::mutex reports_mu_;
+  // This generation, its credential and its ranks on this node; the
+  // generation is also what output lines and stack dumps are checked against.
+  DatagramGate gate_;                    // GUARDED_BY(reports_mu_)
+  std::optional<OutputReports> output_;  // GUARDED_BY(reports_mu_); with a pattern
+  std::map<int, int> stack_signals_;     // GUARDED_BY(reports_mu_); rank -> signal
+  Clock::TimePoint started_;             // GUARDED_BY(reports_mu_)
+};
+
+}  // namespace endure::agent

@@ -1,0 +1,778 @@
+// The agent's logic on its seams: a FakeClock, a FakeTransport standing for
+// the controller and a FakeProcessLauncher standing for the workers. No
+// worker process runs; the agent's own socket, tier store (in a scratch
+// directory) and threads are real. Each test drives it with commands and
+// checks what it asked of the launcher and what it sent up.
+#include "agent/agent_shell.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "agent/fake_process_launcher.h"
+#include "agent/fake_transport.h"
+#include "checkpoint/snapshot_file.h"
+#include "common/hash.h"
+
+namespace endure::agent {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+using Case = proto::AgentEvent::EventCase;
+
+constexpr char kToken[] = "job-token-5f2c9d";
+constexpr int64_t kNoDiscard = -1;
+
+FakeTransport::EventMatch Is(Case c) {
+  return [c](const proto::AgentEvent& e) { return e.event_case() == c; };
+}
+// Everything but heartbeats, which go up on their own schedule.
+bool NotHeartbeat(const proto::AgentEvent& e) { return e.event_case() != Case::kHeartbeat; }
+
+std::map<std::string, std::string> EnvOf(const WorkerSpec& spec) {
+  std::map<std::string, std::string> env;
+  for (const auto& [k, v] : spec.env) env[k] = v;
+  return env;
+}
+
+proto::AgentCommand Command(int64_t generation) {
+  proto::AgentCommand cmd;
+  cmd.set_token(kToken);
+  cmd.set_generation(generation);
+  return cmd;
+}
+
+// A generation of `ranks` on this node (local ranks 0, 1, ...).
+proto::AgentCommand StartCommand(int64_t generation, const std::vector<int>& ranks,
+                                 int world_size) {
+  proto::AgentCommand cmd = Command(generation);
+  proto::StartGeneration* s = cmd.mutable_start();
+  s->set_world_size(world_size);
+  s->set_master_addr("10.0.0.1");
+  s->set_master_port(29500);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    proto::RankAssignment* r = s->add_ranks();
+    r->set_rank(ranks[i]);
+    r->set_local_rank(static_cast<int>(i));
+  }
+  s->add_command("/opt/endure/train");
+  s->add_command("--lr=0.1");
+  s->mutable_checkpoint()->set_discard_after(kNoDiscard);
+  return cmd;
+}
+
+proto::AgentCommand StopCommand(int64_t generation, double grace_s) {
+  proto::AgentCommand cmd = Command(generation);
+  cmd.mutable_stop()->set_grace_s(grace_s);
+  return cmd;
+}
+
+proto::AgentCommand InjectCommand(int64_t generation, const std::string& kind, int rank) {
+  proto::AgentCommand cmd = Command(generation);
+  cmd.mutable_inject()->set_kind(kind);
+  cmd.mutable_inject()->set_rank(rank);
+  cmd.mutable_inject()->set_fault_id("f1");
+  return cmd;
+}
+
+proto::AgentCommand ShutdownCommand() {
+  proto::AgentCommand cmd = Command(0);
+  cmd.mutable_shutdown()->set_reason("the job finished");
+  return cmd;
+}
+
+// A ready snapshot of `rank`'s shard in its T0 slot, as a worker leaves it.
+void WriteSnapshot(const std::string& t0_dir, int rank, int slot, int64_t step, int shards,
+                   const std::string& payload) {
+  checkpoint::SnapshotInfo info;
+  info.step = step;
+  info.shard = rank;
+  info.shards = shards;
+  info.xxh3 = Xxh3(payload);
+  ASSERT_TRUE(
+      checkpoint::WriteSnapshotFile(checkpoint::SlotPath(t0_dir, rank, slot), info, payload).ok());
+}
+
+class AgentShellTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/endure_agent_shell_test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+    fs::create_directories(root_ / "shm");
+    options_.controller = "controller.test:7000";
+    options_.node_id = "node0";
+    options_.slots = 2;
+    options_.token = kToken;
+    options_.work_dir = (root_ / "work").string();
+  }
+
+  // config/log_rules.toml, as RunAgent loads it.
+  static core::LogClassifier Rules() {
+    Result<std::string> text = Env::Default()->ReadFile(ENDURE_LOG_RULES_PATH);
+    EXPECT_TRUE(text.ok()) << text.status().ToString();
+    Result<core::LogClassifier> rules =
+        core::LogClassifier::FromToml(text.ok() ? *text : "", ENDURE_LOG_RULES_PATH);
+    EXPECT_TRUE(rules.ok()) << rules.status().ToString();
+    if (!rules.ok()) return std::move(core::LogClassifier::Create({})).value();
+    return std::move(rules).value();
+  }
+
+  void TearDown() override {
+    if (run_.joinable()) {
+      transport_.Break();
+      run_.join();
+    }
+    agent_.reset();
+    fs::remove_all(root_);
+  }
+
+  // Builds the agent on the fakes and runs it on a thread of its own.
+  void StartAgent() {
+    AgentSeams seams;
+    seams.clock = &clock_;
+    seams.transport = &transport_;
+    seams.launcher = &launcher_;
+    seams.shm_parent = (root_ / "shm").string();
+    agent_ = std::make_unique<Agent>(options_, Rules(), std::move(seams));
+    std::promise<Status> done;
+    result_ = done.get_future();
+    run_ = std::thread([this, done = std::move(done)]() mutable { done.set_value(agent_->Run()); });
+  }
+
+  // Run()'s result, waiting at most 10 s for it.
+  Status AwaitRun() {
+    if (result_.wait_for(10s) != std::future_status::ready) {
+      ADD_FAILURE() << "Run() did not return";
+      transport_.Break();
+    }
+    run_.join();
+    return result_.get();
+  }
+
+  // Hands the agent `cmd` and waits until it has carried it out.
+  void Do(proto::AgentCommand cmd) {
+    transport_.Push(std::move(cmd));
+    ASSERT_TRUE(transport_.WaitUntilIdle()) << "the agent did not take the command";
+  }
+
+  // The events since the agent started, heartbeats left out.
+  std::vector<proto::AgentEvent> Events() const { return transport_.EventsWhere(NotHeartbeat); }
+
+  // The T0 directory the workers of the last launch were given.
+  std::string T0Dir() const {
+    const std::vector<FakeProcessLauncher::Launch> launches = launcher_.launches();
+    if (launches.empty()) return "";
+    return EnvOf(launches.back().spec)["ENDURE_T0_DIR"];
+  }
+
+  fs::path root_;
+  AgentOptions options_;
+  FakeClock clock_;
+  FakeTransport transport_;
+  FakeProcessLauncher launcher_{&clock_};
+  // After the fakes: the agent goes first.
+  std::unique_ptr<Agent> agent_;
+  std::thread run_;
+  std::future<Status> result_;
+};
+
+TEST_F(AgentShellTest, RegistersWithItsNodeSlotsAndReplicaAddress) {
+  StartAgent();
+  std::optional<proto::AgentEvent> hello = transport_.WaitForEvent(Is(Case::kRegister));
+  ASSERT_TRUE(hello.has_value());
+  EXPECT_EQ(hello->token(), kToken);
+  EXPECT_EQ(hello->generation(), -1);
+  EXPECT_DOUBLE_EQ(hello->time_s(), clock_.WallSeconds());
+  const proto::Register& reg = hello->register_();
+  EXPECT_EQ(reg.node_id(), "node0");
+  EXPECT_EQ(reg.slots(), 2);
+  EXPECT_EQ(reg.host(), "127.0.0.1");
+  EXPECT_EQ(reg.pid(), ::getpid());
+  EXPECT_TRUE(std::regex_match(reg.replica_address(), std::regex(R"(127\.0\.0\.1:[1-9][0-9]*)")))
+      << reg.replica_address();
+  // Registration is the first word the controller hears.
+  EXPECT_EQ(Events().front().event_case(), Case::kRegister);
+  transport_.Push(ShutdownCommand());
+  EXPECT_TRUE(AwaitRun().ok());
+}
+
+TEST_F(AgentShellTest, StartGivesEachLocalRankItsEnvironmentAndAFreshCredential) {
+  // An agent variable that holds the job token must not reach a worker.
+  ASSERT_EQ(::setenv("ENDURE_SHELL_TEST_SECRET", (std::string("x") + kToken + "y").c_str(), 1), 0);
+  StartAgent();
+  proto::AgentCommand start = StartCommand(3, {2, 3}, 4);
+  proto::StartGeneration* s = start.mutable_start();
+  s->set_restore_step(12);
+  s->add_skip_steps(5);
+  s->add_skip_steps(7);
+  s->mutable_ranks(0)->set_faults_json(R"([{"id":"f1","kind":"kill","rank":2,"step":9}])");
+  (*s->mutable_env())["EXTRA"] = "x";
+  s->mutable_checkpoint()->set_enabled(true);
+  s->mutable_checkpoint()->set_slot_bytes(4096);
+  s->mutable_checkpoint()->set_restore_plan_json(R"({"step":12,"shards":[]})");
+  Do(start);
+  ::unsetenv("ENDURE_SHELL_TEST_SECRET");
+
+  const std::vector<FakeProcessLauncher::Launch> launches = launcher_.launches();
+  ASSERT_EQ(launches.size(), 2u);
+  const std::string logs = (root_ / "work" / "logs").string();
+  std::string credential;
+  for (size_t i = 0; i < launches.size(); ++i) {
+    const WorkerSpec& spec = launches[i].spec;
+    const int rank = static_cast<int>(i) + 2;
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_EQ(spec.rank, rank);
+    EXPECT_EQ(spec.argv, (std::vector<std::string>{"/opt/endure/train", "--lr=0.1"}));
+    EXPECT_EQ(spec.log_path, logs + "/gen3-rank" + std::to_string(rank) + ".log");
+    EXPECT_EQ(spec.stacks_path, logs + "/gen3-rank" + std::to_string(rank) + ".stacks");
+    EXPECT_TRUE(launches[i].standby_tag.empty());
+    std::map<std::string, std::string> env = EnvOf(spec);
+    EXPECT_EQ(env["RANK"], std::to_string(rank));
+    EXPECT_EQ(env["LOCAL_RANK"], std::to_string(i));
+    EXPECT_EQ(env["WORLD_SIZE"], "4");
+    EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "2");
+    EXPECT_EQ(env["GROUP_RANK"], "1");
+    EXPECT_EQ(env["MASTER_ADDR"], "10.0.0.1");
+    EXPECT_EQ(env["MASTER_PORT"], "29500");
+    EXPECT_EQ(env["ENDURE_GENERATION"], "3");
+    EXPECT_EQ(env["ENDURE_NODE_ID"], "node0");
+    EXPECT_EQ(env["ENDURE_RESTORE_STEP"], "12");
+    EXPECT_EQ(env["ENDURE_SKIP_STEPS"], "5,7");
+    EXPECT_EQ(env["ENDURE_FAULTS"], s->ranks(static_cast<int>(i)).faults_json());
+    EXPECT_EQ(env["ENDURE_STACKS_FILE"], spec.stacks_path);
+    EXPECT_EQ(env["EXTRA"], "x");
+    EXPECT_EQ(env["ENDURE_T0_SLOT_BYTES"], "4096");
+    struct stat st {};
+    EXPECT_EQ(::stat(env["ENDURE_AGENT_SOCKET"].c_str(), &st), 0);
+    EXPECT_TRUE(S_ISSOCK(st.st_mode)) << env["ENDURE_AGENT_SOCKET"];
+    EXPECT_TRUE(fs::is_directory(env["ENDURE_T0_DIR"])) << env["ENDURE_T0_DIR"];
+    EXPECT_EQ(env["ENDURE_T0_DIR"].rfind((root_ / "shm").string(), 0), 0u);
+    // The restore plan travels as a file.
+    Result<std::string> plan = Env::Default()->ReadFile(env["ENDURE_RESTORE_PLAN_FILE"]);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_EQ(*plan, s->checkpoint().restore_plan_json());
+    // The worker's credential is this generation's, never the job token.
+    EXPECT_TRUE(std::regex_match(env["ENDURE_TOKEN"], std::regex("[0-9a-f]{32}")));
+    if (i == 0) credential = env["ENDURE_TOKEN"];
+    EXPECT_EQ(env["ENDURE_TOKEN"], credential);
+    for (const auto& [k, v] : spec.env) {
+      EXPECT_EQ(v.find(kToken), std::string::npos) << k << " holds the job token";
+    }
+    EXPECT_NE(std::find(spec.unset_env.begin(), spec.unset_env.end(), "ENDURE_TOKEN"),
+              spec.unset_env.end());
+    EXPECT_NE(std::find(spec.unset_env.begin(), spec.unset_env.end(), "ENDURE_SHELL_TEST_SECRET"),
+              spec.unset_env.end());
+  }
+  const std::vector<proto::AgentEvent> started = transport_.EventsWhere(Is(Case::kWorkerStarted));
+  ASSERT_EQ(started.size(), 2u);
+  EXPECT_EQ(started[0].worker_started().rank(), 2);
+  EXPECT_EQ(started[1].worker_started().rank(), 3);
+  EXPECT_NE(started[0].worker_started().pid(), started[1].worker_started().pid());
+  EXPECT_EQ(started[0].generation(), 3);
+
+  // The next generation gets a credential of its own, and no plan file
+  // when it has no plan.
+  Do(StartCommand(4, {2, 3}, 4));
+  const std::vector<FakeProcessLauncher::Launch> next = launcher_.launches();
+  ASSERT_EQ(next.size(), 4u);
+  std::map<std::string, std::string> env = EnvOf(next[2].spec);
+  EXPECT_EQ(env["ENDURE_GENERATION"], "4");
+  EXPECT_TRUE(std::regex_match(env["ENDURE_TOKEN"], std::regex("[0-9a-f]{32}")));
+  EXPECT_NE(env["ENDURE_TOKEN"], credential);
+  EXPECT_EQ(env.count("ENDURE_RESTORE_PLAN_FILE"), 0u);
+  EXPECT_EQ(env.count("ENDURE_T0_DIR"), 0u);  // checkpoints off
+}
+
+TEST_F(AgentShellTest, AWorkerThatCannotStartIsReportedAsAnExitWithCode127) {
+  launcher_.FailStarts(IOError("cannot exec /opt/endure/train: no such file"));
+  StartAgent();
+  Do(StartCommand(1, {0}, 1));
+  std::optional<proto::AgentEvent> exit = transport_.WaitForEvent(Is(Case::kWorkerExited));
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->generation(), 1);
+  EXPECT_EQ(exit->worker_exited().rank(), 0);
+  EXPECT_TRUE(exit->worker_exited().exited());
+  EXPECT_EQ(exit->worker_exited().exit_code(), 127);
+  EXPECT_TRUE(transport_.EventsWhere(Is(Case::kWorkerStarted)).empty());
+}
+
+TEST_F(AgentShellTest, AFailedWorkersLastWordsAreClassified) {
+  StartAgent();
+  Do(StartCommand(1, {0, 1}, 2));
+  ASSERT_TRUE(launcher_.Exit(1, ExitStatus{true, 1, 0},
+                             "saving step 40\nOSError: [Errno 28] No space left on device\n"
+                             "param_fingerprint=0123456789abcdef\n"));
+  ASSERT_TRUE(launcher_.Exit(
+      0, ExitStatus{false, 0, SIGABRT},
+      "step 41\nRuntimeError: CUDA error: an illegal memory access was encountered\n"));
+
+  const std::vector<proto::AgentEvent> events = Events();
+  std::vector<proto::AgentEvent> after_start;
+  for (const proto::AgentEvent& e : events) {
+    if (e.has_log_match() || e.has_worker_exited()) after_start.push_back(e);
+  }
+  ASSERT_EQ(after_start.size(), 4u);
+  // The cause goes up before the exit it explains.
+  const proto::LogMatch& disk = after_start[0].log_match();
+  EXPECT_EQ(after_start[0].generation(), 1);
+  EXPECT_EQ(disk.rank(), 1);
+  EXPECT_EQ(disk.cause(), "disk_full");
+  EXPECT_EQ(disk.rule(), "disk_full");
+  EXPECT_EQ(disk.action(), "investigate");
+  EXPECT_EQ(disk.line(), "OSError: [Errno 28] No space left on device");
+  const proto::WorkerExited& x1 = after_start[1].worker_exited();
+  EXPECT_EQ(x1.rank(), 1);
+  EXPECT_TRUE(x1.exited());
+  EXPECT_EQ(x1.exit_code(), 1);
+  EXPECT_EQ(x1.param_fingerprint(), "0123456789abcdef");
+
+  const proto::LogMatch& cuda = after_start[2].log_match();
+  EXPECT_EQ(cuda.rank(), 0);
+  EXPECT_EQ(cuda.cause(), "cuda_error");
+  EXPECT_EQ(cuda.rule(), "cuda_illegal_memory_access");
+  const proto::WorkerExited& x0 = after_start[3].worker_exited();
+  EXPECT_EQ(x0.rank(), 0);
+  EXPECT_FALSE(x0.exited());
+  EXPECT_EQ(x0.signal(), SIGABRT);
+  EXPECT_EQ(x0.param_fingerprint(), "");
+  EXPECT_EQ(after_start[3].generation(), 1);
+}
+
+TEST_F(AgentShellTest, ACleanExitIsASuccessMadeDurableBeforeItIsReported) {
+  StartAgent();
+  proto::AgentCommand start = StartCommand(1, {0}, 1);
+  start.mutable_start()->mutable_checkpoint()->set_enabled(true);
+  start.mutable_start()->mutable_checkpoint()->set_dir((root_ / "durable").string());
+  Do(start);
+  const std::string payload = "final parameters";
+  WriteSnapshot(T0Dir(), 0, 1, 9, 1, payload);
+  // Its last words would match a rule, but a success is not classified.
+  ASSERT_TRUE(launcher_.Exit(0, ExitStatus{true, 0, 0}, "retrying: No space left on device\ndone"));
+
+  std::vector<proto::AgentEvent> events;
+  for (const proto::AgentEvent& e : Events()) {
+    if (e.has_persisted() || e.has_worker_exited() || e.has_log_match()) events.push_back(e);
+  }
+  ASSERT_EQ(events.size(), 2u);
+  ASSERT_TRUE(events[0].has_persisted());
+  EXPECT_EQ(events[0].persisted().step(), 9);
+  EXPECT_EQ(events[0].persisted().shard(), 0);
+  EXPECT_EQ(events[0].persisted().error(), "");
+  EXPECT_EQ(events[0].persisted().xxh3(), HexU64(Xxh3(payload)));
+  ASSERT_TRUE(events[1].has_worker_exited());
+  EXPECT_TRUE(events[1].worker_exited().exited());
+  EXPECT_EQ(events[1].worker_exited().exit_code(), 0);
+}
+
+TEST_F(AgentShellTest, StopUsesTheControllersGraceAndReportsStopped) {
+  StartAgent();
+  Do(StartCommand(2, {0, 1}, 2));
+  Do(StopCommand(2, 3.5));
+  EXPECT_EQ(launcher_.stops(), (std::vector<std::chrono::milliseconds>{3500ms}));
+
+  const std::vector<proto::AgentEvent> events = Events();
+  ASSERT_GE(events.size(), 3u);
+  // The workers' exits, then the stop that caused them.
+  const proto::AgentEvent& stopped = events.back();
+  ASSERT_TRUE(stopped.has_stopped());
+  EXPECT_EQ(stopped.generation(), 2);
+  EXPECT_EQ(stopped.stopped().workers(), 2);
+  EXPECT_DOUBLE_EQ(stopped.stopped().teardown_s(), 3.5);  // the fake stop took its grace
+  EXPECT_EQ(stopped.stopped().inventory_size(), 0);
+  for (size_t i = events.size() - 3; i < events.size() - 1; ++i) {
+    ASSERT_TRUE(events[i].has_worker_exited());
+    EXPECT_EQ(events[i].generation(), 2);
+    EXPECT_EQ(events[i].worker_exited().signal(), SIGTERM);
+  }
+}
+
+TEST_F(AgentShellTest, StopBoundsTheGrace) {
+  StartAgent();
+  Do(StopCommand(1, 1e9));
+  Do(StopCommand(1, -5));
+  Do(StopCommand(1, std::nan("")));
+  // No workers yet: nothing to stop, and each stop is still reported.
+  EXPECT_TRUE(launcher_.stops().empty());
+  EXPECT_EQ(transport_.EventsWhere(Is(Case::kStopped)).size(), 3u);
+  Do(StartCommand(1, {0}, 1));
+  Do(StopCommand(1, 1e9));
+  Do(StopCommand(1, std::nan("")));
+  Do(StopCommand(1, -5));
+  EXPECT_EQ(launcher_.stops(), (std::vector<std::chrono::milliseconds>{3600s, 0ms, 0ms}));
+}
+
+TEST_F(AgentShellTest, ANewGenerationEndsTheOldWorkersAtOnceUnderTheirOwnGeneration) {
+  StartAgent();
+  Do(StartCommand(1, {0, 1}, 2));
+  Do(StartCommand(2, {0, 1}, 2));
+  EXPECT_EQ(launcher_.stops(), (std::vector<std::chrono::milliseconds>{0ms}));
+  EXPECT_EQ(launcher_.groups(), 2);
+
+  const std::vector<proto::AgentEvent> events = Events();
+  std::vector<proto::AgentEvent> exits = transport_.EventsWhere(Is(Case::kWorkerExited));
+  ASSERT_EQ(exits.size(), 2u);
+  for (const proto::AgentEvent& e : exits) {
+    EXPECT_EQ(e.generation(), 1);  // never reported as the new generation's
+    EXPECT_EQ(e.worker_exited().signal(), SIGKILL);
+  }
+  std::vector<proto::AgentEvent> started = transport_.EventsWhere(Is(Case::kWorkerStarted));
+  ASSERT_EQ(started.size(), 4u);
+  EXPECT_EQ(started[2].generation(), 2);
+  EXPECT_EQ(started[3].generation(), 2);
+  // The old generation's exits come before the new one starts.
+  size_t last_exit = 0, first_gen2_start = events.size();
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (events[i].has_worker_exited()) last_exit = i;
+    if (events[i].has_worker_started() && events[i].generation() == 2) {
+      first_gen2_start = std::min(first_gen2_start, i);
+    }
+  }
+  EXPECT_LT(last_exit, first_gen2_start);
+
+  ASSERT_TRUE(launcher_.Exit(1, ExitStatus{true, 3, 0}));
+  std::optional<proto::AgentEvent> exit = transport_.WaitForEvent(
+      [](const auto& e) { return e.has_worker_exited() && e.worker_exited().exit_code() == 3; });
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->generation(), 2);
+}
+
+// Today's behaviour, recorded: the agent does not compare a command's
+// generation with its own. A stop that names an older generation stops the
+// current workers, and its "stopped" event carries the older number (which
+// the controller drops as stale).
+TEST_F(AgentShellTest, AStopNamingAnOlderGenerationStillStopsTheCurrentWorkers) {
+  StartAgent();
+  Do(StartCommand(1, {0}, 1));
+  Do(StartCommand(2, {0}, 1));
+  Do(StopCommand(1, 1.0));
+  EXPECT_EQ(launcher_.stops(), (std::vector<std::chrono::milliseconds>{0ms, 1000ms}));
+  const std::vector<proto::AgentEvent> exits = transport_.EventsWhere(Is(Case::kWorkerExited));
+  ASSERT_EQ(exits.size(), 2u);
+  EXPECT_EQ(exits[1].generation(), 2);
+  EXPECT_EQ(exits[1].worker_exited().signal(), SIGTERM);
+  const std::vector<proto::AgentEvent> stopped = transport_.EventsWhere(Is(Case::kStopped));
+  ASSERT_EQ(stopped.size(), 1u);
+  EXPECT_EQ(stopped[0].generation(), 1);
+  EXPECT_EQ(stopped[0].stopped().workers(), 1);
+}
+
+TEST_F(AgentShellTest, ACommandWithoutTheJobTokenIsIgnored) {
+  StartAgent();
+  proto::AgentCommand forged = StartCommand(1, {0}, 1);
+  forged.set_token("not-the-job-token");
+  Do(forged);
+  proto::AgentCommand forged_shutdown = ShutdownCommand();
+  forged_shutdown.set_token("");
+  Do(forged_shutdown);
+  EXPECT_TRUE(launcher_.launches().empty());
+  EXPECT_EQ(launcher_.groups(), 0);
+  Do(StartCommand(1, {0}, 1));
+  EXPECT_EQ(launcher_.launches().size(), 1u);
+  transport_.Push(ShutdownCommand());
+  EXPECT_TRUE(AwaitRun().ok());
+}
+
+TEST_F(AgentShellTest, AShutdownEndsRunWithOkAndStopsTheWorkersWithAGrace) {
+  StartAgent();
+  Do(StartCommand(1, {0, 1}, 2));
+  transport_.Push(ShutdownCommand());
+  const Status st = AwaitRun();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(launcher_.stops(), (std::vector<std::chrono::milliseconds>{2000ms}));
+  EXPECT_EQ(transport_.EventsWhere(Is(Case::kWorkerExited)).size(), 2u);
+  EXPECT_TRUE(transport_.writes_closed());
+  EXPECT_TRUE(transport_.finished());
+  // The node's shared memory went with it.
+  EXPECT_TRUE(fs::is_empty(root_ / "shm"));
+}
+
+TEST_F(AgentShellTest, ABrokenStreamEndsRunUnavailableAndKillsTheWorkers) {
+  StartAgent();
+  Do(StartCommand(1, {0, 1}, 2));
+  transport_.Break();
+  const Status st = AwaitRun();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("lost the controller at controller.test:7000"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("connection reset"), std::string::npos) << st.message();
+  EXPECT_EQ(launcher_.stops(), (std::vector<std::chrono::milliseconds>{0ms}));
+  EXPECT_TRUE(fs::is_empty(root_ / "shm"));
+}
+
+TEST_F(AgentShellTest, AStreamTheControllerClosesEndsRunUnavailable) {
+  StartAgent();
+  transport_.Close();
+  const Status st = AwaitRun();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_NE(st.message().find("stream closed"), std::string::npos) << st.message();
+}
+
+TEST_F(AgentShellTest, ARefusedTokenEndsRunWithInvalidArgument) {
+  StartAgent();
+  transport_.Close(InvalidArgument("wrong job token"));
+  const Status st = AwaitRun();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("the controller refused this agent: wrong job token"),
+            std::string::npos)
+      << st.message();
+}
+
+TEST_F(AgentShellTest, AnUnreachableControllerEndsRunUnavailableAndCleansUp) {
+  transport_.FailAttach(Unavailable("cannot reach the controller at controller.test:7000"));
+  StartAgent();
+  const Status st = AwaitRun();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(st.message(), "cannot reach the controller at controller.test:7000");
+  EXPECT_TRUE(transport_.events().empty());
+  EXPECT_TRUE(fs::is_empty(root_ / "shm"));
+  EXPECT_FALSE(fs::exists(root_ / "work" / "node0.sock"));
+}
+
+TEST_F(AgentShellTest, ASignalStopsTheWorkersWithTheLastGraceAndPersistsTheNewestCompleteStep) {
+  StartAgent();
+  proto::AgentCommand start = StartCommand(1, {0, 1}, 2);
+  start.mutable_start()->mutable_checkpoint()->set_enabled(true);
+  start.mutable_start()->mutable_checkpoint()->set_dir((root_ / "durable").string());
+  Do(start);
+  Do(StopCommand(1, 4.0));  // the grace from now on
+  start.set_generation(2);
+  Do(start);
+  // Step 6 is on rank 0 only: step 5 is the newest the whole node holds.
+  WriteSnapshot(T0Dir(), 0, 0, 5, 2, "rank 0 step 5");
+  WriteSnapshot(T0Dir(), 0, 1, 6, 2, "rank 0 step 6");
+  WriteSnapshot(T0Dir(), 1, 0, 5, 2, "rank 1 step 5");
+
+  agent_->ShutDownOnSignal(SIGTERM);
+  const Status st = AwaitRun();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  ASSERT_FALSE(launcher_.stops().empty());
+  EXPECT_EQ(launcher_.stops().back(), 4000ms);
+  EXPECT_TRUE(transport_.cancelled());
+  std::vector<proto::AgentEvent> persisted = transport_.EventsWhere(Is(Case::kPersisted));
+  ASSERT_EQ(persisted.size(), 2u);
+  std::set<int> shards;
+  for (const proto::AgentEvent& e : persisted) {
+    EXPECT_EQ(e.persisted().step(), 5);
+    EXPECT_EQ(e.persisted().error(), "");
+    shards.insert(e.persisted().shard());
+  }
+  EXPECT_EQ(shards, (std::set<int>{0, 1}));
+  // The workers' exits went up before the stream was cut.
+  EXPECT_EQ(
+      transport_
+          .EventsWhere([](const auto& e) { return e.has_worker_exited() && e.generation() == 2; })
+          .size(),
+      2u);
+}
+
+TEST_F(AgentShellTest, ASignalBeforeAnyStopUsesTheDefaultGrace) {
+  StartAgent();
+  Do(StartCommand(1, {0}, 1));
+  agent_->ShutDownOnSignal(SIGINT);
+  EXPECT_TRUE(AwaitRun().ok());
+  EXPECT_EQ(launcher_.stops(), (std::vector<std::chrono::milliseconds>{2000ms}));
+  EXPECT_TRUE(transport_.EventsWhere(Is(Case::kPersisted)).empty());  // no durable directory
+}
+
+TEST_F(AgentShellTest, InjectedDiskFaultsFailPersisting) {
+  for (const auto& [kind, error] : std::vector<std::pair<std::string, std::string>>{
+           {"disk-full", "No space left on device"}, {"disk-error", "Input/output error"}}) {
+    SCOPED_TRACE(kind);
+    FakeTransport transport;
+    FakeProcessLauncher launcher(&clock_);
+    AgentSeams seams;
+    seams.clock = &clock_;
+    seams.transport = &transport;
+    seams.launcher = &launcher;
+    seams.shm_parent = (root_ / "shm").string();
+    Agent agent(options_, Rules(), std::move(seams));
+    std::future<Status> result = std::async(std::launch::async, [&] { return agent.Run(); });
+    proto::AgentCommand start = StartCommand(1, {0}, 1);
+    start.mutable_start()->mutable_checkpoint()->set_enabled(true);
+    start.mutable_start()->mutable_checkpoint()->set_dir((root_ / ("durable-" + kind)).string());
+    transport.Push(start);
+    transport.Push(InjectCommand(1, kind, 0));
+    ASSERT_TRUE(transport.WaitUntilIdle());
+    const std::string t0 = EnvOf(launcher.launches().at(0).spec)["ENDURE_T0_DIR"];
+    WriteSnapshot(t0, 0, 0, 3, 1, "the final state");
+    ASSERT_TRUE(launcher.Exit(0, ExitStatus{true, 0, 0}));
+    std::optional<proto::AgentEvent> p = transport.WaitForEvent(Is(Case::kPersisted));
+    ASSERT_TRUE(p.has_value());
+    EXPECT_EQ(p->persisted().step(), 3);
+    EXPECT_NE(p->persisted().error().find(error), std::string::npos) << p->persisted().error();
+    transport.Push(ShutdownCommand());
+    ASSERT_EQ(result.wait_for(10s), std::future_status::ready);
+    EXPECT_TRUE(result.get().ok());
+  }
+}
+
+TEST_F(AgentShellTest, InjectedHangStopsTheWorkerAndOtherWorkerFaultsKillIt) {
+  StartAgent();
+  Do(StartCommand(1, {0, 1}, 2));
+  Do(InjectCommand(1, "hang", 1));
+  Do(InjectCommand(1, "kill", 0));
+  EXPECT_EQ(launcher_.signals(), (std::vector<std::pair<int, int>>{{1, SIGSTOP}, {0, SIGKILL}}));
+  // The injection itself sends nothing up.
+  EXPECT_TRUE(transport_.EventsWhere(Is(Case::kFaultFired)).empty());
+}
+
+TEST_F(AgentShellTest, InjectedKillAgentKillsTheWorkersAndTheNodesMemoryAtOnce) {
+  StartAgent();
+  proto::AgentCommand start = StartCommand(1, {0, 1}, 2);
+  start.mutable_start()->mutable_checkpoint()->set_enabled(true);
+  Do(start);
+  const fs::path shm = fs::path(T0Dir()).parent_path();
+  ASSERT_TRUE(fs::is_directory(shm));
+  const size_t before = Events().size();
+  Do(InjectCommand(1, "kill-agent", 0));
+  EXPECT_TRUE(launcher_.agent_killed());
+  EXPECT_EQ(launcher_.kill_alls(), 1);
+  EXPECT_TRUE(launcher_.stops().empty());  // no grace: the node dies
+  EXPECT_FALSE(fs::exists(shm));
+  EXPECT_EQ(Events().size(), before);  // and says nothing
+}
+
+TEST_F(AgentShellTest, InjectedCorruptionShowsInTheNextStopsInventory) {
+  StartAgent();
+  proto::AgentCommand start = StartCommand(1, {0}, 1);
+  start.mutable_start()->mutable_checkpoint()->set_enabled(true);
+  Do(start);
+  WriteSnapshot(T0Dir(), 0, 0, 4, 1, "rank 0 at step 4");
+  Do(StopCommand(1, 0));
+  Do(InjectCommand(1, "corrupt-t0", 0));
+  Do(StopCommand(1, 0));
+  const std::vector<proto::AgentEvent> stopped = transport_.EventsWhere(Is(Case::kStopped));
+  ASSERT_EQ(stopped.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(stopped[i].stopped().inventory_size(), 1);
+    const proto::ShardCopy& copy = stopped[i].stopped().inventory(0);
+    EXPECT_EQ(copy.step(), 4);
+    EXPECT_EQ(copy.shard(), 0);
+    EXPECT_EQ(copy.tier(), "T0");
+    EXPECT_GT(stopped[i].stopped().t0_bytes(), 0u);
+    if (i == 0) {
+      EXPECT_EQ(copy.refused(), "");
+    } else {
+      EXPECT_NE(copy.refused(), "");  // applied at the stop after the injection
+    }
+  }
+}
+
+TEST_F(AgentShellTest, StacksGoUpPerRankWithTheTimeTheCaptureTook) {
+  StartAgent();
+  Do(Command(1));  // no command at all: ignored
+  proto::AgentCommand dump = Command(1);
+  dump.mutable_dump_stacks()->set_timeout_s(5);
+  Do(dump);  // no workers: nothing to capture
+  EXPECT_TRUE(launcher_.stack_requests().empty());
+  Do(StartCommand(1, {0, 1}, 2));
+  launcher_.SetStacks({{0, "Thread 1 (main):\n#0 nccl_wait"}}, 250ms);
+  Do(dump);
+  const std::vector<proto::AgentEvent> dumps = transport_.EventsWhere(Is(Case::kStackDump));
+  ASSERT_EQ(dumps.size(), 2u);
+  EXPECT_EQ(dumps[0].stack_dump().rank(), 0);
+  EXPECT_EQ(dumps[0].stack_dump().text(), "Thread 1 (main):\n#0 nccl_wait");
+  EXPECT_EQ(dumps[1].stack_dump().rank(), 1);
+  EXPECT_EQ(dumps[1].stack_dump().text(), "stacks of rank 1");
+  for (const proto::AgentEvent& d : dumps) {
+    EXPECT_EQ(d.generation(), 1);
+    EXPECT_DOUBLE_EQ(d.stack_dump().capture_s(), 0.25);
+  }
+  // No rank announced a stack signal: gdb for every one.
+  ASSERT_EQ(launcher_.stack_requests().size(), 1u);
+  EXPECT_TRUE(launcher_.stack_requests()[0].empty());
+}
+
+TEST_F(AgentShellTest, OutputLinesBecomeProgressWithAProgressPattern) {
+  StartAgent();
+  Do(StartCommand(1, {0}, 1));
+  EXPECT_FALSE(launcher_.Print(0, "step 1 loss 2.5"));  // no pattern: the output is not read
+  proto::AgentCommand start = StartCommand(2, {0}, 1);
+  start.mutable_start()->set_progress_pattern(R"(step (?P<step>\d+) loss (?P<loss>[0-9.]+))");
+  Do(start);
+  clock_.Advance(3s);
+  ASSERT_TRUE(launcher_.Print(0, "step 1 loss 2.5"));
+  ASSERT_TRUE(launcher_.Print(0, "loading data"));
+  ASSERT_TRUE(launcher_.Print(0, "step 2 loss 2.25"));
+  const std::vector<proto::AgentEvent> ready = transport_.EventsWhere(Is(Case::kWorkerReady));
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].generation(), 2);
+  EXPECT_EQ(ready[0].worker_ready().rank(), 0);
+  EXPECT_DOUBLE_EQ(ready[0].worker_ready().init_s(), 3.0);  // since the start, on the agent's clock
+  const std::vector<proto::AgentEvent> steps = transport_.EventsWhere(Is(Case::kStep));
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0].step().step(), 1);
+  EXPECT_DOUBLE_EQ(steps[0].step().loss(), 2.5);
+  EXPECT_FALSE(steps[0].step().skipped());
+  EXPECT_EQ(steps[1].step().step(), 2);
+  EXPECT_DOUBLE_EQ(steps[1].step().loss(), 2.25);
+  EXPECT_EQ(steps[1].generation(), 2);
+}
+
+TEST_F(AgentShellTest, StandbysStartAfterTheFirstStepAndServeTheNextGeneration) {
+  options_.standby = true;
+  StartAgent();
+  proto::AgentCommand start = StartCommand(1, {0, 1}, 2);
+  start.mutable_start()->set_progress_pattern(R"(step (?P<step>\d+))");
+  Do(start);
+  EXPECT_TRUE(launcher_.standbys_started().empty());  // not while the generation starts
+  ASSERT_TRUE(launcher_.Print(0, "step 1"));
+  std::vector<FakeProcessLauncher::StandbyStart> standbys = launcher_.standbys_started();
+  ASSERT_EQ(standbys.size(), 2u);
+  for (const auto& s : standbys) {
+    EXPECT_EQ(s.argv, (std::vector<std::string>{"/opt/endure/train", "--lr=0.1"}));
+    EXPECT_NE(std::find(s.unset_env.begin(), s.unset_env.end(), "ENDURE_TOKEN"), s.unset_env.end());
+  }
+  ASSERT_TRUE(launcher_.Print(0, "step 2"));
+  EXPECT_EQ(launcher_.standbys_started().size(), 2u);  // once per generation
+
+  start.set_generation(2);
+  Do(start);
+  std::vector<FakeProcessLauncher::Launch> launches = launcher_.launches();
+  ASSERT_EQ(launches.size(), 4u);
+  std::set<std::string> adopted = {launches[2].standby_tag, launches[3].standby_tag};
+  EXPECT_EQ(adopted, (std::set<std::string>{"standby-0", "standby-1"}));
+
+  // A changed program: the standbys of the old one are discarded.
+  ASSERT_TRUE(launcher_.Print(0, "step 1"));
+  ASSERT_EQ(launcher_.standbys_started().size(), 4u);
+  start.set_generation(3);
+  start.mutable_start()->set_command(0, "/opt/endure/train-v2");
+  Do(start);
+  const std::vector<std::string> discarded = launcher_.standbys_discarded();
+  EXPECT_EQ(std::set<std::string>(discarded.begin(), discarded.end()),
+            (std::set<std::string>{"standby-2", "standby-3"}));
+  launches = launcher_.launches();
+  ASSERT_EQ(launches.size(), 6u);
+  EXPECT_EQ(launches[4].standby_tag, "");
+  EXPECT_EQ(launches[5].standby_tag, "");
+}
+
+TEST_F(AgentShellTest, AHeartbeatGoesUpEverySecondOfTheAgentsClock) {
+  StartAgent();
+  ASSERT_EQ(transport_.WaitForEvents(Is(Case::kHeartbeat), 1).size(), 1u);
+  Do(StartCommand(7, {0}, 1));
+  EXPECT_EQ(transport_.EventsWhere(Is(Case::kHeartbeat)).size(), 1u);  // the clock stood still
+  clock_.Advance(1s);
+  const std::vector<proto::AgentEvent> beats = transport_.WaitForEvents(Is(Case::kHeartbeat), 2);
+  ASSERT_EQ(beats.size(), 2u);
+  EXPECT_EQ(beats[0].generation(), -1);
+  EXPECT_EQ(beats[1].generation(), 7);
+  EXPECT_DOUBLE_EQ(beats[1].time_s(), clock_.WallSeconds());
+}
+
+}  // namespace
+}  // namespace endure::agent

@@ -1,0 +1,142 @@
+// The in-memory controller stream of agent/fake_transport.h.
+#include "agent/fake_transport.h"
+
+namespace endure::agent {
+
+void FakeTransport::FailAttach(Status status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  attach_ = std::move(status);
+}
+
+void FakeTransport::Push(proto::AgentCommand command) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(command));
+  }
+  cv_.notify_all();
+}
+
+void FakeTransport::Close(Status end) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    close_status_ = std::move(end);
+  }
+  cv_.notify_all();
+}
+
+void FakeTransport::Break() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_ = true;
+    queue_.clear();
+  }
+  cv_.notify_all();
+}
+
+std::vector<proto::AgentEvent> FakeTransport::events() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_;
+}
+
+std::vector<proto::AgentEvent> FakeTransport::EventsWhere(const EventMatch& match) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<proto::AgentEvent> out;
+  for (const proto::AgentEvent& e : events_) {
+    if (match(e)) out.push_back(e);
+  }
+  return out;
+}
+
+std::vector<proto::AgentEvent> FakeTransport::WaitForEvents(
+    const EventMatch& match, size_t count, std::chrono::milliseconds timeout) const {
+  std::vector<proto::AgentEvent> out;
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] {
+    out.clear();
+    for (const proto::AgentEvent& e : events_) {
+      if (match(e)) out.push_back(e);
+    }
+    return out.size() >= count;
+  });
+  return out;
+}
+
+std::optional<proto::AgentEvent> FakeTransport::WaitForEvent(
+    const EventMatch& match, std::chrono::milliseconds timeout) const {
+  std::vector<proto::AgentEvent> found = WaitForEvents(match, 1, timeout);
+  if (found.empty()) return std::nullopt;
+  return found.front();
+}
+
+bool FakeTransport::WaitUntilIdle(std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return (queue_.empty() && reading_) || EndedLocked(); });
+}
+
+bool FakeTransport::cancelled() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cancelled_;
+}
+
+bool FakeTransport::writes_closed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return writes_closed_;
+}
+
+bool FakeTransport::finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return finished_;
+}
+
+Status FakeTransport::Attach(const std::function<bool()>& give_up) {
+  (void)give_up;
+  std::lock_guard<std::mutex> lock(mu_);
+  return attach_;
+}
+
+bool FakeTransport::Send(const proto::AgentEvent& event) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_ || cancelled_ || writes_closed_) return false;
+    events_.push_back(event);
+  }
+  cv_.notify_all();
+  return true;
+}
+
+bool FakeTransport::Read(proto::AgentCommand* command) {
+  std::unique_lock<std::mutex> lock(mu_);
+  reading_ = true;
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return broken_ || cancelled_ || !queue_.empty() || closed_; });
+  reading_ = false;
+  if (broken_ || cancelled_ || queue_.empty()) return false;
+  *command = std::move(queue_.front());
+  queue_.pop_front();
+  return true;
+}
+
+void FakeTransport::Cancel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+  }
+  cv_.notify_all();
+}
+
+void FakeTransport::CloseWrites() {
+  std::lock_guard<std::mutex> lock(mu_);
+  writes_closed_ = true;
+}
+
+Status FakeTransport::Finish() {
+  std::lock_guard<std::mutex> lock(mu_);
+  finished_ = true;
+  if (broken_) return Unavailable("connection reset by peer");
+  if (closed_) return close_status_;
+  if (cancelled_) return Unavailable("cancelled");
+  return Status::Ok();  // the agent stopped reading; the controller closes after it
+}
+
+}  // namespace endure::agent

@@ -1,0 +1,83 @@
+// FakeTransport: the controller's end of the agent's stream, in memory, for
+// tests. A test pushes commands, which Read() hands to the agent in order,
+// and reads back the events the agent sent; Close() ends the stream as a
+// controller would, Break() as a broken connection would. Every wait is
+// bounded. Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "agent/transport.h"
+
+namespace endure::agent {
+
+class FakeTransport : public Transport {
+ public:
+  using EventMatch = std::function<bool(const proto::AgentEvent&)>;
+  static constexpr std::chrono::milliseconds kWait{10000};
+
+  // --- The test's side.
+
+  // What Attach() returns from now on (OK until set).
+  void FailAttach(Status status);
+  // A command for the agent; Read() hands them over in order.
+  void Push(proto::AgentCommand command);
+  // The controller ends the stream: once the commands pushed before are
+  // read, Read() returns false, and Finish() returns `end`.
+  void Close(Status end = Status::Ok());
+  // The connection breaks now: Read() returns false (commands not yet read
+  // are lost), Send() fails, Finish() returns kUnavailable.
+  void Break();
+
+  // Every event sent, in order.
+  std::vector<proto::AgentEvent> events() const;
+  // The events `match` selects, in order.
+  std::vector<proto::AgentEvent> EventsWhere(const EventMatch& match) const;
+  // Waits until `count` events that `match` selects have been sent, at most
+  // `timeout`; returns them (fewer on timeout).
+  std::vector<proto::AgentEvent> WaitForEvents(const EventMatch& match, size_t count,
+                                               std::chrono::milliseconds timeout = kWait) const;
+  // The first event `match` selects, waiting for it at most `timeout`.
+  std::optional<proto::AgentEvent> WaitForEvent(const EventMatch& match,
+                                                std::chrono::milliseconds timeout = kWait) const;
+  // Waits until the agent has read every command pushed and waits in Read()
+  // for the next, i.e. has carried them all out, or the stream has ended;
+  // false on timeout.
+  bool WaitUntilIdle(std::chrono::milliseconds timeout = kWait) const;
+
+  bool cancelled() const;
+  bool writes_closed() const;
+  bool finished() const;
+
+  // --- Transport, the agent's side.
+  Status Attach(const std::function<bool()>& give_up) override;
+  bool Send(const proto::AgentEvent& event) override;
+  bool Read(proto::AgentCommand* command) override;
+  void Cancel() override;
+  void CloseWrites() override;
+  Status Finish() override;
+
+ private:
+  bool EndedLocked() const { return closed_ || broken_ || cancelled_; }
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  Status attach_ = Status::Ok();           // GUARDED_BY(mu_)
+  std::deque<proto::AgentCommand> queue_;  // GUARDED_BY(mu_)
+  std::vector<proto::AgentEvent> events_;  // GUARDED_BY(mu_)
+  bool reading_ = false;                   // GUARDED_BY(mu_): Read() waits with nothing to hand
+  bool closed_ = false;                    // GUARDED_BY(mu_)
+  Status close_status_ = Status::Ok();     // GUARDED_BY(mu_)
+  bool broken_ = false;                    // GUARDED_BY(mu_)
+  bool cancelled_ = false;                 // GUARDED_BY(mu_)
+  bool writes_closed_ = false;             // GUARDED_BY(mu_)
+  bool finished_ = false;                  // GUARDED_BY(mu_)
+};
+
+}  // namespace endure::agent

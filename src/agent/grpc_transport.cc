@@ -1,0 +1,76 @@
+// The gRPC transport: Controller.Attach over one channel.
+#include "agent/grpc_transport.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+
+#include "proto/endure.grpc.pb.h"
+
+namespace endure::agent {
+namespace {
+
+// How long Attach() tries to reach the controller.
+constexpr auto kConnectFor = std::chrono::seconds(15);
+// How often it asks whether to give up meanwhile.
+constexpr auto kConnectPoll = std::chrono::milliseconds(250);
+
+// The one place the channel to the controller, and its credentials, are made.
+std::shared_ptr<grpc::Channel> MakeControllerChannel(const AgentOptions& options) {
+  return grpc::CreateChannel(options.controller, grpc::InsecureChannelCredentials());
+}
+
+class GrpcTransport : public Transport {
+ public:
+  explicit GrpcTransport(AgentOptions options) : o_(std::move(options)) {}
+
+  Status Attach(const std::function<bool()>& give_up) override {
+    channel_ = MakeControllerChannel(o_);
+    const auto connect_by = std::chrono::steady_clock::now() + kConnectFor;
+    bool connected = false;
+    while (!connected && !give_up() && std::chrono::steady_clock::now() < connect_by) {
+      connected = channel_->WaitForConnected(std::chrono::system_clock::now() + kConnectPoll);
+    }
+    if (!connected) return Unavailable("cannot reach the controller at " + o_.controller);
+    stub_ = proto::Controller::NewStub(channel_);
+    stream_ = stub_->Attach(&context_);
+    return Status::Ok();
+  }
+
+  bool Send(const proto::AgentEvent& event) override { return stream_ && stream_->Write(event); }
+
+  bool Read(proto::AgentCommand* command) override { return stream_ && stream_->Read(command); }
+
+  // A ClientContext cancelled before its call starts cancels the call when
+  // it starts, so this needs no lock against Attach().
+  void Cancel() override { context_.TryCancel(); }
+
+  void CloseWrites() override {
+    if (stream_) stream_->WritesDone();
+  }
+
+  Status Finish() override {
+    if (!stream_) return Unavailable("no stream");
+    const grpc::Status st = stream_->Finish();
+    if (st.ok()) return Status::Ok();
+    if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      return InvalidArgument(st.error_message());
+    }
+    return Unavailable(st.error_message());
+  }
+
+ private:
+  const AgentOptions o_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<proto::Controller::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<proto::AgentEvent, proto::AgentCommand>> stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> NewGrpcTransport(const AgentOptions& options) {
+  return std::make_unique<GrpcTransport>(options);
+}
+
+}  // namespace endure::agent

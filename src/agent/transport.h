@@ -1,0 +1,52 @@
+// Transport: the agent's connection to the controller, one stream with
+// AgentEvents going up and AgentCommands coming down (proto/endure.proto,
+// Controller.Attach). The real one is gRPC (agent/grpc_transport.h); tests
+// use FakeTransport (agent/fake_transport.h), which hands commands in order
+// and records what was sent.
+#pragma once
+
+#include <functional>
+
+#include "common/status.h"
+#include "proto/endure.pb.h"
+
+namespace endure::agent {
+
+// Thread safety: Cancel() may be called from any thread at any time, also
+// before Attach() and after Finish(). Send() is called by one thread at a
+// time (the agent serialises its writes), concurrently with Read(). The rest
+// is called by the thread that runs the agent, in this order: Attach, then
+// Read until it returns false (or the agent stops reading), CloseWrites,
+// Finish.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Reaches the controller and opens the stream. Gives up when `give_up()`
+  // turns true (asked at least every 250 ms while it waits) or the
+  // transport's own connect deadline passes: kUnavailable, naming the
+  // controller, when it could not connect.
+  [[nodiscard]] virtual Status Attach(const std::function<bool()>& give_up) = 0;
+
+  // Sends one event; false when the stream is broken (the event is lost).
+  virtual bool Send(const proto::AgentEvent& event) = 0;
+
+  // Blocks until the next command; false at the end of the stream (the
+  // controller closed it, it broke, or Cancel() was called).
+  virtual bool Read(proto::AgentCommand* command) = 0;
+
+  // Ends the stream: a blocked Read() or Send() returns, and later ones
+  // fail. Before Attach(), the stream ends as soon as it opens.
+  virtual void Cancel() = 0;
+
+  // The agent sends no more events.
+  virtual void CloseWrites() = 0;
+
+  // Waits for the end of the stream and says how it ended: OK when the
+  // controller closed it; kInvalidArgument when the controller refused this
+  // agent (a wrong job token), with the controller's message; kUnavailable
+  // otherwise (broken, cancelled), with the reason.
+  [[nodiscard]] virtual Status Finish() = 0;
+};
+
+}  // namespace endure::agent
