@@ -320,6 +320,34 @@ TEST_F(ControlPlaneTest, LostNodeRestoresFromItsPeersReplica) {
   EXPECT_EQ(r.report["checkpoint"]["restored_shards_by_tier"].value("T1", 0), 1) << r.output;
 }
 
+// The same with [job] tls = true: every gRPC stream and every replica goes
+// over mutual TLS with the job's CA, the replacement node gets its own
+// certificate, and the outcome is the same bits.
+TEST_F(ControlPlaneTest, OverMutualTlsALostNodeRestoresFromItsPeersReplica) {
+  const std::string reference = Reference(this);
+  const std::string path =
+      Spec("tls",
+           std::string("[[faults]]\n") + kIdleCpu + "kind = \"kill-agent\"\nrank = 1\nstep = 12\n",
+           "", "every_steps = 1\npersist_every_steps = 1000\n");
+  std::string spec = ReadAll(path);
+  spec.replace(spec.find("nodes = 2\n"), 10, "nodes = 2\ntls = true\n");
+  std::ofstream(path) << spec;
+  JobResult r = Run(path);
+  ASSERT_TRUE(r.exit.Success()) << r.exit.ToString() << "\n" << r.output;
+  EXPECT_EQ(r.report.value("param_fingerprint", ""), reference) << r.output;
+  const nlohmann::json& incidents = r.report["incidents"];
+  ASSERT_EQ(incidents.size(), 1u) << incidents.dump(2);
+  EXPECT_EQ(incidents[0].value("cause", ""), "node_lost") << incidents[0].dump(2);
+  EXPECT_NE(incidents[0].value("restore", "").find("T0 x1, T1 x1"), std::string::npos)
+      << incidents[0].dump(2);
+  EXPECT_EQ(r.report["checkpoint"]["restored_shards_by_tier"].value("T1", 0), 1) << r.output;
+  for (const char* file : {"ca.pem", "controller.pem", "node0.pem", "node1.pem", "node2.pem"}) {
+    EXPECT_TRUE(fs::exists(dir_ / "tls" / "tls" / file)) << file;
+  }
+  EXPECT_EQ(fs::status(dir_ / "tls" / "tls" / "node2.key").permissions() & fs::perms::others_read,
+            fs::perms::none);
+}
+
 TEST_F(ControlPlaneTest, BothMemoryCopiesLostRestoresFromDurableStorage) {
   // No peer replicas: the lost node's shard exists only in the durable
   // directory, persisted every 5 steps. The node dies in step 14, four

@@ -36,6 +36,7 @@
 #include "common/hash.h"
 #include "common/names.h"
 #include "common/secret.h"
+#include "common/tls.h"
 
 namespace endure::agent {
 namespace {
@@ -595,7 +596,10 @@ void Agent::Inject(const proto::InjectFault& inject) {
     std::fprintf(stderr, "endure agent %s: injected fault %s: the node dies now\n",
                  o_.node_id.c_str(), inject.fault_id().c_str());
     if (workers_) workers_->KillAll();
-    (void)seams_.env->RemoveAll(tiers_->shm_dir());  // its memory goes with it
+    // Its memory goes with it.
+    if (Status st = seams_.env->RemoveAll(tiers_->shm_dir()); !st.ok()) {
+      std::fprintf(stderr, "endure agent %s: %s\n", o_.node_id.c_str(), st.message().c_str());
+    }
     launcher_->KillAgent();
     return;  // only where the launcher is a test's
   }
@@ -714,6 +718,7 @@ Status Agent::Run() {
   tier_options.shm_dir = JoinPath(shm, "endure-" + std::to_string(::getpid()) + "-" + o_.node_id);
   tier_options.token = o_.token;
   tier_options.host = o_.host;
+  tier_options.tls = seams_.tls;
   ENDURE_ASSIGN_OR_RETURN(
       tiers_, TierStore::Start(tier_options, [this](const PersistReport& r) { OnPersisted(r); }));
   datagram_context_.t0_dir = tiers_->t0_dir();
@@ -841,6 +846,18 @@ Status AgentOptions::Validate() const {
     return InvalidArgument("no job token: set ENDURE_TOKEN or pass --token-file");
   }
   if (work_dir.empty()) return InvalidArgument("--work-dir: required");
+  if (tls_dir.empty()) {
+    for (const auto& [flag, host] :
+         {std::pair<const char*, std::string>{"--controller", HostOfAddress(controller)},
+          {"--host", host}}) {
+      if (!IsLoopbackHost(host)) {
+        return InvalidArgument(std::string(flag) + " " + host +
+                               " is beyond loopback: the agent's connections there need mutual "
+                               "TLS; pass --tls-dir DIR with certificates from `endure certs "
+                               "--dir DIR --nodes ...` (docs/security.md)");
+      }
+    }
+  }
   return Status::Ok();
 }
 
@@ -867,9 +884,20 @@ Status RunAgent(const AgentOptions& options) {
   if (!rules_text.ok()) return InvalidArgument("--log-rules: " + rules_text.status().message());
   ENDURE_ASSIGN_OR_RETURN(core::LogClassifier classifier,
                           core::LogClassifier::FromToml(*rules_text, options.log_rules));
-  const std::unique_ptr<Transport> transport = NewGrpcTransport(options);
+  std::optional<tls::Identity> identity;
+  std::shared_ptr<const tls::Context> tls;
+  if (!options.tls_dir.empty()) {
+    Result<tls::Identity> loaded = tls::LoadIdentity(options.tls_dir, options.node_id);
+    if (!loaded.ok()) return InvalidArgument("--tls-dir: " + loaded.status().message());
+    identity = std::move(loaded).value();
+    Result<std::shared_ptr<const tls::Context>> context = tls::Context::Make(*identity);
+    if (!context.ok()) return InvalidArgument("--tls-dir: " + context.status().message());
+    tls = std::move(context).value();
+  }
+  const std::unique_ptr<Transport> transport = NewGrpcTransport(options, identity);
   const std::unique_ptr<ProcessLauncher> launcher = NewRealProcessLauncher();
   AgentSeams seams;
+  seams.tls = tls;
   seams.transport = transport.get();
   seams.launcher = launcher.get();
   seams.signal_fd = g_signal_fd;

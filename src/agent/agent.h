@@ -26,6 +26,11 @@ struct AgentOptions {
   // (the program must call endure::AwaitStandbyAssignment, as endure-train
   // does); a restart then skips loading the program.
   bool standby = false;
+  // Mutual TLS on every connection of this agent (gRPC to the controller,
+  // the replica link both ways): DIR/ca.pem, NODE.pem and NODE.key from
+  // `endure certs` (docs/security.md). Required when the controller or this
+  // node's host is beyond loopback; empty: plain TCP.
+  std::string tls_dir;
 
   Status Validate() const;
 };

@@ -58,6 +58,8 @@ struct AgentSeams {
   // (ShutDownOnSignal can still be called).
   int signal_fd = -1;
   const std::atomic<int>* signal = nullptr;
+  // Mutual TLS on the replica link (this node's identity); null: plain TCP.
+  std::shared_ptr<const tls::Context> tls;
 };
 
 // One agent, run once. Thread-safe as described above.

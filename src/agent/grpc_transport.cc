@@ -16,16 +16,27 @@ constexpr auto kConnectFor = std::chrono::seconds(15);
 constexpr auto kConnectPoll = std::chrono::milliseconds(250);
 
 // The one place the channel to the controller, and its credentials, are made.
-std::shared_ptr<grpc::Channel> MakeControllerChannel(const AgentOptions& options) {
-  return grpc::CreateChannel(options.controller, grpc::InsecureChannelCredentials());
+std::shared_ptr<grpc::Channel> MakeControllerChannel(const AgentOptions& options,
+                                                     const std::optional<tls::Identity>& identity) {
+  if (!identity) return grpc::CreateChannel(options.controller, grpc::InsecureChannelCredentials());
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = identity->ca_pem;
+  ssl.pem_private_key = identity->key_pem;
+  ssl.pem_cert_chain = identity->cert_pem;
+  grpc::ChannelArguments args;
+  // The controller is whoever holds the job CA's "controller" certificate,
+  // wherever it runs: its name is checked, not the address's.
+  args.SetSslTargetNameOverride(tls::kControllerName);
+  return grpc::CreateCustomChannel(options.controller, grpc::SslCredentials(ssl), args);
 }
 
 class GrpcTransport : public Transport {
  public:
-  explicit GrpcTransport(AgentOptions options) : o_(std::move(options)) {}
+  GrpcTransport(AgentOptions options, std::optional<tls::Identity> identity)
+      : o_(std::move(options)), identity_(std::move(identity)) {}
 
   Status Attach(const std::function<bool()>& give_up) override {
-    channel_ = MakeControllerChannel(o_);
+    channel_ = MakeControllerChannel(o_, identity_);
     const auto connect_by = std::chrono::steady_clock::now() + kConnectFor;
     bool connected = false;
     while (!connected && !give_up() && std::chrono::steady_clock::now() < connect_by) {
@@ -61,6 +72,7 @@ class GrpcTransport : public Transport {
 
  private:
   const AgentOptions o_;
+  const std::optional<tls::Identity> identity_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::Controller::Stub> stub_;
   grpc::ClientContext context_;
@@ -69,8 +81,9 @@ class GrpcTransport : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> NewGrpcTransport(const AgentOptions& options) {
-  return std::make_unique<GrpcTransport>(options);
+std::unique_ptr<Transport> NewGrpcTransport(const AgentOptions& options,
+                                            std::optional<tls::Identity> identity) {
+  return std::make_unique<GrpcTransport>(options, std::move(identity));
 }
 
 }  // namespace endure::agent

@@ -38,6 +38,15 @@ bool Holds(const checkpoint::SnapshotInfo& info) {
   return info.state == SlotState::kReady || info.state == SlotState::kPinned;
 }
 
+// File operations on checkpoint memory that nothing waits for (removals,
+// mostly): a failure leaves bytes behind, which the operator hears of; the
+// store goes on.
+void WarnOnError(const std::string& node, const Status& st) {
+  if (!st.ok()) {
+    std::fprintf(stderr, "endure agent %s: %s\n", node.c_str(), st.message().c_str());
+  }
+}
+
 uint64_t FileSize(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
@@ -139,7 +148,8 @@ Result<std::unique_ptr<TierStore>> TierStore::Start(TierStoreOptions options,
                               s->o_.host, 0, s->o_.token, ReplicaLimit(TierConfig{}),
                               [self](const checkpoint::ReplicaHeader& h, std::string payload) {
                                 self->KeepReplica(h, std::move(payload));
-                              }));
+                              },
+                              s->o_.tls));
   s->copier_ = std::thread(&TierStore::CopyLoop, self);
   s->sender_ = std::thread(&TierStore::SendLoop, self);
   return s;
@@ -156,7 +166,7 @@ TierStore::~TierStore() {
   if (sender_.joinable()) sender_.join();
   server_.reset();
   if (cancel_fd_ >= 0) ::close(cancel_fd_);
-  (void)Env::Default()->RemoveAll(o_.shm_dir);
+  WarnOnError(o_.node, Env::Default()->RemoveAll(o_.shm_dir));
 }
 
 void TierStore::CancelReplication() {
@@ -205,7 +215,8 @@ void TierStore::Configure(const TierConfig& config, int64_t discard_after) {
   std::lock_guard<std::mutex> t1(t1_mu_);
   for (const std::string& path : SnapshotPaths(JoinPath(o_.shm_dir, "t1"))) {
     Result<std::unique_ptr<SnapshotFile>> f = SnapshotFile::Open(path);
-    if (!f.ok() || (*f)->info().step > discard_after) (void)Env::Default()->RemoveFile(path);
+    if (!f.ok() || (*f)->info().step > discard_after)
+      WarnOnError(o_.node, Env::Default()->RemoveFile(path));
   }
 }
 
@@ -324,7 +335,7 @@ void TierStore::Send(const Job& job) {
   if (!config.replica_peer.empty() && !cancelled) {
     checkpoint::ReplicaHeader h{o_.node, info.shard, info.shards, info.step, info.bytes, info.xxh3};
     Status st = checkpoint::SendReplica(config.replica_peer, o_.token, h, job.bytes,
-                                        kReplicaTimeout, cancel_fd_);
+                                        kReplicaTimeout, cancel_fd_, o_.tls);
     if (!st.ok()) {
       std::fprintf(stderr, "endure agent %s: replica of step %lld shard %d to %s failed: %s\n",
                    o_.node.c_str(), static_cast<long long>(info.step), info.shard,
@@ -476,12 +487,12 @@ void TierStore::KeepReplica(const checkpoint::ReplicaHeader& h, std::string payl
     uint64_t held = used.t0_bytes + used.t1_bytes - FileSize(slots[target]);
     const uint64_t need = payload.size() + 64;
     if (held + need > budget) {
-      (void)Env::Default()->RemoveFile(slots[1 - target]);
+      WarnOnError(o_.node, Env::Default()->RemoveFile(slots[1 - target]));
       const MemoryUsage now = Usage();
       held = now.t0_bytes + now.t1_bytes - FileSize(slots[target]);
     }
     if (held + need > budget) {
-      (void)Env::Default()->RemoveFile(slots[target]);
+      WarnOnError(o_.node, Env::Default()->RemoveFile(slots[target]));
       std::fprintf(stderr,
                    "endure agent %s: replica of step %lld shard %d from %s dropped: %llu bytes "
                    "would exceed the memory budget of %llu\n",
@@ -538,7 +549,9 @@ MemoryUsage TierStore::Usage() const {
 void TierStore::FailPersistence(InjectedError error) {
   std::lock_guard<std::mutex> lock(mu_);
   if (config_.durable_dir.empty()) return;
-  (void)Env::Default()->CreateDirs(config_.durable_dir);
+  // The injected fault applies under the directory whether or not it exists
+  // yet; the persist that follows reports any real error.
+  WarnOnError(o_.node, Env::Default()->CreateDirs(config_.durable_dir));
   faulty_ = std::make_unique<FaultInjectionEnv>(Env::Default(), config_.durable_dir,
                                                 /*real_syncs=*/true);
   faulty_->FailWritesUnder(config_.durable_dir, error);

@@ -39,6 +39,7 @@
 #include "checkpoint/snapshot_file.h"
 #include "common/fault_injection_env.h"
 #include "common/status.h"
+#include "common/tls.h"
 
 namespace endure::agent {
 
@@ -47,6 +48,9 @@ struct TierStoreOptions {
   std::string shm_dir;  // where T0 and T1 live (a tmpfs); created, and removed at the end
   std::string token;    // the job token, required on replicas
   std::string host = "127.0.0.1";  // the replica server listens here, on a free port
+  // Mutual TLS on the replica link, both ways (this node's identity); null:
+  // plain TCP.
+  std::shared_ptr<const tls::Context> tls;
 };
 
 // What a generation asks of the store.

@@ -688,7 +688,8 @@ void ReplicaServer::HandleConnection(int fd, const std::string& peer) {
   // also finds it counted.
   if (!stopping_) RecordError("replica from " + peer + ": " + st.message());
   // Best effort: a sender that broke the connection will not read it.
-  if (refusal != Refusal::kNone) (void)s.WriteAll(ErrLine(st), "the refusal");
+  // (The refusal is recorded above, so its own failure adds nothing.)
+  if (refusal != Refusal::kNone && !s.WriteAll(ErrLine(st), "the refusal").ok()) return;
   // These senders have bytes in flight that were never read: the header
   // without TLS, the client's last handshake flight and maybe its header.
   if (refusal != Refusal::kReply && !stopping_) s.Linger();

@@ -177,8 +177,10 @@ Status WriteFileAtomically(Env* env, const std::string& path, std::string_view d
     return env->SyncDir(DirName(path));
   };
   Status st = write();
-  if (!st.ok()) (void)env->RemoveFile(tmp);
-  return st;
+  if (st.ok()) return st;
+  // The temporary file would only be in the way; if it stays, say so.
+  const Status removed = env->RemoveFile(tmp);
+  return removed.ok() ? st : st.WithContext("(and " + tmp + " stays: " + removed.message() + ")");
 }
 
 }  // namespace endure

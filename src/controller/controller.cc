@@ -10,12 +10,15 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "common/clock.h"
 #include "common/env.h"
+#include "common/names.h"
 #include "common/secret.h"
 #include "common/subprocess.h"
+#include "common/tls.h"
 #include "controller/controller_shell.h"
 #include "controller/grpc_transport.h"
 
@@ -23,12 +26,6 @@ namespace endure::controller {
 namespace {
 
 constexpr int kMaxMessageBytes = 4 << 20;  // one AgentEvent (gRPC's receive limit)
-
-// Whether `host` (of a bind address) only accepts connections from this
-// machine: 127.0.0.0/8, ::1 or localhost.
-bool IsLoopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
-}
 
 // /metrics (Prometheus), /api/status (JSON) and / (a dashboard), served from
 // what the shell last published. Stop (or the destructor) before the shell
@@ -65,7 +62,7 @@ Result<std::string> StatusHttpServer::Start(const std::string& listen, const std
   }
   // Beyond loopback anyone on the network can ask: every request must carry
   // the job token, as "Authorization: Bearer TOKEN" or "?token=TOKEN".
-  const bool open = IsLoopback(host);
+  const bool open = IsLoopbackHost(HostOfAddress(listen));
   http_.set_pre_routing_handler([open, token](const httplib::Request& req, httplib::Response& res) {
     if (open) return httplib::Server::HandlerResponse::Unhandled;
     std::string presented;
@@ -168,6 +165,17 @@ Result<int> RunController(const ControllerOptions& options) {
   if (options.token.empty()) {
     return InvalidArgument("no job token: set ENDURE_TOKEN or --token-file");
   }
+  std::optional<tls::Identity> identity;
+  if (!options.tls_dir.empty()) {
+    Result<tls::Identity> loaded = tls::LoadIdentity(options.tls_dir, tls::kControllerName);
+    if (!loaded.ok()) return InvalidArgument("--tls-dir: " + loaded.status().message());
+    identity = std::move(loaded).value();
+  } else if (!IsLoopbackHost(HostOfAddress(options.listen))) {
+    return InvalidArgument("--listen " + options.listen +
+                           " is beyond loopback: agents there need mutual TLS; pass --tls-dir "
+                           "DIR with certificates from `endure certs --dir DIR --nodes ...` "
+                           "(docs/security.md)");
+  }
   // SIGTERM and SIGINT (Slurm, Kubernetes, Ctrl-C) are taken by one thread
   // with sigtimedwait, never by a handler: they are blocked before any other
   // thread exists, so every thread inherits the mask.
@@ -181,7 +189,8 @@ Result<int> RunController(const ControllerOptions& options) {
     GrpcTransport transport({.listen = options.listen,
                              .max_message_bytes = kMaxMessageBytes,
                              // A thread per stream the shell takes, and gRPC's own pollers.
-                             .max_threads = 2 * MaxConnections(options.spec) + 32});
+                             .max_threads = 2 * MaxConnections(options.spec) + 32,
+                             .tls = identity});
     // Made after the transport, so destroyed before it: Serve shuts the
     // transport down (no more calls into the shell) before it returns.
     ControllerShell shell(options, Clock::Real(), &transport, PickFreePort);

@@ -26,6 +26,11 @@ struct ControllerOptions {
   // HTTP: /metrics (Prometheus), /api/status (JSON), / (dashboard). The
   // bound host:port is written to STATE_DIR/http.addr.
   std::string http_listen = "127.0.0.1:0";
+  // Mutual TLS on the agents' gRPC streams: DIR/ca.pem, controller.pem and
+  // controller.key from `endure certs` (docs/security.md). Every agent must
+  // present a certificate of the job's CA that names the node it registers.
+  // Required when `listen` is beyond loopback; empty: plain TCP.
+  std::string tls_dir;
 };
 
 // Runs the job to its end. Returns its exit code: 0 when training completed,

@@ -149,6 +149,16 @@ StreamVerdict ControllerShell::CheckRegistration(const PeerInfo& peer,
                                  "first message must register");
   }
   const proto::Register& hello = first.register_();
+  if (!o_.tls_dir.empty() && peer.certificate_name != hello.node_id()) {
+    // With TLS a node is who its certificate says: node0's key cannot
+    // register node1 (nor take its ranks and checkpoints).
+    const std::string message =
+        "the certificate names '" + QuoteForLog(peer.certificate_name.value_or("")) +
+        "', not the registering node '" + QuoteForLog(hello.node_id()) + "'";
+    std::fprintf(stderr, "endure controller: refused an agent from %s: %s\n", peer.address.c_str(),
+                 message.c_str());
+    return StreamVerdict::Refuse(StreamVerdict::Code::kPermissionDenied, message);
+  }
   Status valid = CheckNodeName(hello.node_id(), "the registration's node_id");
   if (valid.ok() && (hello.slots() < 1 || hello.slots() > kMaxRanksPerNode)) {
     valid = InvalidArgument("the registration's slots must be in 1.." +

@@ -15,6 +15,8 @@ grpc::Status ToGrpc(const StreamVerdict& v) {
       return grpc::Status::OK;
     case StreamVerdict::Code::kUnauthenticated:
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, v.message);
+    case StreamVerdict::Code::kPermissionDenied:
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, v.message);
     case StreamVerdict::Code::kInvalidArgument:
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, v.message);
     case StreamVerdict::Code::kResourceExhausted:
@@ -31,7 +33,17 @@ GrpcTransport::~GrpcTransport() { Shutdown(Duration(0)); }
 
 std::unique_ptr<grpc::Server> GrpcTransport::StartGrpcServer(int* port) {
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(o_.listen, grpc::InsecureServerCredentials(), port);
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (o_.tls) {
+    // Mutual TLS: the agent's certificate must chain to the job's CA (gRPC
+    // verifies it in the handshake); the shell then checks its name.
+    grpc::SslServerCredentialsOptions ssl(
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ssl.pem_root_certs = o_.tls->ca_pem;
+    ssl.pem_key_cert_pairs.push_back({o_.tls->key_pem, o_.tls->cert_pem});
+    credentials = grpc::SslServerCredentials(ssl);
+  }
+  builder.AddListeningPort(o_.listen, credentials, port);
   builder.SetMaxReceiveMessageSize(o_.max_message_bytes);
   // Each stream holds a thread of the synchronous server: bounded with the
   // connections (the sink refuses beyond them), plus the server's own pollers.
@@ -104,7 +116,14 @@ grpc::Status GrpcTransport::Attach(grpc::ServerContext* context, Stream* stream)
     std::lock_guard<std::mutex> lock(mu_);
     calls_.erase(id);
   };
-  const StreamVerdict opened = sink_->OnOpen(id, PeerInfo{context->peer()});
+  PeerInfo peer{.address = context->peer()};
+  if (o_.tls) {
+    // Set only for a certificate gRPC verified against the CA.
+    const std::vector<grpc::string_ref> names =
+        context->auth_context()->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME);
+    peer.certificate_name = names.size() == 1 ? std::string(names[0].data(), names[0].size()) : "";
+  }
+  const StreamVerdict opened = sink_->OnOpen(id, peer);
   if (!opened.accepted()) {
     forget();
     return ToGrpc(opened);

@@ -7,8 +7,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
+#include "common/tls.h"
 #include "controller/transport.h"
 #include "proto/endure.grpc.pb.h"
 
@@ -20,6 +22,8 @@ struct GrpcTransportOptions {
   // Threads of the synchronous server: one per open stream, plus pollers.
   // Streams beyond it wait for a thread; the sink bounds them first.
   int max_threads = 128;
+  // Mutual TLS with this identity (the controller's); nullopt: plain TCP.
+  std::optional<tls::Identity> tls;
 };
 
 // Thread-safe. Start at most once; Shutdown (or the destructor) before the

@@ -12,6 +12,7 @@
 
 #include <compare>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "common/duration.h"
@@ -31,6 +32,9 @@ struct ConnectionId {
 // What the transport knows of who opened a stream.
 struct PeerInfo {
   std::string address;  // gRPC's peer string, e.g. "ipv4:10.0.0.7:51234" (for messages)
+  // The CN of the certificate the peer presented, verified against the job's
+  // CA; nullopt on a transport without TLS.
+  std::optional<std::string> certificate_name;
 };
 
 // The reason a stream ends when its agent hung up, or when the transport
@@ -41,7 +45,13 @@ inline constexpr char kStreamClosed[] = "the agent's stream closed";
 // refusal ends the stream; the agent sees the code and the message (gRPC: as
 // the call's status).
 struct StreamVerdict {
-  enum class Code { kAccept, kUnauthenticated, kInvalidArgument, kResourceExhausted };
+  enum class Code {
+    kAccept,
+    kUnauthenticated,
+    kPermissionDenied,
+    kInvalidArgument,
+    kResourceExhausted
+  };
   Code code = Code::kAccept;
   std::string message;  // for the agent's operator; empty when accepted
 

@@ -35,7 +35,7 @@ int Fail(const char* verb, const Status& st) {
 
 Verb AddControllerVerb(CLI::App& root) {
   struct Flags {
-    std::string spec, state_dir, listen, token_file, address_file, http = "127.0.0.1:0";
+    std::string spec, state_dir, listen, token_file, address_file, tls_dir, http = "127.0.0.1:0";
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* cmd = root.add_subcommand(
@@ -47,6 +47,9 @@ Verb AddControllerVerb(CLI::App& root) {
   cmd->add_option("--token-file", flags->token_file,
                   "File holding the job token (else ENDURE_TOKEN)");
   cmd->add_option("--address-file", flags->address_file, "Write the bound host:port here");
+  cmd->add_option("--tls-dir", flags->tls_dir,
+                  "Mutual TLS with the agents: DIR/ca.pem, controller.pem, controller.key from "
+                  "`endure certs`; required beyond loopback");
   cmd->add_option(
          "--http", flags->http,
          "HTTP address for /metrics, /api/status and / (bound one in STATE_DIR/http.addr); "
@@ -65,6 +68,7 @@ Verb AddControllerVerb(CLI::App& root) {
             o.token = *token;
             o.address_file = flags->address_file;
             o.http_listen = flags->http;
+            o.tls_dir = flags->tls_dir;
             Result<int> code = controller::RunController(o);
             if (!code.ok()) return Fail("controller", code.status());
             return *code;
@@ -83,6 +87,9 @@ Verb AddAgentVerb(CLI::App& root) {
   cmd->add_option("--log-rules", o->log_rules,
                   "Log rules (default: the shipped config/log_rules.toml)");
   cmd->add_option("--token-file", *token_file, "File holding the job token (else ENDURE_TOKEN)");
+  cmd->add_option("--tls-dir", o->tls_dir,
+                  "Mutual TLS: DIR/ca.pem, NODE.pem, NODE.key from `endure certs`; required when "
+                  "--controller or --host is beyond loopback");
   cmd->add_flag("--standby", o->standby,
                 "Keep a warm standby worker per rank (the program must call "
                 "endure::AwaitStandbyAssignment, as endure-train does)");

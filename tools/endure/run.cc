@@ -26,6 +26,7 @@
 #include "common/secret.h"
 #include "common/shipped_files.h"
 #include "common/subprocess.h"
+#include "common/tls.h"
 #include "controller/job_spec.h"
 #include "controller/report.h"
 #include "tools/endure/verbs.h"
@@ -101,6 +102,7 @@ class EmbeddedRun {
   bool quiet_;
   std::string exe_ = SelfExe();
   std::string token_file_, address_, rules_;
+  std::string tls_dir_;  // with [job] tls: STATE_DIR/tls, else empty
   std::optional<Subprocess> controller_;
   std::map<pid_t, std::pair<std::string, Subprocess>> agents_;  // pid -> (node, process)
   int next_node_ = 0;
@@ -114,6 +116,7 @@ Status EmbeddedRun::StartController() {
   ps.argv = {exe_,           "controller",    "--spec",         spec_.path,
              "--state-dir",  spec_.state_dir, "--listen",       spec_.listen,
              "--token-file", token_file_,     "--address-file", address_file};
+  if (!tls_dir_.empty()) ps.argv.insert(ps.argv.end(), {"--tls-dir", tls_dir_});
   ps.output_path = JoinPath(spec_.state_dir, "controller.log");
   ps.new_process_group = true;
   ps.die_with_parent = true;
@@ -139,12 +142,18 @@ Status EmbeddedRun::StartAgent() {
   const std::string node = "node" + std::to_string(next_node_++);
   const std::string work = JoinPath(JoinPath(spec_.state_dir, "nodes"), node);
   ENDURE_RETURN_IF_ERROR(Env::Default()->CreateDirs(work));
+  if (!tls_dir_.empty()) {
+    // Each node, replacements included, gets its own certificate of the
+    // job's CA (made at start, reused across runs).
+    ENDURE_RETURN_IF_ERROR(tls::MakeCertificates({.dir = tls_dir_, .nodes = {node}}));
+  }
   ProcessSpec ps;
   ps.argv = {exe_,           "agent",     "--controller", address_,
              "--node-id",    node,        "--ranks",      std::to_string(spec_.ranks_per_node),
              "--token-file", token_file_, "--work-dir",   work,
              "--log-rules",  rules_};
   if (spec_.recovery.warm_standby) ps.argv.push_back("--standby");
+  if (!tls_dir_.empty()) ps.argv.insert(ps.argv.end(), {"--tls-dir", tls_dir_});
   ps.output_path = JoinPath(work, "agent.log");
   // Every "node" shares this machine: one BLAS/OpenMP thread pool per core,
   // not per node, or the ranks fight over the cores (3x slower on 2 cores).
@@ -230,6 +239,14 @@ int EmbeddedRun::Run() {
     return kExitInternal;
   }
   ::close(fd);
+  if (spec_.tls) {
+    tls_dir_ = JoinPath(spec_.state_dir, "tls");
+    // The controller's certificate now; each node's as its agent starts.
+    if (Status st = tls::MakeCertificates({.dir = tls_dir_}); !st.ok()) {
+      std::fprintf(stderr, "endure run: [job] tls: %s\n", st.message().c_str());
+      return st.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitInternal;
+    }
+  }
   // A previous run's report must not pass for this one's.
   for (const char* f :
        {"report.json", "status.json", "controller.db", "controller.db-wal", "controller.db-shm"}) {
