@@ -146,6 +146,24 @@ std::vector<std::string> VariablesHolding(const std::string& secret) {
 // Signals a worker may ask to be sent for a stack dump: never one whose
 // default action a program relies on (SIGTERM, SIGINT, ...) or that cannot
 // be caught (SIGKILL, SIGSTOP).
+// A command for a generation older than the one this node runs crossed a
+// newer Start on the wire: carried out, it would stop (or dump, or start
+// again) the current generation while its reply names the old one, which the
+// controller drops. Shutdown and faults belong to no generation. A stop for
+// a generation this node never ran (newer) is answered: the controller
+// waits for every node's.
+bool IsStale(const proto::AgentCommand& cmd, int64_t current) {
+  switch (cmd.command_case()) {
+    case proto::AgentCommand::kShutdown:
+    case proto::AgentCommand::kInject:
+      return false;
+    case proto::AgentCommand::kStart:
+      return cmd.generation() <= current;
+    default:
+      return cmd.generation() < current;
+  }
+}
+
 bool AcceptableStackSignal(int64_t sig) {
   if (sig < 1 || sig > 64) return false;
   return sig == SIGUSR1 || sig == SIGUSR2 || (sig >= SIGRTMIN && sig <= SIGRTMAX);
@@ -777,6 +795,14 @@ Status Agent::Run() {
     std::lock_guard<std::mutex> lock(command_mu_);
     if (signalled_) break;
     if (!ConstantTimeEquals(cmd.token(), o_.token)) continue;
+    if (IsStale(cmd, generation_.load())) {
+      std::fprintf(stderr,
+                   "endure agent %s: dropped a command of generation %lld: this node runs "
+                   "generation %lld\n",
+                   o_.node_id.c_str(), static_cast<long long>(cmd.generation()),
+                   static_cast<long long>(generation_.load()));
+      continue;
+    }
     switch (cmd.command_case()) {
       case proto::AgentCommand::kStart:
         Start(cmd.generation(), cmd.start());
