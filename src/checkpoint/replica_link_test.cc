@@ -33,6 +33,29 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
+// A loopback socket that listens but never accepts: a sender connects, and
+// nothing ever answers. `port` is 0 when it could not be set up.
+struct SilentListener {
+  SilentListener() {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+        ::listen(fd, 4) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      port = ntohs(addr.sin_port);
+    }
+  }
+  ~SilentListener() {
+    if (fd >= 0) ::close(fd);
+  }
+  SilentListener(const SilentListener&) = delete;
+  SilentListener& operator=(const SilentListener&) = delete;
+  int fd = -1;
+  int port = 0;
+};
+
 constexpr Duration kTimeout = 30s;
 constexpr char kToken[] = "job-42-token";
 
@@ -309,21 +332,14 @@ TEST_F(ReplicaLinkTest, NoListenerIsUnavailableQuickly) {
 }
 
 TEST_F(ReplicaLinkTest, TimesOutWhenTheReceiverNeverAnswers) {
-  // A socket that listens but is never accepted from: the kernel completes
-  // the connection and buffers the header, and no reply ever comes.
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(::listen(fd, 4), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  // The kernel completes the connection and buffers the header, and no
+  // reply ever comes.
+  SilentListener silent;
+  ASSERT_GT(silent.port, 0);
   const auto start = Clock::now();
-  const Status st = SendReplica("127.0.0.1:" + std::to_string(ntohs(addr.sin_port)), kToken,
-                                HeaderFor("x"), "x", 300ms);
+  const Status st =
+      SendReplica("127.0.0.1:" + std::to_string(silent.port), kToken, HeaderFor("x"), "x", 300ms);
   const auto elapsed = Clock::now() - start;
-  ::close(fd);
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
   EXPECT_NE(st.message().find("timed out after"), std::string::npos) << st.message();
   EXPECT_GE(elapsed, 300ms);
@@ -703,20 +719,13 @@ TEST_F(TlsReplicaLinkTest, ATlsSenderToAPlainReceiverFailsWithinItsDeadline) {
 }
 
 TEST_F(TlsReplicaLinkTest, AHandshakeWithASilentReceiverTimesOut) {
-  // Listens, never accepts: the ClientHello is buffered and never answered.
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(::listen(fd, 4), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  // The ClientHello is buffered and never answered.
+  SilentListener silent;
+  ASSERT_GT(silent.port, 0);
   const auto start = Clock::now();
-  const Status st = SendReplica("127.0.0.1:" + std::to_string(ntohs(addr.sin_port)), kToken,
-                                HeaderFor("x"), "x", 300ms, -1, sender_tls_);
+  const Status st = SendReplica("127.0.0.1:" + std::to_string(silent.port), kToken, HeaderFor("x"),
+                                "x", 300ms, -1, sender_tls_);
   const auto elapsed = Clock::now() - start;
-  ::close(fd);
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
   EXPECT_NE(st.message().find("timed out after"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("TLS handshake"), std::string::npos) << st.message();
