@@ -597,6 +597,15 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
 void ControllerShell::WriteStatus(TimePoint now, bool force) {
   if (!force && now - last_status_ < std::chrono::milliseconds(250)) return;
   last_status_ = now;
+  // The durable ledger is at most a second old, also while training runs
+  // with nothing to act on (Persist saves it only on a change): charged up
+  // to now on a copy, since the machine's own ledger moves only with events.
+  if (store_ && (force || now - ledger_saved_at_ >= std::chrono::seconds(1))) {
+    core::EttrLedger current = machine_.ledger();
+    current.Advance(std::max(now, last_step_at_));
+    Journal("the ledger", store_->SaveLedger(current));
+    ledger_saved_at_ = now;
+  }
   double steps_per_s = 0;
   if (recent_steps_.size() >= 2) {
     const double dt = Seconds(recent_steps_.back().first - recent_steps_.front().first);

@@ -195,6 +195,7 @@ class ControllerShell final : public TransportSink {
   core::TimePoint last_status_{};
   core::TimePoint last_step_at_{};
   size_t saved_incidents_ = 0;
+  core::TimePoint ledger_saved_at_{};  // when SaveLedger last ran (SaveLedgerNow)
   int64_t tokens_per_step_ = 0;
   std::deque<std::pair<core::TimePoint, int64_t>> recent_steps_;  // for the rate
 

@@ -192,6 +192,28 @@ class ControllerShellTest : public ::testing::Test {
   std::unique_ptr<ControllerShell> shell_;
 };
 
+// The ledger in SQLite follows a run that has nothing to act on: it used to
+// be saved only with an action or an incident (8 s into training it said 0 s
+// productive).
+TEST_F(ControllerShellTest, TheDurableLedgerIsAtMostASecondBehind) {
+  Make(2);
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  Steps(ids, 0, 1, 8);
+  clock_.Advance(1500ms);
+  Tick();
+  Result<StateStore> store = StateStore::OpenExisting(StateStore::PathIn(state_dir()));
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  Result<std::map<std::string, double>> ledger = store->LoadLedger();
+  ASSERT_TRUE(ledger.ok()) << ledger.status().ToString();
+  double total = 0;
+  for (const auto& [category, seconds] : *ledger) total += seconds;
+  // 9.5 s since the start (8 steps a second apart, then 1.5 s): the whole
+  // of it is in the ledger, to the second, and productive since step 1.
+  EXPECT_GE(total, 9.5 - 1.0) << testing::PrintToString(*ledger);
+  EXPECT_LE(total, 9.5 + 1e-6) << testing::PrintToString(*ledger);
+  EXPECT_GE((*ledger)["productive"], 7.5 - 1.0) << testing::PrintToString(*ledger);
+}
+
 TEST_F(ControllerShellTest, TwoNodesStartStepAndCompleteWithExitZero) {
   Make(2);
   EXPECT_EQ(ReadJson(JoinPath(state_dir(), "status.json"))["phase"], "waiting_for_nodes");
