@@ -5,6 +5,7 @@
 #include <set>
 
 #include "common/names.h"
+#include "common/net.h"
 #include "common/secret.h"
 #include "common/utf8.h"
 
@@ -44,6 +45,13 @@ TEST(Address, HostOfEveryForm) {
   EXPECT_EQ(HostOfAddress("node7.example:0"), "node7.example");
   EXPECT_EQ(HostOfAddress("::1"), "::1");
   EXPECT_EQ(HostOfAddress("0.0.0.0:1"), "0.0.0.0");
+}
+
+TEST(Address, TheInterfaceOfAnAddressIsFound) {
+  EXPECT_EQ(InterfaceWithAddress("127.0.0.1"), "lo");
+  EXPECT_EQ(InterfaceWithAddress("192.0.2.77"), "");  // TEST-NET-1: on no interface here
+  EXPECT_EQ(InterfaceWithAddress("not-an-address"), "");
+  EXPECT_EQ(InterfaceWithAddress(""), "");
 }
 
 TEST(Address, LoopbackIsOnlyThisMachine) {
