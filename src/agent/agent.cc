@@ -35,6 +35,7 @@
 #include "agent/process_launcher.h"
 #include "common/hash.h"
 #include "common/names.h"
+#include "common/net.h"
 #include "common/secret.h"
 #include "common/tls.h"
 
@@ -496,6 +497,7 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
       plan_path.clear();  // the workers then fail their restore, and say why
     }
   }
+  const std::string host_interface = IsLoopbackHost(o_.host) ? "" : InterfaceWithAddress(o_.host);
   for (const proto::RankAssignment& r : start.ranks()) {
     WorkerSpec spec;
     spec.rank = r.rank();
@@ -520,6 +522,16 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
                 {"ENDURE_FAULTS", r.faults_json()},
                 {"ENDURE_STACKS_FILE", spec.stacks_path}};
     for (const auto& [k, v] : start.env()) spec.env.emplace_back(k, v);
+    // Gloo and NCCL's bootstrap bind to the address the host's name resolves
+    // to, which on a multi-homed host or in a network namespace is not where
+    // the node is reached (its --host): name them its interface, unless the
+    // job or the agent's environment names one.
+    for (const char* variable : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"}) {
+      if (!host_interface.empty() && start.env().count(variable) == 0 &&
+          std::getenv(variable) == nullptr) {
+        spec.env.emplace_back(variable, host_interface);
+      }
+    }
     spec.unset_env = secret_variables_;
     if (ckpt.enabled()) {
       spec.env.emplace_back("ENDURE_T0_DIR", tiers_->t0_dir());
