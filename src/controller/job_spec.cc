@@ -602,6 +602,7 @@ Status SpecParser::ParseRecovery(const toml::table& t, JobSpec& spec) {
             {"evict_node_after", integer(&r.evict_node_after)},
             {"startup_repeats", integer(&r.startup_repeats)},
             {"repair_delay", duration(&r.repair_delay, false)},
+            {"replacement_timeout", duration(&r.replacement_timeout, false)},
             {"warm_standby",
              [&](const toml::node& v, const std::string& key) -> Status {
                ENDURE_ASSIGN_OR_RETURN(r.warm_standby, Bool(v, key));
@@ -853,6 +854,7 @@ core::JobMachineOptions MachineOptions(const JobSpec& spec) {
   o.recovery.structural_repeats = r.structural_repeats;
   o.recovery.evict_node_after = r.evict_node_after;
   o.recovery.startup_repeats = r.startup_repeats;
+  o.replacement_timeout = r.replacement_timeout;
   o.recovery.paths.clear();
   for (const auto& [cause, path] : r.paths) o.recovery.paths[cause] = path;
   return o;

@@ -85,6 +85,9 @@ struct RecoverySpec {
   int evict_node_after = 2;
   int startup_repeats = 3;
   Duration repair_delay = std::chrono::seconds(5);  // embedded mode: replacement node
+  // After a failure, how long to wait for enough nodes before giving up
+  // (exit 3); 0: forever (core::JobMachineOptions::replacement_timeout).
+  Duration replacement_timeout = std::chrono::minutes(10);
   // Agents keep a warm standby worker per rank, so that a restart does not
   // wait for the program to load. The program must call
   // endure::AwaitStandbyAssignment() (endure-train does).

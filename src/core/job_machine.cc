@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/duration.h"
 #include "core/crash_detector.h"
 
 namespace endure::core {
@@ -32,6 +33,9 @@ std::string_view JobPhaseName(JobPhase phase) {
 Status JobMachineOptions::Validate() const {
   if (nodes < 1) return InvalidArgument("nodes must be at least 1");
   if (ranks_per_node < 1) return InvalidArgument("ranks_per_node must be at least 1");
+  if (replacement_timeout < Duration(0)) {
+    return InvalidArgument("replacement_timeout must not be negative");
+  }
   ENDURE_RETURN_IF_ERROR(hang.Validate());
   ENDURE_RETURN_IF_ERROR(heartbeat.Validate());
   ENDURE_RETURN_IF_ERROR(loss.Validate());
@@ -100,6 +104,7 @@ std::optional<TimePoint> JobMachine::NextDeadline() const {
   if (phase_ == JobPhase::kRunning) consider(hang_.NextDeadline());
   if (phase_ != JobPhase::kDone) consider(heartbeats_.NextDeadline());
   if (phase_ == JobPhase::kWaiting && wait_until_) consider(wait_until_);
+  if (phase_ == JobPhase::kWaiting) consider(replacement_deadline_);
   if (phase_ != JobPhase::kDone) {
     for (const ExternalFault& f : external_) {
       if (f.at && !fired_.count(f.id)) consider(start_ + *f.at);
@@ -482,12 +487,27 @@ void JobMachine::MaybeStart(TimePoint now, std::vector<JobAction>& out) {
   if (wait_until_ && now < *wait_until_) return;
   std::vector<NodeId> nodes = HealthyNodes();
   if (static_cast<int>(nodes.size()) < options_.nodes) {
-    // Waiting for a replacement node (or the first registrations).
-    if (phase_ == JobPhase::kWaiting) ledger_.Enter(LedgerCategory::kOther, now);
+    // Waiting for a replacement node (or the first registrations: a job
+    // that never had its nodes has lost nothing yet and waits as long as
+    // the scheduler makes it).
+    if (phase_ != JobPhase::kWaiting) return;
+    ledger_.Enter(LedgerCategory::kOther, now);
+    if (options_.replacement_timeout <= Duration(0)) return;
+    if (!replacement_deadline_) replacement_deadline_ = now + options_.replacement_timeout;
+    if (now < *replacement_deadline_) return;
+    std::string have;
+    for (NodeId n : nodes) have += (have.empty() ? "" : ", ") + NodeName(n);
+    Finish(3,
+           "no replacement node within " + FormatDuration(options_.replacement_timeout) + ": " +
+               std::to_string(nodes.size()) + " of the " + std::to_string(options_.nodes) +
+               " nodes a generation needs are healthy (" + (have.empty() ? "none" : have) +
+               "); start another agent, or give [recovery] replacement_timeout more time",
+           now, out);
     return;
   }
   nodes.resize(options_.nodes);
   wait_until_.reset();
+  replacement_deadline_.reset();
   ++generation_;
   members_ = nodes;
   rank_step_.assign(world_size(), 0);

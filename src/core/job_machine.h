@@ -40,6 +40,10 @@ struct JobMachineOptions {
   AnomalyPolicyOptions anomaly;
   RecoveryPolicyOptions recovery;
   bool detect_loss_anomalies = true;
+  // How long the job waits, after a failure, for enough healthy nodes to
+  // start its next generation (a replacement for one it lost or evicted)
+  // before it gives up (exit 3, naming the nodes it has). Zero: forever.
+  Duration replacement_timeout = std::chrono::minutes(10);
 
   Status Validate() const;
 };
@@ -291,6 +295,8 @@ class JobMachine {
   std::map<std::string, TimePoint> fired_at_;  // fault id -> time, current generation
   std::vector<std::pair<int, FaultFiredEvent>> fired_events_;
   std::optional<TimePoint> wait_until_;  // backoff before the next start
+  // While kWaiting for nodes: when the job gives up (replacement_timeout).
+  std::optional<TimePoint> replacement_deadline_;
   int64_t restore_step_ = -1;
   int64_t abandoned_from_ = -1;
   std::vector<int64_t> skip_steps_;

@@ -261,6 +261,58 @@ TEST(JobMachine, LostNodeIsEvictedAndAReplacementJoins) {
   EXPECT_GT(job.m.ledger().total(LedgerCategory::kOther), Duration(0));
 }
 
+// A lost host with no replacement used to leave the job waiting forever.
+TEST(JobMachine, WithoutAReplacementWithinItsTimeoutTheJobGivesUpNamingItsNodes) {
+  JobMachineOptions o = Options();
+  o.replacement_timeout = std::chrono::minutes(10);
+  Job job(o);
+  job.Up();
+  job.Ready(0);
+  job.Run(1, 12);
+  ASSERT_EQ(Find<EvictNodeAction>(job.Do(NodeDown{NodeId{1}, "stream dropped"})).size(), 1u);
+  job.Do(GenerationStoppedEvent{0, NodeId{0}});
+  ASSERT_EQ(job.m.phase(), JobPhase::kWaiting);
+  const double waiting_since = job.now;
+  // node0 stays healthy all along (its agent beats).
+  auto tick_at = [&](double t) {
+    job.now = t;
+    job.Do(NodeHeartbeat{NodeId{0}});
+    return job.Do(Tick{});
+  };
+  // The deadline is 10 minutes after the wait began, and the machine asks
+  // for a tick then.
+  tick_at(waiting_since + 1);
+  ASSERT_TRUE(job.m.NextDeadline().has_value());
+  EXPECT_LE(*job.m.NextDeadline(), T(waiting_since + 600));
+  EXPECT_TRUE(Find<FinishAction>(tick_at(waiting_since + 599.5)).empty());
+  std::vector<FinishAction> finish = Find<FinishAction>(tick_at(waiting_since + 600.5));
+  ASSERT_EQ(finish.size(), 1u);
+  EXPECT_EQ(finish[0].exit_code, 3);
+  EXPECT_NE(finish[0].reason.find("no replacement node within 10m"), std::string::npos)
+      << finish[0].reason;
+  EXPECT_NE(finish[0].reason.find("1 of the 2 nodes"), std::string::npos) << finish[0].reason;
+  EXPECT_NE(finish[0].reason.find("(node0)"), std::string::npos) << finish[0].reason;
+  EXPECT_EQ(job.m.phase(), JobPhase::kDone);
+}
+
+TEST(JobMachine, AReplacementWithinTheTimeoutStartsAndZeroWaitsForever) {
+  for (const Duration timeout : {Duration(std::chrono::minutes(10)), Duration(0)}) {
+    JobMachineOptions o = Options();
+    o.replacement_timeout = timeout;
+    Job job(o);
+    job.Up();
+    job.Ready(0);
+    job.Run(1, 12);
+    job.Do(NodeDown{NodeId{1}, "stream dropped"});
+    job.Do(GenerationStoppedEvent{0, NodeId{0}});
+    job.now += timeout > Duration(0) ? 599 : 86400;
+    job.Do(NodeHeartbeat{NodeId{0}});
+    EXPECT_TRUE(Find<FinishAction>(job.Do(Tick{})).empty());
+    EXPECT_EQ(Find<StartGenerationAction>(job.Do(NodeUp{NodeId{2}, "node2", 1})).size(), 1u);
+    EXPECT_EQ(job.m.phase(), JobPhase::kRunning);
+  }
+}
+
 TEST(JobMachine, ASilentAgentIsLostAfterTheHeartbeatTimeout) {
   JobMachineOptions o = Options();
   o.hang.floor = std::chrono::seconds(60);  // only the heartbeat decides here
