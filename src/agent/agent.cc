@@ -78,6 +78,8 @@ constexpr double kDefaultGraceS = 2.0;
 // On SIGTERM, how long after the workers are gone a shard of the node's
 // newest complete step may still start being persisted.
 constexpr auto kShutdownPersistFor = std::chrono::seconds(1);
+// How often a wait between reconnection attempts looks at the clock.
+constexpr auto kOutagePoll = std::chrono::milliseconds(10);
 // How long a stop may wait on the controller's stream beyond its own work.
 constexpr auto kStreamMargin = std::chrono::seconds(5);
 // Refused datagrams: at most this many log lines at once, then one a second.
@@ -147,12 +149,13 @@ std::vector<std::string> VariablesHolding(const std::string& secret) {
 // Signals a worker may ask to be sent for a stack dump: never one whose
 // default action a program relies on (SIGTERM, SIGINT, ...) or that cannot
 // be caught (SIGKILL, SIGSTOP).
-// A command for a generation older than the one this node runs crossed a
-// newer Start on the wire: carried out, it would stop (or dump, or start
-// again) the current generation while its reply names the old one, which the
-// controller drops. Shutdown and faults belong to no generation. A stop for
-// a generation this node never ran (newer) is answered: the controller
-// waits for every node's.
+// A command for a generation older than the newest one started on this
+// stream crossed a newer Start on the wire: carried out, it would stop (or
+// dump, or start again) the current generation while its reply names the old
+// one, which the controller drops. Shutdown and faults belong to no
+// generation. A stop for a generation this node never ran (newer) is
+// answered: the controller waits for every node's. Judged per stream: a
+// controller that restarted without its state numbers generations anew.
 bool IsStale(const proto::AgentCommand& cmd, int64_t current) {
   switch (cmd.command_case()) {
     case proto::AgentCommand::kShutdown:
@@ -189,8 +192,25 @@ void Agent::Send(proto::AgentEvent event, int64_t generation) {
   event.set_token(o_.token);
   event.set_generation(generation);
   event.set_time_s(clock_->WallSeconds());
+  Emit(std::move(event));
+}
+
+void Agent::Emit(proto::AgentEvent event) {
   std::lock_guard<std::mutex> lock(write_mu_);
-  if (stream_open_) transport_->Send(event);
+  switch (link_) {
+    case Link::kOpen:
+      if (transport_->Send(event)) return;
+      // The stream broke under this send: the outage starts here, and the
+      // event is the first the next stream carries.
+      link_ = Link::kOutage;
+      outage_.Push(std::move(event));
+      return;
+    case Link::kOutage:
+      outage_.Push(std::move(event));
+      return;
+    case Link::kNone:
+      return;
+  }
 }
 
 Status Agent::OpenSocket() {
@@ -293,6 +313,10 @@ void Agent::HandleDatagram(std::string_view bytes) {
       return;  // nothing for the controller
     }
     if (output_) output_->OnDatagram(d.rank, DatagramType(d));
+    if (const auto* m = std::get_if<StepMessage>(&d.message)) {
+      int64_t& last = last_steps_[d.rank];
+      last = std::max(last, m->step);
+    }
   }
   proto::AgentEvent e;
   if (const auto* m = std::get_if<StepMessage>(&d.message)) {
@@ -333,8 +357,7 @@ void Agent::HandleDatagram(std::string_view bytes) {
   // The worker's own clock says when it happened (a fault fires just before
   // its process dies); the controller maps it onto its own clock.
   e.set_time_s(d.time_s.value_or(clock_->WallSeconds()));
-  std::lock_guard<std::mutex> lock(write_mu_);
-  if (stream_open_) transport_->Send(e);
+  Emit(std::move(e));
 }
 
 void Agent::OnWorkerLine(int64_t generation, int rank, std::string_view line) {
@@ -359,6 +382,8 @@ void Agent::OnWorkerLine(int64_t generation, int rank, std::string_view line) {
         // take a missing one for NaN).
         s->set_skipped(!r.loss.has_value());
         s->set_loss(r.loss.value_or(0.0));
+        int64_t& last = last_steps_[r.rank];
+        last = std::max(last, r.step);
         stepped = true;
       }
       Send(std::move(e), generation);
@@ -432,6 +457,7 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
     gate_.local_ranks.clear();
     for (const proto::RankAssignment& r : start.ranks()) gate_.local_ranks.insert(r.rank());
     stack_signals_.clear();
+    last_steps_.clear();
     output_.reset();
     if (!start.progress_pattern().empty()) {
       // The controller validated it (job_spec.cc); a refusal here means
@@ -690,21 +716,7 @@ void Agent::DiscardStandbys() {
   standby_count_ = 0;
 }
 
-void Agent::ShutDownOnSignal(int sig) {
-  // Not in the middle of a command: a start finishes launching, a stop
-  // finishes stopping, before the node shuts down.
-  std::lock_guard<std::mutex> command(command_mu_);
-  signalled_ = true;
-  // The whole shutdown is bounded: the grace, the persist, and a margin for
-  // the reports; past that the stream is cut, and with it any blocked Send.
-  // Real time, as every bound on waits for threads, processes and sockets.
-  const Watchdog bound(std::chrono::steady_clock::now() +
-                           std::chrono::milliseconds(static_cast<int64_t>(grace_s_ * 1000)) +
-                           kShutdownPersistFor + kStreamMargin,
-                       [this] { transport_->Cancel(); });
-  std::fprintf(stderr,
-               "endure agent %s: %s: stopping the workers (grace %.1fs), then shutting down\n",
-               o_.node_id.c_str(), strsignal(sig), grace_s_);
+int64_t Agent::StopWorkersAndPersist() {
   // Nothing waits on a peer from now on (a replica in flight ends at once).
   tiers_->CancelReplication();
   std::set<int> ranks;
@@ -727,7 +739,187 @@ void Agent::ShutDownOnSignal(int sig) {
     std::fprintf(stderr, "endure agent %s: persisted step %lld of this node's ranks\n",
                  o_.node_id.c_str(), static_cast<long long>(step));
   }
+  return step;
+}
+
+void Agent::ShutDownOnSignal(int sig) {
+  // Not in the middle of a command: a start finishes launching, a stop
+  // finishes stopping, before the node shuts down.
+  std::lock_guard<std::mutex> command(command_mu_);
+  signalled_ = true;
+  // The whole shutdown is bounded: the grace, the persist, and a margin for
+  // the reports; past that the stream is cut, and with it any blocked Send.
+  // Real time, as every bound on waits for threads, processes and sockets.
+  const Watchdog bound(std::chrono::steady_clock::now() +
+                           std::chrono::milliseconds(static_cast<int64_t>(grace_s_ * 1000)) +
+                           kShutdownPersistFor + kStreamMargin,
+                       [this] { transport_->Cancel(); });
+  std::fprintf(stderr,
+               "endure agent %s: %s: stopping the workers (grace %.1fs), then shutting down\n",
+               o_.node_id.c_str(), strsignal(sig), grace_s_);
+  StopWorkersAndPersist();
   transport_->Cancel();  // Run()'s Read returns
+}
+
+bool Agent::Signalled() {
+  std::lock_guard<std::mutex> lock(command_mu_);
+  return signalled_;
+}
+
+bool Agent::CarryOutCommands() {
+  proto::AgentCommand cmd;
+  int64_t started_on_stream = -1;  // the newest generation started on this stream
+  while (transport_->Read(&cmd)) {
+    std::lock_guard<std::mutex> lock(command_mu_);
+    if (signalled_) return false;
+    if (!ConstantTimeEquals(cmd.token(), o_.token)) continue;
+    if (IsStale(cmd, started_on_stream)) {
+      std::fprintf(stderr,
+                   "endure agent %s: dropped a command of generation %lld: generation %lld "
+                   "started since\n",
+                   o_.node_id.c_str(), static_cast<long long>(cmd.generation()),
+                   static_cast<long long>(started_on_stream));
+      continue;
+    }
+    switch (cmd.command_case()) {
+      case proto::AgentCommand::kStart:
+        Start(cmd.generation(), cmd.start());
+        started_on_stream = cmd.generation();
+        break;
+      case proto::AgentCommand::kStop:
+        Stop(cmd.generation(), cmd.stop().grace_s());
+        break;
+      case proto::AgentCommand::kDumpStacks:
+        DumpStacks(cmd.generation(), cmd.dump_stacks().timeout_s());
+        break;
+      case proto::AgentCommand::kInject:
+        Inject(cmd.inject());
+        break;
+      case proto::AgentCommand::kShutdown:
+        return true;
+      default:
+        break;
+    }
+  }
+  return false;
+}
+
+proto::AgentEvent Agent::Hello(bool resuming) {
+  proto::AgentEvent hello;
+  proto::Register* reg = hello.mutable_register_();
+  reg->set_node_id(o_.node_id);
+  reg->set_slots(o_.slots);
+  reg->set_host(o_.host);
+  reg->set_pid(::getpid());
+  reg->set_replica_address(o_.host + ":" + std::to_string(tiers_->replica_port()));
+  int64_t generation = -1;
+  if (resuming) {
+    std::map<int, pid_t> alive;
+    {
+      std::lock_guard<std::mutex> lock(command_mu_);
+      if (workers_) alive = workers_->Pids();
+    }
+    std::lock_guard<std::mutex> lock(reports_mu_);
+    generation = generation_.load();
+    bool all_alive = !gate_.local_ranks.empty();
+    for (int rank : gate_.local_ranks) {
+      proto::RankResume* r = reg->add_ranks();
+      r->set_rank(rank);
+      auto last = last_steps_.find(rank);
+      r->set_last_step(last == last_steps_.end() ? 0 : last->second);
+      r->set_alive(alive.count(rank) > 0);
+      all_alive = all_alive && r->alive();
+    }
+    reg->set_resuming(true);
+    reg->set_generation(generation);
+    reg->set_workers_alive(all_alive);
+  }
+  hello.set_token(o_.token);
+  hello.set_generation(generation);
+  hello.set_time_s(clock_->WallSeconds());
+  return hello;
+}
+
+bool Agent::WaitUntil(Clock::TimePoint at) {
+  // Polls the agent's clock (a test's FakeClock moves by itself); a signal
+  // ends the wait within a poll.
+  while (clock_->Now() < at) {
+    if (Signalled()) return false;
+    std::this_thread::sleep_for(kOutagePoll);
+  }
+  return !Signalled();
+}
+
+std::optional<Status> Agent::RideOutOutage(const std::string& why) {
+  const Clock::TimePoint since = clock_->Now();
+  const Clock::TimePoint give_up_at =
+      since + std::chrono::duration_cast<Clock::TimePoint::duration>(o_.controller_grace);
+  std::fprintf(stderr,
+               "endure agent %s: lost the controller at %s (%s): the workers keep running; "
+               "reconnecting for up to %s (--controller-grace)\n",
+               o_.node_id.c_str(), o_.controller.c_str(), why.c_str(),
+               FormatDuration(o_.controller_grace).c_str());
+  ReconnectBackoff backoff(ReconnectBackoffOptions{}, std::hash<std::string>{}(o_.node_id) ^
+                                                          static_cast<uint64_t>(::getpid()));
+  const auto give_up = [&] { return Signalled() || clock_->Now() >= give_up_at; };
+  int attempts = 0;
+  Status last = Unavailable(why);
+  while (true) {
+    if (!WaitUntil(std::min(
+            clock_->Now() + std::chrono::duration_cast<Clock::TimePoint::duration>(backoff.Next()),
+            give_up_at))) {
+      return Status::Ok();  // a signal stopped the node meanwhile
+    }
+    if (clock_->Now() >= give_up_at) break;
+    ++attempts;
+    last = transport_->Attach(give_up);
+    if (last.ok()) break;
+    if (Signalled()) return Status::Ok();
+  }
+  if (last.ok()) {
+    // The resuming hello first, then what happened meanwhile, in order:
+    // events made while this runs wait behind write_mu_ and follow.
+    proto::AgentEvent hello = Hello(/*resuming=*/true);
+    size_t kept = 0;
+    int64_t dropped = 0;
+    {
+      std::lock_guard<std::mutex> lock(write_mu_);
+      kept = outage_.size();
+      dropped = outage_.dropped();
+      hello.mutable_register_()->set_events_dropped(dropped);
+      bool sent = transport_->Send(hello);
+      while (sent && !outage_.empty()) {
+        sent = transport_->Send(outage_.front());
+        if (sent) outage_.PopFront();
+      }
+      // A stream that broke again ends the next Read: a new outage.
+      link_ = sent ? Link::kOpen : Link::kOutage;
+    }
+    std::fprintf(stderr,
+                 "endure agent %s: reconnected to the controller after %s (%d attempt(s)); "
+                 "resumed generation %lld, %zu event(s) sent from the outage (%lld dropped in "
+                 "all)\n",
+                 o_.node_id.c_str(), FormatDuration(clock_->Now() - since).c_str(), attempts,
+                 static_cast<long long>(hello.register_().generation()), kept,
+                 static_cast<long long>(dropped));
+    return std::nullopt;
+  }
+  // The controller stayed away past the grace: stop as on SIGTERM.
+  std::lock_guard<std::mutex> command(command_mu_);
+  if (signalled_) return Status::Ok();
+  outlived_grace_ = true;
+  std::fprintf(stderr,
+               "endure agent %s: no controller at %s for %s (--controller-grace): stopping the "
+               "workers (grace %.1fs) and exiting\n",
+               o_.node_id.c_str(), o_.controller.c_str(),
+               FormatDuration(o_.controller_grace).c_str(), grace_s_);
+  const int64_t step = StopWorkersAndPersist();
+  return Unavailable("no controller at " + o_.controller + " for " +
+                     FormatDuration(o_.controller_grace) +
+                     " (--controller-grace) since the stream ended (" + why +
+                     "; last attempt: " + last.message() + "): stopped the workers" +
+                     (step >= 0 ? " and persisted step " + std::to_string(step) : std::string()) +
+                     "; restart the agent once the controller is back");
 }
 
 Status Agent::Run() {
@@ -775,76 +967,57 @@ Status Agent::Run() {
     ::unlink(socket_path_.c_str());
     tiers_.reset();  // removes the node's shared memory
   };
-  const auto signalled = [&] {
-    std::lock_guard<std::mutex> lock(command_mu_);
-    return signalled_;
-  };
 
+  const auto signalled = [this] { return Signalled(); };
   if (Status attached = transport_->Attach(signalled); !attached.ok()) {
     finish();
     if (signalled()) return Status::Ok();
     return attached;
   }
   {
+    proto::AgentEvent hello = Hello(/*resuming=*/false);
     std::lock_guard<std::mutex> lock(write_mu_);
-    stream_open_ = true;
+    link_ = Link::kOpen;
+    // Registration is the first word the controller hears.
+    if (!transport_->Send(hello)) link_ = Link::kOutage;
   }
   if (signalled()) transport_->Cancel();  // a signal came while attaching
-  proto::AgentEvent hello;
-  auto* reg = hello.mutable_register_();
-  reg->set_node_id(o_.node_id);
-  reg->set_slots(o_.slots);
-  reg->set_host(o_.host);
-  reg->set_pid(::getpid());
-  reg->set_replica_address(o_.host + ":" + std::to_string(tiers_->replica_port()));
-  Send(std::move(hello), -1);
   std::thread receiver(&Agent::ReceiveDatagrams, this);
 
+  // Commands until a shutdown, a signal, a refusal, or an outage past the
+  // grace; an outage within it is ridden out and the commands go on.
   Status result = Status::Ok();
-  proto::AgentCommand cmd;
   bool shutdown = false;
-  while (!shutdown && transport_->Read(&cmd)) {
-    std::lock_guard<std::mutex> lock(command_mu_);
-    if (signalled_) break;
-    if (!ConstantTimeEquals(cmd.token(), o_.token)) continue;
-    if (IsStale(cmd, generation_.load())) {
-      std::fprintf(stderr,
-                   "endure agent %s: dropped a command of generation %lld: this node runs "
-                   "generation %lld\n",
-                   o_.node_id.c_str(), static_cast<long long>(cmd.generation()),
-                   static_cast<long long>(generation_.load()));
-      continue;
+  bool stream_open = true;  // attached, not yet finished
+  while (true) {
+    shutdown = CarryOutCommands();
+    if (shutdown || signalled()) break;
+    {
+      std::lock_guard<std::mutex> lock(write_mu_);
+      if (link_ == Link::kOpen) link_ = Link::kOutage;
     }
-    switch (cmd.command_case()) {
-      case proto::AgentCommand::kStart:
-        Start(cmd.generation(), cmd.start());
-        break;
-      case proto::AgentCommand::kStop:
-        Stop(cmd.generation(), cmd.stop().grace_s());
-        break;
-      case proto::AgentCommand::kDumpStacks:
-        DumpStacks(cmd.generation(), cmd.dump_stacks().timeout_s());
-        break;
-      case proto::AgentCommand::kInject:
-        Inject(cmd.inject());
-        break;
-      case proto::AgentCommand::kShutdown:
-        shutdown = true;
-        break;
-      default:
-        break;
+    const Status end = transport_->Finish();
+    stream_open = false;
+    if (end.code() == StatusCode::kInvalidArgument) {
+      result = InvalidArgument("the controller refused this agent: " + end.message());
+      break;
     }
+    std::optional<Status> outage = RideOutOutage(end.ok() ? "stream closed" : end.message());
+    if (outage) {
+      result = *outage;
+      break;
+    }
+    stream_open = true;
   }
-  bool by_signal = false;
   // Stopping the workers (their exits go up the stream) and closing the
   // stream wait on the controller: bounded, as every wait in the stop path.
   const Watchdog bound(std::chrono::steady_clock::now() + std::chrono::seconds(2) + kStreamMargin,
                        [this] { transport_->Cancel(); });
   {
     std::lock_guard<std::mutex> lock(command_mu_);
-    by_signal = signalled_;
-    // After a signal the workers are stopped already.
-    if (workers_ && !by_signal) {
+    // After a signal, or an outage past the grace, the workers are stopped
+    // already; a refused agent's go at once.
+    if (workers_ && !signalled_ && !outlived_grace_) {
       workers_->StopAll(std::chrono::milliseconds(shutdown ? 2000 : 0));
     }
     workers_.reset();
@@ -852,24 +1025,21 @@ Status Agent::Run() {
   DiscardStandbys();
   {
     std::lock_guard<std::mutex> lock(write_mu_);
-    transport_->CloseWrites();
+    if (stream_open) transport_->CloseWrites();
+    link_ = Link::kNone;
   }
-  const Status end = transport_->Finish();
-  if (!shutdown && !by_signal) {
-    if (end.code() == StatusCode::kInvalidArgument) {
-      result = InvalidArgument("the controller refused this agent: " + end.message());
-    } else {
-      result = Unavailable("lost the controller at " + o_.controller + ": " +
-                           (end.ok() ? "stream closed" : end.message()));
+  if (stream_open) {
+    // A signal cancelled the stream (its end says so); after a shutdown it
+    // should end cleanly.
+    const Status end = transport_->Finish();
+    if (shutdown && !end.ok()) {
+      std::fprintf(stderr, "endure agent %s: the stream ended after the shutdown: %s\n",
+                   o_.node_id.c_str(), end.message().c_str());
     }
   }
   done_ = true;
   WakeReceiver();
   receiver.join();
-  {
-    std::lock_guard<std::mutex> lock(write_mu_);
-    stream_open_ = false;
-  }
   finish();
   return result;
 }
@@ -884,6 +1054,10 @@ Status AgentOptions::Validate() const {
     return InvalidArgument("no job token: set ENDURE_TOKEN or pass --token-file");
   }
   if (work_dir.empty()) return InvalidArgument("--work-dir: required");
+  if (controller_grace < Duration::zero()) {
+    return InvalidArgument("--controller-grace: must not be negative, got " +
+                           FormatDuration(controller_grace));
+  }
   if (tls_dir.empty()) {
     for (const auto& [flag, host] :
          {std::pair<const char*, std::string>{"--controller", HostOfAddress(controller)},

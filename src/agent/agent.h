@@ -7,9 +7,11 @@
 // client library (include/endure/client.h).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
+#include "common/duration.h"
 #include "common/status.h"
 
 namespace endure::agent {
@@ -31,13 +33,21 @@ struct AgentOptions {
   // `endure certs` (docs/security.md). Required when the controller or this
   // node's host is beyond loopback; empty: plain TCP.
   std::string tls_dir;
+  // How long the agent rides out a controller it cannot reach: its stream
+  // broke (or the controller closed it without a shutdown), and the workers
+  // keep training while it reconnects with backoff, keeping what happens
+  // meanwhile for the controller. Past this long without one it stops the
+  // workers as on SIGTERM and exits (--controller-grace; [control_plane]
+  // controller_grace under `endure run`).
+  Duration controller_grace = std::chrono::minutes(5);
 
   Status Validate() const;
 };
 
-// Runs the agent until the controller tells it to shut down (OK), the stream
-// breaks (kUnavailable), or the token is refused (kInvalidArgument). Workers
-// never outlive it.
+// Runs the agent until the controller tells it to shut down (OK), the
+// controller stays out of reach for longer than `controller_grace`
+// (kUnavailable), or the token is refused (kInvalidArgument). Workers never
+// outlive it.
 Status RunAgent(const AgentOptions& options);
 
 }  // namespace endure::agent

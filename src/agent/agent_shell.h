@@ -3,6 +3,15 @@
 // FakeClock, a FakeTransport and a FakeProcessLauncher and drive it through
 // the commands it reads.
 //
+// Controller outages: when the stream ends without a shutdown (it broke, or
+// the controller closed it) and the token was not refused, the workers and
+// the memory tiers carry on; Run()'s thread reconnects with backoff
+// (agent/reconnect.h) and registers again saying that it resumes (its
+// generation, its ranks' last steps, whether their workers still run), and
+// what happened meanwhile, kept in an OutageBuffer, follows in order. Only
+// past AgentOptions::controller_grace without a controller are the workers
+// stopped, as on SIGTERM, and Run() returns kUnavailable.
+//
 // Threads: Run()'s thread reads commands and carries them out in order; one
 // thread receives worker datagrams (and sends the heartbeat); the workers'
 // threads (WorkerGroup) report exits and, with a progress pattern, turn
@@ -32,6 +41,7 @@
 #include "agent/datagram.h"
 #include "agent/process_launcher.h"
 #include "agent/progress_pattern.h"
+#include "agent/reconnect.h"
 #include "agent/tier_store.h"
 #include "agent/transport.h"
 #include "agent/worker_set.h"
@@ -69,8 +79,10 @@ class Agent {
   Agent(AgentOptions options, core::LogClassifier classifier, AgentSeams seams);
 
   // Registers, then carries out the controller's commands until it says shut
-  // down (OK), a signal shut the node down (OK), the stream breaks
-  // (kUnavailable), or the controller refuses the token (kInvalidArgument).
+  // down (OK), a signal shut the node down (OK), the controller stays out of
+  // reach past the controller grace (kUnavailable, saying since when and
+  // why), or the controller refuses the token (kInvalidArgument). A
+  // controller that cannot be reached at the start is kUnavailable at once.
   // The workers are stopped before it returns.
   Status Run();
 
@@ -83,6 +95,27 @@ class Agent {
 
  private:
   void Send(proto::AgentEvent event, int64_t generation);
+  // Sends a finished event up the stream while one is open, keeps it for
+  // the next one during an outage (a failed send starts one), and drops it
+  // before the first stream and after the last.
+  void Emit(proto::AgentEvent event);
+  bool Signalled();
+  // Carries out commands until the stream ends; true when it was a shutdown.
+  bool CarryOutCommands();
+  // This node's registration; resuming: with its generation, its ranks'
+  // last steps and whether their workers still run.
+  proto::AgentEvent Hello(bool resuming);
+  // After the stream ended (`why`): reconnects with backoff until the
+  // controller answers (nullopt: a stream is open again, the resuming hello
+  // and the kept events sent), a signal arrives (OK), or the controller
+  // grace passes (the workers are stopped; kUnavailable, for Run to return).
+  std::optional<Status> RideOutOutage(const std::string& why);
+  // Waits until `at` on the agent's clock; false when a signal came first.
+  bool WaitUntil(Clock::TimePoint at);
+  // Stops the workers with the last grace, persists the node's newest
+  // complete step if there is time, and returns it (-1: none). Requires
+  // command_mu_.
+  int64_t StopWorkersAndPersist();
   Status OpenSocket();
   void ReceiveDatagrams();
   // Ends the receiver's wait for a datagram (once done_ is set).
@@ -122,15 +155,18 @@ class Agent {
   std::vector<std::string> standby_argv_;  // GUARDED_BY(standby_mu_)
   int standby_count_ = 0;                  // GUARDED_BY(standby_mu_)
   bool refill_pending_ = false;            // GUARDED_BY(standby_mu_)
-  // Sends go to the transport only while the stream is open: from Attach()
-  // until Run() ends.
+  // Events go to the transport only while a stream is open, and into the
+  // outage buffer while the agent reconnects.
+  enum class Link { kNone, kOpen, kOutage };
   std::mutex write_mu_;
-  bool stream_open_ = false;  // GUARDED_BY(write_mu_)
+  Link link_ = Link::kNone;  // GUARDED_BY(write_mu_)
+  OutageBuffer outage_;      // GUARDED_BY(write_mu_)
   std::atomic<int64_t> generation_{-1};
   // Held while a command is carried out, and by the shutdown on a signal.
   std::mutex command_mu_;
-  bool signalled_ = false;                // GUARDED_BY(command_mu_): the shutdown on a signal ran
-  double grace_s_;                        // GUARDED_BY(command_mu_): the last stop's grace
+  bool signalled_ = false;       // GUARDED_BY(command_mu_): the shutdown on a signal ran
+  bool outlived_grace_ = false;  // GUARDED_BY(command_mu_): stopped for want of a controller
+  double grace_s_;               // GUARDED_BY(command_mu_): the last stop's grace
   std::unique_ptr<WorkerGroup> workers_;  // GUARDED_BY(command_mu_)
   std::unique_ptr<TierStore> tiers_;      // checkpoint memory (T0, T1) and persistence
   // Injected memory corruption (tier, shard), applied once the workers stop.
@@ -156,6 +192,7 @@ class Agent {
   DatagramGate gate_;                    // GUARDED_BY(reports_mu_)
   std::optional<OutputReports> output_;  // GUARDED_BY(reports_mu_); with a pattern
   std::map<int, int> stack_signals_;     // GUARDED_BY(reports_mu_); rank -> signal
+  std::map<int, int64_t> last_steps_;    // GUARDED_BY(reports_mu_); rank -> last step reported
   Clock::TimePoint started_;             // GUARDED_BY(reports_mu_)
 };
 

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <map>
 #include <regex>
@@ -132,7 +133,8 @@ class AgentShellTest : public ::testing::Test {
 
   void TearDown() override {
     if (run_.joinable()) {
-      transport_.Break();
+      // A broken stream no longer ends Run (the agent reconnects): a signal does.
+      if (result_.wait_for(0s) != std::future_status::ready) agent_->ShutDownOnSignal(SIGTERM);
       run_.join();
     }
     agent_.reset();
@@ -156,7 +158,7 @@ class AgentShellTest : public ::testing::Test {
   Status AwaitRun() {
     if (result_.wait_for(10s) != std::future_status::ready) {
       ADD_FAILURE() << "Run() did not return";
-      transport_.Break();
+      agent_->ShutDownOnSignal(SIGTERM);
     }
     run_.join();
     return result_.get();
@@ -166,6 +168,18 @@ class AgentShellTest : public ::testing::Test {
   void Do(proto::AgentCommand cmd) {
     transport_.Push(std::move(cmd));
     ASSERT_TRUE(transport_.WaitUntilIdle()) << "the agent did not take the command";
+  }
+
+  // Advances the agent's clock by `step` at a time until `done` (the agent
+  // polls its clock while it waits between reconnection attempts); false
+  // when it is not done after `max_steps`.
+  bool AdvanceUntil(const std::function<bool()>& done, Duration step, int max_steps = 1000) {
+    for (int i = 0; i < max_steps; ++i) {
+      if (done()) return true;
+      clock_.Advance(step);
+      std::this_thread::sleep_for(2ms);
+    }
+    return done();
   }
 
   // The events since the agent started, heartbeats left out.
@@ -203,6 +217,7 @@ TEST_F(AgentShellTest, RegistersWithItsNodeSlotsAndReplicaAddress) {
   EXPECT_EQ(reg.pid(), ::getpid());
   EXPECT_TRUE(std::regex_match(reg.replica_address(), std::regex(R"(127\.0\.0\.1:[1-9][0-9]*)")))
       << reg.replica_address();
+  EXPECT_FALSE(reg.resuming());
   // Registration is the first word the controller hears.
   EXPECT_EQ(Events().front().event_case(), Case::kRegister);
   transport_.Push(ShutdownCommand());
@@ -502,25 +517,236 @@ TEST_F(AgentShellTest, AShutdownEndsRunWithOkAndStopsTheWorkersWithAGrace) {
   EXPECT_TRUE(fs::is_empty(root_ / "shm"));
 }
 
-TEST_F(AgentShellTest, ABrokenStreamEndsRunUnavailableAndKillsTheWorkers) {
+// The controller went away (killed, restarted, a network cut): the workers
+// train on while the agent reconnects, and the controller hears, in order,
+// what it missed.
+// Staleness is judged per stream: a controller that came back without its
+// state numbers generations from 0 again, and its Start must be carried out
+// (dropping it as older than generation 3 left the node idle for good).
+TEST_F(AgentShellTest, OnANewStreamAStartOfAnyGenerationIsCarriedOut) {
   StartAgent();
-  Do(StartCommand(1, {0, 1}, 2));
+  Do(StartCommand(3, {0}, 1));
   transport_.Break();
-  const Status st = AwaitRun();
-  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
-  EXPECT_NE(st.message().find("lost the controller at controller.test:7000"), std::string::npos)
-      << st.message();
-  EXPECT_NE(st.message().find("connection reset"), std::string::npos) << st.message();
-  EXPECT_EQ(launcher_.stops(), (std::vector<std::chrono::milliseconds>{0ms}));
-  EXPECT_TRUE(fs::is_empty(root_ / "shm"));
+  ASSERT_TRUE(AdvanceUntil([&] { return transport_.attaches() >= 2; }, 500ms));
+  ASSERT_EQ(transport_.WaitForEvents(Is(Case::kRegister), 2).size(), 2u);
+  Do(StopCommand(0, 1.0));
+  Do(StartCommand(0, {0}, 1));
+  ASSERT_EQ(launcher_.launches().size(), 2u);
+  EXPECT_EQ(EnvOf(launcher_.launches().back().spec)["ENDURE_GENERATION"], "0");
+  // Within the new stream the rule holds again.
+  Do(StopCommand(-1, 1.0));
+  EXPECT_TRUE(transport_
+                  .EventsWhere([](const proto::AgentEvent& e) {
+                    return e.has_stopped() && e.generation() == -1;
+                  })
+                  .empty());
 }
 
-TEST_F(AgentShellTest, AStreamTheControllerClosesEndsRunUnavailable) {
+TEST_F(AgentShellTest, ABreakWithinTheGraceKeepsTheWorkersAndResumesWithWhatHappenedMeanwhile) {
   StartAgent();
-  transport_.Close();
+  proto::AgentCommand start = StartCommand(3, {0, 1}, 2);
+  start.mutable_start()->set_progress_pattern(R"(step (?P<step>\d+))");
+  Do(start);
+  // Rank 0's output stands for both ranks (agent/progress_pattern.h).
+  ASSERT_TRUE(launcher_.Print(0, "step 4"));
+  transport_.FailAttach(Unavailable("connection refused"));
+  transport_.Break();
+  // Meanwhile: the ranks step on, and rank 1's worker fails.
+  ASSERT_TRUE(launcher_.Print(0, "step 5"));
+  ASSERT_TRUE(launcher_.Exit(1, ExitStatus{true, 1, 0}));
+  ASSERT_TRUE(launcher_.Print(0, "step 6"));
+  transport_.FailAttach(Status::Ok());  // the controller is back
+  ASSERT_TRUE(AdvanceUntil([&] { return transport_.attaches() >= 2; }, 500ms));
+
+  std::vector<proto::AgentEvent> hellos = transport_.WaitForEvents(Is(Case::kRegister), 2);
+  ASSERT_EQ(hellos.size(), 2u);
+  const proto::Register& resume = hellos[1].register_();
+  EXPECT_TRUE(resume.resuming());
+  EXPECT_EQ(resume.node_id(), "node0");
+  EXPECT_EQ(resume.generation(), 3);
+  EXPECT_EQ(hellos[1].generation(), 3);
+  EXPECT_FALSE(resume.workers_alive());
+  ASSERT_EQ(resume.ranks_size(), 2);
+  EXPECT_EQ(resume.ranks(0).rank(), 0);
+  EXPECT_EQ(resume.ranks(0).last_step(), 6);
+  EXPECT_TRUE(resume.ranks(0).alive());
+  EXPECT_EQ(resume.ranks(1).rank(), 1);
+  EXPECT_EQ(resume.ranks(1).last_step(), 6);
+  EXPECT_FALSE(resume.ranks(1).alive());
+  EXPECT_EQ(resume.events_dropped(), 0);
+
+  // After the hello, the outage's events in the order they happened.
+  ASSERT_EQ(transport_.WaitForEvents(Is(Case::kStep), 6).size(), 6u);
+  const std::vector<proto::AgentEvent> events = Events();
+  size_t at = 0;
+  int registers = 0;
+  for (; at < events.size(); ++at) {
+    if (events[at].has_register_() && ++registers == 2) break;
+  }
+  ASSERT_LT(at, events.size());
+  std::vector<std::string> after;
+  for (size_t i = at + 1; i < events.size(); ++i) {
+    const proto::AgentEvent& e = events[i];
+    EXPECT_EQ(e.generation(), 3);
+    if (e.has_step()) {
+      after.push_back("step " + std::to_string(e.step().rank()) + ":" +
+                      std::to_string(e.step().step()));
+    } else if (e.has_worker_exited()) {
+      after.push_back("exit " + std::to_string(e.worker_exited().rank()));
+    } else {
+      after.push_back("other");
+    }
+  }
+  EXPECT_EQ(after,
+            (std::vector<std::string>{"step 0:5", "step 1:5", "exit 1", "step 0:6", "step 1:6"}));
+  // The workers never stopped, and the node goes on with the controller.
+  EXPECT_TRUE(launcher_.stops().empty());
+  EXPECT_EQ(launcher_.kill_alls(), 0);
+  ASSERT_TRUE(launcher_.Print(0, "step 7"));
+  EXPECT_EQ(transport_.EventsWhere(Is(Case::kStep)).back().step().step(), 7);
+  Do(StopCommand(3, 1.5));
+  EXPECT_EQ(launcher_.stops(), (std::vector<std::chrono::milliseconds>{1500ms}));
+  transport_.Push(ShutdownCommand());
+  EXPECT_TRUE(AwaitRun().ok());
+}
+
+TEST_F(AgentShellTest, NoControllerWithinTheGraceStopsTheWorkersWithTheGraceAndEndsRun) {
+  options_.controller_grace = 30s;
+  StartAgent();
+  proto::AgentCommand start = StartCommand(1, {0, 1}, 2);
+  start.mutable_start()->mutable_checkpoint()->set_enabled(true);
+  start.mutable_start()->mutable_checkpoint()->set_dir((root_ / "durable").string());
+  Do(start);
+  Do(StopCommand(1, 4.0));  // the grace from now on
+  start.set_generation(2);
+  Do(start);
+  WriteSnapshot(T0Dir(), 0, 0, 5, 2, "rank 0 step 5");
+  WriteSnapshot(T0Dir(), 1, 0, 5, 2, "rank 1 step 5");
+  const size_t stops_before = launcher_.stops().size();
+  transport_.FailAttach(Unavailable("connection refused"));
+  transport_.Break();
+  // Short of the grace, the workers run on.
+  ASSERT_TRUE(AdvanceUntil([&] { return transport_.attach_attempts() >= 3; }, 500ms, 40));
+  EXPECT_EQ(launcher_.stops().size(), stops_before);
+  ASSERT_TRUE(AdvanceUntil([&] { return result_.wait_for(0s) == std::future_status::ready; }, 1s));
   const Status st = AwaitRun();
-  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
-  EXPECT_NE(st.message().find("stream closed"), std::string::npos) << st.message();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("no controller at controller.test:7000 for 30.0s"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("connection reset by peer"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("persisted step 5"), std::string::npos) << st.message();
+  // Stopped once, with the controller's last grace, as on SIGTERM.
+  ASSERT_EQ(launcher_.stops().size(), stops_before + 1);
+  EXPECT_EQ(launcher_.stops().back(), 4000ms);
+  EXPECT_TRUE(fs::exists(root_ / "durable"));
+  EXPECT_TRUE(fs::is_empty(root_ / "shm"));
+  EXPECT_EQ(transport_.attaches(), 1);
+}
+
+TEST_F(AgentShellTest, ASignalDuringAnOutageStopsTheWorkersAndEndsRunOk) {
+  StartAgent();
+  Do(StartCommand(1, {0}, 1));
+  transport_.FailAttach(Unavailable("connection refused"));
+  transport_.Break();
+  ASSERT_TRUE(AdvanceUntil([&] { return transport_.attach_attempts() >= 2; }, 500ms, 40));
+  agent_->ShutDownOnSignal(SIGTERM);
+  const Status st = AwaitRun();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(launcher_.stops(), (std::vector<std::chrono::milliseconds>{2000ms}));
+}
+
+TEST_F(AgentShellTest, AStreamTheControllerClosesIsRiddenOutToo) {
+  StartAgent();
+  ASSERT_TRUE(transport_.WaitForEvent(Is(Case::kRegister)).has_value());
+  transport_.Close();
+  // The first attempt goes at once.
+  ASSERT_TRUE(transport_.WaitForAttaches(2));
+  std::vector<proto::AgentEvent> hellos = transport_.WaitForEvents(Is(Case::kRegister), 2);
+  ASSERT_EQ(hellos.size(), 2u);
+  EXPECT_TRUE(hellos[1].register_().resuming());
+  EXPECT_EQ(hellos[1].register_().generation(), -1);  // it ran none
+  EXPECT_EQ(hellos[1].register_().ranks_size(), 0);
+  transport_.Push(ShutdownCommand());
+  EXPECT_TRUE(AwaitRun().ok());
+}
+
+TEST(ReconnectBackoff, StartsAtOnceThenDoublesJitteredUpToItsBound) {
+  ReconnectBackoffOptions o;
+  o.initial = 500ms;
+  o.max = 10s;
+  o.jitter = 0.25;
+  ASSERT_TRUE(o.Validate().ok());
+  ReconnectBackoff backoff(o, 42);
+  ReconnectBackoff same(o, 42);
+  EXPECT_EQ(backoff.Next(), Duration::zero());
+  EXPECT_EQ(same.Next(), Duration::zero());
+  Duration nominal = 500ms;
+  Duration previous_nominal{0};
+  for (int i = 0; i < 12; ++i) {
+    const Duration d = backoff.Next();
+    SCOPED_TRACE("delay " + std::to_string(i + 1) + ": " + FormatDuration(d));
+    EXPECT_EQ(d, same.Next()) << "the same seed, the same delays";
+    EXPECT_LE(d, nominal);
+    EXPECT_GE(d, std::chrono::duration_cast<Duration>(nominal * 0.75));
+    EXPECT_LE(d, o.max);
+    EXPECT_GE(nominal, previous_nominal);
+    previous_nominal = nominal;
+    nominal = std::min<Duration>(o.max, nominal * 2);
+  }
+  EXPECT_EQ(previous_nominal, o.max) << "bounded after enough attempts";
+  o.max = 100ms;
+  EXPECT_FALSE(o.Validate().ok());
+}
+
+TEST(OutageBuffer, KeepsTheNewestInOrderAndDropsProgressBeforeReports) {
+  auto step = [](int64_t s) {
+    proto::AgentEvent e;
+    e.mutable_step()->set_step(s);
+    return e;
+  };
+  auto exit = [](int rank) {
+    proto::AgentEvent e;
+    e.mutable_worker_exited()->set_rank(rank);
+    return e;
+  };
+  OutageBuffer buffer(4);
+  proto::AgentEvent beat;
+  beat.mutable_heartbeat();
+  buffer.Push(beat);  // never kept
+  buffer.Push(step(1));
+  buffer.Push(exit(0));
+  buffer.Push(step(2));
+  buffer.Push(step(3));
+  buffer.Push(step(4));  // full: step 1 goes
+  proto::AgentEvent persisted;
+  persisted.mutable_persisted()->set_step(3);
+  buffer.Push(persisted);  // step 2 goes
+  EXPECT_EQ(buffer.dropped(), 2);
+  std::vector<std::string> kept;
+  for (OutageBuffer copy = buffer; !copy.empty(); copy.PopFront()) {
+    const proto::AgentEvent& e = copy.front();
+    kept.push_back(e.has_step()            ? "step " + std::to_string(e.step().step())
+                   : e.has_worker_exited() ? "exit"
+                                           : "persisted");
+  }
+  EXPECT_EQ(kept, (std::vector<std::string>{"exit", "step 3", "step 4", "persisted"}));
+  // With no progress left to drop, the oldest report goes.
+  OutageBuffer reports(2);
+  reports.Push(exit(0));
+  reports.Push(exit(1));
+  reports.Push(exit(2));
+  EXPECT_EQ(reports.size(), 2u);
+  EXPECT_EQ(reports.front().worker_exited().rank(), 1);
+  EXPECT_EQ(reports.dropped(), 1);
+}
+
+TEST_F(AgentShellTest, AStreamTheControllerClosesWithARefusalIsNotRiddenOut) {
+  StartAgent();
+  Do(StartCommand(1, {0}, 1));
+  transport_.Close(InvalidArgument("wrong job token"));
+  EXPECT_EQ(AwaitRun().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(transport_.attaches(), 1);
+  EXPECT_EQ(launcher_.stops(), (std::vector<std::chrono::milliseconds>{0ms}));
 }
 
 TEST_F(AgentShellTest, ARefusedTokenEndsRunWithInvalidArgument) {

@@ -21,6 +21,7 @@ void FakeTransport::Close(Status end) {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;
     close_status_ = std::move(end);
+    reopen_ = false;  // for the stream open now, or else the next one
   }
   cv_.notify_all();
 }
@@ -30,6 +31,7 @@ void FakeTransport::Break() {
     std::lock_guard<std::mutex> lock(mu_);
     broken_ = true;
     queue_.clear();
+    reopen_ = false;  // for the stream open now, or else the next one
   }
   cv_.notify_all();
 }
@@ -74,6 +76,21 @@ bool FakeTransport::WaitUntilIdle(std::chrono::milliseconds timeout) const {
   return cv_.wait_for(lock, timeout, [&] { return (queue_.empty() && reading_) || EndedLocked(); });
 }
 
+int FakeTransport::attaches() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return attaches_;
+}
+
+int FakeTransport::attach_attempts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return attach_attempts_;
+}
+
+bool FakeTransport::WaitForAttaches(int count, std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return attaches_ >= count; });
+}
+
 bool FakeTransport::cancelled() const {
   std::lock_guard<std::mutex> lock(mu_);
   return cancelled_;
@@ -91,8 +108,23 @@ bool FakeTransport::finished() const {
 
 Status FakeTransport::Attach(const std::function<bool()>& give_up) {
   (void)give_up;
-  std::lock_guard<std::mutex> lock(mu_);
-  return attach_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++attach_attempts_;
+    ENDURE_CHECK(!open_);  // the agent finishes a stream before it opens the next
+    if (cancelled_) return Unavailable("cancelled");
+    if (!attach_.ok()) return attach_;
+    open_ = true;
+    ++attaches_;
+    if (reopen_) {
+      // A new stream: the last one's end is behind it.
+      reopen_ = false;
+      closed_ = broken_ = writes_closed_ = finished_ = false;
+      close_status_ = Status::Ok();
+    }
+  }
+  cv_.notify_all();
+  return Status::Ok();
 }
 
 bool FakeTransport::Send(const proto::AgentEvent& event) {
@@ -133,6 +165,8 @@ void FakeTransport::CloseWrites() {
 Status FakeTransport::Finish() {
   std::lock_guard<std::mutex> lock(mu_);
   finished_ = true;
+  open_ = false;
+  reopen_ = true;
   if (broken_) return Unavailable("connection reset by peer");
   if (closed_) return close_status_;
   if (cancelled_) return Unavailable("cancelled");

@@ -1,8 +1,10 @@
 // FakeTransport: the controller's end of the agent's stream, in memory, for
 // tests. A test pushes commands, which Read() hands to the agent in order,
 // and reads back the events the agent sent; Close() ends the stream as a
-// controller would, Break() as a broken connection would. Every wait is
-// bounded. Thread-safe.
+// controller would, Break() as a broken connection would. After either, the
+// agent may attach again, which opens a new stream (FailAttach keeps the
+// controller out of reach meanwhile); the events of every stream are kept
+// in one list, in the order they came. Every wait is bounded. Thread-safe.
 #pragma once
 
 #include <chrono>
@@ -24,15 +26,18 @@ class FakeTransport : public Transport {
 
   // --- The test's side.
 
-  // What Attach() returns from now on (OK until set).
+  // What Attach() returns from now on (OK until set): an error keeps the
+  // controller out of reach, OK lets the next attempt open a stream.
   void FailAttach(Status status);
   // A command for the agent; Read() hands them over in order.
   void Push(proto::AgentCommand command);
   // The controller ends the stream: once the commands pushed before are
-  // read, Read() returns false, and Finish() returns `end`.
+  // read, Read() returns false, and Finish() returns `end`. Between two
+  // streams (and before the first), Close() and Break() are for the next.
   void Close(Status end = Status::Ok());
   // The connection breaks now: Read() returns false (commands not yet read
-  // are lost), Send() fails, Finish() returns kUnavailable.
+  // are lost), Send() fails, Finish() returns kUnavailable. Commands pushed
+  // afterwards are for the next stream.
   void Break();
 
   // Every event sent, in order.
@@ -50,6 +55,13 @@ class FakeTransport : public Transport {
   // for the next, i.e. has carried them all out, or the stream has ended;
   // false on timeout.
   bool WaitUntilIdle(std::chrono::milliseconds timeout = kWait) const;
+
+  // Streams opened (successful Attach calls), and Attach calls in all.
+  int attaches() const;
+  int attach_attempts() const;
+  // Waits until `count` streams have been opened, at most `timeout`; false
+  // on timeout.
+  bool WaitForAttaches(int count, std::chrono::milliseconds timeout = kWait) const;
 
   bool cancelled() const;
   bool writes_closed() const;
@@ -72,12 +84,16 @@ class FakeTransport : public Transport {
   std::deque<proto::AgentCommand> queue_;  // GUARDED_BY(mu_)
   std::vector<proto::AgentEvent> events_;  // GUARDED_BY(mu_)
   bool reading_ = false;                   // GUARDED_BY(mu_): Read() waits with nothing to hand
-  bool closed_ = false;                    // GUARDED_BY(mu_)
+  bool closed_ = false;                    // GUARDED_BY(mu_); the current stream
   Status close_status_ = Status::Ok();     // GUARDED_BY(mu_)
-  bool broken_ = false;                    // GUARDED_BY(mu_)
-  bool cancelled_ = false;                 // GUARDED_BY(mu_)
-  bool writes_closed_ = false;             // GUARDED_BY(mu_)
-  bool finished_ = false;                  // GUARDED_BY(mu_)
+  bool broken_ = false;                    // GUARDED_BY(mu_); the current stream
+  bool cancelled_ = false;                 // GUARDED_BY(mu_); for good
+  bool writes_closed_ = false;             // GUARDED_BY(mu_); of the current stream
+  bool finished_ = false;                  // GUARDED_BY(mu_); the current stream
+  bool open_ = false;                      // GUARDED_BY(mu_): attached and not yet finished
+  bool reopen_ = false;      // GUARDED_BY(mu_): the next Attach starts a stream afresh
+  int attaches_ = 0;         // GUARDED_BY(mu_)
+  int attach_attempts_ = 0;  // GUARDED_BY(mu_)
 };
 
 }  // namespace endure::agent

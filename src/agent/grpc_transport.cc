@@ -1,9 +1,11 @@
-// The gRPC transport: Controller.Attach over one channel.
+// The gRPC transport: Controller.Attach, a channel and a call per stream.
 #include "agent/grpc_transport.h"
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
 
 #include "proto/endure.grpc.pb.h"
 
@@ -36,15 +38,25 @@ class GrpcTransport : public Transport {
       : o_(std::move(options)), identity_(std::move(identity)) {}
 
   Status Attach(const std::function<bool()>& give_up) override {
-    channel_ = MakeControllerChannel(o_, identity_);
+    if (cancelled_) return Unavailable("cancelled");
+    // A fresh channel and call per stream: a ClientContext serves one call.
+    std::shared_ptr<grpc::Channel> channel = MakeControllerChannel(o_, identity_);
     const auto connect_by = std::chrono::steady_clock::now() + kConnectFor;
     bool connected = false;
-    while (!connected && !give_up() && std::chrono::steady_clock::now() < connect_by) {
-      connected = channel_->WaitForConnected(std::chrono::system_clock::now() + kConnectPoll);
+    while (!connected && !give_up() && !cancelled_ &&
+           std::chrono::steady_clock::now() < connect_by) {
+      connected = channel->WaitForConnected(std::chrono::system_clock::now() + kConnectPoll);
     }
     if (!connected) return Unavailable("cannot reach the controller at " + o_.controller);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_) return Unavailable("cancelled");
+    // The previous call is finished (the agent's order of calls): its
+    // stream goes before the context it runs in.
+    stream_.reset();
+    channel_ = std::move(channel);
     stub_ = proto::Controller::NewStub(channel_);
-    stream_ = stub_->Attach(&context_);
+    context_ = std::make_unique<grpc::ClientContext>();
+    stream_ = stub_->Attach(context_.get());
     return Status::Ok();
   }
 
@@ -52,9 +64,11 @@ class GrpcTransport : public Transport {
 
   bool Read(proto::AgentCommand* command) override { return stream_ && stream_->Read(command); }
 
-  // A ClientContext cancelled before its call starts cancels the call when
-  // it starts, so this needs no lock against Attach().
-  void Cancel() override { context_.TryCancel(); }
+  void Cancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    if (context_) context_->TryCancel();
+  }
 
   void CloseWrites() override {
     if (stream_) stream_->WritesDone();
@@ -73,9 +87,13 @@ class GrpcTransport : public Transport {
  private:
   const AgentOptions o_;
   const std::optional<tls::Identity> identity_;
+  std::atomic<bool> cancelled_{false};
+  // Replaced by Attach (under mu_, so that Cancel() finds the current call);
+  // Send, Read, CloseWrites and Finish use them between two Attach calls.
+  std::mutex mu_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::Controller::Stub> stub_;
-  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<proto::AgentEvent, proto::AgentCommand>> stream_;
 };
 

@@ -13,7 +13,8 @@
 namespace endure::agent {
 
 // A transport to `options.controller`. Attach() waits at most 15 s for the
-// controller to answer. Thread safety as for Transport.
+// controller to answer, each time on a new channel. Thread safety as for
+// Transport.
 // With `identity` (this node's), the channel uses mutual TLS: it presents
 // the node's certificate and accepts only the job CA's certificate named
 // tls::kControllerName.

@@ -1,8 +1,9 @@
-// Transport: the agent's connection to the controller, one stream with
-// AgentEvents going up and AgentCommands coming down (proto/endure.proto,
-// Controller.Attach). The real one is gRPC (agent/grpc_transport.h); tests
-// use FakeTransport (agent/fake_transport.h), which hands commands in order
-// and records what was sent.
+// Transport: the agent's connection to the controller, one stream at a time
+// with AgentEvents going up and AgentCommands coming down
+// (proto/endure.proto, Controller.Attach). The real one is gRPC
+// (agent/grpc_transport.h); tests use FakeTransport (agent/fake_transport.h),
+// which hands commands in order, records what was sent, and breaks and
+// reopens streams when told.
 #pragma once
 
 #include <functional>
@@ -12,20 +13,25 @@
 
 namespace endure::agent {
 
+// A transport can be attached again once its stream has ended and been
+// finished: each Attach() opens a new stream (a reconnection after the
+// controller went away).
+//
 // Thread safety: Cancel() may be called from any thread at any time, also
 // before Attach() and after Finish(). Send() is called by one thread at a
-// time (the agent serialises its writes), concurrently with Read(). The rest
-// is called by the thread that runs the agent, in this order: Attach, then
-// Read until it returns false (or the agent stops reading), CloseWrites,
-// Finish.
+// time (the agent serialises its writes), concurrently with Read(), and
+// never while Attach() runs. The rest is called by the thread that runs the
+// agent, in this order, once per stream: Attach, then Read until it returns
+// false (or the agent stops reading), CloseWrites (optional), Finish.
 class Transport {
  public:
   virtual ~Transport() = default;
 
-  // Reaches the controller and opens the stream. Gives up when `give_up()`
+  // Reaches the controller and opens a new stream. Gives up when `give_up()`
   // turns true (asked at least every 250 ms while it waits) or the
   // transport's own connect deadline passes: kUnavailable, naming the
-  // controller, when it could not connect.
+  // controller, when it could not connect; kUnavailable too once Cancel()
+  // was called.
   [[nodiscard]] virtual Status Attach(const std::function<bool()>& give_up) = 0;
 
   // Sends one event; false when the stream is broken (the event is lost).
@@ -35,8 +41,9 @@ class Transport {
   // controller closed it, it broke, or Cancel() was called).
   virtual bool Read(proto::AgentCommand* command) = 0;
 
-  // Ends the stream: a blocked Read() or Send() returns, and later ones
-  // fail. Before Attach(), the stream ends as soon as it opens.
+  // Ends the transport for good: a blocked Read() or Send() returns, later
+  // ones fail, and later Attach() calls fail. Before Attach(), the stream
+  // ends as soon as it opens.
   virtual void Cancel() = 0;
 
   // The agent sends no more events.

@@ -61,6 +61,7 @@ ControllerShell::ControllerShell(ControllerOptions options, Clock* clock, Transp
       pick_port_(std::move(pick_port)),
       start_(Now()),
       start_unix_(clock_->WallSeconds()),
+      stream_grace_(MachineOptions(o_.spec).heartbeat.drop_grace),
       machine_(MachineOptions(o_.spec), ExternalFaults(o_.spec), start_),
       checkpoints_(Env::Default(), CoordinatorFor(o_.spec)) {
   for (const faults::Fault& f : o_.spec.faults) fault_ids_.insert(f.id);
@@ -199,9 +200,44 @@ StreamVerdict ControllerShell::OnHello(ConnectionId id, const proto::AgentEvent&
   agent.replica_address = hello.replica_address();
   agent.source = queue_.NewSource();
   NodeId node;
+  bool taken_back = false;
+  std::optional<ConnectionId> superseded;
+  std::vector<core::NodeDown> lost;  // nodes this registration replaces
   {
     std::lock_guard<std::mutex> lock(conns_mu_);
-    node = NodeId{next_node_++};
+    // The node this name stands for now: attached (a second registration
+    // supersedes its stream), or dropped within the stream grace.
+    std::optional<NodeId> previous;
+    for (const auto& [n, a] : agents_) {
+      if (a.name == agent.name) {
+        previous = n;
+        superseded = a.connection;
+        registered_.erase(a.connection);
+        agents_.erase(n);
+        break;
+      }
+    }
+    if (auto d = dropped_.find(agent.name); !previous && d != dropped_.end()) {
+      if (Now() - d->second.at < stream_grace_) {
+        previous = d->second.node;
+      } else {
+        lost.push_back({d->second.node, d->second.reason});  // LoseDroppedNodes has not run yet
+      }
+      dropped_.erase(d);
+    }
+    if (previous && hello.resuming()) {
+      node = *previous;
+      taken_back = true;
+    } else {
+      // A fresh agent under a known name: the node it was is gone, workers
+      // and all.
+      if (previous) {
+        lost.push_back({*previous, "the agent " + agent.name +
+                                       " registered again without resuming (it restarted)"});
+      }
+      node = NodeId{next_node_++};
+    }
+    lose_at_once_.erase(node);
     agents_[node] = agent;
     registered_[id] = node;
     if (node_names_.size() < kMaxNodeNames &&
@@ -209,7 +245,23 @@ StreamVerdict ControllerShell::OnHello(ConnectionId id, const proto::AgentEvent&
       node_names_.push_back(agent.name);
     }
   }
-  Post(core::NodeUp{node, agent.name, hello.slots()});
+  // Outside conns_mu_: its OnClose may come from within Close, and finds no
+  // registration.
+  if (superseded) {
+    std::fprintf(stderr, "endure controller: %s registered again: its earlier stream is closed\n",
+                 agent.name.c_str());
+    transport_->Close(*superseded);
+  }
+  for (core::NodeDown& down : lost) Post(std::move(down));
+  if (hello.resuming()) {
+    Queued resume;
+    resume.node = node;
+    resume.resume = hello;
+    resume.taken_back = taken_back;
+    resume.at = Now();
+    queue_.PostControl(std::move(resume));
+  }
+  if (!taken_back) Post(core::NodeUp{node, agent.name, hello.slots()});
   return StreamVerdict::Accept();
 }
 
@@ -231,6 +283,10 @@ StreamVerdict ControllerShell::OnEvent(ConnectionId id, const proto::AgentEvent&
         "the controller closed the agent's stream: " + std::to_string(kMaxQueuedPerAgent) +
         " of its events were waiting for the event loop (a flood)";
     std::fprintf(stderr, "endure controller: %s: %s\n", NameOf(node).c_str(), reason.c_str());
+    {
+      std::lock_guard<std::mutex> lock(conns_mu_);
+      lose_at_once_.insert(node);  // cut on purpose: it is not coming back
+    }
     return StreamVerdict::Refuse(StreamVerdict::Code::kResourceExhausted, reason);
   }
   return StreamVerdict::Accept();
@@ -238,16 +294,29 @@ StreamVerdict ControllerShell::OnEvent(ConnectionId id, const proto::AgentEvent&
 
 void ControllerShell::OnClose(ConnectionId id, const std::string& reason) {
   NodeId node;
+  std::optional<core::NodeDown> lost;
   {
     std::lock_guard<std::mutex> lock(conns_mu_);
     hellos_.erase(id);
     auto it = registered_.find(id);
-    if (it == registered_.end()) return;  // never registered
+    if (it == registered_.end()) return;  // never registered, or superseded
     node = it->second;
     registered_.erase(it);
+    auto agent = agents_.find(node);
+    const std::string name = agent != agents_.end() ? agent->second.name : "";
     agents_.erase(node);
+    if (lose_at_once_.erase(node) > 0 || name.empty()) {
+      lost = core::NodeDown{node, reason};
+    } else {
+      // Held for the stream grace: an agent that reconnects and resumes is
+      // the same node (LoseDroppedNodes otherwise).
+      if (auto d = dropped_.find(name); d != dropped_.end()) {
+        lost = core::NodeDown{d->second.node, d->second.reason};
+      }
+      dropped_[name] = Dropped{node, Now(), reason};
+    }
   }
-  Post(core::NodeDown{node, reason});
+  if (lost) Post(std::move(*lost));
 }
 
 // Runs on an agent's stream thread: a pure conversion.
@@ -335,6 +404,86 @@ void ControllerShell::CancelSilentHellos(TimePoint now) {
   for (ConnectionId id : overdue) transport_->Close(id);
 }
 
+std::optional<TimePoint> ControllerShell::LoseDroppedNodes(TimePoint now) {
+  std::vector<core::NodeDown> lost;
+  std::optional<TimePoint> next;
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    for (auto it = dropped_.begin(); it != dropped_.end();) {
+      const TimePoint deadline = it->second.at + stream_grace_;
+      if (now >= deadline) {
+        lost.push_back({it->second.node, it->second.reason +
+                                             ", and the agent did not come back "
+                                             "within " +
+                                             FormatDuration(stream_grace_)});
+        it = dropped_.erase(it);
+      } else {
+        next = next ? std::min(*next, deadline) : deadline;
+        ++it;
+      }
+    }
+  }
+  for (core::NodeDown& down : lost) Post(std::move(down));
+  return next;
+}
+
+void ControllerShell::OnResume(const Queued& item) {
+  const proto::Register& hello = *item.resume;
+  const int64_t generation = hello.generation();
+  const std::string& name = hello.node_id();
+  proto::AgentCommand stop;
+  stop.mutable_stop()->set_grace_s(Seconds(o_.spec.recovery.grace_period));
+  if (stop_deadline_) {
+    // A signal is stopping the job: this node stops with the others.
+    stop.set_generation(machine_.generation());
+    Send(item.node, std::move(stop));
+    return;
+  }
+  // The generation the job still runs (or is stopping, or has just
+  // stopped and not yet replaced): the node carries on where it was.
+  const bool same = generation >= 0 && generation == machine_.generation() &&
+                    (machine_.phase() == core::JobPhase::kRunning ||
+                     machine_.phase() == core::JobPhase::kStopping ||
+                     machine_.phase() == core::JobPhase::kWaiting);
+  if (item.taken_back && same) {
+    std::fprintf(stderr,
+                 "endure controller: %s came back resuming generation %lld (%s): taken back "
+                 "without an incident\n",
+                 name.c_str(), static_cast<long long>(generation),
+                 hello.workers_alive() ? "its workers run" : "not every worker runs");
+    if (machine_.phase() != core::JobPhase::kRunning) {
+      // The stop may have gone out while its stream was down.
+      stop.set_generation(generation);
+      Send(item.node, std::move(stop));
+    }
+    return;
+  }
+  if (generation >= 0) {
+    // Workers of a generation the job has left (or of one it no longer
+    // holds this node in) must not train on.
+    std::fprintf(stderr,
+                 "endure controller: %s resumed generation %lld, which the job no longer runs "
+                 "with it (generation %d): stopping its workers; it joins as a fresh node\n",
+                 name.c_str(), static_cast<long long>(generation), machine_.generation());
+    stop.set_generation(generation);
+    Send(item.node, std::move(stop));
+  }
+  if (!item.taken_back) return;  // registered as a fresh node already
+  NodeId fresh;
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    auto it = agents_.find(item.node);
+    if (it == agents_.end()) return;  // its stream ended meanwhile: OnClose has it
+    fresh = NodeId{next_node_++};
+    agents_[fresh] = it->second;
+    registered_[it->second.connection] = fresh;
+    agents_.erase(it);
+  }
+  Post(core::NodeDown{item.node, "the agent " + name + " came back resuming generation " +
+                                     std::to_string(generation) + ", which the job has left"});
+  Post(core::NodeUp{fresh, name, hello.slots()});
+}
+
 void ControllerShell::Journal(const std::string& what, const Status& st) const {
   if (st.ok()) return;
   std::fprintf(stderr, "endure controller: journaling %s to %s failed: %s\n", what.c_str(),
@@ -384,7 +533,12 @@ Status ControllerShell::Start() {
   job_.name = o_.spec.name;
   job_.spec_path = o_.spec.path;
   job_.started_at_unix = start_unix_;
-  ENDURE_RETURN_IF_ERROR(store_->SaveJob(job_));
+  // A new run in the same database: the earlier runs' history stays.
+  ENDURE_ASSIGN_OR_RETURN(const int run, store_->BeginRun(job_));
+  if (run > 1) {
+    std::fprintf(stderr, "endure controller: run %d in %s (runs 1 to %d kept)\n", run,
+                 o_.state_dir.c_str(), run - 1);
+  }
   // What the durable directory already holds (an earlier run in this state
   // directory): a rollback before this run's first checkpoint goes there.
   if (!checkpoints_.found_steps().empty()) {
@@ -407,6 +561,7 @@ void ControllerShell::RunOnce(bool block) {
     wake = std::min(wake, *deadline);
   }
   if (stop_deadline_) wake = std::min(wake, *stop_deadline_);
+  if (std::optional<TimePoint> dropped = LoseDroppedNodes(Now())) wake = std::min(wake, *dropped);
   std::optional<Queued> next = queue_.PopUntil(
       block ? std::chrono::time_point_cast<std::chrono::steady_clock::duration>(wake)
             : std::chrono::steady_clock::time_point{});
@@ -415,6 +570,10 @@ void ControllerShell::RunOnce(bool block) {
   const TimePoint now = Now();
   CancelSilentHellos(now);
   if (item.stop_signal > 0 && !stop_deadline_) StopOnSignal(item.stop_signal, now);
+  if (item.resume) {
+    OnResume(item);
+    return;
+  }
   if (stop_deadline_) {
     OnCheckpointEvent(item);
     if (item.stopped) stopped_nodes_.insert(item.node);
@@ -482,6 +641,7 @@ Result<int> ControllerShell::Finish() {
   }
   nlohmann::json report = BuildReport(in);
   report["checkpoint"] = checkpoints_.ReportJson();
+  if (store_) Journal("the run history", AddRunHistory(*store_, report));
   if (store_) Journal("the report", store_->SaveReport(report));
   job_.finished_at_unix = clock_->WallSeconds();
   job_.exit_code = finish_->exit_code;
@@ -583,6 +743,10 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
       }
       std::fprintf(stderr, "endure controller: injecting fault %s (%s) on %s\n",
                    a->fault.id.c_str(), a->fault.kind.c_str(), machine_.NodeName(target).c_str());
+      if (a->fault.kind == "kill-agent") {
+        std::lock_guard<std::mutex> lock(conns_mu_);
+        lose_at_once_.insert(target);  // the node dies: its stream's end is its loss
+      }
       Send(target, std::move(cmd));
     } else if (const auto* a = std::get_if<core::FinishAction>(&action)) {
       finish_ = *a;

@@ -7,6 +7,17 @@
 // journals the job to SQLite under the state directory, writes
 // STATE_DIR/status.json and, at the end, STATE_DIR/report.json.
 //
+// Agents that lose their stream and come back: a stream that drops is not a
+// lost node at once. The node is held for the core's stream grace
+// (HeartbeatMonitorOptions::drop_grace); a registration under its name that
+// says it resumes the generation the job still runs takes it back, ranks and
+// all, with no incident, and the events the agent kept meanwhile flow in as
+// usual. A resume of a generation the job has left gets a Stop for it and
+// joins as a fresh node; no resume within the grace is a NodeDown. A second
+// registration under a name whose stream is still open supersedes it (the
+// old stream is closed). A stream cut for a flood, or of a node killed by an
+// injected kill-agent fault, is a lost node at once.
+//
 // RunController (controller.h) wires it to gRPC, the real clock, signals
 // and the HTTP status server; tests wire it to a FakeTransport and a
 // FakeClock and drive the loop with RunOnce.
@@ -111,6 +122,17 @@ class ControllerShell final : public TransportSink {
     core::NodeId node;
     core::TimePoint at;
     int stop_signal = 0;  // > 0: stop the job, a signal asked for it
+    // A registration that says it resumes (node: the one it was bound to);
+    // `taken_back`: bound to the node it was before, for the loop to check
+    // against the generation the job runs.
+    std::optional<proto::Register> resume;
+    bool taken_back = false;
+  };
+  // A registered node whose stream dropped, held for the stream grace.
+  struct Dropped {
+    core::NodeId node;
+    core::TimePoint at;
+    std::string reason;
   };
   // A stream waiting for its hello.
   struct PendingHello {
@@ -144,6 +166,14 @@ class ControllerShell final : public TransportSink {
   bool EveryAgentStopped() const;
   // Cuts the streams whose first message is overdue.
   void CancelSilentHellos(core::TimePoint now);
+  // Nodes whose stream dropped more than the stream grace ago, and that did
+  // not come back: each a NodeDown, queued. Returns the next such deadline.
+  std::optional<core::TimePoint> LoseDroppedNodes(core::TimePoint now);
+  // A resuming registration (the loop's half): a node taken back that
+  // resumes the generation the job runs carries on (told to stop again if
+  // the generation is stopping); otherwise its stale workers are stopped and
+  // a node taken back becomes a fresh one (NodeDown, then NodeUp).
+  void OnResume(const Queued& item);
   // Logs a failure to journal to the state store; the job goes on.
   void Journal(const std::string& what, const Status& st) const;
   void Execute(const std::vector<core::JobAction>& actions, core::TimePoint now);
@@ -169,6 +199,7 @@ class ControllerShell final : public TransportSink {
   const PortPicker pick_port_;
   const core::TimePoint start_;
   const double start_unix_;
+  const Duration stream_grace_;        // a dropped node's time to come back
   std::set<std::string> fault_ids_;    // the spec's; immutable after construction
   core::JobMachine machine_;           // owned by the loop thread
   CheckpointCoordinator checkpoints_;  // owned by the loop thread
@@ -181,6 +212,10 @@ class ControllerShell final : public TransportSink {
   std::map<core::NodeId, Agent> agents_;             // GUARDED_BY(conns_mu_); open streams only
   int next_node_ = 0;                                // GUARDED_BY(conns_mu_)
   std::vector<std::string> node_names_;              // GUARDED_BY(conns_mu_); that ever registered
+  std::map<std::string, Dropped> dropped_;           // GUARDED_BY(conns_mu_); by node name
+  // Nodes whose stream's end is a lost node at once: cut for a flood, or
+  // killed by an injected kill-agent fault (nothing comes back).
+  std::set<core::NodeId> lose_at_once_;  // GUARDED_BY(conns_mu_)
 
   EventQueue<Queued> queue_{kMaxQueuedPerAgent};
 

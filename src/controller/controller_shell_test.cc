@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -42,6 +43,25 @@ proto::AgentEvent Hello(const std::string& node, const std::string& token = kTok
   e.mutable_register_()->set_slots(slots);
   e.mutable_register_()->set_host("host-" + node);
   e.mutable_register_()->set_replica_address(node + ":7000");
+  return e;
+}
+
+// The hello of an agent that lost its stream and kept its workers running:
+// it resumes `generation`, whose ranks reported the steps in `last_steps`.
+proto::AgentEvent ResumeHello(const std::string& node, int64_t generation,
+                              const std::map<int, int64_t>& last_steps) {
+  proto::AgentEvent e = Hello(node);
+  e.set_generation(generation);
+  proto::Register* reg = e.mutable_register_();
+  reg->set_resuming(true);
+  reg->set_generation(generation);
+  reg->set_workers_alive(true);
+  for (const auto& [rank, step] : last_steps) {
+    proto::RankResume* r = reg->add_ranks();
+    r->set_rank(rank);
+    r->set_last_step(step);
+    r->set_alive(true);
+  }
   return e;
 }
 
@@ -359,23 +379,138 @@ TEST_F(ControllerShellTest, AnInvalidRegistrationIsRefused) {
   EXPECT_EQ(Kinds(transport_.TakeCommands(good)), std::vector<std::string>{"start"});
 }
 
-// What the code does today: a second agent registering a name already
-// attached is a node of its own (another NodeId), so a job of 2 nodes runs
-// on two agents that both call themselves node0.
-TEST_F(ControllerShellTest, ASecondAgentWithTheSameNameIsAnotherNode) {
+// A second registration under a name that is attached is that node again
+// (its agent restarted, or reconnected before the controller saw the old
+// stream go): the old stream is closed. It used to be a node of its own, so
+// a job of 2 nodes ran on two agents that both called themselves node0.
+TEST_F(ControllerShellTest, ASecondRegistrationOfAnAttachedNameSupersedesTheFirst) {
   Make(2);
   const ConnectionId first = Attach("node0");
   const ConnectionId second = Attach("node0");
   Pump();
-  const std::vector<proto::AgentCommand> to_first = transport_.TakeCommands(first);
-  const std::vector<proto::AgentCommand> to_second = transport_.TakeCommands(second);
-  ASSERT_EQ(Kinds(to_first), std::vector<std::string>{"start"});
-  ASSERT_EQ(Kinds(to_second), std::vector<std::string>{"start"});
-  EXPECT_EQ(Ranks(to_first[0]), std::vector<int>{0});
-  EXPECT_EQ(Ranks(to_second[0]), std::vector<int>{1});
-  EXPECT_EQ(to_first[0].start().checkpoint().replica_peer(), "node0:7000");
-  EXPECT_TRUE(transport_.open(first));
+  EXPECT_FALSE(transport_.open(first));
+  EXPECT_TRUE(transport_.cut(first));
   EXPECT_TRUE(transport_.open(second));
+  // One node so far: the job waits for the second.
+  EXPECT_TRUE(transport_.TakeCommands(first).empty());
+  EXPECT_TRUE(transport_.TakeCommands(second).empty());
+  const ConnectionId other = Attach("node1");
+  Pump();
+  const std::vector<proto::AgentCommand> to_second = transport_.TakeCommands(second);
+  const std::vector<proto::AgentCommand> to_other = transport_.TakeCommands(other);
+  ASSERT_EQ(Kinds(to_second), std::vector<std::string>{"start"});
+  ASSERT_EQ(Kinds(to_other), std::vector<std::string>{"start"});
+  EXPECT_EQ(Ranks(to_second[0]), std::vector<int>{0});
+  EXPECT_EQ(Ranks(to_other[0]), std::vector<int>{1});
+  EXPECT_EQ(to_second[0].start().checkpoint().replica_peer(), "node1:7000");
+  EXPECT_EQ(Status()["incidents"], 0);
+}
+
+// The agent saw its stream break before the controller did: its resuming
+// registration takes over the node, ranks and all.
+TEST_F(ControllerShellTest, AResumingRegistrationOfAnAttachedNameKeepsTheNodeWithoutAnIncident) {
+  Make(2);
+  std::vector<ConnectionId> ids = AttachAndStart(2);
+  Steps(ids, 0, 1, 2);
+  const ConnectionId again = transport_.Open();
+  ASSERT_TRUE(transport_.Deliver(again, ResumeHello("node1", 0, {{1, 2}})));
+  Pump();
+  EXPECT_TRUE(transport_.cut(ids[1]));
+  ids[1] = again;
+  Steps(ids, 0, 3, 4);
+  clock_.Advance(3s);  // past the stream grace: nothing was dropped
+  Tick();
+  EXPECT_EQ(Status()["incidents"], 0) << Status();
+  EXPECT_EQ(Status()["step"], 4);
+  EXPECT_EQ(Status()["generation"], 0);
+  for (ConnectionId id : ids) EXPECT_TRUE(transport_.TakeCommands(id).empty());
+}
+
+// A stream that drops and an agent that comes back within the stream grace
+// resuming the generation the job runs: the same node, no incident, no
+// restart; what it kept meanwhile, and its later steps, move the job on.
+TEST_F(ControllerShellTest, ANodeThatResumesItsGenerationWithinTheStreamGraceIsTakenBack) {
+  Make(2);
+  std::vector<ConnectionId> ids = AttachAndStart(2);
+  Steps(ids, 0, 1, 2);
+  transport_.HangUp(ids[1]);
+  Pump();
+  clock_.Advance(1s);
+  ASSERT_TRUE(transport_.Deliver(ids[0], Step(0, 0, 3)));
+  Tick();
+  EXPECT_EQ(Status()["incidents"], 0);
+  const ConnectionId again = transport_.Open();
+  ASSERT_TRUE(transport_.Deliver(again, ResumeHello("node1", 0, {{1, 2}})));
+  // Rank 1's step 3, kept by the agent while it had no stream.
+  clock_.Advance(1s);
+  ASSERT_TRUE(transport_.Deliver(again, Step(0, 1, 3)));
+  Pump();
+  EXPECT_EQ(Status()["step"], 3);
+  ids[1] = again;
+  Steps(ids, 0, 4, 6);
+  // Past the grace nothing is lost either: the node came back.
+  clock_.Advance(2s);
+  Tick();
+  EXPECT_EQ(Status()["incidents"], 0) << Status();
+  EXPECT_EQ(Status()["step"], 6);
+  EXPECT_EQ(Status()["generation"], 0);
+  for (ConnectionId id : ids) {
+    EXPECT_TRUE(transport_.TakeCommands(id).empty()) << "no stop, no start";
+  }
+}
+
+// The agent came back too late: the job lost the node, stopped generation 0
+// and moved on. Its workers of generation 0 are stopped, and it joins as a
+// fresh node, which the job takes for the one it lost.
+TEST_F(ControllerShellTest, AResumeOfAGenerationTheJobHasLeftGetsAStopAndJoinsAfresh) {
+  Make(2);
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  Steps(ids, 0, 1, 2);
+  transport_.HangUp(ids[1]);
+  Pump();
+  clock_.Advance(3s);  // past the stream grace (2s)
+  Tick();
+  EXPECT_EQ(Status()["incidents"], 1);
+  EXPECT_EQ(Kinds(transport_.TakeCommands(ids[0])), std::vector<std::string>{"stop"});
+  ASSERT_TRUE(transport_.Deliver(ids[0], Stopped(0)));
+  Pump();
+  const ConnectionId again = transport_.Open();
+  ASSERT_TRUE(transport_.Deliver(again, ResumeHello("node1", 0, {{1, 2}})));
+  Pump();
+  for (int i = 0; i < 5; ++i) {
+    clock_.Advance(1s);
+    for (ConnectionId id : {ids[0], again}) ASSERT_TRUE(transport_.Deliver(id, Heartbeat()));
+    Tick();
+  }
+  const std::vector<proto::AgentCommand> got = transport_.TakeCommands(again);
+  ASSERT_GE(got.size(), 1u);
+  EXPECT_EQ(Kinds(got)[0], "stop");
+  EXPECT_EQ(got[0].generation(), 0);
+  ASSERT_EQ(Kinds(got), (std::vector<std::string>{"stop", "start"}));
+  EXPECT_EQ(got[1].generation(), 1);
+  EXPECT_EQ(Ranks(got[1]), std::vector<int>{1});
+  EXPECT_EQ(Status()["incidents"], 1);
+}
+
+// Within the grace, but the job restarted meanwhile (another rank failed):
+// the resume names a generation the job has left.
+TEST_F(ControllerShellTest, AResumeWithinTheGraceOfAGenerationTheJobLeftIsStoppedToo) {
+  Make(2);
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  Steps(ids, 0, 1, 2);
+  transport_.HangUp(ids[1]);
+  ASSERT_TRUE(transport_.Deliver(ids[0], Exited(0, 0, 1)));
+  Pump();
+  EXPECT_EQ(Kinds(transport_.TakeCommands(ids[0])), std::vector<std::string>{"stop"});
+  ASSERT_TRUE(transport_.Deliver(ids[0], Stopped(0)));
+  Pump();
+  const ConnectionId again = transport_.Open();
+  ASSERT_TRUE(transport_.Deliver(again, ResumeHello("node1", 0, {{1, 2}})));
+  Pump();
+  const std::vector<proto::AgentCommand> got = transport_.TakeCommands(again);
+  ASSERT_GE(got.size(), 1u);
+  EXPECT_EQ(Kinds(got)[0], "stop");
+  EXPECT_EQ(got[0].generation(), 0);
 }
 
 TEST_F(ControllerShellTest, StreamsBeyondTheBoundAreRefusedAndEndedOnesForgotten) {
@@ -481,12 +616,19 @@ TEST_F(ControllerShellTest, AnXidInTheLogEvictsTheNodeAndAReplacementTakesItsRan
   EXPECT_TRUE(transport_.TakeCommands(ids[1]).empty());
 }
 
-TEST_F(ControllerShellTest, AStreamThatDropsIsANodeLostIncident) {
+TEST_F(ControllerShellTest, AStreamThatDropsIsANodeLostIncidentOnceTheStreamGracePasses) {
   Make(2);
   const std::vector<ConnectionId> ids = AttachAndStart(2);
   Steps(ids, 0, 1, 2);
   transport_.HangUp(ids[1]);
   Pump();
+  // Held for the stream grace (2s), in case the agent comes back.
+  clock_.Advance(2s - 1ms);
+  Tick();
+  EXPECT_TRUE(transport_.TakeCommands(ids[0]).empty());
+  EXPECT_EQ(Status()["incidents"], 0);
+  clock_.Advance(1ms);
+  Tick();
   EXPECT_EQ(Kinds(transport_.TakeCommands(ids[0])), std::vector<std::string>{"stop"});
   EXPECT_TRUE(transport_.TakeCommands(ids[1]).empty());
   Result<StateStore> store = StateStore::OpenExisting(StateStore::PathIn(state_dir()));

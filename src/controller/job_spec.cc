@@ -21,7 +21,8 @@ namespace endure::controller {
 namespace {
 
 constexpr std::string_view kTables =
-    "[job], [checkpoint], [detection], [recovery], [[faults]], [faults_schedule]";
+    "[job], [checkpoint], [detection], [recovery], [control_plane], [[faults]], "
+    "[faults_schedule]";
 
 int LineOf(const toml::source_region& src) { return static_cast<int>(src.begin.line); }
 
@@ -271,6 +272,7 @@ class SpecParser {
   Status ParseCheckpoint(const toml::table& t, JobSpec& spec);
   Status ParseDetection(const toml::table& t, JobSpec& spec);
   Status ParseRecovery(const toml::table& t, JobSpec& spec);
+  Status ParseControlPlane(const toml::table& t, JobSpec& spec);
   Status ParseFault(const toml::table& t, int index, JobSpec& spec);
   Status ParseSchedule(const toml::table& t, JobSpec& spec);
 
@@ -299,7 +301,7 @@ Status SpecParser::Parse(std::string_view text, JobSpec& spec) {
         return Error(line, name, "expected an array of tables: write each fault as [[faults]]");
       }
     } else if (name == "job" || name == "checkpoint" || name == "detection" || name == "recovery" ||
-               name == "faults_schedule") {
+               name == "control_plane" || name == "faults_schedule") {
       if (!value.is_table())
         return Error(line, name, "expected a table: write it as [" + name + "]");
     } else {
@@ -325,6 +327,9 @@ Status SpecParser::Parse(std::string_view text, JobSpec& spec) {
   spec.recovery.paths["node_lost"] = core::RecoveryPath::kEvictAndReplace;
   if (const toml::table* t = root["recovery"].as_table()) {
     ENDURE_RETURN_IF_ERROR(ParseRecovery(*t, spec));
+  }
+  if (const toml::table* t = root["control_plane"].as_table()) {
+    ENDURE_RETURN_IF_ERROR(ParseControlPlane(*t, spec));
   }
   if (const toml::array* faults = root["faults"].as_array()) {
     int index = 0;
@@ -719,6 +724,15 @@ Status SpecParser::ParseFault(const toml::table& t, int index, JobSpec& spec) {
   if (!lines_.count(prefix + ".id")) lines_[prefix + ".id"] = line;
   spec.faults.push_back(std::move(f));
   return Status::Ok();
+}
+
+Status SpecParser::ParseControlPlane(const toml::table& t, JobSpec& spec) {
+  ControlPlaneSpec& c = spec.control_plane;
+  return Keys(t, "control_plane",
+              {{"controller_grace", [&](const toml::node& v, const std::string& key) -> Status {
+                  ENDURE_ASSIGN_OR_RETURN(c.controller_grace, Dur(v, key, false));
+                  return AtMost(v, key, c.controller_grace, kMaxControllerGrace, "30d");
+                }}});
 }
 
 Status SpecParser::ParseSchedule(const toml::table& t, JobSpec& spec) {

@@ -33,7 +33,8 @@ inline constexpr int kMaxRanksPerNode = 1024;        // workers (GPUs) of one ma
 inline constexpr int kMaxWorldSize = 1 << 20;        // nodes x ranks_per_node
 inline constexpr int kMaxDetectionWindow = 100'000;  // hang_window, loss_window (steps)
 inline constexpr Duration kMaxStopTimeout = std::chrono::hours(1);  // grace_period, stack_timeout
-inline constexpr int64_t kMaxSpecBytes = 1 << 20;                   // the spec file
+inline constexpr Duration kMaxControllerGrace = std::chrono::hours(24 * 30);
+inline constexpr int64_t kMaxSpecBytes = 1 << 20;  // the spec file
 // `endure run` starts every node (an agent) and every rank (a worker) on this
 // one machine; beyond these it refuses and points to `endure controller` and
 // `endure agent` across machines.
@@ -97,6 +98,15 @@ struct RecoverySpec {
   std::map<std::string, core::RecoveryPath> paths;
 };
 
+// [control_plane]
+struct ControlPlaneSpec {
+  // How long the agents keep their workers training while they cannot reach
+  // the controller (they reconnect meanwhile and report what happened);
+  // past it they stop the workers as on SIGTERM and exit. `endure run`
+  // passes it to its agents (--controller-grace).
+  Duration controller_grace = std::chrono::minutes(5);
+};
+
 // [faults_schedule]: a seeded Poisson schedule, already expanded into
 // JobSpec::faults; kept for the report and for reproducing the run.
 struct FaultScheduleSpec {
@@ -126,6 +136,7 @@ struct JobSpec {
   CheckpointSpec checkpoint;
   DetectionSpec detection;
   RecoverySpec recovery;
+  ControlPlaneSpec control_plane;
 
   // [[faults]] in file order, then the expanded [faults_schedule] (ids
   // "sched-N"). Every fault is valid and ids are unique.

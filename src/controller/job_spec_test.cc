@@ -59,6 +59,22 @@ TEST(JobSpec, TlsIsABoolOffByDefault) {
               AllOf(HasSubstr("job.toml:5"), HasSubstr("job.tls")));
 }
 
+TEST(JobSpec, ControllerGraceDefaultsToFiveMinutesAndIsBounded) {
+  Result<JobSpec> plain = ParseJobSpec(kMinimal, "job.toml");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->control_plane.controller_grace, std::chrono::minutes(5));
+  Result<JobSpec> set = ParseJobSpec(
+      std::string(kMinimal) + "[control_plane]\ncontroller_grace = \"90s\"\n", "job.toml");
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(set->control_plane.controller_grace, std::chrono::seconds(90));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "[control_plane]\ncontroller_grace = 90\n"),
+              AllOf(HasSubstr("job.toml:6"), HasSubstr("control_plane.controller_grace")));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "[control_plane]\ncontroller_grace = \"31d\"\n"),
+              HasSubstr("must be at most 30d"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "[control_plane]\nstandbye = true\n"),
+              HasSubstr("unknown key in [control_plane]; valid keys are controller_grace"));
+}
+
 TEST(JobSpec, ParsesTheIssueExample) {
   Result<JobSpec> spec = ParseJobSpec(kIssueExample, "demo.toml");
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "agent/agent.h"
+#include "common/duration.h"
 #include "common/env.h"
 #include "common/shipped_files.h"
 #include "controller/controller.h"
@@ -93,11 +94,22 @@ Verb AddAgentVerb(CLI::App& root) {
   cmd->add_flag("--standby", o->standby,
                 "Keep a warm standby worker per rank (the program must call "
                 "endure::AwaitStandbyAssignment, as endure-train does)");
-  return {cmd, [o, token_file] {
+  auto grace = std::make_shared<std::string>("5m");
+  cmd->add_option("--controller-grace", *grace,
+                  "How long the workers keep training while the controller cannot be reached "
+                  "(the agent reconnects meanwhile); past it they are stopped and the agent exits")
+      ->capture_default_str();
+  return {cmd, [o, token_file, grace] {
+            Result<Duration> controller_grace = ParseDuration(*grace);
+            if (!controller_grace.ok()) {
+              return Fail("agent", InvalidArgument("--controller-grace: " +
+                                                   controller_grace.status().message()));
+            }
             Result<std::string> token = ReadToken(*token_file);
             if (!token.ok()) return Fail("agent", token.status());
             agent::AgentOptions opts = *o;
             opts.token = *token;
+            opts.controller_grace = *controller_grace;
             if (opts.work_dir.empty()) opts.work_dir = "endure-" + opts.node_id;
             if (opts.log_rules.empty()) {
               Result<std::string> rules = FindShippedConfig("log_rules.toml", "--log-rules FILE");

@@ -153,6 +153,10 @@ Status EmbeddedRun::StartAgent() {
              "--token-file", token_file_, "--work-dir",   work,
              "--log-rules",  rules_};
   if (spec_.recovery.warm_standby) ps.argv.push_back("--standby");
+  // In milliseconds: exact, where FormatDuration rounds.
+  const auto grace_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(spec_.control_plane.controller_grace);
+  ps.argv.insert(ps.argv.end(), {"--controller-grace", std::to_string(grace_ms.count()) + "ms"});
   if (!tls_dir_.empty()) ps.argv.insert(ps.argv.end(), {"--tls-dir", tls_dir_});
   ps.output_path = JoinPath(work, "agent.log");
   // Every "node" shares this machine: one BLAS/OpenMP thread pool per core,
@@ -247,9 +251,9 @@ int EmbeddedRun::Run() {
       return st.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitInternal;
     }
   }
-  // A previous run's report must not pass for this one's.
-  for (const char* f :
-       {"report.json", "status.json", "controller.db", "controller.db-wal", "controller.db-shm"}) {
+  // A previous run's report must not pass for this one's. controller.db
+  // stays: the controller begins a new run in it, after the earlier ones.
+  for (const char* f : {"report.json", "status.json"}) {
     if (Status st = env->RemoveFile(JoinPath(spec_.state_dir, f)); !st.ok()) {
       std::fprintf(stderr, "endure run: %s\n", st.message().c_str());
       return kExitInternal;
