@@ -700,6 +700,15 @@ TEST_F(ControlPlaneTest, RunningASpecAgainResumesFromItsNewestCheckpoint) {
   EXPECT_EQ(r.report.value("generations", 0), 1) << r.report.dump(2);
   EXPECT_EQ(r.report.value("steps", 0), 30) << r.report.dump(2);
   EXPECT_EQ(r.report.value("param_fingerprint", ""), reference) << r.output;
+  // The second run of the state directory, which keeps the first one's history.
+  EXPECT_EQ(r.report.value("run", 0), 2) << r.report.dump(2);
+  ASSERT_EQ(r.report.value("earlier_runs", nlohmann::json::array()).size(), 1u) << r.report.dump(2);
+  const nlohmann::json& first_run = r.report["earlier_runs"][0];
+  EXPECT_EQ(first_run.value("run", 0), 1);
+  EXPECT_EQ(first_run.value("exit_code", 0), 128 + SIGINT) << first_run.dump();
+  EXPECT_EQ(first_run.value("incidents", -1), 0) << first_run.dump();
+  EXPECT_NE(first_run.value("verdict", "").find("stopped by SIGINT"), std::string::npos)
+      << first_run.dump();
   const std::string log = WorkerLogs("resume", 0, 0);
   EXPECT_NE(log.find("restored step " + std::to_string(newest) + " from T2 x2\n"),
             std::string::npos)

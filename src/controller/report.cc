@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <optional>
 #include <sstream>
 
@@ -191,16 +192,20 @@ Json BuildReport(const ReportInputs& in) {
   return report;
 }
 
-Result<Json> ReportFromStore(StateStore& store) {
-  Result<Json> saved = store.LoadReport();
+namespace {
+
+// The report of run `run` (kCurrentRun: the store's current one), without
+// the history.
+Result<Json> RunReport(StateStore& store, int run) {
+  Result<Json> saved = store.LoadReport(run);
   if (saved.ok() || saved.status().code() != StatusCode::kNotFound) return saved;
 
-  ENDURE_ASSIGN_OR_RETURN(JobRecord job, store.LoadJob());
-  ENDURE_ASSIGN_OR_RETURN(auto ledger_s, store.LoadLedger());
-  // Stored times are seconds since the job start; any origin will do.
+  ENDURE_ASSIGN_OR_RETURN(JobRecord job, store.LoadJob(run));
+  ENDURE_ASSIGN_OR_RETURN(auto ledger_s, store.LoadLedger(run));
+  // Stored times are seconds since the run's start; any origin will do.
   const core::TimePoint start{};
-  ENDURE_ASSIGN_OR_RETURN(std::vector<core::Incident> incidents, store.LoadIncidents(start));
-  ENDURE_ASSIGN_OR_RETURN(std::vector<GenerationRecord> generations, store.LoadGenerations());
+  ENDURE_ASSIGN_OR_RETURN(std::vector<core::Incident> incidents, store.LoadIncidents(start, run));
+  ENDURE_ASSIGN_OR_RETURN(std::vector<GenerationRecord> generations, store.LoadGenerations(run));
   double wall_s = 0;
   for (const auto& [category, seconds] : ledger_s) wall_s += seconds;
 
@@ -226,7 +231,104 @@ Result<Json> ReportFromStore(StateStore& store) {
   return report;
 }
 
-std::string RenderReport(const Json& r) {
+void SetHistory(Json& report, int run, const Json& runs) {
+  Json earlier = Json::array();
+  for (const Json& r : runs) {
+    if (r["run"].get<int>() < run) earlier.push_back(r);
+  }
+  report["run"] = run;
+  report["earlier_runs"] = std::move(earlier);
+}
+
+}  // namespace
+
+Result<Json> ReportFromStore(StateStore& store, int run) {
+  ENDURE_ASSIGN_OR_RETURN(Json report, RunReport(store, run));
+  ENDURE_ASSIGN_OR_RETURN(Json runs, RunHistory(store));
+  SetHistory(report, run == StateStore::kCurrentRun ? store.run() : run, runs);
+  return report;
+}
+
+Result<Json> RunHistory(StateStore& store) {
+  ENDURE_ASSIGN_OR_RETURN(std::vector<RunSummary> runs, store.LoadRuns());
+  Json out = Json::array();
+  for (const RunSummary& r : runs) {
+    double wall_s = 0;
+    for (const auto& [category, seconds] : r.ledger_s) wall_s += seconds;
+    auto productive = r.ledger_s.find("productive");
+    double ettr = wall_s > 0 && productive != r.ledger_s.end() ? productive->second / wall_s : 0.0;
+    size_t incidents = static_cast<size_t>(r.incidents);
+    // The final report's figures, as its own report shows them: they count
+    // the run's tail (stopping, writing the report) that the ledger in the
+    // store does not.
+    if (r.has_report) {
+      ENDURE_ASSIGN_OR_RETURN(Json report, store.LoadReport(r.run));
+      if (report.value("wall_s", Json()).is_number()) wall_s = report["wall_s"].get<double>();
+      if (report.value("ettr", Json()).is_number()) ettr = report["ettr"].get<double>();
+      if (report.value("incidents", Json()).is_array()) incidents = report["incidents"].size();
+    }
+    Json j;
+    j["run"] = r.run;
+    j["job"] = r.job.name;
+    j["started_at_unix"] = r.job.started_at_unix;
+    j["finished_at_unix"] = OrNull(r.job.finished_at_unix);
+    j["exit_code"] = r.job.exit_code ? Json(*r.job.exit_code) : Json(nullptr);
+    j["verdict"] = r.job.verdict;
+    j["final"] = r.has_report;
+    j["incidents"] = incidents;
+    j["generations"] = r.generations;
+    j["wall_s"] = wall_s;
+    j["ettr"] = ettr;
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+Status AddRunHistory(StateStore& store, Json& report) {
+  ENDURE_ASSIGN_OR_RETURN(Json runs, RunHistory(store));
+  SetHistory(report, store.run(), runs);
+  return Status::Ok();
+}
+
+namespace {
+
+// When a run started, for the table: UTC, to the second.
+std::string UtcTime(const Json& unix_s) {
+  if (!unix_s.is_number()) return "-";
+  const auto t = static_cast<std::time_t>(unix_s.get<double>());
+  std::tm tm{};
+  if (gmtime_r(&t, &tm) == nullptr) return "-";
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+// One line per run before this one; nothing when there is none.
+std::string RenderEarlierRuns(const Json& r) {
+  const Json runs = r.value("earlier_runs", Json::array());
+  if (!runs.is_array() || runs.empty()) return "";
+  std::vector<std::vector<std::string>> rows = {
+      {"run", "started (UTC)", "exit", "incidents", "ETTR", "verdict"}};
+  for (const Json& run : runs) {
+    std::string verdict = Str(run.value("verdict", Json()));
+    if (verdict.empty() || verdict == "-") {
+      verdict = run.value("final", false) ? "-" : "not finished (no final report)";
+    }
+    // What happened, not the advice that may follow it: up to a "; ".
+    if (size_t cut = verdict.find("; "); cut != std::string::npos) verdict.resize(cut);
+    constexpr size_t kVerdictChars = 64;
+    if (verdict.size() > kVerdictChars) verdict = verdict.substr(0, kVerdictChars - 3) + "...";
+    rows.push_back({Str(run.value("run", Json())), UtcTime(run.value("started_at_unix", Json())),
+                    Str(run.value("exit_code", Json())), Str(run.value("incidents", Json())),
+                    Fixed(run.value("ettr", 0.0), 3), verdict});
+  }
+  return "\nEarlier runs: " + std::to_string(runs.size()) +
+         " (endure report STATE_DIR --run N prints one)\n" +
+         Table(rows, {true, false, true, true, true, false}, "  ");
+}
+
+// The report of one run, without its history.
+std::string RenderRunReport(const Json& r) {
   std::ostringstream out;
   out << "Job " << Str(r.value("job", Json())) << ": " << Outcome(r);
   if (r.contains("exit_code") && r["exit_code"].is_number_integer()) {
@@ -235,6 +337,7 @@ std::string RenderReport(const Json& r) {
   out << "\n";
   if (r.contains("verdict") && !Str(r["verdict"]).empty()) out << "  " << Str(r["verdict"]) << "\n";
   std::vector<std::string> facts;
+  if (r.contains("run") && r["run"].is_number()) facts.push_back("run " + Str(r["run"]));
   if (r.contains("steps") && r["steps"].is_number()) facts.push_back("steps " + Str(r["steps"]));
   if (r.contains("last_loss") && r["last_loss"].is_number()) {
     facts.push_back("last loss " + Str(r["last_loss"]));
@@ -356,5 +459,9 @@ std::string RenderReport(const Json& r) {
   }
   return out.str();
 }
+
+}  // namespace
+
+std::string RenderReport(const Json& r) { return RenderRunReport(r) + RenderEarlierRuns(r); }
 
 }  // namespace endure::controller

@@ -3,10 +3,14 @@
 // hit, how long detection and each phase of the recovery took, and how many
 // steps it cost. BuildReport makes the JSON (STATE_DIR/report.json and the
 // state store); RenderReport turns it into the table `endure run` and
-// `endure report` print. docs/report.md defines every figure.
+// `endure report` print. docs/report.md defines every figure. A report names
+// its run ("run") and sums up the runs before it in the same state directory
+// ("earlier_runs", as RunHistory).
 //
-// Pure functions; safe to call from any thread (BuildReport only reads the
-// JobMachine, which its owner must not step meanwhile).
+// BuildReport and RenderReport are pure functions, safe to call from any
+// thread (BuildReport only reads the JobMachine, which its owner must not
+// step meanwhile); the functions that take a StateStore use it from the
+// caller's thread, as the store requires.
 #pragma once
 
 #include <cstdint>
@@ -15,12 +19,11 @@
 #include <vector>
 
 #include "common/status.h"
+#include "controller/state_store.h"
 #include "core/ids.h"
 #include "core/job_machine.h"
 
 namespace endure::controller {
-
-class StateStore;
 
 struct ReportInputs {
   // The job's decision core, after its last event: incidents(), ledger(),
@@ -43,14 +46,28 @@ struct ReportInputs {
 // stopped the job (null otherwise).
 nlohmann::json BuildReport(const ReportInputs& inputs);
 
-// The report of a job from its state store: the final report when one was
-// saved; otherwise one built from the stored job, ledger and incidents (a job
-// still running, or whose controller died), with "final": false. NotFound
-// when the store holds no job.
-Result<nlohmann::json> ReportFromStore(StateStore& store);
+// The report of run `run` (the store's current one by default, the newest
+// after Open) from its state store: the final report when one was saved;
+// otherwise one built from the stored job, ledger and incidents (a run still
+// going, or whose controller died), with "final": false. Either way with
+// "run" and "earlier_runs" as of now. NotFound when the store holds no job,
+// or no such run.
+Result<nlohmann::json> ReportFromStore(StateStore& store, int run = StateStore::kCurrentRun);
+
+// Every run in the store, ascending, one JSON object each: "run", "job",
+// "started_at_unix", "finished_at_unix" and "exit_code" (null while not
+// finished), "verdict", "final" (its final report was saved), "incidents",
+// "generations", "wall_s" and "ettr" (the final report's, else from the
+// ledger as last saved).
+Result<nlohmann::json> RunHistory(StateStore& store);
+
+// Sets `report`'s "run" to the store's current run and "earlier_runs" to
+// RunHistory's entries before it. On failure `report` is unchanged.
+Status AddRunHistory(StateStore& store, nlohmann::json& report);
 
 // The human table: the ledger with ETTR, then one row per incident with its
-// reason, log line and the first lines of its stacks.
+// reason, log line and the first lines of its stacks, then one line per
+// earlier run (when, exit code, incidents, ETTR, verdict).
 std::string RenderReport(const nlohmann::json& report);
 
 }  // namespace endure::controller

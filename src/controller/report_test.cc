@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "common/env.h"
 #include "controller/state_store.h"
 
@@ -259,7 +261,7 @@ TEST(Report, FromStoreFinalOrAsLastSaved) {
 
   ScriptedJob job;
   const core::JobMachine& m = job.Run();
-  ASSERT_TRUE(store->SaveJob({"demo", "demo.toml", "", 1.7e9, {}, {}, "", ""}).ok());
+  ASSERT_TRUE(store->BeginRun({"demo", "demo.toml", "", 1.7e9, {}, {}, "", ""}).ok());
   ASSERT_TRUE(store->SaveLedger(m.ledger()).ok());
   for (const core::Incident& inc : m.incidents()) ASSERT_TRUE(store->SaveIncident(inc, T(0)).ok());
 
@@ -271,11 +273,99 @@ TEST(Report, FromStoreFinalOrAsLastSaved) {
   EXPECT_NEAR((*partial)["incidents"][0]["detected_after_s"].get<double>(), 0.1, 1e-6);
   EXPECT_THAT(RenderReport(*partial), HasSubstr("Job demo: not finished"));
 
-  const nlohmann::json final_report = BuildReport(Inputs(m));
+  EXPECT_EQ((*partial)["run"], 1);
+  EXPECT_EQ((*partial)["earlier_runs"], nlohmann::json::array());
+
+  nlohmann::json final_report = BuildReport(Inputs(m));
+  ASSERT_TRUE(AddRunHistory(*store, final_report).ok());
   ASSERT_TRUE(store->SaveReport(final_report).ok());
   Result<nlohmann::json> loaded = ReportFromStore(*store);
   ASSERT_TRUE(loaded.ok());
   EXPECT_EQ(*loaded, final_report);
+}
+
+// Three starts on one state directory: a completed run, one whose controller
+// died (no final report), and the newest. Each report names its run and sums
+// up the ones before it; the table ends with a line for each.
+TEST(Report, EarlierRunsOfTheSameStateDirectory) {
+  const std::string dir = testing::TempDir() + "report_test_runs";
+  (void)Env::Default()->RemoveAll(dir);
+  ASSERT_TRUE(Env::Default()->CreateDirs(dir).ok());
+  Result<StateStore> store = StateStore::Open(StateStore::PathIn(dir));
+  ASSERT_TRUE(store.ok());
+  ScriptedJob job;
+  const core::JobMachine& m = job.Run();
+
+  // Run 1: the scripted job, to the end. 2023-11-14 22:13:20 UTC.
+  JobRecord record{"demo", "demo.toml", "", 1.7e9, {}, {}, "", ""};
+  ASSERT_EQ(store->BeginRun(record).value(), 1);
+  ASSERT_TRUE(store->SaveLedger(m.ledger()).ok());
+  for (const core::Incident& inc : m.incidents()) ASSERT_TRUE(store->SaveIncident(inc, T(0)).ok());
+  nlohmann::json first = BuildReport(Inputs(m));
+  ASSERT_TRUE(AddRunHistory(*store, first).ok());
+  EXPECT_EQ(first["run"], 1);
+  EXPECT_TRUE(first["earlier_runs"].empty());
+  ASSERT_TRUE(store->SaveReport(first).ok());
+  record.finished_at_unix = 1.7e9 + 15.2;
+  record.exit_code = 0;
+  record.verdict = "training completed";
+  ASSERT_TRUE(store->SaveJob(record).ok());
+
+  // Run 2: ten seconds of startup, then its controller died.
+  ASSERT_EQ(store->BeginRun({"demo", "demo.toml", "", 1.7e9 + 3600, {}, {}, "", ""}).value(), 2);
+  core::EttrLedger ledger(T(0));
+  ledger.Advance(T(10));
+  ASSERT_TRUE(store->SaveLedger(ledger).ok());
+
+  // Run 3: the newest, finished.
+  ASSERT_EQ(store->BeginRun({"demo", "demo.toml", "", 1.7e9 + 7200, {}, {}, "", ""}).value(), 3);
+  nlohmann::json third = BuildReport(Inputs(m));
+  ASSERT_TRUE(AddRunHistory(*store, third).ok());
+  ASSERT_TRUE(store->SaveReport(third).ok());
+
+  EXPECT_EQ(third["run"], 3);
+  const nlohmann::json& earlier = third["earlier_runs"];
+  ASSERT_EQ(earlier.size(), 2u);
+  EXPECT_EQ(earlier[0]["run"], 1);
+  EXPECT_EQ(earlier[0]["exit_code"], 0);
+  EXPECT_EQ(earlier[0]["verdict"], "training completed");
+  EXPECT_EQ(earlier[0]["final"], true);
+  EXPECT_EQ(earlier[0]["incidents"], 1);
+  EXPECT_DOUBLE_EQ(earlier[0]["ettr"].get<double>(), first["ettr"].get<double>());
+  EXPECT_DOUBLE_EQ(earlier[0]["wall_s"].get<double>(), first["wall_s"].get<double>());
+  EXPECT_DOUBLE_EQ(earlier[0]["started_at_unix"].get<double>(), 1.7e9);
+  EXPECT_EQ(earlier[1]["run"], 2);
+  EXPECT_TRUE(earlier[1]["exit_code"].is_null());
+  EXPECT_TRUE(earlier[1]["finished_at_unix"].is_null());
+  EXPECT_EQ(earlier[1]["final"], false);
+  EXPECT_EQ(earlier[1]["incidents"], 0);
+  EXPECT_DOUBLE_EQ(earlier[1]["wall_s"].get<double>(), 10.0);
+  EXPECT_DOUBLE_EQ(earlier[1]["ettr"].get<double>(), 0.0);
+
+  const std::string table = RenderReport(third);
+  EXPECT_THAT(table, HasSubstr("run 3; steps 10"));
+  EXPECT_THAT(table, HasSubstr("Earlier runs: 2"));
+  char ettr[16];
+  std::snprintf(ettr, sizeof(ettr), "%.3f", first["ettr"].get<double>());
+  EXPECT_THAT(table, HasSubstr("    1  2023-11-14 22:13:20     0          1  " + std::string(ettr) +
+                               "  training completed"));
+  EXPECT_THAT(table, HasSubstr("    2  2023-11-14 23:13:20     -          0  0.000  not finished"));
+
+  // An earlier run's own report, from the store: run 1's final one, run 2's
+  // as last saved; each with only the runs before it.
+  Result<nlohmann::json> one = ReportFromStore(*store, 1);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(*one, first);
+  Result<nlohmann::json> two = ReportFromStore(*store, 2);
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_EQ((*two)["final"], false);
+  EXPECT_EQ((*two)["run"], 2);
+  EXPECT_EQ((*two)["earlier_runs"].size(), 1u);
+  EXPECT_THAT(RenderReport(*two), HasSubstr("Job demo: not finished"));
+  EXPECT_EQ(ReportFromStore(*store, 4).status().code(), StatusCode::kNotFound);
+  Result<nlohmann::json> newest = ReportFromStore(*store);
+  ASSERT_TRUE(newest.ok());
+  EXPECT_EQ(*newest, third);
 }
 
 }  // namespace

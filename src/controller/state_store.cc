@@ -11,11 +11,14 @@
 namespace endure::controller {
 namespace {
 
-constexpr int kSchemaVersion = 1;
+// Version 1 held one job; version 2 holds runs (see state_store.h). Bump it
+// with every change to kSchema, and add the step from the version before to
+// Migrate.
+constexpr int kSchemaVersion = 2;
 
 constexpr char kSchema[] = R"sql(
-CREATE TABLE job (
-  id INTEGER PRIMARY KEY CHECK (id = 1),
+CREATE TABLE runs (
+  run INTEGER PRIMARY KEY CHECK (run >= 1),
   name TEXT NOT NULL,
   spec_path TEXT NOT NULL,
   token_path TEXT NOT NULL,
@@ -26,15 +29,18 @@ CREATE TABLE job (
   param_fingerprint TEXT NOT NULL
 );
 CREATE TABLE generations (
-  generation INTEGER PRIMARY KEY,
+  run INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
   started_at REAL NOT NULL,
   restore_step INTEGER NOT NULL,
   world_size INTEGER NOT NULL,
   nodes TEXT NOT NULL,
-  ended_at REAL
+  ended_at REAL,
+  PRIMARY KEY (run, generation)
 );
 CREATE TABLE incidents (
-  id INTEGER PRIMARY KEY,
+  run INTEGER NOT NULL,
+  id INTEGER NOT NULL,
   generation INTEGER NOT NULL,
   cause TEXT NOT NULL,
   rank INTEGER NOT NULL,
@@ -53,16 +59,52 @@ CREATE TABLE incidents (
   action TEXT NOT NULL,
   reason TEXT NOT NULL,
   log_line TEXT NOT NULL,
-  stacks TEXT NOT NULL
+  stacks TEXT NOT NULL,
+  PRIMARY KEY (run, id)
 );
 CREATE TABLE ledger (
-  category TEXT PRIMARY KEY,
-  seconds REAL NOT NULL
+  run INTEGER NOT NULL,
+  category TEXT NOT NULL,
+  seconds REAL NOT NULL,
+  PRIMARY KEY (run, category)
 );
 CREATE TABLE report (
-  id INTEGER PRIMARY KEY CHECK (id = 1),
+  run INTEGER PRIMARY KEY,
   json TEXT NOT NULL
 );
+)sql";
+
+// Version 1 -> 2: version 1's one job becomes run 1, and so does everything
+// it held. Run after kSchema, with version 1's tables renamed to *_v1.
+// Version 1 had a row in `job` from the controller's start on; a database
+// without one but with other rows (never written by endure) still keeps them,
+// under a run 1 with an empty name.
+constexpr char kMigrateFrom1[] = R"sql(
+INSERT INTO runs (run, name, spec_path, token_path, started_at, finished_at, exit_code, verdict,
+                  param_fingerprint)
+  SELECT 1, name, spec_path, token_path, started_at, finished_at, exit_code, verdict,
+         param_fingerprint FROM job_v1;
+INSERT INTO runs (run, name, spec_path, token_path, started_at, verdict, param_fingerprint)
+  SELECT 1, '', '', '', 0, '', '' WHERE NOT EXISTS (SELECT 1 FROM runs) AND (
+    EXISTS (SELECT 1 FROM generations_v1) OR EXISTS (SELECT 1 FROM incidents_v1) OR
+    EXISTS (SELECT 1 FROM ledger_v1) OR EXISTS (SELECT 1 FROM report_v1));
+INSERT INTO generations SELECT 1, * FROM generations_v1;
+INSERT INTO incidents SELECT 1, * FROM incidents_v1;
+INSERT INTO ledger SELECT 1, * FROM ledger_v1;
+INSERT INTO report (run, json) SELECT 1, json FROM report_v1;
+DROP TABLE job_v1;
+DROP TABLE generations_v1;
+DROP TABLE incidents_v1;
+DROP TABLE ledger_v1;
+DROP TABLE report_v1;
+)sql";
+
+constexpr char kRenameVersion1[] = R"sql(
+ALTER TABLE job RENAME TO job_v1;
+ALTER TABLE generations RENAME TO generations_v1;
+ALTER TABLE incidents RENAME TO incidents_v1;
+ALTER TABLE ledger RENAME TO ledger_v1;
+ALTER TABLE report RENAME TO report_v1;
 )sql";
 
 // A prepared statement. Bind indexes are 1-based, column indexes 0-based, as
@@ -112,6 +154,21 @@ class Statement {
   sqlite3_stmt* stmt_ = nullptr;
   int rc_ = SQLITE_ERROR;
 };
+
+// The columns name, spec_path, token_path, started_at, finished_at,
+// exit_code, verdict, param_fingerprint of `runs`, from column `col` on.
+JobRecord JobFrom(const Statement& q, int col) {
+  JobRecord job;
+  job.name = q.Text(col + 0);
+  job.spec_path = q.Text(col + 1);
+  job.token_path = q.Text(col + 2);
+  job.started_at_unix = q.Real(col + 3);
+  job.finished_at_unix = q.OptReal(col + 4);
+  if (!q.Null(col + 5)) job.exit_code = static_cast<int>(q.Int(col + 5));
+  job.verdict = q.Text(col + 6);
+  job.param_fingerprint = q.Text(col + 7);
+  return job;
+}
 
 double SinceStart(core::TimePoint t, core::TimePoint start) { return Seconds(t - start); }
 std::optional<double> SinceStart(const std::optional<core::TimePoint>& t, core::TimePoint start) {
@@ -202,24 +259,72 @@ Status StateStore::Init() {
     Statement ins(db_.get(), "INSERT INTO schema_version (version) VALUES (?)");
     ins.Bind(1, int64_t{kSchemaVersion});
     if (ins.Step() != SQLITE_DONE) return rollback(Error("writing the schema version"));
+  } else if (*version == 1) {
+    if (Status st = Migrate(); !st.ok()) return rollback(st);
   } else if (*version != kSchemaVersion) {
     return rollback(DataLoss(path_ + ": controller database of schema version " +
-                             std::to_string(*version) + "; this endure reads version " +
+                             std::to_string(*version) + "; this endure reads versions 1 to " +
                              std::to_string(kSchemaVersion) +
                              ": use the endure that ran the job, or a new state_dir"));
   }
+  if (Status st = LoadCurrentRun(); !st.ok()) return rollback(st);
   return Exec("COMMIT");
 }
 
-Status StateStore::SaveJob(const JobRecord& job) {
+Status StateStore::Migrate() {
+  // Inside Init's transaction: a failure leaves the version 1 database as it was.
+  for (const char* sql : {kRenameVersion1, kSchema, kMigrateFrom1}) {
+    if (sqlite3_exec(db_.get(), sql, nullptr, nullptr, nullptr) != SQLITE_OK) {
+      return Error("migrating from schema version 1");
+    }
+  }
+  Statement up(db_.get(), "UPDATE schema_version SET version = ?");
+  up.Bind(1, int64_t{kSchemaVersion});
+  if (up.Step() != SQLITE_DONE) return Error("migrating from schema version 1");
+  return Status::Ok();
+}
+
+Status StateStore::LoadCurrentRun() {
+  Statement q(db_.get(), "SELECT COALESCE(MAX(run), 0) FROM runs");
+  if (!q.prepared() || q.Step() != SQLITE_ROW) return Error("reading the runs");
+  run_ = static_cast<int>(q.Int(0));
+  return Status::Ok();
+}
+
+int StateStore::RunOrCurrent(int run) const { return run == kCurrentRun ? run_ : run; }
+
+Status StateStore::NeedRun(const std::string& what) const {
+  if (run_ > 0) return Status::Ok();
+  return Internal(path_ + ": " + what + " before any run began (call BeginRun first)");
+}
+
+Result<int> StateStore::BeginRun(const JobRecord& job) {
+  // The number is the newest in the database plus 1, in the insert itself:
+  // another connection may have begun a run since Open.
   Statement s(db_.get(), R"sql(
-    INSERT INTO job (id, name, spec_path, token_path, started_at, finished_at, exit_code,
-                     verdict, param_fingerprint)
-    VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?)
-    ON CONFLICT (id) DO UPDATE SET name = excluded.name, spec_path = excluded.spec_path,
-      token_path = excluded.token_path, started_at = excluded.started_at,
-      finished_at = excluded.finished_at, exit_code = excluded.exit_code,
-      verdict = excluded.verdict, param_fingerprint = excluded.param_fingerprint)sql");
+    INSERT INTO runs (run, name, spec_path, token_path, started_at, finished_at, exit_code,
+                      verdict, param_fingerprint)
+    VALUES ((SELECT COALESCE(MAX(run), 0) + 1 FROM runs), ?, ?, ?, ?, ?, ?, ?, ?))sql");
+  if (!s.prepared()) return Error("beginning a run");
+  s.Bind(1, job.name);
+  s.Bind(2, job.spec_path);
+  s.Bind(3, job.token_path);
+  s.Bind(4, job.started_at_unix);
+  s.Bind(5, job.finished_at_unix);
+  s.Bind(6, job.exit_code ? std::optional<int64_t>(*job.exit_code) : std::nullopt);
+  s.Bind(7, job.verdict);
+  s.Bind(8, job.param_fingerprint);
+  if (s.Step() != SQLITE_DONE) return Error("beginning a run");
+  // `run` is the table's INTEGER PRIMARY KEY: the rowid.
+  run_ = static_cast<int>(sqlite3_last_insert_rowid(db_.get()));
+  return run_;
+}
+
+Status StateStore::SaveJob(const JobRecord& job) {
+  ENDURE_RETURN_IF_ERROR(NeedRun("saving the job"));
+  Statement s(db_.get(), R"sql(
+    UPDATE runs SET name = ?, spec_path = ?, token_path = ?, started_at = ?, finished_at = ?,
+      exit_code = ?, verdict = ?, param_fingerprint = ? WHERE run = ?)sql");
   if (!s.prepared()) return Error("saving the job");
   s.Bind(1, job.name);
   s.Bind(2, job.spec_path);
@@ -229,55 +334,89 @@ Status StateStore::SaveJob(const JobRecord& job) {
   s.Bind(6, job.exit_code ? std::optional<int64_t>(*job.exit_code) : std::nullopt);
   s.Bind(7, job.verdict);
   s.Bind(8, job.param_fingerprint);
+  s.Bind(9, int64_t{run_});
   if (s.Step() != SQLITE_DONE) return Error("saving the job");
   return Status::Ok();
 }
 
-Result<JobRecord> StateStore::LoadJob() {
+Result<JobRecord> StateStore::LoadJob(int run) {
   Statement q(db_.get(), R"sql(
     SELECT name, spec_path, token_path, started_at, finished_at, exit_code, verdict,
-           param_fingerprint FROM job WHERE id = 1)sql");
+           param_fingerprint FROM runs WHERE run = ?)sql");
   if (!q.prepared()) return Error("loading the job");
+  q.Bind(1, int64_t{RunOrCurrent(run)});
   const int rc = q.Step();
-  if (rc == SQLITE_DONE) return NotFound(path_ + ": no job recorded yet");
+  if (rc == SQLITE_DONE) {
+    if (run_ == 0) return NotFound(path_ + ": no job recorded yet");
+    return NotFound(path_ + ": no run " + std::to_string(run) + " (runs 1 to " +
+                    std::to_string(run_) + " are recorded)");
+  }
   if (rc != SQLITE_ROW) return Error("loading the job");
-  JobRecord job;
-  job.name = q.Text(0);
-  job.spec_path = q.Text(1);
-  job.token_path = q.Text(2);
-  job.started_at_unix = q.Real(3);
-  job.finished_at_unix = q.OptReal(4);
-  if (!q.Null(5)) job.exit_code = static_cast<int>(q.Int(5));
-  job.verdict = q.Text(6);
-  job.param_fingerprint = q.Text(7);
-  return job;
+  return JobFrom(q, 0);
+}
+
+Result<std::vector<RunSummary>> StateStore::LoadRuns() {
+  Statement q(db_.get(), R"sql(
+    SELECT r.run, r.name, r.spec_path, r.token_path, r.started_at, r.finished_at, r.exit_code,
+           r.verdict, r.param_fingerprint,
+           (SELECT COUNT(*) FROM incidents i WHERE i.run = r.run),
+           (SELECT COUNT(*) FROM generations g WHERE g.run = r.run),
+           EXISTS (SELECT 1 FROM report p WHERE p.run = r.run)
+    FROM runs r ORDER BY r.run)sql");
+  if (!q.prepared()) return Error("loading the runs");
+  std::vector<RunSummary> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    RunSummary r;
+    r.run = static_cast<int>(q.Int(0));
+    r.job = JobFrom(q, 1);
+    r.incidents = static_cast<int>(q.Int(9));
+    r.generations = static_cast<int>(q.Int(10));
+    r.has_report = q.Int(11) != 0;
+    out.push_back(std::move(r));
+  }
+  if (rc != SQLITE_DONE) return Error("loading the runs");
+  Statement l(db_.get(), "SELECT run, category, seconds FROM ledger ORDER BY run");
+  if (!l.prepared()) return Error("loading the runs' ledgers");
+  while ((rc = l.Step()) == SQLITE_ROW) {
+    const int run = static_cast<int>(l.Int(0));
+    for (RunSummary& r : out) {
+      if (r.run == run) r.ledger_s[l.Text(1)] = l.Real(2);
+    }
+  }
+  if (rc != SQLITE_DONE) return Error("loading the runs' ledgers");
+  return out;
 }
 
 Status StateStore::SaveGeneration(const GenerationRecord& g) {
+  ENDURE_RETURN_IF_ERROR(NeedRun("saving a generation"));
   Statement s(db_.get(), R"sql(
-    INSERT INTO generations (generation, started_at, restore_step, world_size, nodes, ended_at)
-    VALUES (?, ?, ?, ?, ?, ?)
-    ON CONFLICT (generation) DO UPDATE SET started_at = excluded.started_at,
+    INSERT INTO generations (run, generation, started_at, restore_step, world_size, nodes,
+                             ended_at)
+    VALUES (?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (run, generation) DO UPDATE SET started_at = excluded.started_at,
       restore_step = excluded.restore_step, world_size = excluded.world_size,
       nodes = excluded.nodes, ended_at = excluded.ended_at)sql");
   if (!s.prepared()) return Error("saving a generation");
-  s.Bind(1, int64_t{g.generation});
-  s.Bind(2, g.started_at_s);
-  s.Bind(3, g.restore_step);
-  s.Bind(4, int64_t{g.world_size});
-  s.Bind(5, g.nodes);
-  s.Bind(6, g.ended_at_s);
+  s.Bind(1, int64_t{run_});
+  s.Bind(2, int64_t{g.generation});
+  s.Bind(3, g.started_at_s);
+  s.Bind(4, g.restore_step);
+  s.Bind(5, int64_t{g.world_size});
+  s.Bind(6, g.nodes);
+  s.Bind(7, g.ended_at_s);
   if (s.Step() != SQLITE_DONE) {
     return Error("saving generation " + std::to_string(g.generation));
   }
   return Status::Ok();
 }
 
-Result<std::vector<GenerationRecord>> StateStore::LoadGenerations() {
+Result<std::vector<GenerationRecord>> StateStore::LoadGenerations(int run) {
   Statement q(db_.get(), R"sql(
     SELECT generation, started_at, restore_step, world_size, nodes, ended_at
-    FROM generations ORDER BY generation)sql");
+    FROM generations WHERE run = ? ORDER BY generation)sql");
   if (!q.prepared()) return Error("loading the generations");
+  q.Bind(1, int64_t{RunOrCurrent(run)});
   std::vector<GenerationRecord> out;
   int rc;
   while ((rc = q.Step()) == SQLITE_ROW) {
@@ -295,12 +434,14 @@ Result<std::vector<GenerationRecord>> StateStore::LoadGenerations() {
 }
 
 Status StateStore::SaveIncident(const core::Incident& inc, core::TimePoint job_start) {
+  ENDURE_RETURN_IF_ERROR(NeedRun("saving an incident"));
   Statement s(db_.get(), R"sql(
     INSERT OR REPLACE INTO incidents (id, generation, cause, rank, node, node_name, injected_at,
       fault_at, detected_at, stopped_at, relaunched_at, ready_at, recovered_at, restore_s,
-      failed_at_step, restored_step, action, reason, log_line, stacks)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?))sql");
+      failed_at_step, restored_step, action, reason, log_line, stacks, run)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?))sql");
   if (!s.prepared()) return Error("saving an incident");
+  s.Bind(21, int64_t{run_});
   s.Bind(1, int64_t{inc.id});
   s.Bind(2, int64_t{inc.generation});
   s.Bind(3, inc.cause);
@@ -326,12 +467,14 @@ Status StateStore::SaveIncident(const core::Incident& inc, core::TimePoint job_s
   return Status::Ok();
 }
 
-Result<std::vector<core::Incident>> StateStore::LoadIncidents(core::TimePoint job_start) {
+Result<std::vector<core::Incident>> StateStore::LoadIncidents(core::TimePoint job_start, int run) {
   Statement q(db_.get(), R"sql(
     SELECT id, generation, cause, rank, node, node_name, injected_at, fault_at, detected_at,
       stopped_at, relaunched_at, ready_at, recovered_at, restore_s, failed_at_step,
-      restored_step, action, reason, log_line, stacks FROM incidents ORDER BY id)sql");
+      restored_step, action, reason, log_line, stacks FROM incidents WHERE run = ?
+    ORDER BY id)sql");
   if (!q.prepared()) return Error("loading the incidents");
+  q.Bind(1, int64_t{RunOrCurrent(run)});
   std::vector<core::Incident> out;
   int rc;
   while ((rc = q.Step()) == SQLITE_ROW) {
@@ -370,13 +513,16 @@ Result<std::vector<core::Incident>> StateStore::LoadIncidents(core::TimePoint jo
 }
 
 Status StateStore::SaveLedger(const core::EttrLedger& ledger) {
+  ENDURE_RETURN_IF_ERROR(NeedRun("saving the ledger"));
   ENDURE_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
   for (int i = 0; i < core::kNumLedgerCategories; ++i) {
     const auto category = static_cast<core::LedgerCategory>(i);
-    Statement s(db_.get(), "INSERT OR REPLACE INTO ledger (category, seconds) VALUES (?, ?)");
+    Statement s(db_.get(),
+                "INSERT OR REPLACE INTO ledger (run, category, seconds) VALUES (?, ?, ?)");
     if (!s.prepared()) break;
-    s.Bind(1, std::string(core::LedgerCategoryName(category)));
-    s.Bind(2, Seconds(ledger.total(category)));
+    s.Bind(1, int64_t{run_});
+    s.Bind(2, std::string(core::LedgerCategoryName(category)));
+    s.Bind(3, Seconds(ledger.total(category)));
     if (s.Step() != SQLITE_DONE) {
       return RolledBack(Error("saving the ledger"));
     }
@@ -384,9 +530,10 @@ Status StateStore::SaveLedger(const core::EttrLedger& ledger) {
   return Exec("COMMIT");
 }
 
-Result<std::map<std::string, double>> StateStore::LoadLedger() {
-  Statement q(db_.get(), "SELECT category, seconds FROM ledger");
+Result<std::map<std::string, double>> StateStore::LoadLedger(int run) {
+  Statement q(db_.get(), "SELECT category, seconds FROM ledger WHERE run = ?");
   if (!q.prepared()) return Error("loading the ledger");
+  q.Bind(1, int64_t{RunOrCurrent(run)});
   std::map<std::string, double> out;
   int rc;
   while ((rc = q.Step()) == SQLITE_ROW) out[q.Text(0)] = q.Real(1);
@@ -395,16 +542,19 @@ Result<std::map<std::string, double>> StateStore::LoadLedger() {
 }
 
 Status StateStore::SaveReport(const nlohmann::json& report) {
-  Statement s(db_.get(), "INSERT OR REPLACE INTO report (id, json) VALUES (1, ?)");
+  ENDURE_RETURN_IF_ERROR(NeedRun("saving the report"));
+  Statement s(db_.get(), "INSERT OR REPLACE INTO report (run, json) VALUES (?, ?)");
   if (!s.prepared()) return Error("saving the report");
-  s.Bind(1, report.dump());
+  s.Bind(1, int64_t{run_});
+  s.Bind(2, report.dump());
   if (s.Step() != SQLITE_DONE) return Error("saving the report");
   return Status::Ok();
 }
 
-Result<nlohmann::json> StateStore::LoadReport() {
-  Statement q(db_.get(), "SELECT json FROM report WHERE id = 1");
+Result<nlohmann::json> StateStore::LoadReport(int run) {
+  Statement q(db_.get(), "SELECT json FROM report WHERE run = ?");
   if (!q.prepared()) return Error("loading the report");
+  q.Bind(1, int64_t{RunOrCurrent(run)});
   const int rc = q.Step();
   if (rc == SQLITE_DONE)
     return NotFound(path_ + ": no final report yet (the job has not finished)");

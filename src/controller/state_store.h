@@ -1,17 +1,25 @@
 // StateStore: the controller's durable state in SQLite, STATE_DIR/controller.db.
-// It holds the job (name, spec, token file, start and end, exit code,
-// verdict, final parameter fingerprint), its generations, its incidents, the
-// ETTR ledger and the final report, so that a restarted controller carries on
-// and `endure report STATE_DIR` can print the report again.
+// It holds the runs of the job in that state directory: each controller
+// start begins a new run (1, 2, ...) and nothing of an earlier run is
+// deleted. A run holds the job as that start saw it (name, spec, token file,
+// start and end, exit code, verdict, final parameter fingerprint), its
+// generations, its incidents, its ETTR ledger and its final report, so that
+// `endure report STATE_DIR` can print any run's report again and the history
+// of the runs before it.
 //
-// Every Save* is an upsert: the controller calls it again whenever the thing
-// changes (SaveIncident on each step of an incident's timeline, SaveLedger
-// now and then). Each call is one transaction; the database is in WAL mode,
-// so a crash leaves either the old or the new row.
+// Every Save* is an upsert into the current run (the one BeginRun began):
+// the controller calls it again whenever the thing changes (SaveIncident on
+// each step of an incident's timeline, SaveLedger now and then). Each call is
+// one transaction; the database is in WAL mode, so a crash leaves either the
+// old or the new row. Every Load* reads the current run, or the run it is
+// given.
 //
-// Times inside the job (generations, incidents) are stored as seconds since
-// the job started, so they survive a controller restart with a new steady
-// clock; the job's own start and end are Unix times (seconds).
+// Times inside a run (generations, incidents) are stored as seconds since
+// the run started, so they survive a controller restart with a new steady
+// clock; a run's own start and end are Unix times (seconds).
+//
+// A database of schema version 1 (one job, before runs) is migrated when
+// opened: its job and everything it held become run 1.
 //
 // One SQLite connection; a StateStore is not thread-safe: the controller's
 // event loop owns it. Errors are Status values naming the database path.
@@ -53,14 +61,30 @@ struct GenerationRecord {
   std::optional<double> ended_at_s;
 };
 
+// One run as LoadRuns lists it: its job record and what it held.
+struct RunSummary {
+  int run = 0;
+  JobRecord job;
+  int incidents = 0;
+  int generations = 0;
+  std::map<std::string, double> ledger_s;  // as LoadLedger; empty before SaveLedger
+  bool has_report = false;                 // its final report was saved
+};
+
 class StateStore {
  public:
+  // For the Load* calls: the current run.
+  static constexpr int kCurrentRun = 0;
+
   // The database file of a state directory: STATE_DIR/controller.db.
   static std::string PathIn(const std::string& state_dir);
 
   // Opens the database at `path`, creating the file and the schema when
-  // missing (the directory must exist). IOError when SQLite cannot open or
-  // create it; DataLoss when it is not a database of this schema version.
+  // missing (the directory must exist), migrating one of an older schema
+  // version. The current run is then the newest one recorded (none in a new
+  // database). IOError when SQLite cannot open or create it; DataLoss when
+  // it is not a database, or one of a schema version this endure does not
+  // know (written by a newer one).
   static Result<StateStore> Open(const std::string& path);
 
   // Opens an existing database only: NotFound when `path` does not exist.
@@ -72,29 +96,44 @@ class StateStore {
 
   const std::string& path() const { return path_; }
 
-  // The one job of this store.
+  // Begins a new run, numbered the newest one in the database plus 1, with
+  // `job` as its record, and makes it the current run; returns its number.
+  // IOError when it cannot be written.
+  Result<int> BeginRun(const JobRecord& job);
+  // The current run: the one BeginRun began, or after Open the newest one
+  // recorded; 0 while the database holds none.
+  int run() const { return run_; }
+  // Every run, ascending.
+  Result<std::vector<RunSummary>> LoadRuns();
+
+  // The Save* calls write to the current run: Internal before any run began
+  // (a database opened without one and no BeginRun yet).
+
+  // Updates the current run's job record.
   Status SaveJob(const JobRecord& job);
-  // NotFound before the first SaveJob.
-  Result<JobRecord> LoadJob();
+  // NotFound when there is no such run (before the first BeginRun).
+  Result<JobRecord> LoadJob(int run = kCurrentRun);
 
   Status SaveGeneration(const GenerationRecord& generation);
-  // Ascending by generation.
-  Result<std::vector<GenerationRecord>> LoadGenerations();
+  // Ascending by generation; empty for a run without any (or none at all).
+  Result<std::vector<GenerationRecord>> LoadGenerations(int run = kCurrentRun);
 
   // Upserts incident `incident.id`; times become seconds since `job_start`.
   Status SaveIncident(const core::Incident& incident, core::TimePoint job_start);
   // Ascending by id; times are `job_start` + the stored seconds (to the
   // nearest nanosecond a double holds).
-  Result<std::vector<core::Incident>> LoadIncidents(core::TimePoint job_start);
+  Result<std::vector<core::Incident>> LoadIncidents(core::TimePoint job_start,
+                                                    int run = kCurrentRun);
 
   // Replaces the ledger with `ledger`'s totals per category.
   Status SaveLedger(const core::EttrLedger& ledger);
   // Category name (LedgerCategoryName) -> seconds; empty before SaveLedger.
-  Result<std::map<std::string, double>> LoadLedger();
+  Result<std::map<std::string, double>> LoadLedger(int run = kCurrentRun);
 
   Status SaveReport(const nlohmann::json& report);
-  // NotFound until SaveReport (the job has not finished).
-  Result<nlohmann::json> LoadReport();
+  // NotFound until SaveReport in that run (it has not finished, or its
+  // controller died first).
+  Result<nlohmann::json> LoadReport(int run = kCurrentRun);
 
  private:
   struct Closer {
@@ -104,6 +143,12 @@ class StateStore {
   StateStore(std::string path, sqlite3* db) : path_(std::move(path)), db_(db) {}
   static Result<StateStore> OpenWithFlags(const std::string& path, int flags);
   Status Init();
+  // Version 1 -> the current one, inside Init's transaction.
+  Status Migrate();
+  Status LoadCurrentRun();
+  int RunOrCurrent(int run) const;
+  // Internal unless a run is current; `what` names the write.
+  Status NeedRun(const std::string& what) const;
   Status Exec(const char* sql);
   // Rolls back the open transaction after `failed`; returns `failed`, with
   // the rollback's own error added when that fails too.
@@ -112,6 +157,7 @@ class StateStore {
 
   std::string path_;
   std::unique_ptr<sqlite3, Closer> db_;
+  int run_ = 0;  // the current run; 0 while there is none
 };
 
 }  // namespace endure::controller

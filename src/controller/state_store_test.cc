@@ -1,9 +1,11 @@
 // StateStore against a real SQLite file in a temporary directory: save,
-// update, reopen, load; errors name the path.
+// update, reopen, load; runs kept apart; a version 1 database migrated, a
+// newer one refused; errors name the path.
 #include "controller/state_store.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include "common/env.h"
 
@@ -48,9 +50,12 @@ TEST(StateStore, SavesUpdatesAndReloadsEverything) {
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     EXPECT_EQ(store->LoadJob().status().code(), StatusCode::kNotFound);
     EXPECT_EQ(store->LoadReport().status().code(), StatusCode::kNotFound);
+    EXPECT_EQ(store->run(), 0);
 
     JobRecord job{"demo", "examples/demo.toml", "runs/demo/token", 1.7e9, {}, {}, "", ""};
-    ASSERT_TRUE(store->SaveJob(job).ok());
+    Result<int> run = store->BeginRun(job);
+    ASSERT_TRUE(run.ok()) << run.status().ToString();
+    EXPECT_EQ(*run, 1);
     ASSERT_TRUE(store->SaveGeneration({0, 0.0, -1, 2, "node0,node1", {}}).ok());
     // The incident as first detected, then its timeline filled in.
     core::Incident inc = HangIncident(start);
@@ -149,6 +154,7 @@ TEST(StateStore, IncidentWithoutOptionalTimes) {
   const std::string dir = FreshDir("optional");
   Result<StateStore> store = StateStore::Open(StateStore::PathIn(dir));
   ASSERT_TRUE(store.ok());
+  ASSERT_TRUE(store->BeginRun({"demo", "demo.toml", "", 1.7e9, {}, {}, "", ""}).ok());
   core::Incident inc;
   inc.id = 7;
   inc.cause = "signal_9";
@@ -194,6 +200,8 @@ TEST(StateStore, ReopeningKeepsTheSchema) {
   for (int i = 0; i < 3; ++i) {
     Result<StateStore> store = StateStore::Open(path);
     ASSERT_TRUE(store.ok()) << store.status().ToString();
+    if (i == 0) ASSERT_TRUE(store->BeginRun({"demo", "demo.toml", "", 1.7e9, {}, {}, "", ""}).ok());
+    EXPECT_EQ(store->run(), 1);  // reopening carries on in the newest run
     ASSERT_TRUE(store->SaveGeneration({i, i * 1.0, -1, 1, "node0", {}}).ok());
   }
   Result<StateStore> store = StateStore::Open(path);
@@ -201,6 +209,304 @@ TEST(StateStore, ReopeningKeepsTheSchema) {
   Result<std::vector<GenerationRecord>> gens = store->LoadGenerations();
   ASSERT_TRUE(gens.ok());
   EXPECT_EQ(gens->size(), 3u);
+}
+
+TEST(StateStore, WritesBeforeAnyRunAreRefused) {
+  const std::string dir = FreshDir("norun");
+  Result<StateStore> store = StateStore::Open(StateStore::PathIn(dir));
+  ASSERT_TRUE(store.ok());
+  const Status st = store->SaveJob({"demo", "demo.toml", "", 1.7e9, {}, {}, "", ""});
+  EXPECT_EQ(st.code(), StatusCode::kInternal);
+  EXPECT_THAT(st.message(), HasSubstr("BeginRun"));
+  EXPECT_EQ(store->SaveReport({{"job", "demo"}}).code(), StatusCode::kInternal);
+  EXPECT_EQ(store->LoadJob().status().code(), StatusCode::kNotFound);
+  Result<std::vector<RunSummary>> runs = store->LoadRuns();
+  ASSERT_TRUE(runs.ok());
+  EXPECT_TRUE(runs->empty());
+}
+
+TEST(StateStore, EachRunKeepsItsOwnHistory) {
+  const std::string dir = FreshDir("runs");
+  const std::string path = StateStore::PathIn(dir);
+  const core::TimePoint start = core::At(100s);
+  {
+    // Run 1: two generations, a hang, finished with a report.
+    Result<StateStore> store = StateStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    JobRecord job{"demo", "demo.toml", "", 1.7e9, {}, {}, "", ""};
+    ASSERT_EQ(store->BeginRun(job).value(), 1);
+    ASSERT_TRUE(store->SaveGeneration({0, 0.0, -1, 2, "node0,node1", 15.0}).ok());
+    ASSERT_TRUE(store->SaveGeneration({1, 15.0, 40, 2, "node0,node1", {}}).ok());
+    ASSERT_TRUE(store->SaveIncident(HangIncident(start), start).ok());
+    core::EttrLedger ledger(start);
+    ledger.Enter(core::LedgerCategory::kProductive, start + 2s);
+    ledger.Advance(start + 10s);
+    ASSERT_TRUE(store->SaveLedger(ledger).ok());
+    job.finished_at_unix = 1.7e9 + 10;
+    job.exit_code = 0;
+    job.verdict = "training completed";
+    ASSERT_TRUE(store->SaveJob(job).ok());
+    ASSERT_TRUE(store->SaveReport({{"job", "demo"}, {"ettr", 0.8}}).ok());
+  }
+  {
+    // Run 2, by a new controller on the same database: the same generation
+    // and incident numbers again, its own ledger; it dies before the end.
+    Result<StateStore> store = StateStore::Open(path);
+    ASSERT_TRUE(store.ok());
+    EXPECT_EQ(store->run(), 1);
+    Result<int> run = store->BeginRun({"demo", "demo.toml", "", 1.7e9 + 60, {}, {}, "", ""});
+    ASSERT_TRUE(run.ok()) << run.status().ToString();
+    EXPECT_EQ(*run, 2);
+    EXPECT_EQ(store->run(), 2);
+    ASSERT_TRUE(store->SaveGeneration({0, 0.0, 40, 1, "node0", {}}).ok());
+    core::Incident inc = HangIncident(start);
+    inc.cause = "signal_9";
+    inc.failed_at_step = 77;
+    ASSERT_TRUE(store->SaveIncident(inc, start).ok());
+    inc.id = 2;
+    ASSERT_TRUE(store->SaveIncident(inc, start).ok());
+    core::EttrLedger ledger(start);
+    ledger.Enter(core::LedgerCategory::kProductive, start + 1s);
+    ledger.Advance(start + 5s);
+    ASSERT_TRUE(store->SaveLedger(ledger).ok());
+  }
+
+  Result<StateStore> store = StateStore::OpenExisting(path);
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ(store->run(), 2);  // the newest
+
+  // The current run is run 2.
+  EXPECT_EQ(store->LoadGenerations().value().size(), 1u);
+  EXPECT_EQ(store->LoadGenerations().value()[0].restore_step, 40);
+  Result<std::vector<core::Incident>> incidents = store->LoadIncidents(start);
+  ASSERT_TRUE(incidents.ok());
+  ASSERT_EQ(incidents->size(), 2u);
+  EXPECT_EQ((*incidents)[0].cause, "signal_9");
+  EXPECT_EQ((*incidents)[0].failed_at_step, 77);
+  EXPECT_DOUBLE_EQ(store->LoadLedger().value().at("productive"), 4.0);
+  EXPECT_FALSE(store->LoadJob().value().exit_code.has_value());
+  EXPECT_EQ(store->LoadReport().status().code(), StatusCode::kNotFound);
+
+  // Run 1 as it was.
+  Result<std::vector<GenerationRecord>> gens1 = store->LoadGenerations(1);
+  ASSERT_TRUE(gens1.ok());
+  ASSERT_EQ(gens1->size(), 2u);
+  EXPECT_EQ((*gens1)[1].restore_step, 40);
+  EXPECT_EQ((*gens1)[0].ended_at_s, std::optional<double>(15.0));
+  Result<std::vector<core::Incident>> incidents1 = store->LoadIncidents(start, 1);
+  ASSERT_TRUE(incidents1.ok());
+  ASSERT_EQ(incidents1->size(), 1u);
+  EXPECT_EQ((*incidents1)[0].cause, "hang");
+  EXPECT_EQ((*incidents1)[0].failed_at_step, 41);
+  EXPECT_DOUBLE_EQ(store->LoadLedger(1).value().at("productive"), 8.0);
+  EXPECT_EQ(store->LoadJob(1).value().verdict, "training completed");
+  EXPECT_DOUBLE_EQ(store->LoadReport(1).value()["ettr"].get<double>(), 0.8);
+
+  Result<JobRecord> none = store->LoadJob(3);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(none.status().message(), HasSubstr("no run 3 (runs 1 to 2 are recorded)"));
+
+  Result<std::vector<RunSummary>> runs = store->LoadRuns();
+  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+  ASSERT_EQ(runs->size(), 2u);
+  const RunSummary& r1 = (*runs)[0];
+  EXPECT_EQ(r1.run, 1);
+  EXPECT_EQ(r1.job.name, "demo");
+  EXPECT_DOUBLE_EQ(r1.job.started_at_unix, 1.7e9);
+  EXPECT_EQ(r1.job.finished_at_unix, std::optional<double>(1.7e9 + 10));
+  EXPECT_EQ(r1.job.exit_code, std::optional<int>(0));
+  EXPECT_EQ(r1.job.verdict, "training completed");
+  EXPECT_EQ(r1.incidents, 1);
+  EXPECT_EQ(r1.generations, 2);
+  EXPECT_TRUE(r1.has_report);
+  EXPECT_DOUBLE_EQ(r1.ledger_s.at("productive"), 8.0);
+  EXPECT_DOUBLE_EQ(r1.ledger_s.at("startup"), 2.0);
+  const RunSummary& r2 = (*runs)[1];
+  EXPECT_EQ(r2.run, 2);
+  EXPECT_DOUBLE_EQ(r2.job.started_at_unix, 1.7e9 + 60);
+  EXPECT_FALSE(r2.job.finished_at_unix.has_value());
+  EXPECT_FALSE(r2.job.exit_code.has_value());
+  EXPECT_EQ(r2.incidents, 2);
+  EXPECT_EQ(r2.generations, 1);
+  EXPECT_FALSE(r2.has_report);
+  EXPECT_DOUBLE_EQ(r2.ledger_s.at("productive"), 4.0);
+}
+
+// The database of schema version 1 (one job, no runs) as the endure before
+// runs wrote it: its tables, verbatim.
+constexpr char kVersion1Schema[] = R"sql(
+CREATE TABLE schema_version (version INTEGER NOT NULL);
+INSERT INTO schema_version (version) VALUES (1);
+CREATE TABLE job (
+  id INTEGER PRIMARY KEY CHECK (id = 1),
+  name TEXT NOT NULL,
+  spec_path TEXT NOT NULL,
+  token_path TEXT NOT NULL,
+  started_at REAL NOT NULL,
+  finished_at REAL,
+  exit_code INTEGER,
+  verdict TEXT NOT NULL,
+  param_fingerprint TEXT NOT NULL
+);
+CREATE TABLE generations (
+  generation INTEGER PRIMARY KEY,
+  started_at REAL NOT NULL,
+  restore_step INTEGER NOT NULL,
+  world_size INTEGER NOT NULL,
+  nodes TEXT NOT NULL,
+  ended_at REAL
+);
+CREATE TABLE incidents (
+  id INTEGER PRIMARY KEY,
+  generation INTEGER NOT NULL,
+  cause TEXT NOT NULL,
+  rank INTEGER NOT NULL,
+  node INTEGER NOT NULL,
+  node_name TEXT NOT NULL,
+  injected_at REAL,
+  fault_at REAL NOT NULL,
+  detected_at REAL NOT NULL,
+  stopped_at REAL,
+  relaunched_at REAL,
+  ready_at REAL,
+  recovered_at REAL,
+  restore_s REAL NOT NULL,
+  failed_at_step INTEGER NOT NULL,
+  restored_step INTEGER NOT NULL,
+  action TEXT NOT NULL,
+  reason TEXT NOT NULL,
+  log_line TEXT NOT NULL,
+  stacks TEXT NOT NULL
+);
+CREATE TABLE ledger (
+  category TEXT PRIMARY KEY,
+  seconds REAL NOT NULL
+);
+CREATE TABLE report (
+  id INTEGER PRIMARY KEY CHECK (id = 1),
+  json TEXT NOT NULL
+);
+)sql";
+
+// Runs `sql` on the database at `path` with SQLite itself, outside the
+// StateStore; false (with the error printed) when it fails.
+bool RawSql(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  bool ok = sqlite3_open(path.c_str(), &db) == SQLITE_OK;
+  char* error = nullptr;
+  if (ok && sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error) != SQLITE_OK) {
+    ADD_FAILURE() << path << ": " << (error != nullptr ? error : "?");
+    ok = false;
+  }
+  sqlite3_free(error);
+  sqlite3_close(db);
+  return ok;
+}
+
+// The one integer `sql` selects from the database at `path`; -1 on failure.
+int64_t RawInt(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  sqlite3_stmt* stmt = nullptr;
+  int64_t out = -1;
+  if (sqlite3_open(path.c_str(), &db) == SQLITE_OK &&
+      sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) == SQLITE_OK &&
+      sqlite3_step(stmt) == SQLITE_ROW) {
+    out = sqlite3_column_int64(stmt, 0);
+  }
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+  return out;
+}
+
+TEST(StateStore, MigratesAVersion1DatabaseIntoRun1) {
+  const std::string dir = FreshDir("migrate");
+  const std::string path = StateStore::PathIn(dir);
+  ASSERT_TRUE(RawSql(path, std::string(kVersion1Schema) + R"sql(
+    INSERT INTO job VALUES (1, 'demo', 'demo.toml', 'runs/demo/token', 1700000000.0,
+                            1700000030.0, 3, 'gave up after 2 restarts', 'a1b2c3');
+    INSERT INTO generations VALUES (0, 0.0, -1, 2, 'node0,node1', 12.0);
+    INSERT INTO generations VALUES (1, 12.0, 40, 2, 'node0,node1', NULL);
+    INSERT INTO incidents VALUES (1, 0, 'hang', 1, 1, 'node1', 12.5, 12.5, 14.75, 15.0, 15.0,
+      16.25, 16.5, 0.125, 41, 40, 'restart_in_place', 'no step progress', '', '["rank 1:"]');
+    INSERT INTO ledger VALUES ('productive', 20.0);
+    INSERT INTO ledger VALUES ('recovery', 2.0);
+    INSERT INTO report VALUES (1, '{"job": "demo", "ettr": 0.66}');
+  )sql"));
+
+  const core::TimePoint start = core::At(0s);
+  {
+    Result<StateStore> store = StateStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    EXPECT_EQ(store->run(), 1);
+    Result<JobRecord> job = store->LoadJob();
+    ASSERT_TRUE(job.ok()) << job.status().ToString();
+    EXPECT_EQ(job->name, "demo");
+    EXPECT_EQ(job->token_path, "runs/demo/token");
+    EXPECT_EQ(job->exit_code, std::optional<int>(3));
+    EXPECT_EQ(job->verdict, "gave up after 2 restarts");
+    EXPECT_EQ(job->param_fingerprint, "a1b2c3");
+    Result<std::vector<GenerationRecord>> gens = store->LoadGenerations(1);
+    ASSERT_TRUE(gens.ok());
+    ASSERT_EQ(gens->size(), 2u);
+    EXPECT_EQ((*gens)[1].restore_step, 40);
+    Result<std::vector<core::Incident>> incidents = store->LoadIncidents(start, 1);
+    ASSERT_TRUE(incidents.ok()) << incidents.status().ToString();
+    ASSERT_EQ(incidents->size(), 1u);
+    EXPECT_EQ((*incidents)[0].cause, "hang");
+    EXPECT_EQ((*incidents)[0].recovered_at, std::optional<core::TimePoint>(start + 16500ms));
+    EXPECT_EQ((*incidents)[0].stacks, std::vector<std::string>{"rank 1:"});
+    EXPECT_DOUBLE_EQ(store->LoadLedger(1).value().at("productive"), 20.0);
+    EXPECT_DOUBLE_EQ(store->LoadReport(1).value()["ettr"].get<double>(), 0.66);
+
+    // The next start is run 2, and run 1 stays.
+    ASSERT_EQ(store->BeginRun({"demo", "demo.toml", "", 1.7e9 + 100, {}, {}, "", ""}).value(), 2);
+    ASSERT_TRUE(store->SaveGeneration({0, 0.0, 40, 2, "node0,node1", {}}).ok());
+  }
+  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 2);
+  EXPECT_EQ(RawInt(path, "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '%_v1'"), 0);
+
+  Result<StateStore> store = StateStore::OpenExisting(path);  // migrated once only
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  Result<std::vector<RunSummary>> runs = store->LoadRuns();
+  ASSERT_TRUE(runs.ok());
+  ASSERT_EQ(runs->size(), 2u);
+  EXPECT_EQ((*runs)[0].incidents, 1);
+  EXPECT_EQ((*runs)[0].generations, 2);
+  EXPECT_TRUE((*runs)[0].has_report);
+  EXPECT_EQ((*runs)[1].generations, 1);
+  EXPECT_EQ((*runs)[1].incidents, 0);
+}
+
+TEST(StateStore, MigratesAnEmptyVersion1Database) {
+  const std::string dir = FreshDir("migrate_empty");
+  const std::string path = StateStore::PathIn(dir);
+  ASSERT_TRUE(RawSql(path, kVersion1Schema));
+  Result<StateStore> store = StateStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_EQ(store->run(), 0);
+  EXPECT_EQ(store->LoadJob().status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store->BeginRun({"demo", "demo.toml", "", 1.7e9, {}, {}, "", ""}).value(), 1);
+}
+
+TEST(StateStore, RefusesADatabaseOfANewerSchemaVersion) {
+  const std::string dir = FreshDir("future");
+  const std::string path = StateStore::PathIn(dir);
+  {
+    Result<StateStore> store = StateStore::Open(path);
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE(store->BeginRun({"demo", "demo.toml", "", 1.7e9, {}, {}, "", ""}).ok());
+  }
+  ASSERT_TRUE(RawSql(path, "UPDATE schema_version SET version = 99"));
+  for (bool existing : {false, true}) {
+    Result<StateStore> store = existing ? StateStore::OpenExisting(path) : StateStore::Open(path);
+    ASSERT_FALSE(store.ok());
+    EXPECT_EQ(store.status().code(), StatusCode::kDataLoss);
+    EXPECT_THAT(store.status().message(), HasSubstr(path));
+    EXPECT_THAT(store.status().message(), HasSubstr("schema version 99"));
+    EXPECT_THAT(store.status().message(), HasSubstr("use the endure that ran the job"));
+  }
+  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 99);  // left as it was
 }
 
 }  // namespace

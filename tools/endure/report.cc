@@ -1,8 +1,10 @@
-// `endure report STATE_DIR [--json]`: prints a job's report again from its
-// controller database (STATE_DIR/controller.db): the ETTR ledger and the
-// incidents as a table, or the report JSON. For a job that is still running,
-// or whose controller stopped before the end, it shows the figures as last
-// saved and says so. The report itself is built in src/controller/report.
+// `endure report STATE_DIR [--json] [--run N]`: prints a job's report again
+// from its controller database (STATE_DIR/controller.db): the ETTR ledger
+// and the incidents of the newest run (or run N) as a table, then one line
+// per earlier run; or the report JSON, with every run under "runs". For a
+// run that is still going, or whose controller stopped before the end, it
+// shows the figures as last saved and says so. The report itself is built in
+// src/controller/report.
 #include "controller/report.h"
 
 #include <cstdio>
@@ -20,6 +22,7 @@ namespace {
 struct ReportFlags {
   std::string state_dir;
   bool json = false;
+  int run = controller::StateStore::kCurrentRun;  // the newest
 };
 
 int Run(const ReportFlags& flags) {
@@ -41,12 +44,18 @@ int Run(const ReportFlags& flags) {
     std::fprintf(stderr, "endure report: %s\n", store.status().message().c_str());
     return store.status().code() == StatusCode::kIOError ? kExitInternal : kExitUsage;
   }
-  Result<nlohmann::json> report = controller::ReportFromStore(*store);
+  Result<nlohmann::json> report = controller::ReportFromStore(*store, flags.run);
   if (!report.ok()) {
     std::fprintf(stderr, "endure report: %s\n", report.status().message().c_str());
     return report.status().code() == StatusCode::kNotFound ? kExitUsage : kExitInternal;
   }
   if (flags.json) {
+    Result<nlohmann::json> runs = controller::RunHistory(*store);
+    if (!runs.ok()) {
+      std::fprintf(stderr, "endure report: %s\n", runs.status().message().c_str());
+      return kExitInternal;
+    }
+    (*report)["runs"] = std::move(runs).value();
     std::cout << report->dump(2) << "\n";
   } else {
     std::cout << controller::RenderReport(*report);
@@ -61,10 +70,15 @@ Verb AddReportVerb(CLI::App& root) {
   CLI::App* cmd = root.add_subcommand(
       "report",
       "Print a job's report again from its state directory: wall time by category, ETTR and "
-      "every incident");
+      "every incident of its newest run, and a line for each earlier run");
   cmd->add_option("state_dir", flags->state_dir, "The job's state directory ([job] state_dir)")
       ->required();
-  cmd->add_flag("--json", flags->json, "Print the report as JSON");
+  cmd->add_flag("--json", flags->json,
+                "Print the report as JSON, with a summary of every run under \"runs\"");
+  cmd->add_option("--run", flags->run,
+                  "Print run N's report (each start of the job on this state directory is a "
+                  "run: 1, 2, ...); the newest by default")
+      ->check(CLI::PositiveNumber);
   return {cmd, [flags] { return Run(*flags); }};
 }
 

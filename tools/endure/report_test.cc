@@ -1,6 +1,7 @@
 // Runs the built `endure report` against state directories written here with
-// the StateStore: the table, --json, a job without a final report, and the
-// usage errors (exit 2) for a missing directory or database.
+// the StateStore: the table, --json, a job without a final report, earlier
+// runs and --run N, and the usage errors (exit 2) for a missing directory,
+// database or run.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -60,7 +61,7 @@ TEST(EndureReportCli, PrintsTheStoredReport) {
     Result<controller::StateStore> store =
         controller::StateStore::Open(controller::StateStore::PathIn(dir));
     ASSERT_TRUE(store.ok()) << store.status().ToString();
-    ASSERT_TRUE(store->SaveJob({"demo", "demo.toml", "", 1.7e9, 1.7e9 + 60, 0, "ok", ""}).ok());
+    ASSERT_TRUE(store->BeginRun({"demo", "demo.toml", "", 1.7e9, 1.7e9 + 60, 0, "ok", ""}).ok());
     ASSERT_TRUE(store->SaveReport(SampleReport()).ok());
   }
   Outcome o = RunEndure({"report", dir});
@@ -76,7 +77,75 @@ TEST(EndureReportCli, PrintsTheStoredReport) {
   ASSERT_EQ(j.code, 0) << j.output;
   nlohmann::json parsed = nlohmann::json::parse(j.output, nullptr, false);
   ASSERT_FALSE(parsed.is_discarded()) << j.output;
+  EXPECT_EQ(parsed["run"], 1);
+  EXPECT_EQ(parsed["earlier_runs"], nlohmann::json::array());
+  ASSERT_EQ(parsed["runs"].size(), 1u);
+  EXPECT_EQ(parsed["runs"][0]["verdict"], "ok");
+  for (const char* history : {"run", "earlier_runs", "runs"}) parsed.erase(history);
   EXPECT_EQ(parsed, SampleReport());
+}
+
+TEST(EndureReportCli, EarlierRunsAndOneRunsReport) {
+  testing_support::ScratchDir scratch("endure_report_test");
+  const std::string dir = FreshDir(scratch, "runs");
+  {
+    Result<controller::StateStore> store =
+        controller::StateStore::Open(controller::StateStore::PathIn(dir));
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    // Run 1 completed, with one incident; 2023-11-14 22:13:20 UTC.
+    ASSERT_TRUE(store
+                    ->BeginRun({"demo", "demo.toml", "", 1.7e9, 1.7e9 + 60, 0, "training completed",
+                                "c0ffee"})
+                    .ok());
+    ASSERT_TRUE(store->SaveReport(SampleReport()).ok());
+    // Run 2, an hour later, gave up without an incident.
+    ASSERT_TRUE(store
+                    ->BeginRun({"demo", "demo.toml", "", 1.7e9 + 3600, 1.7e9 + 3630, 3,
+                                "gave up: no node came back", ""})
+                    .ok());
+    nlohmann::json second = SampleReport();
+    second["exit_code"] = 3;
+    second["verdict"] = "gave up: no node came back";
+    second["ettr"] = 0.5;
+    second["incidents"] = nlohmann::json::array();
+    ASSERT_TRUE(store->SaveReport(second).ok());
+  }
+  Outcome o = RunEndure({"report", dir});
+  ASSERT_EQ(o.code, 0) << o.output;
+  EXPECT_THAT(o.output, HasSubstr("Job demo: gave up (exit 3)"));
+  EXPECT_THAT(o.output, HasSubstr("run 2; steps 300"));
+  EXPECT_THAT(o.output, HasSubstr("Incidents: 0"));
+  EXPECT_THAT(o.output, HasSubstr("Earlier runs: 1"));
+  EXPECT_THAT(o.output,
+              HasSubstr("    1  2023-11-14 22:13:20     0          1  0.900  training completed"));
+
+  Outcome one = RunEndure({"report", dir, "--run", "1"});
+  ASSERT_EQ(one.code, 0) << one.output;
+  EXPECT_THAT(one.output, HasSubstr("Job demo: completed (exit 0)"));
+  EXPECT_THAT(one.output, HasSubstr("run 1; steps 300"));
+  EXPECT_THAT(one.output, HasSubstr("signal 9 SIGKILL"));
+  EXPECT_THAT(one.output, Not(HasSubstr("Earlier runs")));
+
+  Outcome j = RunEndure({"report", dir, "--json"});
+  ASSERT_EQ(j.code, 0) << j.output;
+  nlohmann::json parsed = nlohmann::json::parse(j.output, nullptr, false);
+  ASSERT_FALSE(parsed.is_discarded()) << j.output;
+  EXPECT_EQ(parsed["run"], 2);
+  EXPECT_EQ(parsed["exit_code"], 3);
+  ASSERT_EQ(parsed["earlier_runs"].size(), 1u);
+  EXPECT_EQ(parsed["earlier_runs"][0]["incidents"], 1);
+  EXPECT_EQ(parsed["earlier_runs"][0]["verdict"], "training completed");
+  ASSERT_EQ(parsed["runs"].size(), 2u);
+  EXPECT_EQ(parsed["runs"][1]["run"], 2);
+  EXPECT_EQ(parsed["runs"][1]["exit_code"], 3);
+  EXPECT_DOUBLE_EQ(parsed["runs"][1]["ettr"].get<double>(), 0.5);
+
+  Outcome missing = RunEndure({"report", dir, "--run", "3"});
+  EXPECT_EQ(missing.code, 2) << missing.output;
+  EXPECT_THAT(missing.output, HasSubstr("no run 3 (runs 1 to 2 are recorded)"));
+  Outcome zero = RunEndure({"report", dir, "--run", "0"});
+  EXPECT_EQ(zero.code, 2) << zero.output;
+  EXPECT_THAT(zero.output, HasSubstr("--run"));
 }
 
 TEST(EndureReportCli, JobWithoutAFinalReport) {
@@ -86,7 +155,7 @@ TEST(EndureReportCli, JobWithoutAFinalReport) {
     Result<controller::StateStore> store =
         controller::StateStore::Open(controller::StateStore::PathIn(dir));
     ASSERT_TRUE(store.ok());
-    ASSERT_TRUE(store->SaveJob({"demo", "demo.toml", "", 1.7e9, {}, {}, "", ""}).ok());
+    ASSERT_TRUE(store->BeginRun({"demo", "demo.toml", "", 1.7e9, {}, {}, "", ""}).ok());
   }
   Outcome o = RunEndure({"report", dir});
   EXPECT_EQ(o.code, 0) << o.output;
