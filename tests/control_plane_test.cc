@@ -1552,5 +1552,46 @@ TEST_F(ControlPlaneTest, HttpBeyondLoopbackRequiresTheToken) {
   EXPECT_NE(query->body.find("waiting_for_nodes"), std::string::npos) << query->body;
 }
 
+// kill -9 of the controller mid-job: `endure run` starts another on the same
+// address, the agents (which kept their workers while it was gone) come
+// back to it, and the job completes with the parameters of a run without
+// faults. It used to end everything: exit 1 "without a report".
+TEST_F(ControlPlaneTest, AControllerKilledMidJobIsRestartedAndTheJobCompletesBitExact) {
+  const std::string reference = Reference(this);
+  const std::string spec = Spec("ctlkill", kSlowRank0);
+  std::unique_ptr<Running> run = StartRun(spec);
+  const fs::path state = dir_ / "ctlkill";
+  auto step = [&] {
+    const nlohmann::json s = nlohmann::json::parse(ReadAll(state / "status.json"), nullptr, false);
+    return s.is_object() ? s.value("step", int64_t{0}) : int64_t{0};
+  };
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (step() < 8 && std::chrono::steady_clock::now() < deadline && !run->Ended(50ms)) {
+  }
+  ASSERT_GE(step(), 8) << ReadAll(dir_ / "ctlkill.out");
+  std::vector<pid_t> controllers;
+  for (pid_t pid : ProcessesHolding(spec)) {
+    if (ReadAll(fs::path("/proc") / std::to_string(pid) / "cmdline").find("controller") !=
+        std::string::npos) {
+      controllers.push_back(pid);
+    }
+  }
+  ASSERT_EQ(controllers.size(), 1u);
+  ASSERT_EQ(::kill(controllers[0], SIGKILL), 0);
+
+  JobResult r = Finish(*run, spec);
+  ASSERT_TRUE(r.exit.Success()) << r.exit.ToString() << "\n" << r.output;
+  EXPECT_NE(r.output.find("the controller died (signal 9"), std::string::npos) << r.output;
+  EXPECT_EQ(r.report.value("param_fingerprint", ""), reference) << r.output;
+  EXPECT_EQ(r.report.value("steps", 0), 30) << r.report.dump(2);
+  // The first controller's run is kept, the second finished the job. Its
+  // generations are numbered after the first run's, so the old workers'
+  // ends (stopped as the agents rejoined) are no incident of its own.
+  EXPECT_EQ(r.report.value("run", 0), 2) << r.report.dump(2);
+  EXPECT_EQ(r.report["incidents"].size(), 0u) << r.report["incidents"].dump(2);
+  EXPECT_NE(ReadAll(state / "controller.log").find("generations from 1"), std::string::npos)
+      << ReadAll(state / "controller.log");
+}
+
 }  // namespace
 }  // namespace endure

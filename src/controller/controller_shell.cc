@@ -536,8 +536,21 @@ Status ControllerShell::Start() {
   // A new run in the same database: the earlier runs' history stays.
   ENDURE_ASSIGN_OR_RETURN(const int run, store_->BeginRun(job_));
   if (run > 1) {
-    std::fprintf(stderr, "endure controller: run %d in %s (runs 1 to %d kept)\n", run,
-                 o_.state_dir.c_str(), run - 1);
+    // Generations are numbered after the earlier runs' ones: agents that
+    // rode out a dead controller resume theirs, and what their old workers
+    // say must not pass for this run's.
+    int first = 0;
+    for (int earlier = 1; earlier < run; ++earlier) {
+      Result<std::vector<GenerationRecord>> generations = store_->LoadGenerations(earlier);
+      if (!generations.ok()) continue;  // a run that never started one
+      for (const GenerationRecord& g : *generations) first = std::max(first, g.generation + 1);
+    }
+    core::JobMachineOptions options = MachineOptions(o_.spec);
+    options.first_generation = first;
+    machine_ = core::JobMachine(options, ExternalFaults(o_.spec), start_);
+    std::fprintf(stderr,
+                 "endure controller: run %d in %s (runs 1 to %d kept); generations from %d\n", run,
+                 o_.state_dir.c_str(), run - 1, first);
   }
   // What the durable directory already holds (an earlier run in this state
   // directory): a rollback before this run's first checkpoint goes there.

@@ -185,7 +185,7 @@ Json BuildReport(const ReportInputs& in) {
   report["param_fingerprint"] = in.param_fingerprint;
   report["steps"] = in.steps;
   report["last_loss"] = std::isfinite(in.last_loss) ? Json(in.last_loss) : Json(nullptr);
-  report["generations"] = m.generation() + 1;
+  report["generations"] = m.generations_started();
   report["checkpoints"] = m.checkpoints().size();
   report["nodes"] = in.nodes;
   AddAccounting(report, ledger_s, wall_s, m.incidents(), in.start);

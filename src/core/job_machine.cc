@@ -33,6 +33,7 @@ std::string_view JobPhaseName(JobPhase phase) {
 Status JobMachineOptions::Validate() const {
   if (nodes < 1) return InvalidArgument("nodes must be at least 1");
   if (ranks_per_node < 1) return InvalidArgument("ranks_per_node must be at least 1");
+  if (first_generation < 0) return InvalidArgument("first_generation must not be negative");
   if (replacement_timeout < Duration(0)) {
     return InvalidArgument("replacement_timeout must not be negative");
   }
@@ -55,6 +56,7 @@ JobMachine::JobMachine(JobMachineOptions options, std::vector<ExternalFault> ext
       anomaly_(options_.anomaly),
       recovery_(options_.recovery) {
   ENDURE_CHECK(options_.Validate().ok());
+  generation_ = options_.first_generation - 1;
 }
 
 std::string JobMachine::NodeName(NodeId node) const {
@@ -516,13 +518,13 @@ void JobMachine::MaybeStart(TimePoint now, std::vector<JobAction>& out) {
   rank_done_.assign(world_size(), false);
   max_restore_s_ = 0;
   productive_ = false;
-  if (generation_ > 0) ledger_.Enter(LedgerCategory::kRecovery, now);
+  const bool first = generation_ == options_.first_generation;
+  if (!first) ledger_.Enter(LedgerCategory::kRecovery, now);
   hang_.OnGenerationStart(generation_, world_size(), now);
   if (Incident* inc = OpenIncident()) inc->relaunched_at = now;
   phase_ = JobPhase::kRunning;
-  out.push_back(StartGenerationAction{generation_, members_, generation_ == 0 ? -1 : restore_step_,
-                                      generation_ == 0 ? -1 : abandoned_from_, skip_steps_,
-                                      fired_});
+  out.push_back(StartGenerationAction{generation_, members_, first ? -1 : restore_step_,
+                                      first ? -1 : abandoned_from_, skip_steps_, fired_});
   // Removed with this start; a later restart abandons nothing more unless a
   // new anomaly says so.
   abandoned_from_ = -1;

@@ -44,6 +44,11 @@ struct JobMachineOptions {
   // start its next generation (a replacement for one it lost or evicted)
   // before it gives up (exit 3, naming the nodes it has). Zero: forever.
   Duration replacement_timeout = std::chrono::minutes(10);
+  // The number of this machine's first generation: a controller that
+  // carries on a state directory numbers its generations after the earlier
+  // runs' ones, so that a message of an earlier controller's generation (a
+  // resuming agent's old workers ending) is never taken for one of its own.
+  int first_generation = 0;
 
   Status Validate() const;
 };
@@ -215,6 +220,8 @@ class JobMachine {
 
   JobPhase phase() const { return phase_; }
   int generation() const { return generation_; }
+  // Generations this machine started (from options.first_generation on).
+  int generations_started() const { return generation_ - options_.first_generation + 1; }
   int64_t step() const { return job_step_; }  // highest step every rank completed
   double last_loss() const { return last_loss_; }
   const std::vector<Incident>& incidents() const { return incidents_; }

@@ -313,6 +313,26 @@ TEST(JobMachine, AReplacementWithinTheTimeoutStartsAndZeroWaitsForever) {
   }
 }
 
+// A controller carrying on a state directory numbers its generations after
+// the earlier runs': its first is a first (restore from the newest
+// checkpoint, no recovery time), and an exit of the previous controller's
+// generation is no failure of its own.
+TEST(JobMachine, AMachineStartsAtItsFirstGenerationAndIgnoresEarlierOnes) {
+  JobMachineOptions o = Options();
+  o.first_generation = 5;
+  Job job(o);
+  const StartGenerationAction start = job.Up();
+  EXPECT_EQ(start.generation, 5);
+  EXPECT_EQ(start.restore_step, -1);
+  EXPECT_EQ(job.m.generations_started(), 1);
+  job.Ready(0);
+  job.Run(1, 3);
+  const std::vector<JobAction> a = job.Do(WorkerExitEvent{4, 1, NodeId{1}, std::nullopt, 15});
+  EXPECT_TRUE(a.empty());
+  EXPECT_TRUE(job.m.incidents().empty());
+  EXPECT_EQ(job.m.ledger().total(LedgerCategory::kRecovery), Duration(0));
+}
+
 TEST(JobMachine, ASilentAgentIsLostAfterTheHeartbeatTimeout) {
   JobMachineOptions o = Options();
   o.hang.floor = std::chrono::seconds(60);  // only the heartbeat decides here

@@ -43,6 +43,8 @@ void OnSignal(int sig) { g_signal = sig; }
 // grace period (the agents' last persist, the controller's commit, report
 // and goodbyes) before what is left is killed.
 constexpr auto kStopMargin = std::chrono::seconds(6);
+// A controller that dies is started again this many times at most in one run.
+constexpr int kMaxControllerRestarts = 3;
 
 std::string SelfExe() {
   char exe[4096];
@@ -92,7 +94,9 @@ class EmbeddedRun {
   int Run();
 
  private:
-  Status StartController();
+  // Starts `endure controller` listening on `listen` and waits for its
+  // address.
+  Status StartController(const std::string& listen);
   Status StartAgent();
   void StopAll();
   // Stops everything after signal `sig` (see kStopMargin).
@@ -108,13 +112,18 @@ class EmbeddedRun {
   int next_node_ = 0;
 };
 
-Status EmbeddedRun::StartController() {
+// Whether the controller's end was no decision of its own: a signal it did
+// not handle (SIGKILL, a crash) or an internal error. Its own ends are
+// 0 (completed), 2 (configuration), 3 (gave up) and 128+N (stopped by N).
+bool ControllerDied(const ExitStatus& e) { return !e.exited || e.code == kExitInternal; }
+
+Status EmbeddedRun::StartController(const std::string& listen) {
   const std::string address_file = JoinPath(spec_.state_dir, "controller.addr");
   // A stale address would send the agents to a controller that is gone.
   ENDURE_RETURN_IF_ERROR(Env::Default()->RemoveFile(address_file));
   ProcessSpec ps;
   ps.argv = {exe_,           "controller",    "--spec",         spec_.path,
-             "--state-dir",  spec_.state_dir, "--listen",       spec_.listen,
+             "--state-dir",  spec_.state_dir, "--listen",       listen,
              "--token-file", token_file_,     "--address-file", address_file};
   if (!tls_dir_.empty()) ps.argv.insert(ps.argv.end(), {"--tls-dir", tls_dir_});
   ps.output_path = JoinPath(spec_.state_dir, "controller.log");
@@ -267,7 +276,7 @@ int EmbeddedRun::Run() {
 
   std::printf("endure run: job '%s', %d node(s) x %d rank(s), state in %s\n", spec_.name.c_str(),
               spec_.nodes, spec_.ranks_per_node, spec_.state_dir.c_str());
-  if (Status st = StartController(); !st.ok()) {
+  if (Status st = StartController(spec_.listen); !st.ok()) {
     std::fprintf(stderr, "endure run: %s\n", st.message().c_str());
     StopAll();
     return kExitInternal;
@@ -281,6 +290,7 @@ int EmbeddedRun::Run() {
   }
 
   const bool tty = isatty(STDOUT_FILENO) == 1;
+  int controller_restarts = 0;
   std::vector<Clock::time_point> replacements;
   auto last_line = Clock::now() - std::chrono::hours(1);
   std::optional<ExitStatus> controller_exit;
@@ -301,6 +311,25 @@ int EmbeddedRun::Run() {
       return 128 + sig;
     }
     controller_exit = controller_->WaitFor(std::chrono::milliseconds(100));
+    if (controller_exit && ControllerDied(*controller_exit) &&
+        controller_restarts < kMaxControllerRestarts) {
+      // Killed (kill -9, the OOM killer) or failed: its agents ride out the
+      // gap with their workers ([control_plane] controller_grace), so a new
+      // controller on the same address carries the job on.
+      ++controller_restarts;
+      std::printf("%sendure run: the controller died (%s); restarting it on %s (%d of %d)\n",
+                  tty ? "\n" : "", controller_exit->ToString().c_str(), address_.c_str(),
+                  controller_restarts, kMaxControllerRestarts);
+      std::fflush(stdout);
+      controller_.reset();
+      controller_exit.reset();
+      if (Status st = StartController(address_); !st.ok()) {
+        std::fprintf(stderr, "endure run: %s\n", st.message().c_str());
+        StopAll();
+        return kExitInternal;
+      }
+      continue;
+    }
     if (controller_exit) break;
     for (auto it = agents_.begin(); it != agents_.end();) {
       if (std::optional<ExitStatus> e = it->second.second.WaitFor(std::chrono::milliseconds(0))) {
