@@ -298,14 +298,10 @@ Status StateStore::NeedRun(const std::string& what) const {
   return Internal(path_ + ": " + what + " before any run began (call BeginRun first)");
 }
 
-Result<int> StateStore::BeginRun(const JobRecord& job) {
-  // The number is the newest in the database plus 1, in the insert itself:
-  // another connection may have begun a run since Open.
-  Statement s(db_.get(), R"sql(
-    INSERT INTO runs (run, name, spec_path, token_path, started_at, finished_at, exit_code,
-                      verdict, param_fingerprint)
-    VALUES ((SELECT COALESCE(MAX(run), 0) + 1 FROM runs), ?, ?, ?, ?, ?, ?, ?, ?))sql");
-  if (!s.prepared()) return Error("beginning a run");
+namespace {
+
+// Binds a run's job columns, in the order of `runs`, to parameters 1..8.
+void BindJob(Statement& s, const JobRecord& job) {
   s.Bind(1, job.name);
   s.Bind(2, job.spec_path);
   s.Bind(3, job.token_path);
@@ -314,6 +310,19 @@ Result<int> StateStore::BeginRun(const JobRecord& job) {
   s.Bind(6, job.exit_code ? std::optional<int64_t>(*job.exit_code) : std::nullopt);
   s.Bind(7, job.verdict);
   s.Bind(8, job.param_fingerprint);
+}
+
+}  // namespace
+
+Result<int> StateStore::BeginRun(const JobRecord& job) {
+  // The number is the newest in the database plus 1, in the insert itself:
+  // another connection may have begun a run since Open.
+  Statement s(db_.get(), R"sql(
+    INSERT INTO runs (run, name, spec_path, token_path, started_at, finished_at, exit_code,
+                      verdict, param_fingerprint)
+    VALUES ((SELECT COALESCE(MAX(run), 0) + 1 FROM runs), ?, ?, ?, ?, ?, ?, ?, ?))sql");
+  if (!s.prepared()) return Error("beginning a run");
+  BindJob(s, job);
   if (s.Step() != SQLITE_DONE) return Error("beginning a run");
   // `run` is the table's INTEGER PRIMARY KEY: the rowid.
   run_ = static_cast<int>(sqlite3_last_insert_rowid(db_.get()));
@@ -326,14 +335,7 @@ Status StateStore::SaveJob(const JobRecord& job) {
     UPDATE runs SET name = ?, spec_path = ?, token_path = ?, started_at = ?, finished_at = ?,
       exit_code = ?, verdict = ?, param_fingerprint = ? WHERE run = ?)sql");
   if (!s.prepared()) return Error("saving the job");
-  s.Bind(1, job.name);
-  s.Bind(2, job.spec_path);
-  s.Bind(3, job.token_path);
-  s.Bind(4, job.started_at_unix);
-  s.Bind(5, job.finished_at_unix);
-  s.Bind(6, job.exit_code ? std::optional<int64_t>(*job.exit_code) : std::nullopt);
-  s.Bind(7, job.verdict);
-  s.Bind(8, job.param_fingerprint);
+  BindJob(s, job);
   s.Bind(9, int64_t{run_});
   if (s.Step() != SQLITE_DONE) return Error("saving the job");
   return Status::Ok();
