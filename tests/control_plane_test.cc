@@ -709,7 +709,10 @@ TEST_F(ControlPlaneTest, RunningASpecAgainResumesFromItsNewestCheckpoint) {
   EXPECT_EQ(first_run.value("incidents", -1), 0) << first_run.dump();
   EXPECT_NE(first_run.value("verdict", "").find("stopped by SIGINT"), std::string::npos)
       << first_run.dump();
-  const std::string log = WorkerLogs("resume", 0, 0);
+  // The second run numbers its generations after the first run's (which
+  // ran generation 0): its only one is generation 1.
+  EXPECT_FALSE(NodesThatRan("resume", 1, 0).empty()) << "no generation 1 in the second run";
+  const std::string log = WorkerLogs("resume", 1, 0);
   EXPECT_NE(log.find("restored step " + std::to_string(newest) + " from T2 x2\n"),
             std::string::npos)
       << log;
