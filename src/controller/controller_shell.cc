@@ -919,7 +919,10 @@ proto::CheckpointConfig ControllerShell::CheckpointFor(const core::StartGenerati
   c.set_restore_plan_json(checkpoint::RestorePlanToJson(plan).dump());
   std::string note = plan.Summary();
   for (const std::string& n : plan.notes) note += "; " + n;
-  machine_.NoteRestore(a.generation, note);
+  // An input to the machine like any other; it asks for nothing.
+  const std::vector<core::JobAction> none =
+      machine_.Step(core::RestoreChosen{a.generation, note}, last_step_at_);
+  ENDURE_CHECK(none.empty());
   return c;
 }
 

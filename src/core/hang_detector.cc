@@ -103,6 +103,13 @@ Status HangDetector::OnStepEnd(int rank, StepNumber step, TimePoint now) {
   return Status::Ok();
 }
 
+void HangDetector::Resume(TimePoint now) {
+  if (!active_) return;
+  if (InStartup()) generation_start_ = std::max(generation_start_, now);
+  for (RankProgress& p : ranks_) p.last_progress = std::max(p.last_progress, now);
+  frontier_time_ = std::max(frontier_time_, now);
+}
+
 void HangDetector::RecordStepDuration(Duration d) {
   if (static_cast<int>(samples_.size()) < options_.window) {
     samples_.push_back(d);

@@ -87,6 +87,12 @@ class HangDetector {
   // generation.
   Status OnStepEnd(int rank, StepNumber step, TimePoint now);
 
+  // The watcher was away until `now` (a controller that carried on after
+  // its own outage): no rank is blamed for the silence meanwhile. Each
+  // rank's progress clock restarts at `now`; the learned step times stay,
+  // and the gap is no step-time sample.
+  void Resume(TimePoint now);
+
   // Returns a verdict when some rank has passed its deadline. A hang is
   // reported once: after a verdict, Check returns nullopt and NextDeadline
   // nullopt until progress is made or a new generation starts.

@@ -48,6 +48,14 @@ bool HeartbeatMonitor::OnStreamReconnected(NodeId node, TimePoint now) {
   return true;
 }
 
+void HeartbeatMonitor::Resume(TimePoint now) {
+  for (auto& [node, m] : members_) {
+    if (m.lost) continue;
+    m.dropped_at.reset();
+    m.last_heartbeat = std::max(m.last_heartbeat, now);
+  }
+}
+
 TimePoint HeartbeatMonitor::DeadlineOf(const Member& m) const {
   TimePoint deadline = m.last_heartbeat + options_.timeout;
   // A heartbeat that arrives after the drop (over a path that survived) also

@@ -55,6 +55,10 @@ class HeartbeatMonitor {
   // Returns false, like OnHeartbeat, for an unknown or lost node.
   bool OnStreamReconnected(NodeId node, TimePoint now);
 
+  // The watcher was away until `now` (a controller that carried on after
+  // its own outage): the silence meanwhile is not the nodes'. Every node not
+  // yet lost is judged afresh from `now`, its stream taken as open.
+  void Resume(TimePoint now);
   // Nodes that became lost by `now`, each reported once (cause "node_lost"),
   // ordered by node id.
   std::vector<CrashReport> Check(TimePoint now);

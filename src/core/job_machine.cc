@@ -87,15 +87,6 @@ std::vector<NodeId> JobMachine::HealthyNodes() const {
   return out;
 }
 
-void JobMachine::NoteRestore(int generation, std::string text) {
-  for (auto it = incidents_.rbegin(); it != incidents_.rend(); ++it) {
-    if (it->generation == generation - 1 && it->relaunched_at) {
-      it->restore = std::move(text);
-      return;
-    }
-  }
-}
-
 Incident* JobMachine::OpenIncident() { return incident_open_ ? &incidents_.back() : nullptr; }
 
 std::optional<TimePoint> JobMachine::NextDeadline() const {
@@ -269,6 +260,18 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
       auto at = std::lower_bound(found_checkpoints_.begin(), found_checkpoints_.end(), step);
       if (at == found_checkpoints_.end() || *at != step) found_checkpoints_.insert(at, step);
     }
+
+  } else if (const auto* e = std::get_if<RestoreChosen>(&event)) {
+    for (auto it = incidents_.rbegin(); it != incidents_.rend(); ++it) {
+      if (it->generation == e->generation - 1 && it->relaunched_at) {
+        it->restore = e->text;
+        break;
+      }
+    }
+
+  } else if (std::holds_alternative<ControllerResumed>(event)) {
+    heartbeats_.Resume(now);
+    if (phase_ == JobPhase::kRunning) hang_.Resume(now);
 
   } else if (const auto* e = std::get_if<StackDumpEvent>(&event)) {
     for (Incident& inc : incidents_) {

@@ -6,7 +6,10 @@
 //
 // Sans-I/O: Step(event, now) -> actions. The controller's shell feeds it
 // real events from the gRPC streams and carries out the actions; tests feed
-// scripted events. Deterministic; not thread-safe (one event loop owns it).
+// scripted events. Deterministic: its state is a function of its options,
+// its start and the (event, time) inputs, so the shell's journal of those
+// inputs replayed into a fresh machine rebuilds it exactly (nothing else
+// changes it). Not thread-safe (one event loop owns it).
 //
 // Lifecycle: kWaitingForNodes -> kRunning(g) -> [failure] -> kStopping(g) ->
 // [backoff / waiting for a replacement node] -> kRunning(g+1) ... -> kDone.
@@ -134,11 +137,26 @@ struct CheckpointsFound {
   std::vector<int64_t> steps;
 };
 
+// Where generation `generation` restores from, as the shell's checkpoint
+// engine planned it (the copies it chose across the tiers, and what it
+// refused): recorded on the incident that generation recovers from.
+struct RestoreChosen {
+  int generation = 0;
+  std::string text;
+};
+
+// The controller carried on after an outage of its own (a restart that
+// replayed its journal, or a standby that took over): nothing was watched
+// since the previous input, so neither the agents' silence nor the ranks'
+// meanwhile counts against them; both are judged afresh from now.
+struct ControllerResumed {};
+
 struct Tick {};
 
-using JobEvent = std::variant<NodeUp, NodeDown, NodeHeartbeat, WorkerReady, StepEnd,
-                              WorkerExitEvent, FaultFiredEvent, GenerationStoppedEvent,
-                              StackDumpEvent, PersistFailedEvent, CheckpointsFound, Tick>;
+using JobEvent =
+    std::variant<NodeUp, NodeDown, NodeHeartbeat, WorkerReady, StepEnd, WorkerExitEvent,
+                 FaultFiredEvent, GenerationStoppedEvent, StackDumpEvent, PersistFailedEvent,
+                 CheckpointsFound, RestoreChosen, ControllerResumed, Tick>;
 
 // ---- Actions ----
 struct StartGenerationAction {
@@ -229,9 +247,6 @@ class JobMachine {
   const std::vector<int64_t>& checkpoints() const { return checkpoints_; }
   const std::set<std::string>& fired_faults() const { return fired_; }
   std::string NodeName(NodeId node) const;
-  // Records on the incident that generation `generation` recovers from
-  // where its restore came from (the shell chooses the copies).
-  void NoteRestore(int generation, std::string text);
   // The node running `rank` in the current generation (invalid if none).
   NodeId NodeOfRank(int rank) const;
 

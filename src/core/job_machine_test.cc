@@ -601,7 +601,7 @@ TEST(JobMachine, FailingPersistenceIsOneIncidentThatStopsNothing) {
   job.Do(WorkerExitEvent{0, 0, NodeId{0}, std::nullopt, 9});
   auto start = Find<StartGenerationAction>(job.StopBoth());
   ASSERT_EQ(start.size(), 1u);
-  job.m.NoteRestore(start[0].generation, "step 10 from T0 x2");
+  job.Do(RestoreChosen{start[0].generation, "step 10 from T0 x2"});
   ASSERT_EQ(job.m.incidents().size(), 2u);
   EXPECT_EQ(job.m.incidents()[1].restore, "step 10 from T0 x2");
   EXPECT_EQ(job.m.incidents()[0].restore, "");

@@ -1,0 +1,451 @@
+// JobCodec; see job_codec.h.
+#include "core/job_codec.h"
+
+#include <charconv>
+#include <cstdio>
+#include <map>
+#include <type_traits>
+
+namespace endure::core {
+namespace {
+
+// ---- Each struct's fields, in order, for both directions ----
+//
+// `f(key, field)` is called for every field; the writer reads the field, the
+// reader assigns it.
+
+template <typename F>
+void Fields(NodeUp& e, F& f) {
+  f("node", e.node), f("name", e.name), f("slots", e.slots);
+}
+template <typename F>
+void Fields(NodeDown& e, F& f) {
+  f("node", e.node), f("reason", e.reason);
+}
+template <typename F>
+void Fields(NodeHeartbeat& e, F& f) {
+  f("node", e.node);
+}
+template <typename F>
+void Fields(WorkerReady& e, F& f) {
+  f("generation", e.generation), f("rank", e.rank), f("start_step", e.start_step),
+      f("restore_s", e.restore_s);
+}
+template <typename F>
+void Fields(StepEnd& e, F& f) {
+  f("generation", e.generation), f("rank", e.rank), f("step", e.step), f("loss", e.loss),
+      f("ckpt_stall_s", e.ckpt_stall_s), f("checkpoint_step", e.checkpoint_step),
+      f("skipped", e.skipped);
+}
+template <typename F>
+void Fields(WorkerExitEvent& e, F& f) {
+  f("generation", e.generation), f("rank", e.rank), f("node", e.node), f("exit_code", e.exit_code),
+      f("signal", e.signal), f("log_cause", e.log_cause), f("log_action", e.log_action),
+      f("log_rule", e.log_rule), f("log_line", e.log_line);
+}
+template <typename F>
+void Fields(FaultFiredEvent& e, F& f) {
+  f("generation", e.generation), f("rank", e.rank), f("id", e.id), f("kind", e.kind),
+      f("step", e.step), f("at", e.at);
+}
+template <typename F>
+void Fields(GenerationStoppedEvent& e, F& f) {
+  f("generation", e.generation), f("node", e.node);
+}
+template <typename F>
+void Fields(StackDumpEvent& e, F& f) {
+  f("generation", e.generation), f("rank", e.rank), f("text", e.text);
+}
+template <typename F>
+void Fields(PersistFailedEvent& e, F& f) {
+  f("generation", e.generation), f("shard", e.shard), f("step", e.step), f("node", e.node),
+      f("error", e.error);
+}
+template <typename F>
+void Fields(CheckpointsFound& e, F& f) {
+  f("steps", e.steps);
+}
+template <typename F>
+void Fields(RestoreChosen& e, F& f) {
+  f("generation", e.generation), f("text", e.text);
+}
+template <typename F>
+void Fields(ControllerResumed&, F&) {}
+template <typename F>
+void Fields(Tick&, F&) {}
+
+template <typename F>
+void Fields(StartGenerationAction& a, F& f) {
+  f("generation", a.generation), f("nodes", a.nodes), f("restore_step", a.restore_step),
+      f("abandoned_from", a.abandoned_from), f("skip_steps", a.skip_steps),
+      f("fired_faults", a.fired_faults);
+}
+template <typename F>
+void Fields(StopGenerationAction& a, F& f) {
+  f("generation", a.generation), f("dump_stacks", a.dump_stacks);
+}
+template <typename F>
+void Fields(EvictNodeAction& a, F& f) {
+  f("node", a.node), f("reason", a.reason);
+}
+template <typename F>
+void Fields(InjectFaultAction& a, F& f) {
+  f("fault", a.fault.id), f("kind", a.fault.kind), f("rank", a.fault.rank), f("step", a.fault.step),
+      f("at", a.fault.at), f("node", a.node), f("generation", a.generation);
+}
+template <typename F>
+void Fields(FinishAction& a, F& f) {
+  f("exit_code", a.exit_code), f("reason", a.reason);
+}
+
+// The kinds' names, in the variants' order.
+constexpr std::string_view kEventKinds[] = {
+    "node_up",           "node_down",      "heartbeat",          "worker_ready", "step_end",
+    "worker_exit",       "fault_fired",    "generation_stopped", "stack_dump",   "persist_failed",
+    "checkpoints_found", "restore_chosen", "controller_resumed", "tick"};
+static_assert(std::size(kEventKinds) == std::variant_size_v<JobEvent>);
+constexpr std::string_view kActionKinds[] = {"start_generation", "stop_generation", "evict_node",
+                                             "inject_fault", "finish"};
+static_assert(std::size(kActionKinds) == std::variant_size_v<JobAction>);
+
+// ---- Writing ----
+
+void Quote(std::string_view s, std::string& out) {
+  out += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char hex[5];
+          std::snprintf(hex, sizeof hex, "\\x%02x", c);
+          out += hex;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+}
+
+template <typename T>
+void Number(T v, std::string& out) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, end);
+}
+
+struct Writer {
+  std::string out;
+
+  void Key(const char* key) {
+    out += ' ';
+    out += key;
+    out += '=';
+  }
+  void Value(int v) { Number(v, out); }
+  void Value(int64_t v) { Number(v, out); }
+  void Value(double v) { Number(v, out); }  // shortest form that reads back exactly
+  void Value(bool v) { out += v ? "true" : "false"; }
+  void Value(const std::string& v) { Quote(v, out); }
+  void Value(NodeId v) { Number(v.value, out); }
+  void Value(TimePoint v) { Number(static_cast<int64_t>(v.time_since_epoch().count()), out); }
+  void Value(Duration v) { Number(static_cast<int64_t>(v.count()), out); }
+  template <typename T>
+  void Value(const std::optional<T>& v) {
+    if (v) {
+      Value(*v);
+    } else {
+      out += '-';
+    }
+  }
+  template <typename C>
+  void List(const C& items) {
+    bool first = true;
+    for (const auto& item : items) {
+      if (!first) out += ',';
+      first = false;
+      Value(item);
+    }
+    if (first) out += '-';  // empty
+  }
+  void Value(const std::vector<int64_t>& v) { List(v); }
+  void Value(const std::vector<NodeId>& v) { List(v); }
+  void Value(const std::set<std::string>& v) { List(v); }
+
+  template <typename T>
+  void operator()(const char* key, const T& field) {
+    Key(key);
+    Value(field);
+  }
+};
+
+template <typename Variant>
+std::string Encode(const Variant& v, const std::string_view* kinds) {
+  Writer w;
+  w.out = std::string(kinds[v.index()]);
+  std::visit(
+      [&](const auto& alt) {
+        auto copy = alt;  // Fields takes a mutable reference for the reader's sake
+        Fields(copy, w);
+      },
+      v);
+  return std::move(w.out);
+}
+
+// ---- Reading ----
+
+struct Token {
+  std::string key;
+  std::string value;
+  bool quoted = false;
+};
+
+Result<std::string> Unquote(std::string_view s, size_t& i) {
+  std::string out;
+  ++i;  // the opening quote
+  while (i < s.size()) {
+    const char c = s[i++];
+    if (c == '"') return out;
+    if (c != '\\') {
+      out += c;
+      continue;
+    }
+    if (i >= s.size()) break;
+    const char e = s[i++];
+    switch (e) {
+      case '"':
+      case '\\':
+        out += e;
+        break;
+      case 'n':
+        out += '\n';
+        break;
+      case 't':
+        out += '\t';
+        break;
+      case 'x': {
+        unsigned value = 0;
+        auto [end, ec] =
+            std::from_chars(s.data() + i, s.data() + std::min(s.size(), i + 2), value, 16);
+        if (ec != std::errc() || end != s.data() + i + 2) {
+          return InvalidArgument("a \\x escape needs two hex digits");
+        }
+        out += static_cast<char>(value);
+        i += 2;
+        break;
+      }
+      default:
+        return InvalidArgument(std::string("unknown escape \\") + e);
+    }
+  }
+  return InvalidArgument("a quoted string is not closed");
+}
+
+Result<std::vector<Token>> Tokenize(std::string_view s, size_t i) {
+  std::vector<Token> tokens;
+  while (i < s.size()) {
+    if (s[i] == ' ') {
+      ++i;
+      continue;
+    }
+    const size_t eq = s.find('=', i);
+    const size_t space = s.find(' ', i);
+    if (eq == std::string_view::npos || (space != std::string_view::npos && space < eq)) {
+      return InvalidArgument("expected key=value at '" +
+                             std::string(s.substr(i, std::min<size_t>(20, s.size() - i))) + "'");
+    }
+    Token t;
+    t.key = std::string(s.substr(i, eq - i));
+    i = eq + 1;
+    if (i < s.size() && s[i] == '"') {
+      Result<std::string> v = Unquote(s, i);
+      if (!v.ok()) return InvalidArgument(t.key + ": " + v.status().message());
+      t.value = std::move(v).value();
+      t.quoted = true;
+    } else {
+      const size_t end = std::min(s.find(' ', i), s.size());
+      t.value = std::string(s.substr(i, end - i));
+      i = end;
+    }
+    tokens.push_back(std::move(t));
+  }
+  return tokens;
+}
+
+class Reader {
+ public:
+  explicit Reader(std::map<std::string, Token> tokens) : tokens_(std::move(tokens)) {}
+
+  template <typename T>
+  void operator()(const char* key, T& field) {
+    if (!status_.ok()) return;
+    auto it = tokens_.find(key);
+    if (it == tokens_.end()) {
+      status_ = InvalidArgument(std::string("missing field ") + key);
+      return;
+    }
+    Status st = Parse(it->second, field);
+    if (!st.ok()) status_ = InvalidArgument(std::string(key) + ": " + st.message());
+    tokens_.erase(it);
+  }
+
+  // Every field read, nothing left over.
+  Status Finish() const {
+    if (!status_.ok()) return status_;
+    if (!tokens_.empty()) return InvalidArgument("unknown field " + tokens_.begin()->first);
+    return Status::Ok();
+  }
+
+ private:
+  template <typename T>
+  static Status Integer(std::string_view s, T& v) {
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || end != s.data() + s.size() || s.empty()) {
+      return InvalidArgument("expected an integer, got '" + std::string(s) + "'");
+    }
+    return Status::Ok();
+  }
+  static Status Bare(const Token& t) {
+    if (t.quoted) return InvalidArgument("expected a number or word, got a quoted string");
+    return Status::Ok();
+  }
+  static Status Parse(const Token& t, int& v) {
+    ENDURE_RETURN_IF_ERROR(Bare(t));
+    return Integer(t.value, v);
+  }
+  static Status Parse(const Token& t, int64_t& v) {
+    ENDURE_RETURN_IF_ERROR(Bare(t));
+    return Integer(t.value, v);
+  }
+  static Status Parse(const Token& t, double& v) {
+    ENDURE_RETURN_IF_ERROR(Bare(t));
+    const std::string& s = t.value;
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || end != s.data() + s.size() || s.empty()) {
+      return InvalidArgument("expected a number, got '" + s + "'");
+    }
+    return Status::Ok();
+  }
+  static Status Parse(const Token& t, bool& v) {
+    ENDURE_RETURN_IF_ERROR(Bare(t));
+    if (t.value != "true" && t.value != "false") {
+      return InvalidArgument("expected true or false, got '" + t.value + "'");
+    }
+    v = t.value == "true";
+    return Status::Ok();
+  }
+  static Status Parse(const Token& t, std::string& v) {
+    if (!t.quoted) return InvalidArgument("expected a quoted string");
+    v = t.value;
+    return Status::Ok();
+  }
+  static Status Parse(const Token& t, NodeId& v) { return Parse(t, v.value); }
+  static Status Parse(const Token& t, TimePoint& v) {
+    int64_t ns = 0;
+    ENDURE_RETURN_IF_ERROR(Parse(t, ns));
+    v = TimePoint{Duration{ns}};
+    return Status::Ok();
+  }
+  template <typename T>
+  static Status Parse(const Token& t, std::optional<T>& v) {
+    if (!t.quoted && t.value == "-") {
+      v.reset();
+      return Status::Ok();
+    }
+    T x{};
+    ENDURE_RETURN_IF_ERROR(Parse(t, x));
+    v = x;
+    return Status::Ok();
+  }
+  static Status Parse(const Token& t, std::vector<int64_t>& v) {
+    ENDURE_RETURN_IF_ERROR(Bare(t));
+    v.clear();
+    if (t.value == "-") return Status::Ok();
+    std::string_view rest = t.value;
+    while (true) {
+      const size_t comma = rest.find(',');
+      int64_t x = 0;
+      ENDURE_RETURN_IF_ERROR(Integer(rest.substr(0, comma), x));
+      v.push_back(x);
+      if (comma == std::string_view::npos) return Status::Ok();
+      rest.remove_prefix(comma + 1);
+    }
+  }
+
+  std::map<std::string, Token> tokens_;
+  Status status_ = Status::Ok();
+};
+
+// The variant alternative at `index`, default-made.
+template <typename Variant, size_t... I>
+Variant MakeAlternative(size_t index, std::index_sequence<I...>) {
+  Variant v;
+  ((index == I ? (v = std::variant_alternative_t<I, Variant>{}, 0) : 0), ...);
+  return v;
+}
+
+}  // namespace
+
+std::string EncodeEvent(const JobEvent& event) { return Encode(event, kEventKinds); }
+
+std::string EncodeAction(const JobAction& action) { return Encode(action, kActionKinds); }
+
+Result<JobEvent> DecodeEvent(std::string_view line) {
+  const size_t space = std::min(line.find(' '), line.size());
+  const std::string_view kind = line.substr(0, space);
+  size_t index = std::size(kEventKinds);
+  for (size_t i = 0; i < std::size(kEventKinds); ++i) {
+    if (kEventKinds[i] == kind) index = i;
+  }
+  if (index == std::size(kEventKinds)) {
+    return InvalidArgument("unknown event kind '" + std::string(kind) + "'");
+  }
+  Result<std::vector<Token>> tokens = Tokenize(line, space);
+  if (!tokens.ok()) return InvalidArgument(std::string(kind) + ": " + tokens.status().message());
+  std::map<std::string, Token> by_key;
+  for (Token& t : *tokens) {
+    const std::string key = t.key;
+    if (!by_key.emplace(key, std::move(t)).second) {
+      return InvalidArgument(std::string(kind) + ": field " + key + " appears twice");
+    }
+  }
+  JobEvent event =
+      MakeAlternative<JobEvent>(index, std::make_index_sequence<std::variant_size_v<JobEvent>>{});
+  Reader reader(std::move(by_key));
+  std::visit([&](auto& alt) { Fields(alt, reader); }, event);
+  if (Status st = reader.Finish(); !st.ok()) {
+    return InvalidArgument(std::string(kind) + ": " + st.message());
+  }
+  return event;
+}
+
+std::string EncodeIncident(const Incident& inc, TimePoint start) {
+  Writer w;
+  w.out = "incident";
+  auto since = [&](std::optional<TimePoint> t) -> std::optional<double> {
+    if (!t) return std::nullopt;
+    return Seconds(*t - start);
+  };
+  w("id", inc.id), w("generation", inc.generation), w("cause", inc.cause), w("rank", inc.rank),
+      w("node", inc.node), w("action", inc.action), w("failed_at_step", inc.failed_at_step),
+      w("restored_step", inc.restored_step), w("injected_s", since(inc.injected_at)),
+      w("fault_s", since(inc.fault_at)), w("detected_s", since(inc.detected_at)),
+      w("stopped_s", since(inc.stopped_at)), w("relaunched_s", since(inc.relaunched_at)),
+      w("ready_s", since(inc.ready_at)), w("recovered_s", since(inc.recovered_at)),
+      w("restore", inc.restore), w("reason", inc.reason);
+  return std::move(w.out);
+}
+
+}  // namespace endure::core
