@@ -3,7 +3,9 @@
 // which runs one on the real clock, the gRPC transport and real processes.
 #include "agent/agent.h"
 
+#include <arpa/inet.h>
 #include <malloc.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -33,6 +35,7 @@
 #include "agent/agent_shell.h"
 #include "agent/grpc_transport.h"
 #include "agent/process_launcher.h"
+#include "checkpoint/restore_plan.h"
 #include "common/hash.h"
 #include "common/names.h"
 #include "common/net.h"
@@ -171,6 +174,42 @@ bool IsStale(const proto::AgentCommand& cmd, int64_t current) {
 bool AcceptableStackSignal(int64_t sig) {
   if (sig < 1 || sig > 64) return false;
   return sig == SIGUSR1 || sig == SIGUSR2 || (sig >= SIGRTMIN && sig <= SIGRTMAX);
+}
+
+// A TCP port free on every address of this host a moment ago (bound to port
+// 0 and released): c10d's store listens on all of them.
+Result<int> PickPortOnThisHost() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return IOError(std::string("socket: ") + std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return IOError(std::string("bind 0.0.0.0:0: ") + std::strerror(err));
+  }
+  ::close(fd);
+  return static_cast<int>(ntohs(addr.sin_port));
+}
+
+// The restore plan with its T2 sources, which the controller names relative
+// to the durable directory, under `t2_dir` (this host's). Unchanged when
+// there is none, or when it does not parse (the workers then say why).
+std::string ResolveDurableSources(const std::string& plan_json, const std::string& t2_dir) {
+  Result<checkpoint::RestorePlan> plan = checkpoint::RestorePlanFromJson(plan_json);
+  if (!plan.ok()) return plan_json;
+  bool changed = false;
+  for (checkpoint::RestoreSource& s : plan->sources) {
+    if (s.copy.tier != checkpoint::Tier::kT2 || s.copy.path.empty() || s.copy.path[0] == '/') {
+      continue;
+    }
+    s.copy.path = JoinPath(t2_dir, s.copy.path);
+    changed = true;
+  }
+  return changed ? checkpoint::RestorePlanToJson(*plan).dump() : plan_json;
 }
 
 }  // namespace
@@ -497,8 +536,10 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
     refill_pending_ = true;
   }
   const proto::CheckpointConfig& ckpt = start.checkpoint();
+  // T2 as this host sees it: the controller sends the spec's directory.
+  const std::string durable_dir = ResolveCheckpointDir(ckpt.dir());
   TierConfig tiers;
-  tiers.durable_dir = ckpt.dir();
+  tiers.durable_dir = durable_dir;
   tiers.persist_every_steps = ckpt.persist_every_steps();
   tiers.replica_peer = ckpt.replica_peer();
   tiers.memory_budget = ckpt.memory_budget();
@@ -516,8 +557,8 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   std::string plan_path;
   if (!ckpt.restore_plan_json().empty()) {
     plan_path = JoinPath(logs, "gen" + std::to_string(generation) + ".restore-plan.json");
-    if (Status st = WriteFileAtomically(seams_.env, plan_path, ckpt.restore_plan_json());
-        !st.ok()) {
+    const std::string plan = ResolveDurableSources(ckpt.restore_plan_json(), durable_dir);
+    if (Status st = WriteFileAtomically(seams_.env, plan_path, plan); !st.ok()) {
       std::fprintf(stderr, "endure agent %s: cannot write the restore plan: %s\n",
                    o_.node_id.c_str(), st.message().c_str());
       plan_path.clear();  // the workers then fail their restore, and say why
@@ -547,7 +588,9 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
                 {"ENDURE_SKIP_STEPS", skip},
                 {"ENDURE_FAULTS", r.faults_json()},
                 {"ENDURE_STACKS_FILE", spec.stacks_path}};
-    for (const auto& [k, v] : start.env()) spec.env.emplace_back(k, v);
+    for (const auto& [k, v] : start.env()) {
+      spec.env.emplace_back(k, k == "ENDURE_CKPT_DIR" ? ResolveCheckpointDir(v) : v);
+    }
     // Gloo and NCCL's bootstrap bind to the address the host's name resolves
     // to, which on a multi-homed host or in a network namespace is not where
     // the node is reached (its --host): name them its interface, unless the
@@ -621,6 +664,9 @@ void Agent::Stop(int64_t generation, double grace_s) {
   const MemoryUsage used = tiers_->Usage();
   stopped->set_t0_bytes(used.t0_bytes);
   stopped->set_t1_bytes(used.t1_bytes);
+  // With the workers gone their rendezvous port is taken (TIME_WAIT): a
+  // fresh one for the next generation.
+  stopped->set_free_port(FreePort());
   Send(std::move(e), generation);
 }
 
@@ -680,6 +726,23 @@ void Agent::Inject(const proto::InjectFault& inject) {
   } else {
     workers_->Signal(inject.rank(), SIGKILL);
   }
+}
+
+int Agent::FreePort() {
+  Result<int> port = seams_.pick_port ? seams_.pick_port() : PickPortOnThisHost();
+  if (!port.ok() || *port < 1 || *port > 65535) {
+    std::fprintf(stderr, "endure agent %s: no free port to report for a rendezvous here: %s\n",
+                 o_.node_id.c_str(), port.ok() ? "out of range" : port.status().message().c_str());
+    return 0;
+  }
+  return *port;
+}
+
+std::string Agent::ResolveCheckpointDir(const std::string& dir) const {
+  if (dir.empty() || dir[0] == '/') return dir;
+  std::error_code ec;
+  const std::string root = o_.checkpoint_root.empty() ? "." : o_.checkpoint_root;
+  return std::filesystem::absolute(JoinPath(root, dir), ec).lexically_normal().string();
 }
 
 void Agent::OnPersisted(const PersistReport& report) {
@@ -812,6 +875,7 @@ proto::AgentEvent Agent::Hello(bool resuming) {
   reg->set_host(o_.host);
   reg->set_pid(::getpid());
   reg->set_replica_address(o_.host + ":" + std::to_string(tiers_->replica_port()));
+  reg->set_free_port(FreePort());
   int64_t generation = -1;
   if (resuming) {
     std::map<int, pid_t> alive;
@@ -1058,10 +1122,15 @@ Status AgentOptions::Validate() const {
     return InvalidArgument("--controller-grace: must not be negative, got " +
                            FormatDuration(controller_grace));
   }
+  const std::vector<std::string> controllers = ControllerAddresses(controller);
+  if (controllers.empty()) return InvalidArgument("--controller: required (host:port[,host:port])");
   if (tls_dir.empty()) {
-    for (const auto& [flag, host] :
-         {std::pair<const char*, std::string>{"--controller", HostOfAddress(controller)},
-          {"--host", host}}) {
+    std::vector<std::pair<const char*, std::string>> hosts;
+    for (const std::string& address : controllers) {
+      hosts.emplace_back("--controller", HostOfAddress(address));
+    }
+    hosts.emplace_back("--host", host);
+    for (const auto& [flag, host] : hosts) {
       if (!IsLoopbackHost(host)) {
         return InvalidArgument(std::string(flag) + " " + host +
                                " is beyond loopback: the agent's connections there need mutual "

@@ -17,13 +17,19 @@
 namespace endure::agent {
 
 struct AgentOptions {
-  std::string controller;          // host:port of the controller
+  // host:port of the controller; with standby controllers, every one of
+  // the job's, comma-separated: the agent attaches to the one that leads.
+  std::string controller;
   std::string node_id;             // e.g. "node0"
   int slots = 1;                   // ranks this node can run
   std::string token;               // the job token (ENDURE_TOKEN or --token-file)
   std::string host = "127.0.0.1";  // address this node's workers are reachable at
   std::string work_dir;            // logs/ and the worker socket go here
   std::string log_rules;           // the log classification rules file
+  // Where a relative [checkpoint] dir of the job (T2) is, on this host: the
+  // controller sends the spec's directory as written, and the agent resolves
+  // it here (--checkpoint-root); empty: the agent's working directory.
+  std::string checkpoint_root;
   // Keep one warm standby per rank, started ahead of the next generation
   // (the program must call endure::AwaitStandbyAssignment, as endure-train
   // does); a restart then skips loading the program.

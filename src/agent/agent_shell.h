@@ -28,6 +28,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -70,6 +71,11 @@ struct AgentSeams {
   const std::atomic<int>* signal = nullptr;
   // Mutual TLS on the replica link (this node's identity); null: plain TCP.
   std::shared_ptr<const tls::Context> tls;
+  // A TCP port free on this host a moment ago, reported with the
+  // registration and each stop for the rendezvous of a generation whose
+  // rank 0 runs here; null: one the kernel hands out for port 0 on any
+  // address. A failure reports none.
+  std::function<Result<int>()> pick_port;
 };
 
 // One agent, run once. Thread-safe as described above.
@@ -136,6 +142,11 @@ class Agent {
   void DumpStacks(int64_t generation, double timeout_s);
   void Inject(const proto::InjectFault& inject);
   void OnPersisted(const PersistReport& report);
+  // A port free on this host (AgentSeams::pick_port); 0: none.
+  int FreePort();
+  // `dir` on this host: an absolute one as it is, a relative one under
+  // AgentOptions::checkpoint_root (the working directory by default).
+  std::string ResolveCheckpointDir(const std::string& dir) const;
 
   // Warm standbys: workers started ahead of the next generation so that a
   // restart skips loading the program. Refilled once a generation has made

@@ -23,6 +23,7 @@
 
 #include "agent/fake_process_launcher.h"
 #include "agent/fake_transport.h"
+#include "checkpoint/restore_plan.h"
 #include "checkpoint/snapshot_file.h"
 #include "common/hash.h"
 
@@ -148,6 +149,7 @@ class AgentShellTest : public ::testing::Test {
     seams.transport = &transport_;
     seams.launcher = &launcher_;
     seams.shm_parent = (root_ / "shm").string();
+    seams.pick_port = pick_port_;
     agent_ = std::make_unique<Agent>(options_, Rules(), std::move(seams));
     std::promise<Status> done;
     result_ = done.get_future();
@@ -197,6 +199,7 @@ class AgentShellTest : public ::testing::Test {
   FakeClock clock_;
   FakeTransport transport_;
   FakeProcessLauncher launcher_{&clock_};
+  std::function<Result<int>()> pick_port_;  // null: the agent's own picker
   // After the fakes: the agent goes first.
   std::unique_ptr<Agent> agent_;
   std::thread run_;
@@ -1001,6 +1004,96 @@ TEST_F(AgentShellTest, AHeartbeatGoesUpEverySecondOfTheAgentsClock) {
   EXPECT_EQ(beats[0].generation(), -1);
   EXPECT_EQ(beats[1].generation(), 7);
   EXPECT_DOUBLE_EQ(beats[1].time_s(), clock_.WallSeconds());
+}
+
+// Multi-host: the rendezvous of a generation whose rank 0 runs here needs a
+// port free on this host, which only the agent can find.
+TEST_F(AgentShellTest, TheRegistrationReportsAPortFreeOnThisHost) {
+  StartAgent();
+  std::optional<proto::AgentEvent> hello = transport_.WaitForEvent(Is(Case::kRegister));
+  ASSERT_TRUE(hello.has_value());
+  const int port = hello->register_().free_port();
+  EXPECT_GT(port, 0);
+  EXPECT_LE(port, 65535);
+  transport_.Push(ShutdownCommand());
+  EXPECT_TRUE(AwaitRun().ok());
+}
+
+TEST_F(AgentShellTest, EachStopReportsAFreshPortAndAFailedPickReportsNone) {
+  int next = 45000;
+  pick_port_ = [&next]() -> Result<int> {
+    if (next == 45002) return IOError("no ports left");
+    return next++;
+  };
+  StartAgent();
+  std::optional<proto::AgentEvent> hello = transport_.WaitForEvent(Is(Case::kRegister));
+  ASSERT_TRUE(hello.has_value());
+  EXPECT_EQ(hello->register_().free_port(), 45000);
+  Do(StartCommand(1, {0}, 1));
+  Do(StopCommand(1, 0));
+  Do(StartCommand(2, {0}, 1));
+  Do(StopCommand(2, 0));
+  const std::vector<proto::AgentEvent> stopped = transport_.EventsWhere(Is(Case::kStopped));
+  ASSERT_EQ(stopped.size(), 2u);
+  EXPECT_EQ(stopped[0].stopped().free_port(), 45001);
+  EXPECT_EQ(stopped[1].stopped().free_port(), 0) << "none to report";
+}
+
+// T2 under a directory the agent names: the controller sends the spec's
+// [checkpoint] dir as written and durable restore sources relative to it;
+// the agent resolves both on its own host, under --checkpoint-root.
+TEST_F(AgentShellTest, ARelativeCheckpointDirAndDurableSourcesResolveUnderTheCheckpointRoot) {
+  options_.checkpoint_root = (root_ / "host1").string();
+  StartAgent();
+  checkpoint::RestorePlan plan;
+  plan.step = 2;
+  for (int shard = 0; shard < 2; ++shard) {
+    checkpoint::RestoreSource src;
+    src.copy.step = 2;
+    src.copy.shard = shard;
+    src.copy.shards = 2;
+    src.copy.tier = shard == 0 ? checkpoint::Tier::kT0 : checkpoint::Tier::kT2;
+    src.copy.node = shard == 0 ? "node0" : "";
+    src.copy.path =
+        shard == 0 ? "/dev/shm/endure-1-node0/t0/rank-0.slot0" : "step-00000002/shard-00001.bin";
+    src.loader_rank = shard;
+    plan.sources.push_back(src);
+  }
+  proto::AgentCommand start = StartCommand(1, {0, 1}, 2);
+  proto::CheckpointConfig* c = start.mutable_start()->mutable_checkpoint();
+  c->set_enabled(true);
+  c->set_dir("shared/t2");
+  c->set_restore_plan_json(checkpoint::RestorePlanToJson(plan).dump());
+  (*start.mutable_start()->mutable_env())["ENDURE_CKPT_DIR"] = "shared/t2";
+  Do(start);
+  const std::string t2 = (root_ / "host1" / "shared" / "t2").string();
+  const std::vector<FakeProcessLauncher::Launch> launches = launcher_.launches();
+  ASSERT_EQ(launches.size(), 2u);
+  std::map<std::string, std::string> env = EnvOf(launches[0].spec);
+  EXPECT_EQ(env["ENDURE_CKPT_DIR"], t2);
+  Result<std::string> text = Env::Default()->ReadFile(env["ENDURE_RESTORE_PLAN_FILE"]);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  Result<checkpoint::RestorePlan> got = checkpoint::RestorePlanFromJson(*text);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(got->sources.size(), 2u);
+  EXPECT_EQ(got->sources[0].copy.path, plan.sources[0].copy.path) << "memory copies as they are";
+  EXPECT_EQ(got->sources[1].copy.path, t2 + "/step-00000002/shard-00001.bin");
+
+  // An absolute directory is the same on every host.
+  proto::AgentCommand next = StartCommand(2, {0, 1}, 2);
+  next.mutable_start()->mutable_checkpoint()->set_dir("/mnt/shared/t2");
+  (*next.mutable_start()->mutable_env())["ENDURE_CKPT_DIR"] = "/mnt/shared/t2";
+  Do(next);
+  EXPECT_EQ(EnvOf(launcher_.launches().back().spec)["ENDURE_CKPT_DIR"], "/mnt/shared/t2");
+}
+
+TEST_F(AgentShellTest, WithoutACheckpointRootARelativeDirIsUnderTheWorkingDirectory) {
+  StartAgent();
+  proto::AgentCommand start = StartCommand(1, {0}, 1);
+  (*start.mutable_start()->mutable_env())["ENDURE_CKPT_DIR"] = "ckpt";
+  Do(start);
+  EXPECT_EQ(EnvOf(launcher_.launches().back().spec)["ENDURE_CKPT_DIR"],
+            (fs::current_path() / "ckpt").string());
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "agent/agent.h"
 #include "agent/transport.h"
@@ -12,9 +14,16 @@
 
 namespace endure::agent {
 
-// A transport to `options.controller`. Attach() waits at most 15 s for the
-// controller to answer, each time on a new channel. Thread safety as for
-// Transport.
+// The addresses of `--controller`: one host:port, or a comma-separated list
+// of the job's controllers (a leader and its standbys), in order. Empty
+// items are dropped.
+std::vector<std::string> ControllerAddresses(const std::string& controller);
+
+// A transport to `options.controller`. Attach() tries each address in turn,
+// on a new channel each time: one that refuses the connection gives way to
+// the next at once (a standby controller does not listen), and a full round
+// without an answer is tried again after 250 ms, for at most 15 s. Thread
+// safety as for Transport.
 // With `identity` (this node's), the channel uses mutual TLS: it presents
 // the node's certificate and accepts only the job CA's certificate named
 // tls::kControllerName.

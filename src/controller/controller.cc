@@ -10,6 +10,8 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <optional>
 #include <thread>
 
@@ -21,6 +23,7 @@
 #include "common/tls.h"
 #include "controller/controller_shell.h"
 #include "controller/grpc_transport.h"
+#include "controller/leader_election.h"
 
 namespace endure::controller {
 namespace {
@@ -159,11 +162,59 @@ Result<int> Serve(const ControllerOptions& o, ControllerShell& shell, Transport&
   return code;
 }
 
+// With --etcd: stands by until this controller leads, or the job ends
+// without it. Returns nothing once it leads (`candidate` then keeps the
+// lease alive, and ends the process should it lapse), else the exit code:
+// the job's under another leader, or 128 + N after stop signal N (taken
+// from `stop_signals`, which are blocked).
+Result<std::optional<int>> StandBy(const ControllerOptions& o, sigset_t stop_signals,
+                                   std::unique_ptr<Candidate>* candidate) {
+  ENDURE_ASSIGN_OR_RETURN(*candidate, Candidate::Make({.etcd = {.endpoints = o.etcd},
+                                                       .job = o.spec.name,
+                                                       .address = o.listen,
+                                                       .election = {.lease_ttl = o.lease}}));
+  int signal = 0;
+  const auto stop = [&] {
+    const timespec now{0, 0};
+    const int sig = sigtimedwait(&stop_signals, nullptr, &now);
+    if (sig > 0) signal = sig;
+    return signal != 0;
+  };
+  const auto since = std::chrono::steady_clock::now();
+  Result<Candidate::Outcome> outcome = (*candidate)->Campaign(stop);
+  if (signal != 0) {
+    std::fprintf(stderr, "endure controller: stopped by signal %d while standing by\n", signal);
+    return std::optional<int>(128 + signal);
+  }
+  if (!outcome.ok()) return outcome.status();
+  if (!outcome->leads) {
+    std::fprintf(stderr, "endure controller: %s; exiting with it\n", outcome->reason.c_str());
+    return std::optional<int>(outcome->exit_code);
+  }
+  std::fprintf(stderr, "endure controller: leading job '%s' on %s after %.1fs: %s\n",
+               o.spec.name.c_str(), o.listen.c_str(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count(),
+               outcome->reason.c_str());
+  (*candidate)->KeepLeading([](const std::string& why) {
+    // Fencing: whatever this controller was doing, a standby may lead from
+    // now on. Its state is in SQLite, journaled before each action, as for
+    // a kill -9; the agents keep their workers and move to the new leader.
+    std::fprintf(stderr, "endure controller: %s; exiting at once (fencing)\n", why.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  });
+  return std::optional<int>();
+}
+
 }  // namespace
 
 Result<int> RunController(const ControllerOptions& options) {
   if (options.token.empty()) {
     return InvalidArgument("no job token: set ENDURE_TOKEN or --token-file");
+  }
+  if (!options.etcd.empty() && options.listen.ends_with(":0")) {
+    return InvalidArgument("--etcd: --listen must name a port, got " + options.listen +
+                           " (the agents list the address of every controller of the job)");
   }
   std::optional<tls::Identity> identity;
   if (!options.tls_dir.empty()) {
@@ -184,6 +235,15 @@ Result<int> RunController(const ControllerOptions& options) {
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, &previous);
+  std::unique_ptr<Candidate> candidate;
+  if (!options.etcd.empty()) {
+    Result<std::optional<int>> stood = StandBy(options, stop_signals, &candidate);
+    if (!stood.ok() || stood->has_value()) {
+      pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+      if (!stood.ok()) return stood.status();
+      return **stood;
+    }
+  }
   Result<int> code = Internal("the controller did not run");
   {
     GrpcTransport transport({.listen = options.listen,
@@ -205,6 +265,15 @@ Result<int> RunController(const ControllerOptions& options) {
     code = Serve(options, shell, transport);
     done = true;
     signals.join();
+  }
+  if (candidate) {
+    // The job's end, for the standbys to exit with; after a failure only the
+    // lease goes, so that a standby takes over at once.
+    Status resigned = candidate->Resign(code.ok() ? std::optional<int>(*code) : std::nullopt);
+    if (!resigned.ok()) {
+      std::fprintf(stderr, "endure controller: resigning the leadership: %s\n",
+                   resigned.message().c_str());
+    }
   }
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   return code;

@@ -10,8 +10,11 @@
 // (transport.h: gRPC here, a fake in tests) and a Clock.
 #pragma once
 
+#include <chrono>
 #include <string>
+#include <vector>
 
+#include "common/duration.h"
 #include "common/status.h"
 #include "controller/job_spec.h"
 
@@ -31,6 +34,19 @@ struct ControllerOptions {
   // present a certificate of the job's CA that names the node it registers.
   // Required when `listen` is beyond loopback; empty: plain TCP.
   std::string tls_dir;
+  // Begin a new run even when the state directory's newest run is
+  // unfinished (`endure run` starting afresh: its agents are new too).
+  // Otherwise such a run is carried on (ControllerShell::CarryOn).
+  bool new_run = false;
+  // Standby controllers (`--etcd`, docs/deploy.md): etcd's client
+  // endpoints. With them this controller stands by until it holds the job's
+  // leader key through a lease of `lease` (leader_election.h), then runs the
+  // job on `state_dir` as alone; `listen` must name its port (the agents
+  // list every controller's address). It exits at once (1) should the lease
+  // lapse, and exits with the job's code when the job ends under another
+  // leader. Empty: it leads alone.
+  std::vector<std::string> etcd;
+  Duration lease = std::chrono::seconds(5);
 };
 
 // Runs the job to its end. Returns its exit code: 0 when training completed,

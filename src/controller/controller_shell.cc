@@ -16,6 +16,7 @@
 #include "common/secret.h"
 #include "common/utf8.h"
 #include "controller/report.h"
+#include "core/job_codec.h"
 
 namespace endure::controller {
 namespace {
@@ -171,6 +172,10 @@ StreamVerdict ControllerShell::CheckRegistration(const PeerInfo& peer,
     valid = InvalidArgument("the registration's host or replica_address is longer than " +
                             std::to_string(kMaxFieldBytes) + " bytes");
   }
+  if (valid.ok() && (hello.free_port() < 0 || hello.free_port() > 65535)) {
+    valid = InvalidArgument("the registration's free_port must be 0 (none) or in 1..65535, got " +
+                            std::to_string(hello.free_port()));
+  }
   if (!valid.ok()) {
     std::fprintf(stderr, "endure controller: refused an agent from %s: %s\n", peer.address.c_str(),
                  valid.message().c_str());
@@ -198,6 +203,7 @@ StreamVerdict ControllerShell::OnHello(ConnectionId id, const proto::AgentEvent&
   agent.name = hello.node_id();
   agent.host = hello.host();
   agent.replica_address = hello.replica_address();
+  agent.free_port = hello.free_port();
   agent.source = queue_.NewSource();
   NodeId node;
   bool taken_back = false;
@@ -218,7 +224,7 @@ StreamVerdict ControllerShell::OnHello(ConnectionId id, const proto::AgentEvent&
       }
     }
     if (auto d = dropped_.find(agent.name); !previous && d != dropped_.end()) {
-      if (Now() - d->second.at < stream_grace_) {
+      if (Now() - d->second.at < d->second.grace) {
         previous = d->second.node;
       } else {
         lost.push_back({d->second.node, d->second.reason});  // LoseDroppedNodes has not run yet
@@ -274,7 +280,13 @@ StreamVerdict ControllerShell::OnEvent(ConnectionId id, const proto::AgentEvent&
     auto it = registered_.find(id);
     if (it == registered_.end()) return StreamVerdict::Accept();
     node = it->second;
-    source = agents_.at(node).source;
+    Agent& agent = agents_.at(node);
+    source = agent.source;
+    // A port free on the node's host once its workers are gone: the next
+    // rendezvous there. One out of range is ignored.
+    if (e.has_stopped() && e.stopped().free_port() > 0 && e.stopped().free_port() <= 65535) {
+      agent.free_port = e.stopped().free_port();
+    }
   }
   Queued q = Translate(e, node);
   q.at = Now();
@@ -313,7 +325,7 @@ void ControllerShell::OnClose(ConnectionId id, const std::string& reason) {
       if (auto d = dropped_.find(name); d != dropped_.end()) {
         lost = core::NodeDown{d->second.node, d->second.reason};
       }
-      dropped_[name] = Dropped{node, Now(), reason};
+      dropped_[name] = Dropped{node, Now(), reason, stream_grace_};
     }
   }
   if (lost) Post(std::move(*lost));
@@ -410,12 +422,12 @@ std::optional<TimePoint> ControllerShell::LoseDroppedNodes(TimePoint now) {
   {
     std::lock_guard<std::mutex> lock(conns_mu_);
     for (auto it = dropped_.begin(); it != dropped_.end();) {
-      const TimePoint deadline = it->second.at + stream_grace_;
+      const TimePoint deadline = it->second.at + it->second.grace;
       if (now >= deadline) {
         lost.push_back({it->second.node, it->second.reason +
                                              ", and the agent did not come back "
                                              "within " +
-                                             FormatDuration(stream_grace_)});
+                                             FormatDuration(it->second.grace)});
         it = dropped_.erase(it);
       } else {
         next = next ? std::min(*next, deadline) : deadline;
@@ -533,24 +545,29 @@ Status ControllerShell::Start() {
   job_.name = o_.spec.name;
   job_.spec_path = o_.spec.path;
   job_.started_at_unix = start_unix_;
+  job_.spec_digest = o_.spec.digest;
+  ENDURE_ASSIGN_OR_RETURN(const bool carried_on, CarryOn());
+  if (carried_on) {
+    // The machine is where the earlier controller left it; its agents
+    // resume into it. A ControllerResumed tells it that nothing was
+    // watched meanwhile.
+    const TimePoint now = Now();
+    Execute(Input(core::ControllerResumed{}, now), now);
+    WriteStatus(now, true);
+    return Status::Ok();
+  }
   // A new run in the same database: the earlier runs' history stays.
   ENDURE_ASSIGN_OR_RETURN(const int run, store_->BeginRun(job_));
   if (run > 1) {
     // Generations are numbered after the earlier runs' ones: agents that
     // rode out a dead controller resume theirs, and what their old workers
     // say must not pass for this run's.
-    int first = 0;
-    for (int earlier = 1; earlier < run; ++earlier) {
-      Result<std::vector<GenerationRecord>> generations = store_->LoadGenerations(earlier);
-      if (!generations.ok()) continue;  // a run that never started one
-      for (const GenerationRecord& g : *generations) first = std::max(first, g.generation + 1);
-    }
     core::JobMachineOptions options = MachineOptions(o_.spec);
-    options.first_generation = first;
+    options.first_generation = FirstGeneration();
     machine_ = core::JobMachine(options, ExternalFaults(o_.spec), start_);
     std::fprintf(stderr,
                  "endure controller: run %d in %s (runs 1 to %d kept); generations from %d\n", run,
-                 o_.state_dir.c_str(), run - 1, first);
+                 o_.state_dir.c_str(), run - 1, options.first_generation);
   }
   // What the durable directory already holds (an earlier run in this state
   // directory): a rollback before this run's first checkpoint goes there.
@@ -561,10 +578,112 @@ Status ControllerShell::Start() {
                  "the newest %lld\n",
                  found.size(), static_cast<long long>(found.back()));
     const TimePoint now = Now();
-    Execute(machine_.Step(core::CheckpointsFound{found}, now), now);
+    Execute(Input(core::CheckpointsFound{found}, now), now);
   }
   WriteStatus(Now(), true);
   return Status::Ok();
+}
+
+int ControllerShell::FirstGeneration() {
+  int first = 0;
+  for (int earlier = 1; earlier < store_->run(); ++earlier) {
+    Result<std::vector<GenerationRecord>> generations = store_->LoadGenerations(earlier);
+    if (!generations.ok()) continue;  // a run that never started one
+    for (const GenerationRecord& g : *generations) first = std::max(first, g.generation + 1);
+  }
+  return first;
+}
+
+Result<bool> ControllerShell::CarryOn() {
+  if (o_.new_run || store_->run() == 0) return false;
+  const int run = store_->run();
+  Result<JobRecord> last = store_->LoadJob();
+  if (!last.ok()) return false;
+  auto refuse = [&](const std::string& why) {
+    std::fprintf(stderr, "endure controller: not carrying on run %d: %s; a new run begins\n", run,
+                 why.c_str());
+    return false;
+  };
+  if (last->finished_at_unix) return false;  // it ended: a rerun is a new run
+  if (last->spec_digest != o_.spec.digest || last->name != o_.spec.name) {
+    return refuse("it was begun under another spec");
+  }
+  ENDURE_ASSIGN_OR_RETURN(const std::vector<JournalEntry> journal, store_->LoadJournal());
+  if (journal.empty()) return refuse("its journal is empty");
+  // The run's clock goes on: its start lies as far back as the run began.
+  // The replayed inputs must not lie in the future (a wall clock set back).
+  const TimePoint now = Now();
+  const Duration since =
+      std::max(FromSeconds(clock_->WallSeconds() - last->started_at_unix), Duration(0));
+  const TimePoint start = std::min(now - since, now - journal.back().since_start);
+  core::JobMachineOptions options = MachineOptions(o_.spec);
+  options.first_generation = FirstGeneration();
+  core::JobMachine machine(options, ExternalFaults(o_.spec), start);
+  std::optional<core::FinishAction> finished;
+  std::vector<std::pair<NodeId, std::string>> nodes;  // that registered, in order
+  TimePoint at = start;
+  for (const JournalEntry& entry : journal) {
+    Result<core::JobEvent> event = core::DecodeEvent(entry.event);
+    if (!event.ok()) {
+      return refuse("journal entry " + std::to_string(entry.seq) +
+                    " is damaged: " + event.status().message());
+    }
+    at = std::max(at, start + entry.since_start);
+    // The actions were carried out by the controller that journaled them.
+    for (const core::JobAction& a : machine.Step(*event, at)) {
+      if (const auto* f = std::get_if<core::FinishAction>(&a)) finished = *f;
+    }
+    if (const auto* up = std::get_if<core::NodeUp>(&*event)) nodes.emplace_back(up->node, up->name);
+  }
+  start_ = start;
+  start_unix_ = last->started_at_unix;
+  machine_ = std::move(machine);
+  job_ = *last;
+  journal_seq_ = journal.back().seq;
+  last_step_at_ = at;
+  saved_incidents_ = machine_.incidents().size();
+  // An end decided but not reported before the crash is reported now.
+  if (finished) finish_ = finished;
+  int held = 0;
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    for (const auto& [node, name] : nodes) {
+      next_node_ = std::max(next_node_, node.value + 1);
+      if (node_names_.size() < kMaxNodeNames &&
+          std::find(node_names_.begin(), node_names_.end(), name) == node_names_.end()) {
+        node_names_.push_back(name);
+      }
+    }
+    for (NodeId node : machine_.NodesUp()) {
+      dropped_[machine_.NodeName(node)] =
+          Dropped{node, now, "the controller restarted and its agent did not resume", kResumeGrace};
+      ++held;
+    }
+  }
+  std::fprintf(stderr,
+               "endure controller: carrying on run %d in %s: replayed %zu journaled inputs "
+               "(generation %d, %s, step %lld, %zu incident(s)); holding %d node(s) for "
+               "their agents to resume within %s\n",
+               run, o_.state_dir.c_str(), journal.size(), machine_.generation(),
+               std::string(core::JobPhaseName(machine_.phase())).c_str(),
+               static_cast<long long>(machine_.step()), machine_.incidents().size(), held,
+               FormatDuration(kResumeGrace).c_str());
+  return true;
+}
+
+std::vector<core::JobAction> ControllerShell::Input(const core::JobEvent& event, TimePoint at) {
+  bool open = false;
+  if (store_) {
+    Status st = store_->BeginTransaction();
+    open = st.ok();
+    if (open) st = store_->AppendJournal({++journal_seq_, at - start_, core::EncodeEvent(event)});
+    Journal("an input", st);
+  }
+  const size_t incidents_before = machine_.incidents().size();
+  std::vector<core::JobAction> actions = machine_.Step(event, at);
+  if (!actions.empty() || machine_.incidents().size() != incidents_before) Persist();
+  if (open) Journal("an input", store_->CommitTransaction());
+  return actions;
 }
 
 void ControllerShell::RunOnce(bool block) {
@@ -625,11 +744,9 @@ void ControllerShell::RunOnce(bool block) {
   // The machine's time never goes backwards: an event that waited in the
   // queue behind a tick is stepped at the tick's time.
   last_step_at_ = std::max(last_step_at_, std::min(item.at, now));
-  std::vector<core::JobAction> actions = machine_.Step(*item.event, last_step_at_);
+  const std::vector<core::JobAction> actions = Input(*item.event, last_step_at_);
   Execute(actions, now);
-  const bool changed = !actions.empty() || machine_.incidents().size() != incidents_before;
-  if (changed) Persist();
-  WriteStatus(now, changed);
+  WriteStatus(now, !actions.empty() || machine_.incidents().size() != incidents_before);
 }
 
 Result<int> ControllerShell::Finish() {
@@ -670,20 +787,36 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
   const JobSpec& spec = o_.spec;
   for (const core::JobAction& action : actions) {
     if (const auto* a = std::get_if<core::StartGenerationAction>(&action)) {
-      Result<int> port = pick_port_();
+      // The rendezvous (c10d's store) runs where rank 0 does: on a port its
+      // node found free on its own host, each report used once; failing
+      // that, one free on the controller's host.
       std::optional<Agent> first = AgentOf(a->nodes.at(0));
+      int port = 0;
+      {
+        std::lock_guard<std::mutex> lock(conns_mu_);
+        if (auto it = agents_.find(a->nodes.at(0)); it != agents_.end()) {
+          std::swap(port, it->second.free_port);
+        }
+      }
+      std::string port_origin = "free on the host of " + NameOf(a->nodes.at(0));
+      if (port == 0) {
+        Result<int> picked = pick_port_();
+        port = picked.ok() ? *picked : 29500;
+        port_origin = "picked on the controller's host: rank 0's node reported no free port";
+      }
       proto::StartGeneration start;
       start.set_world_size(spec.world_size());
       start.set_master_addr(first ? first->host : "127.0.0.1");
-      start.set_master_port(port.ok() ? *port : 29500);
+      start.set_master_port(port);
+      std::fprintf(stderr, "endure controller: generation %d: rendezvous at %s:%d (%s)\n",
+                   a->generation, start.master_addr().c_str(), port, port_origin.c_str());
       start.set_restore_step(a->restore_step);
       for (int64_t s : a->skip_steps) start.add_skip_steps(s);
       for (const std::string& arg : spec.command) start.add_command(arg);
       for (const auto& [k, v] : spec.env) (*start.mutable_env())[k] = v;
       if (spec.checkpoint.every_steps > 0) {
-        std::error_code ec;
-        (*start.mutable_env())["ENDURE_CKPT_DIR"] =
-            std::filesystem::absolute(spec.checkpoint.dir, ec).string();
+        // As the spec names it: the agent resolves a relative one on its host.
+        (*start.mutable_env())["ENDURE_CKPT_DIR"] = spec.checkpoint.dir;
         (*start.mutable_env())["ENDURE_CKPT_EVERY"] = std::to_string(spec.checkpoint.every_steps);
       }
       *start.mutable_checkpoint() = CheckpointFor(*a);
@@ -906,9 +1039,10 @@ proto::CheckpointConfig ControllerShell::CheckpointFor(const core::StartGenerati
   const CheckpointSpec& spec = o_.spec.checkpoint;
   proto::CheckpointConfig c;
   if (spec.every_steps <= 0 || !spec.memory) return c;
-  std::error_code ec;
   c.set_enabled(true);
-  c.set_dir(std::filesystem::absolute(spec.dir, ec).string());
+  // As the spec names it: a relative directory is resolved by each agent on
+  // its own host (under its --checkpoint-root), never here.
+  c.set_dir(spec.dir);
   c.set_persist_every_steps(spec.persist_every_steps);
   c.set_memory_budget(static_cast<uint64_t>(spec.memory_budget_bytes));
   c.set_slot_bytes(checkpoints_.SlotBytes());
@@ -916,12 +1050,22 @@ proto::CheckpointConfig ControllerShell::CheckpointFor(const core::StartGenerati
   for (NodeId n : a.nodes) members.push_back(NameOf(n));
   checkpoint::RestorePlan plan = checkpoints_.Plan(members, a.restore_step, a.abandoned_from);
   c.set_discard_after(a.generation > 0 ? plan.step : -1);
-  c.set_restore_plan_json(checkpoint::RestorePlanToJson(plan).dump());
+  // Durable copies go down relative to the T2 directory, which the
+  // coordinator reads where this host mounts it and each agent where its
+  // own host does.
+  checkpoint::RestorePlan sent = plan;
+  std::error_code ec;
+  const std::filesystem::path t2 = std::filesystem::absolute(spec.dir, ec);
+  for (checkpoint::RestoreSource& s : sent.sources) {
+    if (s.copy.tier != checkpoint::Tier::kT2) continue;
+    s.copy.path = std::filesystem::path(s.copy.path).lexically_relative(t2).string();
+  }
+  c.set_restore_plan_json(checkpoint::RestorePlanToJson(sent).dump());
   std::string note = plan.Summary();
   for (const std::string& n : plan.notes) note += "; " + n;
   // An input to the machine like any other; it asks for nothing.
   const std::vector<core::JobAction> none =
-      machine_.Step(core::RestoreChosen{a.generation, note}, last_step_at_);
+      Input(core::RestoreChosen{a.generation, note}, last_step_at_);
   ENDURE_CHECK(none.empty());
   return c;
 }

@@ -50,6 +50,11 @@ namespace endure::controller {
 inline constexpr int kMaxQueuedPerAgent = 10'000;
 // A stream must say hello (register) within this long of opening.
 inline constexpr Duration kHelloTimeout = std::chrono::seconds(10);
+// A controller that carried on a run holds the run's nodes this long for
+// their agents to come back and resume (they retry with backoff); the
+// machine's heartbeat timeout, judged afresh from the restart, may end the
+// wait first.
+inline constexpr Duration kResumeGrace = std::chrono::seconds(20);
 
 // Streams the controller holds at once, registered or waiting for their
 // hello: a few more than the job's nodes.
@@ -62,7 +67,9 @@ int MaxConnections(const JobSpec& spec);
 class ControllerShell final : public TransportSink {
  public:
   // The rendezvous port for a generation's rank 0 (StartGeneration's
-  // master_port); 29500 is sent when it fails.
+  // master_port) when rank 0's node reported no free port of its own host
+  // (Register.free_port, GenerationStopped.free_port); 29500 is sent when it
+  // fails.
   using PortPicker = std::function<Result<int>()>;
 
   // `clock` and `transport` must outlive the shell; the job starts now (on
@@ -128,11 +135,13 @@ class ControllerShell final : public TransportSink {
     std::optional<proto::Register> resume;
     bool taken_back = false;
   };
-  // A registered node whose stream dropped, held for the stream grace.
+  // A registered node whose stream dropped, held for `grace` (the stream
+  // grace; after the controller's own restart, kResumeGrace).
   struct Dropped {
     core::NodeId node;
     core::TimePoint at;
     std::string reason;
+    Duration grace{0};
   };
   // A stream waiting for its hello.
   struct PendingHello {
@@ -145,6 +154,9 @@ class ControllerShell final : public TransportSink {
     std::string name;
     std::string host;
     std::string replica_address;  // where peers send this node's checkpoint replicas
+    // A port free on its host, as it last reported (Register, then each
+    // GenerationStopped); 0: none, or already handed to a generation.
+    int free_port = 0;
     EventQueue<Queued>::Source source;
   };
 
@@ -176,6 +188,19 @@ class ControllerShell final : public TransportSink {
   void OnResume(const Queued& item);
   // Logs a failure to journal to the state store; the job goes on.
   void Journal(const std::string& what, const Status& st) const;
+  // Every input of the machine goes through here: journaled (before it is
+  // acted on), stepped, and what it changed saved, in one transaction.
+  std::vector<core::JobAction> Input(const core::JobEvent& event, core::TimePoint at);
+  // The generation number the current run's machine starts from: after the
+  // earlier runs' ones.
+  int FirstGeneration();
+  // When the state directory's newest run is unfinished, was begun under
+  // this spec and journaled its inputs: replays the journal into a fresh
+  // machine, makes the run current again and holds its nodes for their
+  // agents to resume into (kResumeGrace). Returns whether it did; false
+  // (with the reason on stderr) means a new run begins. A damaged journal
+  // entry is such a reason: the history stays, the new run starts afresh.
+  Result<bool> CarryOn();
   void Execute(const std::vector<core::JobAction>& actions, core::TimePoint now);
   // Sends `cmd`, with the job's token, to `node`'s agent; dropped when its
   // stream has ended.
@@ -197,8 +222,8 @@ class ControllerShell final : public TransportSink {
   Clock* const clock_;
   Transport* const transport_;
   const PortPicker pick_port_;
-  const core::TimePoint start_;
-  const double start_unix_;
+  core::TimePoint start_;  // the run's start (CarryOn: the earlier controller's)
+  double start_unix_;
   const Duration stream_grace_;        // a dropped node's time to come back
   std::set<std::string> fault_ids_;    // the spec's; immutable after construction
   core::JobMachine machine_;           // owned by the loop thread
@@ -227,6 +252,7 @@ class ControllerShell final : public TransportSink {
   std::string stopped_by_;  // its name
   std::optional<core::TimePoint> stop_deadline_;
   std::set<core::NodeId> stopped_nodes_;  // agents that reported their workers stopped since
+  int64_t journal_seq_ = 0;               // the last input journaled
   core::TimePoint last_status_{};
   core::TimePoint last_step_at_{};
   size_t saved_incidents_ = 0;

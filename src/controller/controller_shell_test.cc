@@ -8,7 +8,9 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -149,13 +151,25 @@ class ControllerShellTest : public ::testing::Test {
         extra;
     Result<JobSpec> spec = ParseJobSpec(text, "shell.toml");
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
-    ControllerOptions o;
-    o.spec = *spec;
-    o.state_dir = state_dir();
-    o.token = kToken;
-    shell_ = std::make_unique<ControllerShell>(o, &clock_, &transport_,
+    options_.spec = *spec;
+    options_.state_dir = state_dir();
+    options_.token = kToken;
+    shell_ = std::make_unique<ControllerShell>(options_, &clock_, &transport_,
                                                [] { return Result<int>(kMasterPort); });
     ASSERT_TRUE(transport_.Start(shell_.get()).ok());
+    ASSERT_TRUE(shell_->Start().ok());
+  }
+
+  // The controller dies (kill -9: nothing more of it runs, nothing is
+  // finished) and a new one starts on the same state directory, reached by
+  // the agents over `restarted_`.
+  void Restart(bool new_run = false) {
+    dead_ = std::move(shell_);
+    ControllerOptions o = options_;
+    o.new_run = new_run;
+    shell_ = std::make_unique<ControllerShell>(o, &clock_, &restarted_,
+                                               [] { return Result<int>(kMasterPort); });
+    ASSERT_TRUE(restarted_.Start(shell_.get()).ok());
     ASSERT_TRUE(shell_->Start().ok());
   }
 
@@ -209,7 +223,10 @@ class ControllerShellTest : public ::testing::Test {
   ScratchDir dir_{"endure_controller_shell"};
   FakeClock clock_;
   FakeTransport transport_;
+  ControllerOptions options_;
   std::unique_ptr<ControllerShell> shell_;
+  FakeTransport restarted_;  // the streams to the controller after Restart
+  std::unique_ptr<ControllerShell> dead_;
 };
 
 // The ledger in SQLite follows a run that has nothing to act on: it used to
@@ -786,6 +803,286 @@ TEST_F(ControllerShellTest, AFloodingAgentIsCutAndItsNodeLost) {
   ASSERT_EQ(incidents->size(), 1u);
   EXPECT_EQ((*incidents)[0].cause, "node_lost");
   EXPECT_NE((*incidents)[0].reason.find("a flood"), std::string::npos) << (*incidents)[0].reason;
+}
+
+// Multi-host: c10d's store runs where rank 0 does, so its port must be free
+// on that host, not on the controller's. Each agent reports one with its
+// registration and each stop; a report serves one generation, and without
+// a fresh one the controller falls back to its own picker.
+TEST_F(ControllerShellTest, TheRendezvousPortIsOneRankZerosNodeFoundFreeOnItsOwnHost) {
+  Make(2, "[recovery]\nbackoff_initial = \"0s\"\n");
+  std::vector<ConnectionId> ids;
+  for (int i = 0; i < 2; ++i) {
+    proto::AgentEvent hello = Hello("node" + std::to_string(i));
+    hello.mutable_register_()->set_free_port(40000 + i);
+    ids.push_back(transport_.Open());
+    ASSERT_TRUE(transport_.Deliver(ids[i], hello)) << transport_.ended_with(ids[i]).message;
+  }
+  Pump();
+  for (ConnectionId id : ids) {
+    const std::vector<proto::AgentCommand> got = transport_.TakeCommands(id);
+    ASSERT_EQ(Kinds(got), std::vector<std::string>{"start"});
+    EXPECT_EQ(got[0].start().master_addr(), "host-node0");
+    EXPECT_EQ(got[0].start().master_port(), 40000) << "node0's port, not node1's nor the picker's";
+  }
+  // A crash: each node reports a fresh port once its workers are gone.
+  const auto crash_and_restart = [&](int generation, int port0, int port1) {
+    Steps(ids, generation, 1, 2);
+    ASSERT_TRUE(transport_.Deliver(ids[1], Exited(generation, 1, 1)));
+    Pump();
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(Kinds(transport_.TakeCommands(ids[i])), std::vector<std::string>{"stop"});
+      proto::AgentEvent stopped = Stopped(generation);
+      stopped.mutable_stopped()->set_free_port(i == 0 ? port0 : port1);
+      ASSERT_TRUE(transport_.Deliver(ids[i], stopped));
+    }
+    Pump();
+  };
+  crash_and_restart(0, 41000, 41001);
+  std::vector<proto::AgentCommand> got = transport_.TakeCommands(ids[0]);
+  ASSERT_EQ(Kinds(got), std::vector<std::string>{"start"});
+  EXPECT_EQ(got[0].generation(), 1);
+  EXPECT_EQ(got[0].start().master_port(), 41000);
+  EXPECT_EQ(transport_.TakeCommands(ids[1]).at(0).start().master_port(), 41000);
+  // A report out of range is ignored, and node0's last port served
+  // generation 1 already: the controller's picker decides.
+  crash_and_restart(1, 70000, 41101);
+  got = transport_.TakeCommands(ids[0]);
+  ASSERT_EQ(Kinds(got), std::vector<std::string>{"start"});
+  EXPECT_EQ(got[0].generation(), 2);
+  EXPECT_EQ(got[0].start().master_port(), kMasterPort);
+}
+
+TEST_F(ControllerShellTest, ARegistrationWithAFreePortOutOfRangeIsRefused) {
+  Make(1);
+  for (int port : {-1, 65536, 1 << 30}) {
+    proto::AgentEvent hello = Hello("node0");
+    hello.mutable_register_()->set_free_port(port);
+    const ConnectionId id = transport_.Open();
+    EXPECT_FALSE(transport_.Deliver(id, hello)) << port;
+    EXPECT_EQ(transport_.ended_with(id).code, Code::kInvalidArgument) << port;
+    EXPECT_NE(transport_.ended_with(id).message.find("free_port"), std::string::npos)
+        << transport_.ended_with(id).message;
+  }
+  proto::AgentEvent hello = Hello("node0");
+  hello.mutable_register_()->set_free_port(65535);
+  const ConnectionId id = transport_.Open();
+  ASSERT_TRUE(transport_.Deliver(id, hello)) << transport_.ended_with(id).message;
+  Pump();
+  const std::vector<proto::AgentCommand> got = transport_.TakeCommands(id);
+  ASSERT_EQ(Kinds(got), std::vector<std::string>{"start"});
+  EXPECT_EQ(got[0].start().master_port(), 65535);
+}
+
+// The T2 directory is the spec's, as written: each agent resolves a relative
+// one on its own host (under its --checkpoint-root), never under the
+// controller's working directory; the controller reads the same shared
+// directory where its own host has it, and names durable copies in a
+// restore plan relative to it.
+TEST_F(ControllerShellTest, TheCheckpointDirGoesDownAsWrittenWithDurableSourcesRelativeToIt) {
+  char* cwd = ::getcwd(nullptr, 0);
+  ASSERT_NE(cwd, nullptr);
+  const std::string previous = cwd;
+  std::free(cwd);
+  ASSERT_EQ(::chdir(dir_.path().c_str()), 0);
+  const std::string text =
+      "[job]\nname = \"shell\"\ncommand = [\"/bin/true\"]\nnodes = 2\n"
+      "state_dir = \"" +
+      state_dir() + "\"\n[checkpoint]\ndir = \"shared/t2\"\nevery_steps = 1\n";
+  Result<JobSpec> spec = ParseJobSpec(text, "shell.toml");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  ControllerOptions o;
+  o.spec = *spec;
+  o.state_dir = state_dir();
+  o.token = kToken;
+  shell_ = std::make_unique<ControllerShell>(o, &clock_, &transport_,
+                                             [] { return Result<int>(kMasterPort); });
+  ASSERT_TRUE(transport_.Start(shell_.get()).ok());
+  ASSERT_TRUE(shell_->Start().ok());
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  Steps(ids, 0, 1, 3);
+  // The controller's view of T2: under its own working directory.
+  checkpoint::CheckpointDir dir(Env::Default(), dir_.Path("shared/t2"));
+  for (int rank = 0; rank < 2; ++rank) {
+    Result<checkpoint::ShardEntry> entry = dir.WriteShard(2, rank, "shard " + std::to_string(rank));
+    ASSERT_TRUE(entry.ok()) << entry.status().ToString();
+    proto::AgentEvent persisted = Event(0);
+    persisted.mutable_persisted()->set_step(2);
+    persisted.mutable_persisted()->set_shard(rank);
+    persisted.mutable_persisted()->set_shards(2);
+    persisted.mutable_persisted()->set_bytes(entry->bytes);
+    persisted.mutable_persisted()->set_xxh3(HexU64(entry->xxh3));
+    ASSERT_TRUE(transport_.Deliver(ids[rank], persisted));
+    Pump();
+  }
+  EXPECT_TRUE(dir.CommittedShards(2).ok()) << "the controller commits where it reads T2";
+  ASSERT_TRUE(transport_.Deliver(ids[0], Exited(0, 0, 1)));
+  Pump();
+  for (ConnectionId id : ids) ASSERT_TRUE(transport_.Deliver(id, Stopped(0)));
+  Pump();
+  ASSERT_EQ(::chdir(previous.c_str()), 0);
+  for (ConnectionId id : ids) {
+    const std::vector<proto::AgentCommand> got = transport_.TakeCommands(id);
+    ASSERT_EQ(Kinds(got), (std::vector<std::string>{"stop", "start"}));
+    const proto::StartGeneration& start = got[1].start();
+    EXPECT_EQ(start.checkpoint().dir(), "shared/t2");
+    EXPECT_EQ(start.env().at("ENDURE_CKPT_DIR"), "shared/t2");
+    const nlohmann::json plan = nlohmann::json::parse(start.checkpoint().restore_plan_json());
+    ASSERT_EQ(plan["sources"].size(), 2u) << plan;
+    for (int shard = 0; shard < 2; ++shard) {
+      EXPECT_EQ(plan["sources"][shard]["tier"], "T2");
+      EXPECT_EQ(plan["sources"][shard]["path"],
+                "step-00000002/shard-0000" + std::to_string(shard) + ".bin")
+          << plan;
+    }
+  }
+}
+
+// Both ranks report steps first..last on `t`, a second apart, and their
+// agents a heartbeat with each.
+void StepsOn(FakeTransport& t, ControllerShell& shell, FakeClock& clock,
+             const std::vector<ConnectionId>& ids, int generation, int64_t first, int64_t last) {
+  for (int64_t s = first; s <= last; ++s) {
+    clock.Advance(1s);
+    for (size_t r = 0; r < ids.size(); ++r) {
+      ASSERT_TRUE(t.Deliver(ids[r], Heartbeat()));
+      ASSERT_TRUE(t.Deliver(ids[r], Step(generation, static_cast<int>(r), s)));
+    }
+    while (shell.queued() > 0) shell.RunOnce(/*block=*/false);
+  }
+}
+
+// A crash in generation 0 of a 2-node job, recovered in generation 1 up to
+// step 6: incident 1 of the run.
+std::vector<ConnectionId> CrashAndRecover(FakeTransport& t, ControllerShell& shell,
+                                          FakeClock& clock, std::vector<ConnectionId> ids) {
+  auto pump = [&] {
+    while (shell.queued() > 0) shell.RunOnce(/*block=*/false);
+  };
+  StepsOn(t, shell, clock, ids, 0, 1, 3);
+  EXPECT_TRUE(t.Deliver(ids[1], Exited(0, 1, 1)));
+  pump();
+  for (ConnectionId id : ids) EXPECT_TRUE(t.Deliver(id, Stopped(0)));
+  pump();
+  for (ConnectionId id : ids) {
+    const std::vector<proto::AgentCommand> got = t.TakeCommands(id);
+    EXPECT_EQ(Kinds(got), (std::vector<std::string>{"stop", "start"}));
+  }
+  StepsOn(t, shell, clock, ids, 1, 4, 6);
+  return ids;
+}
+
+// The controller is killed mid-run and started again on the same state
+// directory: it replays its journal, reaches the state it died in (the
+// generation, the step, the incident before the crash), takes the agents
+// back as they resume that generation — no stop, no start, no incident —
+// and the run ends as one run whose report holds the earlier incident.
+TEST_F(ControllerShellTest, ARestartedControllerCarriesTheRunOnAndTheAgentsResumeIntoIt) {
+  Make(2);
+  CrashAndRecover(transport_, *shell_, clock_, AttachAndStart(2));
+  ASSERT_EQ(Status()["incidents"], 1);
+  clock_.Advance(3s);  // the controller is down
+  Restart();
+  nlohmann::json status = Status();
+  EXPECT_EQ(status["generation"], 1) << status;
+  EXPECT_EQ(status["phase"], "running");
+  EXPECT_EQ(status["step"], 6);
+  EXPECT_EQ(status["incidents"], 1);
+
+  std::vector<ConnectionId> ids;
+  for (int n = 0; n < 2; ++n) {
+    ids.push_back(restarted_.Open());
+    ASSERT_TRUE(
+        restarted_.Deliver(ids.back(), ResumeHello("node" + std::to_string(n), 1, {{n, 6}})));
+  }
+  while (shell_->queued() > 0) shell_->RunOnce(false);
+  // Well past the resume grace: nobody is lost.
+  StepsOn(restarted_, *shell_, clock_, ids, 1, 7, 30);
+  for (ConnectionId id : ids) {
+    EXPECT_TRUE(restarted_.TakeCommands(id).empty()) << "no stop, no new generation";
+  }
+  EXPECT_EQ(Status()["incidents"], 1);
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(restarted_.Deliver(ids[r], Exited(1, r, 0)));
+  while (shell_->queued() > 0) shell_->RunOnce(false);
+  ASSERT_TRUE(shell_->done());
+  Result<int> code = shell_->Finish();
+  ASSERT_TRUE(code.ok()) << code.status().ToString();
+  EXPECT_EQ(*code, 0);
+  const nlohmann::json report = ReadJson(JoinPath(state_dir(), "report.json"));
+  ASSERT_EQ(report["incidents"].size(), 1u) << report.dump(2);
+  EXPECT_EQ(report["incidents"][0]["cause"], "worker_exit code 1");
+  EXPECT_EQ(report["run"], 1) << "one run, carried on";
+
+  Result<StateStore> store = StateStore::OpenExisting(StateStore::PathIn(state_dir()));
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ(store->run(), 1);
+  Result<std::vector<GenerationRecord>> generations = store->LoadGenerations();
+  ASSERT_TRUE(generations.ok());
+  EXPECT_EQ(generations->size(), 2u) << "no generation started after the restart";
+  // The journal replayed into a fresh machine ends where this one did.
+  const std::vector<JournalEntry> journal = store->LoadJournal().value();
+  ASSERT_FALSE(journal.empty());
+  EXPECT_EQ(journal.front().seq, 1);
+  EXPECT_EQ(journal.back().seq, static_cast<int64_t>(journal.size())) << "no gap";
+}
+
+// An agent that does not come back after the restart is a lost node once
+// the resume grace passes (here its heartbeat timeout, judged afresh from
+// the restart, comes first): an incident like any other.
+TEST_F(ControllerShellTest, ANodeWhoseAgentDoesNotResumeAfterARestartIsLost) {
+  Make(2);
+  CrashAndRecover(transport_, *shell_, clock_, AttachAndStart(2));
+  Restart();
+  const ConnectionId a = restarted_.Open();
+  ASSERT_TRUE(restarted_.Deliver(a, ResumeHello("node0", 1, {{0, 6}})));
+  for (int i = 0; i < 9; ++i) {
+    clock_.Advance(1s);
+    ASSERT_TRUE(restarted_.Deliver(a, Heartbeat()));
+    Tick();
+  }
+  EXPECT_EQ(Status()["incidents"], 1) << "node1 is silent, but not for long enough yet";
+  for (int i = 0; i < 2; ++i) {
+    clock_.Advance(1s);
+    ASSERT_TRUE(restarted_.Deliver(a, Heartbeat()));
+    Tick();
+  }
+  EXPECT_EQ(Status()["incidents"], 2);
+  EXPECT_EQ(Status()["last_incident"].get<std::string>().rfind("node_lost (rank 1", 0), 0u)
+      << Status();
+  EXPECT_EQ(Kinds(restarted_.TakeCommands(a)), std::vector<std::string>{"stop"});
+}
+
+// `--new-run`, a finished run, another spec and a damaged journal each
+// begin a new run; the earlier one's history stays.
+TEST_F(ControllerShellTest, ARunIsCarriedOnOnlyWhenUnfinishedUnderTheSameSpecAndReplayable) {
+  Make(2);
+  CrashAndRecover(transport_, *shell_, clock_, AttachAndStart(2));
+  Restart(/*new_run=*/true);
+  EXPECT_EQ(Status()["phase"], "waiting_for_nodes") << Status();
+  EXPECT_EQ(Status()["incidents"], 0);
+  {
+    Result<StateStore> store = StateStore::OpenExisting(StateStore::PathIn(state_dir()));
+    ASSERT_TRUE(store.ok());
+    EXPECT_EQ(store->run(), 2);
+    EXPECT_EQ(store->LoadIncidents(core::TimePoint{}, 1).value().size(), 1u);
+  }
+  // Run 2 is unfinished with a journal (its CheckpointsFound or nothing):
+  // damage the journal of run 1 is beside the point; damage run 2's.
+  shell_.reset();
+  dead_.reset();
+  {
+    Result<StateStore> store = StateStore::OpenExisting(StateStore::PathIn(state_dir()));
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE(store->AppendJournal({1000, 0s, "step_end generation=x"}).ok());
+  }
+  FakeTransport third;
+  shell_ = std::make_unique<ControllerShell>(options_, &clock_, &third,
+                                             [] { return Result<int>(kMasterPort); });
+  ASSERT_TRUE(third.Start(shell_.get()).ok());
+  ASSERT_TRUE(shell_->Start().ok());
+  Result<StateStore> store = StateStore::OpenExisting(StateStore::PathIn(state_dir()));
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ(store->run(), 3) << "run 2's journal is damaged: a new run, not a wrong state";
 }
 
 }  // namespace

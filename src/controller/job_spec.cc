@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "common/env.h"
+#include "common/hash.h"
 
 namespace endure::controller {
 namespace {
@@ -729,9 +730,26 @@ Status SpecParser::ParseFault(const toml::table& t, int index, JobSpec& spec) {
 Status SpecParser::ParseControlPlane(const toml::table& t, JobSpec& spec) {
   ControlPlaneSpec& c = spec.control_plane;
   return Keys(t, "control_plane",
-              {{"controller_grace", [&](const toml::node& v, const std::string& key) -> Status {
+              {{"controller_grace",
+                [&](const toml::node& v, const std::string& key) -> Status {
                   ENDURE_ASSIGN_OR_RETURN(c.controller_grace, Dur(v, key, false));
                   return AtMost(v, key, c.controller_grace, kMaxControllerGrace, "30d");
+                }},
+               {"standby",
+                [&](const toml::node& v, const std::string& key) -> Status {
+                  ENDURE_ASSIGN_OR_RETURN(c.standby, Bool(v, key));
+                  return Status::Ok();
+                }},
+               {"lease", [&](const toml::node& v, const std::string& key) -> Status {
+                  ENDURE_ASSIGN_OR_RETURN(c.lease, Dur(v, key, true));
+                  // etcd's lease TTL: whole seconds, and nothing shorter than 2 s.
+                  if (c.lease < std::chrono::seconds(2) || c.lease > std::chrono::hours(1) ||
+                      c.lease % std::chrono::seconds(1) != Duration::zero()) {
+                    return Error(v, key,
+                                 "must be whole seconds in [2s, 1h] (an etcd lease), got " +
+                                     v.as_string()->get());
+                  }
+                  return Status::Ok();
                 }}});
 }
 
@@ -790,6 +808,7 @@ Result<JobSpec> ParseJobSpec(std::string_view text, const std::string& path) {
   SpecParser parser(path);
   ENDURE_RETURN_IF_ERROR(parser.Parse(text, spec));
   spec.key_lines = parser.lines();
+  spec.digest = HexU64(Xxh3(text));
   return spec;
 }
 
@@ -840,6 +859,11 @@ Status ValidateForEmbeddedRun(const JobSpec& spec) {
     return error(key, "endure run starts every rank as a process on this machine: at most " +
                           std::to_string(kMaxEmbeddedWorldSize) + " ranks (nodes x " +
                           "ranks_per_node), got " + std::to_string(spec.world_size()) + across);
+  }
+  if (spec.control_plane.standby && !Env::Default()->Exists(kEtcdBinary)) {
+    return error("control_plane.standby",
+                 std::string("a standby controller needs etcd, and ") + kEtcdBinary +
+                     " is missing: install Debian's etcd-server (scripts/install-deps)");
   }
   return Status::Ok();
 }

@@ -40,6 +40,9 @@ inline constexpr int64_t kMaxSpecBytes = 1 << 20;  // the spec file
 // `endure agent` across machines.
 inline constexpr int kMaxEmbeddedNodes = 256;
 inline constexpr int kMaxEmbeddedWorldSize = 1024;
+// The etcd that `endure run` starts for [control_plane] standby (Debian's
+// etcd-server).
+inline constexpr char kEtcdBinary[] = "/usr/bin/etcd";
 
 // [checkpoint]
 struct CheckpointSpec {
@@ -105,6 +108,13 @@ struct ControlPlaneSpec {
   // past it they stop the workers as on SIGTERM and exit. `endure run`
   // passes it to its agents (--controller-grace).
   Duration controller_grace = std::chrono::minutes(5);
+  // `endure run` starts a local etcd and two controllers, a leader and a
+  // standby that takes over through an etcd lease when the leader dies
+  // (`endure controller --etcd`); the agents get both addresses.
+  bool standby = false;
+  // The leadership lease: a standby takes over within about this long of
+  // the leader's death. Whole seconds in [2s, 1h].
+  Duration lease = std::chrono::seconds(5);
 };
 
 // [faults_schedule]: a seeded Poisson schedule, already expanded into
@@ -118,6 +128,9 @@ struct FaultScheduleSpec {
 
 struct JobSpec {
   std::string path;  // the file it was read from (for messages)
+  // The text's XXH3-64, in hex: the same spec (a controller carries on an
+  // unfinished run only under the spec that began it).
+  std::string digest;
 
   // [job]
   std::string name;                  // [A-Za-z0-9_.-]+
@@ -160,7 +173,8 @@ Result<JobSpec> LoadJobSpec(const std::string& path);
 // The limits of `endure run`, which starts every node and rank on this
 // machine: at most kMaxEmbeddedNodes nodes and kMaxEmbeddedWorldSize ranks.
 // InvalidArgument "FILE:LINE: key 'job.nodes': ..." saying to run `endure
-// controller` and `endure agent` across machines for more.
+// controller` and `endure agent` across machines for more. [control_plane]
+// standby needs kEtcdBinary.
 Status ValidateForEmbeddedRun(const JobSpec& spec);
 
 // The decision cores' options for `spec`: nodes and ranks, the hang and loss

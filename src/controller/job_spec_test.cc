@@ -75,6 +75,27 @@ TEST(JobSpec, ControllerGraceDefaultsToFiveMinutesAndIsBounded) {
               HasSubstr("unknown key in [control_plane]; valid keys are controller_grace"));
 }
 
+TEST(JobSpec, StandbyIsOffByDefaultAndItsLeaseIsWholeSecondsFromTwo) {
+  Result<JobSpec> plain = ParseJobSpec(kMinimal, "job.toml");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_FALSE(plain->control_plane.standby);
+  EXPECT_EQ(plain->control_plane.lease, std::chrono::seconds(5));
+  Result<JobSpec> set = ParseJobSpec(
+      std::string(kMinimal) + "[control_plane]\nstandby = true\nlease = \"3s\"\n", "job.toml");
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_TRUE(set->control_plane.standby);
+  EXPECT_EQ(set->control_plane.lease, std::chrono::seconds(3));
+  EXPECT_THAT(
+      ErrorOf(std::string(kMinimal) + "[control_plane]\nstandby = \"yes\"\n"),
+      AllOf(HasSubstr("job.toml:6"), HasSubstr("control_plane.standby"), HasSubstr("a boolean")));
+  for (const char* bad : {"1s", "2500ms", "2h"}) {
+    EXPECT_THAT(ErrorOf(std::string(kMinimal) + "[control_plane]\nlease = \"" + bad + "\"\n"),
+                AllOf(HasSubstr("job.toml:6"), HasSubstr("control_plane.lease"),
+                      HasSubstr("whole seconds in [2s, 1h]")))
+        << bad;
+  }
+}
+
 TEST(JobSpec, ParsesTheIssueExample) {
   Result<JobSpec> spec = ParseJobSpec(kIssueExample, "demo.toml");
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();

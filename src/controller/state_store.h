@@ -18,8 +18,15 @@
 // the run started, so they survive a controller restart with a new steady
 // clock; a run's own start and end are Unix times (seconds).
 //
+// Each run also keeps its journal: every input the controller fed its
+// decision core (core::JobMachine), in order, with its time, written in the
+// same transaction as what the input changed (incidents, the ledger) and
+// before the controller acts on it. A controller that starts on the state
+// directory of an unfinished run replays it and carries the run on.
+//
 // A database of schema version 1 (one job, before runs) is migrated when
-// opened: its job and everything it held become run 1.
+// opened: its job and everything it held become run 1. One of version 2
+// (runs, no journal) gains the journal table and the spec digest column.
 //
 // One SQLite connection; a StateStore is not thread-safe: the controller's
 // event loop owns it. Errors are Status values naming the database path.
@@ -50,6 +57,18 @@ struct JobRecord {
   std::optional<int> exit_code;            // unset while running
   std::string verdict;                     // why it ended, e.g. "training completed"
   std::string param_fingerprint;           // the trainer's final one
+  // The spec the run was started with (JobSpecDigest): a controller carries
+  // on an unfinished run only under the same spec.
+  std::string spec_digest;
+};
+
+// One input of the job's decision core, as the controller fed it: in order
+// (`seq` from 1), at `since_start` since the run's start, the event as
+// core::EncodeEvent writes it.
+struct JournalEntry {
+  int64_t seq = 0;
+  Duration since_start{0};
+  std::string event;
 };
 
 struct GenerationRecord {
@@ -130,6 +149,19 @@ class StateStore {
   // Category name (LedgerCategoryName) -> seconds; empty before SaveLedger.
   Result<std::map<std::string, double>> LoadLedger(int run = kCurrentRun);
 
+  // One transaction around several calls (a journaled input and what it
+  // changed): Begin, the calls, then Commit, or Abort after an error.
+  // Internal when one is open already.
+  [[nodiscard]] Status BeginTransaction();
+  [[nodiscard]] Status CommitTransaction();
+  [[nodiscard]] Status AbortTransaction();
+
+  // Appends an input to the current run's journal. AlreadyExists-like
+  // errors (a `seq` written before) are IOError naming the entry.
+  Status AppendJournal(const JournalEntry& entry);
+  // The run's journal, in order; empty for a run that journaled nothing.
+  Result<std::vector<JournalEntry>> LoadJournal(int run = kCurrentRun);
+
   Status SaveReport(const nlohmann::json& report);
   // NotFound until SaveReport in that run (it has not finished, or its
   // controller died first).
@@ -143,8 +175,8 @@ class StateStore {
   StateStore(std::string path, sqlite3* db) : path_(std::move(path)), db_(db) {}
   static Result<StateStore> OpenWithFlags(const std::string& path, int flags);
   Status Init();
-  // Version 1 -> the current one, inside Init's transaction.
-  Status Migrate();
+  // Version `from` (1 or 2) -> the current one, inside Init's transaction.
+  Status Migrate(int from);
   Status LoadCurrentRun();
   int RunOrCurrent(int run) const;
   // Internal unless a run is current; `what` names the write.

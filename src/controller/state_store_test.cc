@@ -463,7 +463,7 @@ TEST(StateStore, MigratesAVersion1DatabaseIntoRun1) {
     ASSERT_EQ(store->BeginRun({"demo", "demo.toml", "", 1.7e9 + 100, {}, {}, "", ""}).value(), 2);
     ASSERT_TRUE(store->SaveGeneration({0, 0.0, 40, 2, "node0,node1", {}}).ok());
   }
-  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 2);
+  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 3);
   EXPECT_EQ(RawInt(path, "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '%_v1'"), 0);
 
   Result<StateStore> store = StateStore::OpenExisting(path);  // migrated once only
@@ -507,6 +507,126 @@ TEST(StateStore, RefusesADatabaseOfANewerSchemaVersion) {
     EXPECT_THAT(store.status().message(), HasSubstr("use the endure that ran the job"));
   }
   EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 99);  // left as it was
+}
+
+// The database of schema version 2 (runs, no journal), verbatim.
+constexpr char kVersion2Schema[] = R"sql(
+CREATE TABLE schema_version (version INTEGER NOT NULL);
+INSERT INTO schema_version (version) VALUES (2);
+CREATE TABLE runs (
+  run INTEGER PRIMARY KEY CHECK (run >= 1),
+  name TEXT NOT NULL,
+  spec_path TEXT NOT NULL,
+  token_path TEXT NOT NULL,
+  started_at REAL NOT NULL,
+  finished_at REAL,
+  exit_code INTEGER,
+  verdict TEXT NOT NULL,
+  param_fingerprint TEXT NOT NULL
+);
+CREATE TABLE generations (
+  run INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  started_at REAL NOT NULL,
+  restore_step INTEGER NOT NULL,
+  world_size INTEGER NOT NULL,
+  nodes TEXT NOT NULL,
+  ended_at REAL,
+  PRIMARY KEY (run, generation)
+);
+CREATE TABLE incidents (
+  run INTEGER NOT NULL,
+  id INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  cause TEXT NOT NULL,
+  rank INTEGER NOT NULL,
+  node INTEGER NOT NULL,
+  node_name TEXT NOT NULL,
+  injected_at REAL,
+  fault_at REAL NOT NULL,
+  detected_at REAL NOT NULL,
+  stopped_at REAL,
+  relaunched_at REAL,
+  ready_at REAL,
+  recovered_at REAL,
+  restore_s REAL NOT NULL,
+  failed_at_step INTEGER NOT NULL,
+  restored_step INTEGER NOT NULL,
+  action TEXT NOT NULL,
+  reason TEXT NOT NULL,
+  log_line TEXT NOT NULL,
+  stacks TEXT NOT NULL,
+  PRIMARY KEY (run, id)
+);
+CREATE TABLE ledger (
+  run INTEGER NOT NULL,
+  category TEXT NOT NULL,
+  seconds REAL NOT NULL,
+  PRIMARY KEY (run, category)
+);
+CREATE TABLE report (
+  run INTEGER PRIMARY KEY,
+  json TEXT NOT NULL
+);
+)sql";
+
+TEST(StateStore, MigratesAVersion2DatabaseKeepingItsRuns) {
+  const std::string dir = FreshDir("migrate2");
+  const std::string path = StateStore::PathIn(dir);
+  ASSERT_TRUE(RawSql(path, std::string(kVersion2Schema) + R"sql(
+    INSERT INTO runs VALUES (1, 'demo', 'demo.toml', '', 1700000000.0, NULL, NULL, '', '');
+    INSERT INTO incidents VALUES (1, 1, 0, 'hang', 1, 1, 'node1', 12.5, 12.5, 14.75, 15.0, 15.0,
+      16.25, 16.5, 0.125, 41, 40, 'restart_in_place', 'no step progress', '', '[]');
+  )sql"));
+  Result<StateStore> store = StateStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 3);
+  EXPECT_EQ(store->run(), 1);
+  EXPECT_EQ(store->LoadJob().value().spec_digest, "");
+  EXPECT_EQ(store->LoadIncidents(core::At(0s)).value().size(), 1u);
+  EXPECT_TRUE(store->LoadJournal().value().empty());
+  ASSERT_TRUE(store->AppendJournal({1, 2s, "tick"}).ok());
+  EXPECT_EQ(store->LoadJournal().value().size(), 1u);
+}
+
+// The journal keeps each run's inputs in order, apart from other runs', and
+// an input journaled in a transaction that is aborted is not kept.
+TEST(StateStore, TheJournalKeepsEachRunsInputsInOrder) {
+  const std::string dir = FreshDir("journal");
+  const std::string path = StateStore::PathIn(dir);
+  {
+    Result<StateStore> store = StateStore::Open(path);
+    ASSERT_TRUE(store.ok());
+    EXPECT_THAT(store->AppendJournal({1, 0s, "tick"}).message(), HasSubstr("before any run"));
+    JobRecord job{"demo", "demo.toml", "", 1.7e9, {}, {}, "", ""};
+    job.spec_digest = "00ff00ff00ff00ff";
+    ASSERT_EQ(store->BeginRun(job).value(), 1);
+    ASSERT_TRUE(store->BeginTransaction().ok());
+    EXPECT_FALSE(store->BeginTransaction().ok()) << "one at a time";
+    ASSERT_TRUE(store->AppendJournal({1, 1500ms, "node_up node=0 name=\"a\" slots=1"}).ok());
+    core::EttrLedger ledger(core::At(0s));
+    ledger.Advance(core::At(2s));
+    ASSERT_TRUE(store->SaveLedger(ledger).ok()) << "inside the transaction";
+    ASSERT_TRUE(store->CommitTransaction().ok());
+    ASSERT_TRUE(store->BeginTransaction().ok());
+    ASSERT_TRUE(store->AppendJournal({2, 2s, "tick"}).ok());
+    ASSERT_TRUE(store->AbortTransaction().ok());
+    ASSERT_TRUE(store->AppendJournal({2, 3s, "tick"}).ok());
+    EXPECT_FALSE(store->AppendJournal({2, 4s, "tick"}).ok()) << "seq 2 exists";
+    ASSERT_EQ(store->BeginRun({"demo", "demo.toml", "", 1.7e9 + 10, {}, {}, "", ""}).value(), 2);
+    ASSERT_TRUE(store->AppendJournal({1, 0s, "tick"}).ok());
+  }
+  Result<StateStore> store = StateStore::OpenExisting(path);
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ(store->LoadJob(1).value().spec_digest, "00ff00ff00ff00ff");
+  const std::vector<JournalEntry> run1 = store->LoadJournal(1).value();
+  ASSERT_EQ(run1.size(), 2u);
+  EXPECT_EQ(run1[0].seq, 1);
+  EXPECT_EQ(run1[0].since_start, 1500ms);
+  EXPECT_EQ(run1[0].event, "node_up node=0 name=\"a\" slots=1");
+  EXPECT_EQ(run1[1].since_start, 3s);                  // the aborted one is gone
+  EXPECT_EQ(store->LoadJournal().value().size(), 1u);  // run 2, the current one
+  EXPECT_DOUBLE_EQ(store->LoadLedger(1).value().at("startup"), 2.0);
 }
 
 }  // namespace

@@ -69,6 +69,14 @@ NodeId JobMachine::NodeOfRank(int rank) const {
   return rank >= 0 && i < members_.size() ? members_[i] : NodeId{};
 }
 
+std::vector<NodeId> JobMachine::NodesUp() const {
+  std::vector<NodeId> out;
+  for (const auto& [id, node] : nodes_) {
+    if (node.up) out.push_back(id);
+  }
+  return out;
+}
+
 std::vector<NodeId> JobMachine::HealthyNodes() const {
   // Previous members first, in their order, so that ranks stay where they were.
   std::vector<NodeId> out;

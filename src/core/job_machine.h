@@ -249,6 +249,8 @@ class JobMachine {
   std::string NodeName(NodeId node) const;
   // The node running `rank` in the current generation (invalid if none).
   NodeId NodeOfRank(int rank) const;
+  // The nodes registered and not lost or evicted, ascending.
+  std::vector<NodeId> NodesUp() const;
 
  private:
   struct Node {

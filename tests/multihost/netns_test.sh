@@ -13,79 +13,18 @@ set -euo pipefail
 
 endure=$1
 train=$2
-skip() {
-  echo "SKIP: $*"
-  exit 77
-}
-[ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
-command -v ip >/dev/null || skip "needs iproute2 (ip)"
-
-tag=$$
-net=10.213.$((tag % 250))
-work=$(mktemp -d /tmp/endure_netns.XXXXXX)
-names=(c h0 h1)
-ns=()
-for n in "${names[@]}"; do ns+=("endure-$n-$tag"); done
-bridge="enb$tag"
-pids=()
-
-cleanup() {
-  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-  for n in "${ns[@]}"; do
-    # Whatever still runs in the namespace (workers) goes with it.
-    for pid in $(ip netns pids "$n" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
-    ip netns del "$n" 2>/dev/null || true
-  done
-  ip link del "$bridge" 2>/dev/null || true
-  [ -n "${KEEP:-}" ] || rm -rf "$work"
-}
-trap cleanup EXIT
-
-ip netns add "${ns[0]}" 2>/dev/null || skip "cannot create a network namespace here"
-ip netns add "${ns[1]}"
-ip netns add "${ns[2]}"
-ip link add "$bridge" type bridge
-ip link set "$bridge" up
-for i in 0 1 2; do
-  ip link add "v$tag$i" type veth peer name "p$tag$i"
-  ip link set "p$tag$i" netns "${ns[$i]}"
-  ip link set "v$tag$i" master "$bridge" up
-  ip -n "${ns[$i]}" addr add "$net.$((i + 1))/24" dev "p$tag$i"
-  ip -n "${ns[$i]}" link set "p$tag$i" up
-  ip -n "${ns[$i]}" link set lo up
-done
-controller_ip=$net.1
-
-spec() {  # spec NAME STATE_DIR EXTRA
-  cat <<TOML
-[job]
-name = "$1"
-command = ["$train", "--steps", "30", "--layers", "2", "--d-model", "64", "--context", "64",
-           "--global-batch", "16", "--micro-batch", "8", "--threads", "1", "--log-every", "5",
-           "--eval-batches", "1", "--sample-tokens", "16", "--data", "/usr/share/games/fortunes"]
-nodes = 2
-ranks_per_node = 1
-state_dir = "$2"
-[checkpoint]
-every_steps = 5
-[recovery]
-repair_delay = "1s"
-backoff_initial = "0s"
-$3
-TOML
-}
-
-fingerprint() {  # fingerprint REPORT
-  /usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["param_fingerprint"])' "$1"
-}
+# shellcheck source=netns_lib.sh
+source "$(dirname "$0")/netns_lib.sh"
+netns_setup c h0 h1
+controller_ip=$(netns_addr 0)
 
 # The reference: the same job, no faults, on one machine.
-spec reference "$work/reference" "" >"$work/reference.toml"
-"$endure" run "$work/reference.toml" --quiet >"$work/reference.out" 2>&1 ||
-  { cat "$work/reference.out"; echo "FAIL: the reference run failed"; exit 1; }
-reference=$(fingerprint "$work/reference/report.json")
+reference_run 30 "[checkpoint]
+every_steps = 5"
 
-spec hosts "$work/hosts" '[[faults]]
+spec hosts "$work/hosts" 30 '[checkpoint]
+every_steps = 5
+[[faults]]
 kind = "kill"
 rank = 1
 step = 12' >"$work/hosts.toml"

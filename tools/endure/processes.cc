@@ -8,6 +8,8 @@
 #include "common/env.h"
 #include "common/shipped_files.h"
 #include "controller/controller.h"
+#include "controller/etcd_client.h"
+#include "controller/leader_election.h"
 #include "tools/endure/verbs.h"
 
 namespace endure::cli {
@@ -37,6 +39,8 @@ int Fail(const char* verb, const Status& st) {
 Verb AddControllerVerb(CLI::App& root) {
   struct Flags {
     std::string spec, state_dir, listen, token_file, address_file, tls_dir, http = "127.0.0.1:0";
+    bool new_run = false;
+    std::string etcd, lease = "5s";
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* cmd = root.add_subcommand(
@@ -57,6 +61,18 @@ Verb AddControllerVerb(CLI::App& root) {
          "beyond loopback every request needs the job token (Authorization: Bearer, "
          "or ?token=)")
       ->capture_default_str();
+  cmd->add_flag("--new-run", flags->new_run,
+                "Begin a new run even when the state directory's newest run is unfinished "
+                "(by default a controller carries such a run on: it replays its journal and "
+                "the agents resume into it)");
+  cmd->add_option("--etcd", flags->etcd,
+                  "Standby controllers: etcd's client endpoints HOST:PORT[,HOST:PORT]; the "
+                  "controller stands by until it holds the job's leadership lease, then runs "
+                  "the job on the state directory (--listen must name a port)");
+  cmd->add_option("--lease", flags->lease,
+                  "With --etcd: the leadership lease (whole seconds, at least 2s); a standby "
+                  "takes over within about this long of the leader's end")
+      ->capture_default_str();
   return {cmd, [flags] {
             Result<controller::JobSpec> spec = controller::LoadJobSpec(flags->spec);
             if (!spec.ok()) return Fail("controller", spec.status());
@@ -70,6 +86,22 @@ Verb AddControllerVerb(CLI::App& root) {
             o.address_file = flags->address_file;
             o.http_listen = flags->http;
             o.tls_dir = flags->tls_dir;
+            o.new_run = flags->new_run;
+            if (!flags->etcd.empty()) {
+              Result<std::vector<std::string>> etcd =
+                  controller::ParseEtcdEndpoints(flags->etcd, "--etcd");
+              if (!etcd.ok()) return Fail("controller", etcd.status());
+              o.etcd = *etcd;
+              Result<Duration> lease = ParseDuration(flags->lease);
+              if (!lease.ok()) {
+                return Fail("controller", InvalidArgument("--lease: " + lease.status().message()));
+              }
+              o.lease = *lease;
+              controller::LeaderElectionOptions election{.lease_ttl = o.lease};
+              if (Status st = election.Validate(); !st.ok()) {
+                return Fail("controller", InvalidArgument("--" + st.message()));
+              }
+            }
             Result<int> code = controller::RunController(o);
             if (!code.ok()) return Fail("controller", code.status());
             return *code;
@@ -80,11 +112,17 @@ Verb AddAgentVerb(CLI::App& root) {
   auto o = std::make_shared<agent::AgentOptions>();
   auto token_file = std::make_shared<std::string>();
   CLI::App* cmd = root.add_subcommand("agent", "Run a node's agent (one per node)");
-  cmd->add_option("--controller", o->controller, "Controller address host:port")->required();
+  cmd->add_option("--controller", o->controller,
+                  "Controller address host:port; with standby controllers, every one of the "
+                  "job's, comma-separated (the agent moves to whichever leads)")
+      ->required();
   cmd->add_option("--node-id", o->node_id, "This node's name, e.g. node0")->required();
   cmd->add_option("--ranks", o->slots, "Ranks this node runs")->capture_default_str();
   cmd->add_option("--host", o->host, "Address of this node's workers")->capture_default_str();
   cmd->add_option("--work-dir", o->work_dir, "Logs and the worker socket (default ./endure-NODE)");
+  cmd->add_option("--checkpoint-root", o->checkpoint_root,
+                  "A relative [checkpoint] dir of the job is under DIR on this host (default: "
+                  "the agent's working directory)");
   cmd->add_option("--log-rules", o->log_rules,
                   "Log rules (default: the shipped config/log_rules.toml)");
   cmd->add_option("--token-file", *token_file, "File holding the job token (else ENDURE_TOKEN)");

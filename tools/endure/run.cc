@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -27,6 +28,7 @@
 #include "common/shipped_files.h"
 #include "common/subprocess.h"
 #include "common/tls.h"
+#include "controller/etcd_client.h"
 #include "controller/job_spec.h"
 #include "controller/report.h"
 #include "tools/endure/verbs.h"
@@ -96,8 +98,18 @@ class EmbeddedRun {
  private:
   // Starts `endure controller` listening on `listen` and waits for its
   // address.
-  Status StartController(const std::string& listen);
+  // `new_run`: the job starts afresh (its agents are new); otherwise the
+  // controller carries on the run a dead one left (ControllerShell::CarryOn).
+  Status StartController(const std::string& listen, bool new_run);
   Status StartAgent();
+  // [control_plane] standby: a local etcd (its store under STATE_DIR/etcd,
+  // made afresh), and a standby controller on standby_address_ that does
+  // not listen until it holds the leadership lease. Not waited for.
+  Status StartEtcd();
+  Status StartStandby();
+  void StopEtcd();
+  // `--etcd ... --lease ...` for a controller, with a standby.
+  void AddStandbyFlags(std::vector<std::string>& argv) const;
   void StopAll();
   // Stops everything after signal `sig` (see kStopMargin).
   void StopOnSignal(int sig);
@@ -108,6 +120,13 @@ class EmbeddedRun {
   std::string token_file_, address_, rules_;
   std::string tls_dir_;  // with [job] tls: STATE_DIR/tls, else empty
   std::optional<Subprocess> controller_;
+  // With a standby: the other controller, which takes over when
+  // controller_ dies (the two then swap places and a new standby starts
+  // on the dead one's address), and the etcd they elect a leader through.
+  std::optional<Subprocess> standby_;
+  std::string standby_address_;
+  std::optional<Subprocess> etcd_;
+  std::string etcd_endpoint_;
   std::map<pid_t, std::pair<std::string, Subprocess>> agents_;  // pid -> (node, process)
   int next_node_ = 0;
 };
@@ -117,7 +136,7 @@ class EmbeddedRun {
 // 0 (completed), 2 (configuration), 3 (gave up) and 128+N (stopped by N).
 bool ControllerDied(const ExitStatus& e) { return !e.exited || e.code == kExitInternal; }
 
-Status EmbeddedRun::StartController(const std::string& listen) {
+Status EmbeddedRun::StartController(const std::string& listen, bool new_run) {
   const std::string address_file = JoinPath(spec_.state_dir, "controller.addr");
   // A stale address would send the agents to a controller that is gone.
   ENDURE_RETURN_IF_ERROR(Env::Default()->RemoveFile(address_file));
@@ -126,6 +145,8 @@ Status EmbeddedRun::StartController(const std::string& listen) {
              "--state-dir",  spec_.state_dir, "--listen",       listen,
              "--token-file", token_file_,     "--address-file", address_file};
   if (!tls_dir_.empty()) ps.argv.insert(ps.argv.end(), {"--tls-dir", tls_dir_});
+  if (new_run) ps.argv.push_back("--new-run");
+  AddStandbyFlags(ps.argv);
   ps.output_path = JoinPath(spec_.state_dir, "controller.log");
   ps.new_process_group = true;
   ps.die_with_parent = true;
@@ -147,6 +168,95 @@ Status EmbeddedRun::StartController(const std::string& listen) {
   return Internal("the controller did not start listening within 30s; see " + ps.output_path);
 }
 
+void EmbeddedRun::AddStandbyFlags(std::vector<std::string>& argv) const {
+  if (etcd_endpoint_.empty()) return;
+  const auto lease = std::chrono::duration_cast<std::chrono::seconds>(spec_.control_plane.lease);
+  argv.insert(argv.end(),
+              {"--etcd", etcd_endpoint_, "--lease", std::to_string(lease.count()) + "s"});
+}
+
+Status EmbeddedRun::StartEtcd() {
+  const std::string data = JoinPath(spec_.state_dir, "etcd");
+  // Leases outlive an etcd restart: a dead run's leader key would hold
+  // this run's controllers off for its TTL.
+  std::error_code ec;
+  std::filesystem::remove_all(data, ec);
+  if (ec) return IOError("cannot remove " + data + ": " + ec.message());
+  ENDURE_ASSIGN_OR_RETURN(const int client_port, PickFreePort());
+  ENDURE_ASSIGN_OR_RETURN(const int peer_port, PickFreePort());
+  const std::string endpoint = "127.0.0.1:" + std::to_string(client_port);
+  const std::string client_url = "http://" + endpoint;
+  const std::string peer_url = "http://127.0.0.1:" + std::to_string(peer_port);
+  ProcessSpec ps;
+  ps.argv = {controller::kEtcdBinary,
+             "--name",
+             "endure",
+             "--data-dir",
+             data,
+             "--listen-client-urls",
+             client_url,
+             "--advertise-client-urls",
+             client_url,
+             "--listen-peer-urls",
+             peer_url,
+             "--initial-advertise-peer-urls",
+             peer_url,
+             "--initial-cluster",
+             "endure=" + peer_url,
+             "--logger",
+             "zap",
+             "--log-level",
+             "warn"};
+  ps.output_path = JoinPath(spec_.state_dir, "etcd.log");
+  ps.new_process_group = true;
+  ps.die_with_parent = true;
+  ENDURE_ASSIGN_OR_RETURN(Subprocess p, Subprocess::Start(ps));
+  etcd_.emplace(std::move(p));
+  ENDURE_ASSIGN_OR_RETURN(std::unique_ptr<controller::EtcdClient> client,
+                          controller::EtcdClient::Make({.endpoints = {endpoint}}));
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  Status answer = Unavailable("not asked");
+  while (Clock::now() < deadline) {
+    if (std::optional<ExitStatus> e = etcd_->WaitFor(std::chrono::milliseconds(50))) {
+      etcd_.reset();
+      return Internal("etcd exited at start (" + e->ToString() + "); see " + ps.output_path);
+    }
+    answer = client->Ping("/endure/" + spec_.name + "/leader",
+                          Clock::now() + std::chrono::milliseconds(500));
+    if (answer.ok()) {
+      etcd_endpoint_ = endpoint;
+      return Status::Ok();
+    }
+  }
+  return Internal("etcd did not answer within 30s (" + answer.message() + "); see " +
+                  ps.output_path);
+}
+
+Status EmbeddedRun::StartStandby() {
+  // No address file: it listens only once it leads, and then on its own
+  // address, which the agents have.
+  ProcessSpec ps;
+  ps.argv = {exe_,           "controller",    "--spec",   spec_.path,
+             "--state-dir",  spec_.state_dir, "--listen", standby_address_,
+             "--token-file", token_file_};
+  if (!tls_dir_.empty()) ps.argv.insert(ps.argv.end(), {"--tls-dir", tls_dir_});
+  AddStandbyFlags(ps.argv);
+  ps.output_path = JoinPath(spec_.state_dir, "controller.log");
+  ps.new_process_group = true;
+  ps.die_with_parent = true;
+  ENDURE_ASSIGN_OR_RETURN(Subprocess p, Subprocess::Start(ps));
+  standby_.emplace(std::move(p));
+  return Status::Ok();
+}
+
+void EmbeddedRun::StopEtcd() {
+  // After the controllers: a leader resigns through it on its way out.
+  if (!etcd_) return;
+  etcd_->SignalGroup(SIGTERM);
+  ReapBy(*etcd_, Clock::now() + std::chrono::seconds(3));
+  etcd_.reset();
+}
+
 Status EmbeddedRun::StartAgent() {
   const std::string node = "node" + std::to_string(next_node_++);
   const std::string work = JoinPath(JoinPath(spec_.state_dir, "nodes"), node);
@@ -157,7 +267,10 @@ Status EmbeddedRun::StartAgent() {
     ENDURE_RETURN_IF_ERROR(tls::MakeCertificates({.dir = tls_dir_, .nodes = {node}}));
   }
   ProcessSpec ps;
-  ps.argv = {exe_,           "agent",     "--controller", address_,
+  // With a standby, both controllers: the agent attaches to whichever leads.
+  const std::string controllers =
+      standby_address_.empty() ? address_ : address_ + "," + standby_address_;
+  ps.argv = {exe_,           "agent",     "--controller", controllers,
              "--node-id",    node,        "--ranks",      std::to_string(spec_.ranks_per_node),
              "--token-file", token_file_, "--work-dir",   work,
              "--log-rules",  rules_};
@@ -184,12 +297,16 @@ Status EmbeddedRun::StartAgent() {
 
 void EmbeddedRun::StopAll() {
   if (controller_) controller_->SignalGroup(SIGTERM);
+  if (standby_) standby_->SignalGroup(SIGTERM);
   for (auto& [pid, agent] : agents_) agent.second.SignalGroup(SIGTERM);
   const auto deadline = Clock::now() + std::chrono::seconds(3);
   for (auto& [pid, agent] : agents_) ReapBy(agent.second, deadline);
   agents_.clear();
   if (controller_) ReapBy(*controller_, deadline);
   controller_.reset();
+  if (standby_) ReapBy(*standby_, deadline);
+  standby_.reset();
+  StopEtcd();
 }
 
 void EmbeddedRun::StopOnSignal(int sig) {
@@ -200,10 +317,13 @@ void EmbeddedRun::StopOnSignal(int sig) {
   // newest step if time allows; the controller tells them to stop as well,
   // commits what they persisted and writes the report (stopped by `sig`).
   if (controller_) controller_->Signal(sig);
+  if (standby_) standby_->Signal(sig);
   for (auto& [pid, agent] : agents_) agent.second.Signal(sig);
   const auto deadline = start + spec_.recovery.grace_period + kStopMargin;
-  while ((controller_ || !agents_.empty()) && g_signal == 0 && Clock::now() < deadline) {
+  while ((controller_ || standby_ || !agents_.empty()) && g_signal == 0 &&
+         Clock::now() < deadline) {
     if (controller_ && controller_->WaitFor(std::chrono::milliseconds(0))) controller_.reset();
+    if (standby_ && standby_->WaitFor(std::chrono::milliseconds(0))) standby_.reset();
     for (auto it = agents_.begin(); it != agents_.end();) {
       if (it->second.second.WaitFor(std::chrono::milliseconds(0))) {
         it = agents_.erase(it);
@@ -219,6 +339,9 @@ void EmbeddedRun::StopOnSignal(int sig) {
   agents_.clear();
   if (controller_) ReapBy(*controller_, Clock::now());
   controller_.reset();
+  if (standby_) ReapBy(*standby_, Clock::now());
+  standby_.reset();
+  StopEtcd();
 }
 
 int EmbeddedRun::Run() {
@@ -276,10 +399,39 @@ int EmbeddedRun::Run() {
 
   std::printf("endure run: job '%s', %d node(s) x %d rank(s), state in %s\n", spec_.name.c_str(),
               spec_.nodes, spec_.ranks_per_node, spec_.state_dir.c_str());
-  if (Status st = StartController(spec_.listen); !st.ok()) {
+  std::string listen = spec_.listen;
+  if (spec_.control_plane.standby) {
+    // Both controllers on fixed addresses: the agents list them before the
+    // standby listens. The first leads (etcd is new), the second stands by.
+    const std::string host = listen.substr(0, listen.rfind(':'));
+    Result<int> first = PickFreePort();
+    Result<int> second = PickFreePort();
+    Status st =
+        first.ok() && second.ok() ? StartEtcd() : (first.ok() ? second.status() : first.status());
+    if (st.ok()) {
+      if (listen.ends_with(":0")) listen = host + ":" + std::to_string(*first);
+      standby_address_ = host + ":" + std::to_string(*second);
+    }
+    if (!st.ok()) {
+      std::fprintf(stderr, "endure run: [control_plane] standby: %s\n", st.message().c_str());
+      StopAll();
+      return kExitInternal;
+    }
+  }
+  if (Status st = StartController(listen, /*new_run=*/true); !st.ok()) {
     std::fprintf(stderr, "endure run: %s\n", st.message().c_str());
     StopAll();
     return kExitInternal;
+  }
+  if (spec_.control_plane.standby) {
+    if (Status st = StartStandby(); !st.ok()) {
+      std::fprintf(stderr, "endure run: %s\n", st.message().c_str());
+      StopAll();
+      return kExitInternal;
+    }
+    std::printf("endure run: controller %s leads, %s stands by (etcd %s, lease %s)\n",
+                address_.c_str(), standby_address_.c_str(), etcd_endpoint_.c_str(),
+                FormatDuration(spec_.control_plane.lease).c_str());
   }
   for (int i = 0; i < spec_.nodes; ++i) {
     if (Status st = StartAgent(); !st.ok()) {
@@ -311,6 +463,47 @@ int EmbeddedRun::Run() {
       return 128 + sig;
     }
     controller_exit = controller_->WaitFor(std::chrono::milliseconds(100));
+    if (standby_) {
+      if (std::optional<ExitStatus> e = standby_->WaitFor(std::chrono::milliseconds(0))) {
+        // An end of its own means the job ended (the leader ends too); a
+        // standby that died is started again.
+        standby_.reset();
+        if (ControllerDied(*e) && controller_restarts < kMaxControllerRestarts) {
+          ++controller_restarts;
+          std::printf(
+              "%sendure run: the standby controller died (%s); restarting it on %s (%d of "
+              "%d)\n",
+              tty ? "\n" : "", e->ToString().c_str(), standby_address_.c_str(), controller_restarts,
+              kMaxControllerRestarts);
+          std::fflush(stdout);
+          if (Status st = StartStandby(); !st.ok()) {
+            std::fprintf(stderr, "endure run: %s\n", st.message().c_str());
+          }
+        }
+      }
+    }
+    if (controller_exit && ControllerDied(*controller_exit) && standby_ &&
+        controller_restarts < kMaxControllerRestarts) {
+      // The standby takes over once the dead leader's lease lapses; the
+      // agents, which list both, move to it. A new standby comes up on the
+      // dead one's address.
+      ++controller_restarts;
+      std::printf(
+          "%sendure run: the controller on %s died (%s); the standby on %s takes over "
+          "within the lease (%s); a new standby starts on %s (%d of %d)\n",
+          tty ? "\n" : "", address_.c_str(), controller_exit->ToString().c_str(),
+          standby_address_.c_str(), FormatDuration(spec_.control_plane.lease).c_str(),
+          address_.c_str(), controller_restarts, kMaxControllerRestarts);
+      std::fflush(stdout);
+      controller_ = std::move(standby_);
+      standby_.reset();
+      controller_exit.reset();
+      std::swap(address_, standby_address_);
+      if (Status st = StartStandby(); !st.ok()) {
+        std::fprintf(stderr, "endure run: %s\n", st.message().c_str());
+      }
+      continue;
+    }
     if (controller_exit && ControllerDied(*controller_exit) &&
         controller_restarts < kMaxControllerRestarts) {
       // Killed (kill -9, the OOM killer) or failed: its agents ride out the
@@ -323,7 +516,7 @@ int EmbeddedRun::Run() {
       std::fflush(stdout);
       controller_.reset();
       controller_exit.reset();
-      if (Status st = StartController(address_); !st.ok()) {
+      if (Status st = StartController(address_, /*new_run=*/false); !st.ok()) {
         std::fprintf(stderr, "endure run: %s\n", st.message().c_str());
         StopAll();
         return kExitInternal;
@@ -367,6 +560,10 @@ int EmbeddedRun::Run() {
   for (auto& [pid, agent] : agents_) ReapBy(agent.second, deadline);
   agents_.clear();
   controller_.reset();
+  // The standby saw the job's end in etcd and exits with its code.
+  if (standby_) ReapBy(*standby_, deadline);
+  standby_.reset();
+  StopEtcd();
 
   Result<std::string> report = env->ReadFile(JoinPath(spec_.state_dir, "report.json"));
   nlohmann::json j =

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Multi-host, the controller's host cut off: the controller and two agents
+# each in a network namespace of its own, with mutual TLS. While the job
+# trains, the controller's link (its veth) goes down for 5 s, well within
+# the agents' controller grace and the heartbeat timeout, and comes back.
+# The workers never need the controller to train: the job must complete
+# with no incident, in its first generation (no worker restarted), with the
+# parameters of the same job run without faults on one machine. As in every
+# namespace test, the rendezvous port is one rank 0's host reported free.
+#
+# Usage: netns_controller_cut_test.sh ENDURE_BIN ENDURE_TRAIN_BIN
+# Needs root and iproute2; exits 77 (ctest: skipped) where it cannot.
+set -euo pipefail
+
+endure=$1
+train=$2
+# shellcheck source=netns_lib.sh
+source "$(dirname "$0")/netns_lib.sh"
+netns_setup c h0 h1
+controller_ip=$(netns_addr 0)
+
+steps=150
+checkpoint='[checkpoint]
+every_steps = 10
+[detection]
+heartbeat_timeout = "30s"'
+reference_run "$steps" "$checkpoint"
+
+spec hosts "$work/hosts" "$steps" "$checkpoint" >"$work/hosts.toml"
+mkdir -p "$work/hosts"
+tls_and_token node0,node1 "$controller_ip"
+netns_start 0 "$work/controller.log" "$work" "$endure" controller --spec "$work/hosts.toml" \
+  --listen "$controller_ip:0" --tls-dir "$work/tls" --token-file "$work/token" \
+  --address-file "$work/controller.addr"
+controller=$started
+await_file "$work/controller.addr" "$work/controller.log"
+address=$(cat "$work/controller.addr")
+for i in 0 1; do
+  netns_start $((i + 1)) "$work/agent$i.log" "$work" "$endure" agent --controller "$address" \
+    --node-id "node$i" --host "$(netns_addr $((i + 1)))" --tls-dir "$work/tls" \
+    --token-file "$work/token" --work-dir "$work/hosts/nodes/node$i" --controller-grace 60s
+done
+
+await_step "$work/hosts" 10
+netns_link 0 down
+cut_at=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"])' "$work/hosts/status.json")
+sleep 5
+netns_link 0 up
+echo "cut the controller off at step $cut_at for 5 s"
+
+await_exit "$controller" 200
+[ "$code" = 0 ] || { show controller.log agent0.log agent1.log; echo "FAIL: the controller exited with $code"; exit 1; }
+
+/usr/bin/python3 - "$work" "$reference" "$net" "$steps" <<'PY' || { show controller.log agent0.log agent1.log; exit 1; }
+import glob, json, os, re, sys
+work, reference, net, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+report = json.load(open(os.path.join(work, "hosts", "report.json")))
+fail = []
+if not report.get("completed"):
+    fail.append("the job did not complete: " + str(report.get("verdict")))
+if report.get("param_fingerprint") != reference:
+    fail.append("fingerprint %s, reference %s" % (report.get("param_fingerprint"), reference))
+if report.get("incidents"):
+    fail.append("expected no incident: " + json.dumps(report.get("incidents")))
+if report.get("generations") != 1:
+    fail.append("expected one generation (no worker restarted), got %s" % report.get("generations"))
+# The steps went on while the controller was cut off: the workers' logs
+# run to the end without a second launch.
+logs = sorted(glob.glob(os.path.join(work, "hosts", "nodes", "node*", "logs", "gen*-rank*.log")))
+if [os.path.basename(p) for p in logs] != ["gen0-rank0.log", "gen0-rank1.log"]:
+    fail.append("workers launched: " + str(logs))
+lines = re.findall(r"generation (\d+): rendezvous at ([0-9.]+):(\d+) \((.*)\)",
+                   open(os.path.join(work, "controller.log")).read())
+if len(lines) != 1 or lines[0][1] != "%s.2" % net or lines[0][3] != "free on the host of node0":
+    fail.append("rendezvous: " + str(lines))
+if fail:
+    print("FAIL: " + "; ".join(fail))
+    sys.exit(1)
+print("ok: completed through a 5 s cut of the controller, no incident, 1 generation, "
+      "fingerprint %s, rendezvous %s:%s (%s)" % (reference, lines[0][1], lines[0][2], lines[0][3]))
+PY

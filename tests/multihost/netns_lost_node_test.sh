@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Multi-host, a killed rank and a lost node: the controller (host c) and
+# three agents (hosts h0, h1, h2; h2 a spare) each in a network namespace of
+# its own, with mutual TLS. A job of two nodes has rank 1 killed at step 12;
+# later node1's link is cut for good (its veth down), and once its
+# heartbeats are overdue (3 s; the hang floor is longer, so that the cut is
+# judged a lost node, not a hang) the spare takes its rank. The durable tier (T2) is
+# one shared directory that each host mounts at a path of its own (a
+# symlink under each host's --checkpoint-root; the spec names it relatively),
+# and with no peer replicas the lost node's shard comes back from T2 on the
+# spare's path. The job must complete with the parameters of the same job
+# run without faults on one machine, with two incidents (the kill, the lost
+# node); every rendezvous port must be one that rank 0's host reported free;
+# no host may have resolved T2 under the directory it was started in.
+#
+# Usage: netns_lost_node_test.sh ENDURE_BIN ENDURE_TRAIN_BIN
+# Needs root and iproute2; exits 77 (ctest: skipped) where it cannot.
+set -euo pipefail
+
+endure=$1
+train=$2
+# shellcheck source=netns_lib.sh
+source "$(dirname "$0")/netns_lib.sh"
+netns_setup c h0 h1 h2
+controller_ip=$(netns_addr 0)
+
+steps=60
+checkpoint='[checkpoint]
+dir = "shared/ckpt"
+every_steps = 5
+replicas = 0
+[detection]
+heartbeat_timeout = "3s"
+hang_timeout_floor = "10s"'
+# The reference runs where its state is: T2 under its own directory.
+mkdir -p "$work/reference"
+cd "$work/reference"
+reference_run "$steps" "$checkpoint"
+cd - >/dev/null
+
+# One shared store, mounted at each host's own path.
+mkdir -p "$work/store" "$work/ctl" "$work/cwd"
+ln -s "$work/store" "$work/ctl/shared"
+for h in 0 1 2; do
+  mkdir -p "$work/root$h"
+  ln -s "$work/store" "$work/root$h/shared"
+done
+spec hosts "$work/hosts" "$steps" "$checkpoint
+[[faults]]
+kind = \"kill\"
+rank = 1
+step = 12" >"$work/hosts.toml"
+mkdir -p "$work/hosts"
+tls_and_token node0,node1,node2 "$controller_ip"
+
+netns_start 0 "$work/controller.log" "$work/ctl" "$endure" controller --spec "$work/hosts.toml" \
+  --listen "$controller_ip:0" --tls-dir "$work/tls" --token-file "$work/token" \
+  --address-file "$work/controller.addr"
+controller=$started
+await_file "$work/controller.addr" "$work/controller.log"
+address=$(cat "$work/controller.addr")
+
+start_agent() {  # start_agent I: node I on host h I (namespace I + 1)
+  netns_start $(($1 + 1)) "$work/agent$1.log" "$work/cwd" "$endure" agent --controller "$address" \
+    --node-id "node$1" --host "$(netns_addr $(($1 + 1)))" --tls-dir "$work/tls" \
+    --token-file "$work/token" --work-dir "$work/hosts/nodes/node$1" \
+    --checkpoint-root "$work/root$1"
+}
+start_agent 0
+start_agent 1
+# The spare registers once the job runs on node0 and node1.
+await_step "$work/hosts" 1
+start_agent 2
+
+# Past the kill and its restart, with durable steps: node1's host drops
+# off the network, workers and all.
+await_step "$work/hosts" 27
+netns_link 2 down
+echo "cut node1's link at step $(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"])' "$work/hosts/status.json")"
+
+await_exit "$controller" 200
+[ "$code" = 0 ] || { show controller.log agent0.log agent1.log agent2.log; echo "FAIL: the controller exited with $code"; exit 1; }
+
+/usr/bin/python3 - "$work" "$reference" "$net" <<'PY' || { show controller.log agent0.log agent2.log; exit 1; }
+import glob, json, os, re, sys
+work, reference, net = sys.argv[1], sys.argv[2], sys.argv[3]
+report = json.load(open(os.path.join(work, "hosts", "report.json")))
+fail = []
+if not report.get("completed"):
+    fail.append("the job did not complete: " + str(report.get("verdict")))
+if report.get("param_fingerprint") != reference:
+    fail.append("fingerprint %s, reference %s" % (report.get("param_fingerprint"), reference))
+causes = [i.get("cause", "") for i in report.get("incidents", [])]
+if len(causes) != 2 or "SIGKILL" not in causes[0] or causes[1] != "node_lost":
+    fail.append("expected the kill, then node_lost: " + json.dumps(report.get("incidents")))
+if "node2" not in report.get("nodes", []):
+    fail.append("the spare node2 never took part: " + json.dumps(report.get("nodes")))
+# Every rendezvous on a port rank 0's host reported free, at its address.
+addresses = {"node%d" % i: "%s.%d" % (net, i + 2) for i in range(3)}
+lines = re.findall(r"generation (\d+): rendezvous at ([0-9.]+):(\d+) \((.*)\)",
+                   open(os.path.join(work, "controller.log")).read())
+if len(lines) != report.get("generations"):
+    fail.append("%d rendezvous lines for %s generations" % (len(lines), report.get("generations")))
+for gen, addr, port, origin in lines:
+    m = re.fullmatch(r"free on the host of (node\d)", origin)
+    if not m or addresses[m.group(1)] != addr:
+        fail.append("generation %s: rendezvous at %s:%s (%s)" % (gen, addr, port, origin))
+# T2 under each agent's root: the spare restored node1's shard from there.
+plans = sorted(glob.glob(os.path.join(work, "hosts", "nodes", "node2", "logs", "*.restore-plan.json")))
+t2 = [s for p in plans for s in json.load(open(p))["sources"] if s["tier"] == "T2"]
+if not t2:
+    fail.append("node2 restored nothing from T2: " + str(plans))
+for s in t2:
+    if not s["path"].startswith(os.path.join(work, "root2", "shared", "ckpt") + "/"):
+        fail.append("node2's T2 source is not under its checkpoint root: " + s["path"])
+if os.listdir(os.path.join(work, "cwd")):
+    fail.append("something resolved under the agents' working directory: " +
+                str(os.listdir(os.path.join(work, "cwd"))))
+if not glob.glob(os.path.join(work, "store", "ckpt", "step-*")):
+    fail.append("no durable step in the shared store")
+if fail:
+    print("FAIL: " + "; ".join(fail))
+    sys.exit(1)
+print("ok: completed across 4 namespaces, fingerprint %s, incidents %s, rendezvous %s, "
+      "T2 restore on node2 from %s" % (reference, causes,
+      ", ".join("g%s %s:%s" % l[:3] for l in lines), t2[0]["path"]))
+PY
