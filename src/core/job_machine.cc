@@ -147,7 +147,7 @@ bool JobMachine::StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<
 
   } else if (const auto* e = std::get_if<NodeDown>(&event)) {
     heartbeats_.Remove(e->node);
-    OnNodeLost(e->node, e->reason, now, out);
+    OnNodeLost(e->node, e->reason, now, now, out);
 
   } else if (const auto* e = std::get_if<FaultFiredEvent>(&event)) {
     fired_.insert(e->id);
@@ -201,8 +201,9 @@ bool JobMachine::StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<
     FireDueFaults(now, out);
     // A frozen or partitioned agent: handled like a dead one (the recovery
     // policy's path for node_lost evicts it).
+    // It failed when it was last heard from.
     for (const CrashReport& lost : heartbeats_.Check(now)) {
-      OnNodeLost(lost.node, lost.reason, now, out);
+      OnNodeLost(lost.node, lost.reason, lost.last_seen.value_or(now), now, out);
     }
     return false;  // then the timers of the phase the machine is now in
 
@@ -371,8 +372,8 @@ void JobMachine::CheckHang(TimePoint now, std::vector<JobAction>& out) {
 
 // A node is lost (its stream dropped, or its heartbeats stopped) in any
 // phase; what that means depends on the phase.
-void JobMachine::OnNodeLost(NodeId node, const std::string& reason, TimePoint now,
-                            std::vector<JobAction>& out) {
+void JobMachine::OnNodeLost(NodeId node, const std::string& reason, TimePoint fault_at,
+                            TimePoint now, std::vector<JobAction>& out) {
   auto it = nodes_.find(node);
   if (it == nodes_.end() || !it->second.up) return;
   it->second.up = false;
@@ -383,7 +384,7 @@ void JobMachine::OnNodeLost(NodeId node, const std::string& reason, TimePoint no
     f.cause = "node_lost";
     f.node = node;
     f.rank = static_cast<int>(member - members_.begin()) * options_.ranks_per_node;
-    f.fault_at = now;
+    f.fault_at = fault_at;
     f.InjectedBy(LastFiredFault([&](const FaultFiredEvent& x) {
       return x.kind == "kill-agent" && NodeOfRank(x.rank) == node;
     }));
@@ -531,6 +532,7 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
   }
   if (stop) {
     incident_open_ = false;
+    phase_ = JobPhase::kStopping;  // the stop above is the generation's: Finish sends none
     Finish(exit_code,
            "gave up after incident " + std::to_string(incidents_.back().id) + " (" + failure.cause +
                "): " + reason,

@@ -298,9 +298,11 @@ class JobMachine {
   void CheckHang(TimePoint now, std::vector<JobAction>& out);
 
   void OnFailure(const Failure& failure, TimePoint now, std::vector<JobAction>& out);
-  // Any phase: `node` is lost; a failure when it is a member of the running
-  // generation, the end of its stop when the generation was stopping.
-  void OnNodeLost(NodeId node, const std::string& reason, TimePoint now,
+  // Any phase: `node` is lost (at `fault_at`, the best estimate: its last
+  // heartbeat, or now when its stream dropped); a failure when it is a
+  // member of the running generation, the end of its stop when the
+  // generation was stopping.
+  void OnNodeLost(NodeId node, const std::string& reason, TimePoint fault_at, TimePoint now,
                   std::vector<JobAction>& out);
   // kStopping: every member confirmed the stop; on to kWaiting.
   void Stopped(TimePoint now, std::vector<JobAction>& out);
