@@ -114,136 +114,52 @@ std::optional<TimePoint> JobMachine::NextDeadline() const {
   return next;
 }
 
+// Every input passes here. Those whose effect does not depend on the phase
+// are handled by StepAnyPhase; the rest go to the handler of the phase the
+// machine is in (after StepAnyPhase, which may have changed it: a tick that
+// finds a node lost fails the generation, then the new phase's timers run).
 std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
   std::vector<JobAction> out;
   if (phase_ == JobPhase::kDone) return out;
   ledger_.Advance(now);
+  if (StepAnyPhase(event, now, out)) return out;
+  switch (phase_) {
+    case JobPhase::kWaitingForNodes:
+      StepWaitingForNodes(event, now, out);
+      break;
+    case JobPhase::kRunning:
+      StepRunning(event, now, out);
+      break;
+    case JobPhase::kStopping:
+      StepStopping(event, now, out);
+      break;
+    case JobPhase::kWaiting:
+      StepWaiting(event, now, out);
+      break;
+    case JobPhase::kDone:
+      break;
+  }
+  return out;
+}
 
+bool JobMachine::StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<JobAction>& out) {
   if (const auto* e = std::get_if<NodeUp>(&event)) {
     nodes_[e->node] = Node{e->name, e->slots, true};
     heartbeats_.Register(e->node, now);
-    MaybeStart(now, out);
+    return false;  // the waiting phases start a generation if it completes one
 
   } else if (const auto* e = std::get_if<NodeHeartbeat>(&event)) {
     // A heartbeat from a node already declared lost changes nothing: its
     // loss was acted on when declared, and its stream is fenced by the shell.
-    if (!heartbeats_.OnHeartbeat(e->node, now)) return out;
+    heartbeats_.OnHeartbeat(e->node, now);
 
   } else if (const auto* e = std::get_if<NodeDown>(&event)) {
     heartbeats_.Remove(e->node);
-    OnNodeLost(e->node, e->reason, now, out);
-
-  } else if (const auto* e = std::get_if<WorkerReady>(&event)) {
-    if (e->generation != generation_ || phase_ != JobPhase::kRunning) return out;
-    if (e->rank < 0 || e->rank >= world_size()) return out;
-    rank_ready_[e->rank] = true;
-    max_restore_s_ = std::max(max_restore_s_, e->restore_s);
-    start_step_ = e->start_step;
-    if (std::all_of(rank_ready_.begin(), rank_ready_.end(), [](bool b) { return b; })) {
-      if (Incident* inc = OpenIncident()) {
-        inc->ready_at = now;
-        inc->restore_s = max_restore_s_;
-        inc->restored_step = e->start_step;
-      }
-      loss_.RollBackTo(StepNumber{e->start_step});
-    }
-
-  } else if (const auto* e = std::get_if<StepEnd>(&event)) {
-    if (e->generation != generation_ || phase_ != JobPhase::kRunning) return out;
-    if (e->rank < 0 || e->rank >= world_size()) return out;
-    rank_step_[e->rank] = std::max(rank_step_[e->rank], e->step);
-    // The rank is in this generation's world (checked above), which the hang
-    // detector was started with: an error here is a bug.
-    const Status recorded = hang_.OnStepEnd(e->rank, StepNumber{e->step}, now);
-    ENDURE_CHECK(recorded.ok());
-    const int64_t job_step = *std::min_element(rank_step_.begin(), rank_step_.end());
-    if (!productive_ && job_step > start_step_) {
-      // Every rank finished its first step of this generation.
-      productive_ = true;
-      ledger_.Enter(LedgerCategory::kProductive, now);
-      if (Incident* inc = OpenIncident()) {
-        inc->recovered_at = now;
-        incident_open_ = false;
-      }
-    }
-    if (productive_) job_step_ = job_step;
-    if (e->rank == 0 && !e->skipped) last_loss_ = e->loss;
-    if (e->rank == 0) {
-      if (productive_ && e->ckpt_stall_s > 0) {
-        ledger_.Reclassify(FromSeconds(e->ckpt_stall_s), LedgerCategory::kCheckpointStall, now);
-      }
-      if (e->checkpoint_step >= 0 &&
-          (checkpoints_.empty() || e->checkpoint_step > checkpoints_.back())) {
-        checkpoints_.push_back(e->checkpoint_step);
-        ledger_.Commit(now);
-      }
-    }
-    if (options_.detect_loss_anomalies && !e->skipped &&
-        (e->rank == 0 || !std::isfinite(e->loss))) {
-      if (std::optional<LossAnomaly> a = loss_.Observe(StepNumber{e->step}, e->loss)) {
-        Failure f;
-        f.cause = std::string(LossAnomalyCause(a->kind));
-        f.rank = e->rank;
-        f.node = NodeOfRank(e->rank);
-        f.fault_at = now;
-        f.InjectedBy(LastFiredFault(
-            [&](const FaultFiredEvent& x) { return x.kind == "nan" && x.rank == e->rank; }));
-        f.anomaly = true;
-        f.extra_reason = a->reason;
-        f.loss_anomaly = *a;
-        OnFailure(f, now, out);
-        return out;
-      }
-    }
-    FireDueFaults(now, out);
-
-  } else if (const auto* e = std::get_if<WorkerExitEvent>(&event)) {
-    if (e->generation != generation_ || phase_ != JobPhase::kRunning) return out;
-    if (e->rank < 0 || e->rank >= world_size()) return out;
-    if (e->exit_code == 0) {
-      rank_done_[e->rank] = true;
-      if (std::all_of(rank_done_.begin(), rank_done_.end(), [](bool b) { return b; })) {
-        Finish(0, "training completed", now, out);
-      }
-      return out;
-    }
-    WorkerExit exit;
-    exit.node = e->node;
-    exit.node_name = NodeName(e->node);
-    exit.rank = e->rank;
-    exit.exit_code = e->exit_code;
-    exit.signal = e->signal;
-    std::optional<CrashReport> crash = ClassifyWorkerExit(exit);
-    if (!crash) return out;
-    Failure f;
-    f.cause = e->log_cause.empty() ? crash->cause : e->log_cause;
-    f.rank = e->rank;
-    f.node = e->node;
-    f.fault_at = now;
-    // Only faults that end a worker explain its exit (not, say, `slow`).
-    f.InjectedBy(LastFiredFault([&](const FaultFiredEvent& x) {
-      return x.rank == e->rank && (x.kind == "kill" || x.kind == "exit" || x.kind == "log");
-    }));
-    f.log_action = e->log_action;
-    f.log_line = e->log_line;
-    f.extra_reason = crash->reason;
-    if (!e->log_rule.empty()) {
-      f.extra_reason += "; log rule '" + e->log_rule + "' (" + e->log_action + ") matched";
-    }
-    OnFailure(f, now, out);
+    OnNodeLost(e->node, e->reason, now, now, out);
 
   } else if (const auto* e = std::get_if<FaultFiredEvent>(&event)) {
     fired_.insert(e->id);
     fired_events_.push_back({e->generation, *e});
-
-  } else if (const auto* e = std::get_if<GenerationStoppedEvent>(&event)) {
-    if (e->generation != generation_ || phase_ != JobPhase::kStopping) return out;
-    awaiting_stop_.erase(e->node);
-    if (awaiting_stop_.empty()) {
-      if (Incident* inc = OpenIncident()) inc->stopped_at = now;
-      phase_ = JobPhase::kWaiting;
-      MaybeStart(now, out);
-    }
 
   } else if (const auto* e = std::get_if<PersistFailedEvent>(&event)) {
     if (e->generation == generation_ && !persist_failure_reported_ && !incident_open_) {
@@ -263,6 +179,7 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
                    "); training goes on, restorable from the memory tiers (T0/T1) only";
       incidents_.push_back(std::move(inc));
     }
+
   } else if (const auto* e = std::get_if<CheckpointsFound>(&event)) {
     for (int64_t step : e->steps) {
       auto at = std::lower_bound(found_checkpoints_.begin(), found_checkpoints_.end(), step);
@@ -292,46 +209,190 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
     FireDueFaults(now, out);
     // A frozen or partitioned agent: handled like a dead one (the recovery
     // policy's path for node_lost evicts it).
+    // It failed when it was last heard from.
     for (const CrashReport& lost : heartbeats_.Check(now)) {
-      OnNodeLost(lost.node, lost.reason, now, out);
+      OnNodeLost(lost.node, lost.reason, lost.last_seen.value_or(now), now, out);
     }
-    if (phase_ == JobPhase::kRunning) {
-      if (std::optional<HangVerdict> v = hang_.Check(now)) {
-        Failure f;
-        f.cause = "hang";
-        f.rank = v->behind_ranks.empty() ? (v->stalled_ranks.empty() ? -1 : v->stalled_ranks[0])
-                                         : v->behind_ranks[0];
-        f.fault_at = v->stalled_since;
-        if (const FaultFiredEvent* fired =
-                LastFiredFault([](const FaultFiredEvent& x) { return x.kind == "hang"; })) {
-          f.InjectedBy(fired);
-          f.rank = fired->rank;
-        }
-        f.node = NodeOfRank(f.rank);
-        f.extra_reason = v->reason;
-        OnFailure(f, now, out);
-      }
-    } else if (phase_ == JobPhase::kWaiting) {
-      MaybeStart(now, out);
-    }
+    return false;  // then the timers of the phase the machine is now in
+
+  } else {
+    return false;  // a message of a generation: the phase decides
   }
-  return out;
+  return true;
 }
 
-void JobMachine::OnNodeLost(NodeId node, const std::string& reason, TimePoint now,
-                            std::vector<JobAction>& out) {
+void JobMachine::StepWaitingForNodes(const JobEvent& event, TimePoint now,
+                                     std::vector<JobAction>& out) {
+  // Nothing runs yet: only a registration can complete the first generation.
+  if (std::holds_alternative<NodeUp>(event)) MaybeStart(now, out);
+}
+
+void JobMachine::StepRunning(const JobEvent& event, TimePoint now, std::vector<JobAction>& out) {
+  // Messages of another generation, or of a rank outside this one's world,
+  // are dropped.
+  auto ours = [&](int generation, int rank) {
+    return generation == generation_ && rank >= 0 && rank < world_size();
+  };
+  if (const auto* e = std::get_if<WorkerReady>(&event)) {
+    if (ours(e->generation, e->rank)) OnWorkerReady(*e, now);
+  } else if (const auto* e = std::get_if<StepEnd>(&event)) {
+    if (ours(e->generation, e->rank)) OnStepEnd(*e, now, out);
+  } else if (const auto* e = std::get_if<WorkerExitEvent>(&event)) {
+    if (ours(e->generation, e->rank)) OnWorkerExit(*e, now, out);
+  } else if (std::holds_alternative<Tick>(event)) {
+    CheckHang(now, out);
+  }
+}
+
+void JobMachine::StepStopping(const JobEvent& event, TimePoint now, std::vector<JobAction>& out) {
+  const auto* e = std::get_if<GenerationStoppedEvent>(&event);
+  if (e == nullptr || e->generation != generation_) return;
+  awaiting_stop_.erase(e->node);
+  if (awaiting_stop_.empty()) Stopped(now, out);
+}
+
+void JobMachine::StepWaiting(const JobEvent& event, TimePoint now, std::vector<JobAction>& out) {
+  // A node registered, the backoff ended or the replacement deadline passed.
+  if (std::holds_alternative<NodeUp>(event) || std::holds_alternative<Tick>(event)) {
+    MaybeStart(now, out);
+  }
+}
+
+void JobMachine::Stopped(TimePoint now, std::vector<JobAction>& out) {
+  if (Incident* inc = OpenIncident()) inc->stopped_at = now;
+  phase_ = JobPhase::kWaiting;
+  MaybeStart(now, out);
+}
+
+void JobMachine::OnWorkerReady(const WorkerReady& e, TimePoint now) {
+  rank_ready_[e.rank] = true;
+  max_restore_s_ = std::max(max_restore_s_, e.restore_s);
+  start_step_ = e.start_step;
+  if (std::all_of(rank_ready_.begin(), rank_ready_.end(), [](bool b) { return b; })) {
+    if (Incident* inc = OpenIncident()) {
+      inc->ready_at = now;
+      inc->restore_s = max_restore_s_;
+      inc->restored_step = e.start_step;
+    }
+    loss_.RollBackTo(StepNumber{e.start_step});
+  }
+}
+
+void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobAction>& out) {
+  rank_step_[e.rank] = std::max(rank_step_[e.rank], e.step);
+  // The rank is in this generation's world (checked by the caller), which
+  // the hang detector was started with: an error here is a bug.
+  const Status recorded = hang_.OnStepEnd(e.rank, StepNumber{e.step}, now);
+  ENDURE_CHECK(recorded.ok());
+  const int64_t job_step = *std::min_element(rank_step_.begin(), rank_step_.end());
+  if (!productive_ && job_step > start_step_) {
+    // Every rank finished its first step of this generation.
+    productive_ = true;
+    ledger_.Enter(LedgerCategory::kProductive, now);
+    if (Incident* inc = OpenIncident()) {
+      inc->recovered_at = now;
+      incident_open_ = false;
+    }
+  }
+  if (productive_) job_step_ = job_step;
+  if (e.rank == 0 && !e.skipped) last_loss_ = e.loss;
+  if (e.rank == 0) {
+    if (productive_ && e.ckpt_stall_s > 0) {
+      ledger_.Reclassify(FromSeconds(e.ckpt_stall_s), LedgerCategory::kCheckpointStall, now);
+    }
+    if (e.checkpoint_step >= 0 &&
+        (checkpoints_.empty() || e.checkpoint_step > checkpoints_.back())) {
+      checkpoints_.push_back(e.checkpoint_step);
+      ledger_.Commit(now);
+    }
+  }
+  if (options_.detect_loss_anomalies && !e.skipped && (e.rank == 0 || !std::isfinite(e.loss))) {
+    if (std::optional<LossAnomaly> a = loss_.Observe(StepNumber{e.step}, e.loss)) {
+      Failure f;
+      f.cause = std::string(LossAnomalyCause(a->kind));
+      f.rank = e.rank;
+      f.node = NodeOfRank(e.rank);
+      f.fault_at = now;
+      f.InjectedBy(LastFiredFault(
+          [&](const FaultFiredEvent& x) { return x.kind == "nan" && x.rank == e.rank; }));
+      f.anomaly = true;
+      f.extra_reason = a->reason;
+      f.loss_anomaly = *a;
+      OnFailure(f, now, out);
+      return;
+    }
+  }
+  FireDueFaults(now, out);
+}
+
+void JobMachine::OnWorkerExit(const WorkerExitEvent& e, TimePoint now,
+                              std::vector<JobAction>& out) {
+  if (e.exit_code == 0) {
+    rank_done_[e.rank] = true;
+    if (std::all_of(rank_done_.begin(), rank_done_.end(), [](bool b) { return b; })) {
+      Finish(0, "training completed", now, out);
+    }
+    return;
+  }
+  WorkerExit exit;
+  exit.node = e.node;
+  exit.node_name = NodeName(e.node);
+  exit.rank = e.rank;
+  exit.exit_code = e.exit_code;
+  exit.signal = e.signal;
+  std::optional<CrashReport> crash = ClassifyWorkerExit(exit);
+  if (!crash) return;
+  Failure f;
+  f.cause = e.log_cause.empty() ? crash->cause : e.log_cause;
+  f.rank = e.rank;
+  f.node = e.node;
+  f.fault_at = now;
+  // Only faults that end a worker explain its exit (not, say, `slow`).
+  f.InjectedBy(LastFiredFault([&](const FaultFiredEvent& x) {
+    return x.rank == e.rank && (x.kind == "kill" || x.kind == "exit" || x.kind == "log");
+  }));
+  f.log_action = e.log_action;
+  f.log_line = e.log_line;
+  f.extra_reason = crash->reason;
+  if (!e.log_rule.empty()) {
+    f.extra_reason += "; log rule '" + e.log_rule + "' (" + e.log_action + ") matched";
+  }
+  OnFailure(f, now, out);
+}
+
+void JobMachine::CheckHang(TimePoint now, std::vector<JobAction>& out) {
+  std::optional<HangVerdict> v = hang_.Check(now);
+  if (!v) return;
+  Failure f;
+  f.cause = "hang";
+  f.rank = v->behind_ranks.empty() ? (v->stalled_ranks.empty() ? -1 : v->stalled_ranks[0])
+                                   : v->behind_ranks[0];
+  f.fault_at = v->stalled_since;
+  if (const FaultFiredEvent* fired =
+          LastFiredFault([](const FaultFiredEvent& x) { return x.kind == "hang"; })) {
+    f.InjectedBy(fired);
+    f.rank = fired->rank;
+  }
+  f.node = NodeOfRank(f.rank);
+  f.extra_reason = v->reason;
+  OnFailure(f, now, out);
+}
+
+// A node is lost (its stream dropped, or its heartbeats stopped) in any
+// phase; what that means depends on the phase.
+void JobMachine::OnNodeLost(NodeId node, const std::string& reason, TimePoint fault_at,
+                            TimePoint now, std::vector<JobAction>& out) {
   auto it = nodes_.find(node);
   if (it == nodes_.end() || !it->second.up) return;
   it->second.up = false;
-  const bool member = std::find(members_.begin(), members_.end(), node) != members_.end();
-  if (phase_ == JobPhase::kRunning && member) {
+  auto member = std::find(members_.begin(), members_.end(), node);
+  if (phase_ == JobPhase::kRunning && member != members_.end()) {
+    // A member of the running generation: a failure.
     Failure f;
     f.cause = "node_lost";
     f.node = node;
-    f.rank =
-        static_cast<int>(std::find(members_.begin(), members_.end(), node) - members_.begin()) *
-        options_.ranks_per_node;
-    f.fault_at = now;
+    f.rank = static_cast<int>(member - members_.begin()) * options_.ranks_per_node;
+    f.fault_at = fault_at;
     f.InjectedBy(LastFiredFault([&](const FaultFiredEvent& x) {
       return x.kind == "kill-agent" && NodeOfRank(x.rank) == node;
     }));
@@ -340,10 +401,9 @@ void JobMachine::OnNodeLost(NodeId node, const std::string& reason, TimePoint no
   } else if (phase_ == JobPhase::kStopping && awaiting_stop_.erase(node) > 0 &&
              awaiting_stop_.empty()) {
     // The node went away while stopping: its workers are gone with it.
-    if (Incident* inc = OpenIncident()) inc->stopped_at = now;
-    phase_ = JobPhase::kWaiting;
-    MaybeStart(now, out);
+    Stopped(now, out);
   }
+  // Otherwise the node is merely no longer healthy: a start passes it over.
 }
 
 const FaultFiredEvent* JobMachine::LastFiredFault(
@@ -480,6 +540,7 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
   }
   if (stop) {
     incident_open_ = false;
+    phase_ = JobPhase::kStopping;  // the stop above is the generation's: Finish sends none
     Finish(exit_code,
            "gave up after incident " + std::to_string(incidents_.back().id) + " (" + failure.cause +
                "): " + reason,
@@ -488,11 +549,7 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
   }
   phase_ = JobPhase::kStopping;
   wait_until_ = delay > Duration(0) ? std::optional<TimePoint>(now + delay) : std::nullopt;
-  if (awaiting_stop_.empty()) {
-    incidents_.back().stopped_at = now;
-    phase_ = JobPhase::kWaiting;
-    MaybeStart(now, out);
-  }
+  if (awaiting_stop_.empty()) Stopped(now, out);
 }
 
 void JobMachine::MaybeStart(TimePoint now, std::vector<JobAction>& out) {

@@ -281,9 +281,33 @@ class JobMachine {
   const FaultFiredEvent* LastFiredFault(
       const std::function<bool(const FaultFiredEvent&)>& matches) const;
 
+  // Step's handlers. StepAnyPhase takes the inputs whose effect does not
+  // depend on the phase (registrations, heartbeats, lost nodes, fired
+  // faults, checkpoint inventories and restore notes, the controller's
+  // resume, stacks, persistence failures) and the phase-independent part of
+  // a tick; it returns false when the phase's handler is to see the input
+  // too. Each phase's handler takes what only that phase acts on.
+  bool StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);
+  void StepWaitingForNodes(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);
+  void StepRunning(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);
+  void StepStopping(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);
+  void StepWaiting(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);
+
+  // kRunning: a message of the running generation, from a rank of its world.
+  void OnWorkerReady(const WorkerReady& e, TimePoint now);
+  void OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobAction>& out);
+  void OnWorkerExit(const WorkerExitEvent& e, TimePoint now, std::vector<JobAction>& out);
+  void CheckHang(TimePoint now, std::vector<JobAction>& out);
+
   void OnFailure(const Failure& failure, TimePoint now, std::vector<JobAction>& out);
-  void OnNodeLost(NodeId node, const std::string& reason, TimePoint now,
+  // Any phase: `node` is lost (at `fault_at`, the best estimate: its last
+  // heartbeat, or now when its stream dropped); a failure when it is a
+  // member of the running generation, the end of its stop when the
+  // generation was stopping.
+  void OnNodeLost(NodeId node, const std::string& reason, TimePoint fault_at, TimePoint now,
                   std::vector<JobAction>& out);
+  // kStopping: every member confirmed the stop; on to kWaiting.
+  void Stopped(TimePoint now, std::vector<JobAction>& out);
   void MaybeStart(TimePoint now, std::vector<JobAction>& out);
   void FireDueFaults(TimePoint now, std::vector<JobAction>& out);
   void Finish(int code, std::string reason, TimePoint now, std::vector<JobAction>& out);

@@ -354,7 +354,32 @@ TEST(JobMachine, ASilentAgentIsLostAfterTheHeartbeatTimeout) {
   auto evict = Find<EvictNodeAction>(a);
   ASSERT_EQ(evict.size(), 1u);
   EXPECT_EQ(evict[0].node, NodeId{1});
-  EXPECT_EQ(job.m.incidents().at(0).cause, "node_lost");
+  const Incident& inc = job.m.incidents().at(0);
+  EXPECT_EQ(inc.cause, "node_lost");
+  // The fault is dated to the last heartbeat, not to its verdict: the
+  // silence was detection time (it used to be 0, and the silent seconds were
+  // booked as productive, then recomputed).
+  EXPECT_EQ(inc.fault_at, T(0.75));
+  EXPECT_NEAR(Seconds(inc.detected_at - inc.fault_at), 10.05, 1e-9);
+  EXPECT_NEAR(Seconds(job.m.ledger().total(LedgerCategory::kDetection)), 10.05, 1e-9);
+}
+
+// A job that gives up after a failure stops its generation once (it used to
+// ask the agents twice: the failure's stop, then the finish's).
+TEST(JobMachine, GivingUpAfterAFailureStopsTheGenerationOnce) {
+  Job job;
+  job.Up();
+  job.Ready(0);
+  job.Run(1, 5);
+  WorkerExitEvent exit{0, 1, NodeId{1}, 1, std::nullopt};
+  exit.log_cause = "dataset_missing";
+  exit.log_action = "stop";
+  exit.log_rule = "file_not_found";
+  const std::vector<JobAction> a = job.Do(exit);
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_TRUE(std::holds_alternative<StopGenerationAction>(a[0]));
+  ASSERT_TRUE(std::holds_alternative<FinishAction>(a[1]));
+  EXPECT_EQ(std::get<FinishAction>(a[1]).exit_code, 3);
 }
 
 TEST(JobMachine, SameUserExceptionAtTheSameStepStopsTheJob) {

@@ -1,0 +1,575 @@
+// Scenario tests of the JobMachine, in the style of etcd-io/raft's
+// datadriven tests: each file under tests/testdata/job_machine/ holds a job's
+// configuration, the inputs the machine receives (events in job_codec's line
+// form, with their times) and, after each input, the output it produced (its
+// actions, and the incident lines the input created or changed). The test
+// replays every file into a fresh machine and compares the whole text.
+//
+// After a deliberate change of behaviour, regenerate the expected output with
+//
+//   ENDURE_REWRITE_TESTDATA=1 build/bin/job_machine_scenario_test
+//
+// and review the diff: it is the change of behaviour.
+//
+// File format:
+//
+//   # comments and blank lines are kept as they are
+//   nodes = 2                      options, `key = value` (see ApplyOption)
+//   fault = f1 kill rank=1 step=8  an external fault (step= or at=DURATION)
+//   ---                            end of the options
+//   at 0 node_up node=0 name="node0" slots=1     an event at 0 s
+//   at +0.5 heartbeat node=0                     half a second later
+//   > start_generation ...         output (recomputed: never edit by hand)
+//
+// Besides event lines, these helpers expand into the events a healthy
+// cluster sends, for the current generation (the outputs of steps and ticks
+// are prefixed by the time of the event that produced them):
+//
+//   at T ready START_STEP [restore_s=X]  every rank: worker_ready
+//   at T stopped [NODES]                 every member node (or NODES, e.g.
+//                                        0,2): generation_stopped
+//   steps A..B every DT [loss=X] [checkpoint_every=N]
+//       for each step s: time advances by DT, every member node beats,
+//       every rank reports step_end s (rank 0 reports a checkpoint of s when
+//       N divides s; default 10, 0: never), then a tick. Stops early when the
+//       generation stops running.
+//   ticks until T every DT [beats=NODES|-]
+//       time advances by DT up to T; each time the nodes beat (default: the
+//       generation's members; -: none) and a tick follows.
+//   state                                the machine's phase, generation,
+//                                        step, checkpoints and ETTR ledger
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/job_codec.h"
+#include "core/job_machine.h"
+
+namespace endure::core {
+namespace {
+
+namespace fs = std::filesystem;
+
+// ---- Small parsers ----
+
+std::string Trim(std::string_view s) {
+  const size_t b = s.find_first_not_of(" \t");
+  if (b == std::string_view::npos) return "";
+  const size_t e = s.find_last_not_of(" \t");
+  return std::string(s.substr(b, e - b + 1));
+}
+
+std::vector<std::string> Words(std::string_view s) {
+  std::vector<std::string> out;
+  std::istringstream in{std::string(s)};
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+// "12", "0.15", "6.05": seconds, read exactly into nanoseconds (no binary
+// rounding, so that times print back as written).
+Result<int64_t> ParseSecondsNs(std::string_view s) {
+  const size_t dot = s.find('.');
+  const std::string_view whole = s.substr(0, dot);
+  std::string_view frac = dot == std::string_view::npos ? "" : s.substr(dot + 1);
+  int64_t w = 0;
+  auto [end, ec] = std::from_chars(whole.data(), whole.data() + whole.size(), w);
+  if (whole.empty() || ec != std::errc() || end != whole.data() + whole.size() || w < 0 ||
+      frac.size() > 9) {
+    return InvalidArgument("expected seconds such as 12 or 0.15, got '" + std::string(s) + "'");
+  }
+  int64_t f = 0;
+  for (size_t i = 0; i < 9; ++i) {
+    const char c = i < frac.size() ? frac[i] : '0';
+    if (c < '0' || c > '9') {
+      return InvalidArgument("expected seconds such as 12 or 0.15, got '" + std::string(s) + "'");
+    }
+    f = f * 10 + (c - '0');
+  }
+  return w * 1'000'000'000 + f;
+}
+
+std::string FormatSecondsNs(int64_t ns) {
+  std::string frac = std::to_string(ns % 1'000'000'000);
+  frac.insert(0, 9 - frac.size(), '0');
+  while (!frac.empty() && frac.back() == '0') frac.pop_back();
+  return std::to_string(ns / 1'000'000'000) + (frac.empty() ? "" : "." + frac);
+}
+
+Result<int64_t> ParseInt(std::string_view s) {
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size()) {
+    return InvalidArgument("expected an integer, got '" + std::string(s) + "'");
+  }
+  return v;
+}
+
+Result<double> ParseDouble(std::string_view s) {
+  if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
+  if (s == "inf") return std::numeric_limits<double>::infinity();
+  double v = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size()) {
+    return InvalidArgument("expected a number, got '" + std::string(s) + "'");
+  }
+  return v;
+}
+
+Result<bool> ParseBool(std::string_view s) {
+  if (s == "true") return true;
+  if (s == "false") return false;
+  return InvalidArgument("expected true or false, got '" + std::string(s) + "'");
+}
+
+Result<std::vector<NodeId>> ParseNodes(std::string_view s) {
+  std::vector<NodeId> out;
+  if (s == "-") return out;
+  while (!s.empty()) {
+    const size_t comma = std::min(s.find(','), s.size());
+    Result<int64_t> n = ParseInt(s.substr(0, comma));
+    if (!n.ok()) return n.status();
+    out.push_back(NodeId{static_cast<int32_t>(*n)});
+    s.remove_prefix(std::min(s.size(), comma + 1));
+  }
+  return out;
+}
+
+// `key=value` words after the positional ones.
+Result<std::map<std::string, std::string>> KeyValues(const std::vector<std::string>& words,
+                                                     size_t from) {
+  std::map<std::string, std::string> out;
+  for (size_t i = from; i < words.size(); ++i) {
+    const size_t eq = words[i].find('=');
+    if (eq == std::string::npos) return InvalidArgument("expected key=value, got " + words[i]);
+    out[words[i].substr(0, eq)] = words[i].substr(eq + 1);
+  }
+  return out;
+}
+
+// ---- Options ----
+
+Status SetDuration(Duration& d, std::string_view v) {
+  if (v == "0") {
+    d = Duration(0);
+    return Status::Ok();
+  }
+  Result<Duration> r = ParseDuration(v);
+  if (!r.ok()) return r.status();
+  d = *r;
+  return Status::Ok();
+}
+template <typename T>
+Status SetInt(T& x, std::string_view v) {
+  Result<int64_t> r = ParseInt(v);
+  if (!r.ok()) return r.status();
+  x = static_cast<T>(*r);
+  return Status::Ok();
+}
+Status SetDouble(double& x, std::string_view v) {
+  Result<double> r = ParseDouble(v);
+  if (!r.ok()) return r.status();
+  x = *r;
+  return Status::Ok();
+}
+Status SetBool(bool& x, std::string_view v) {
+  Result<bool> r = ParseBool(v);
+  if (!r.ok()) return r.status();
+  x = *r;
+  return Status::Ok();
+}
+Status SetPath(RecoveryPath& p, std::string_view v) {
+  Result<RecoveryPath> r = ParseRecoveryPath(v);
+  if (!r.ok()) return r.status();
+  p = *r;
+  return Status::Ok();
+}
+
+// `fault = ID KIND rank=R step=S` or `... at=DURATION`.
+Result<ExternalFault> ParseFault(std::string_view v) {
+  const std::vector<std::string> w = Words(v);
+  if (w.size() < 2) return InvalidArgument("a fault is: ID KIND rank=R (step=S | at=DURATION)");
+  ExternalFault f;
+  f.id = w[0];
+  f.kind = w[1];
+  Result<std::map<std::string, std::string>> kv = KeyValues(w, 2);
+  if (!kv.ok()) return kv.status();
+  for (const auto& [key, value] : *kv) {
+    Status st = Status::Ok();
+    if (key == "rank") {
+      st = SetInt(f.rank, value);
+    } else if (key == "step") {
+      st = SetInt(f.step, value);
+    } else if (key == "at") {
+      Duration at{0};
+      st = SetDuration(at, value);
+      f.at = at;
+    } else {
+      st = InvalidArgument("unknown fault field " + key);
+    }
+    if (!st.ok()) return st;
+  }
+  return f;
+}
+
+// A scenario's defaults: two nodes of one rank, no backoff (restarts are
+// immediate, which keeps the files short); everything else is the machine's
+// own default.
+JobMachineOptions DefaultOptions() {
+  JobMachineOptions o;
+  o.nodes = 2;
+  o.ranks_per_node = 1;
+  o.recovery.backoff_initial = Duration(0);
+  return o;
+}
+
+Status ApplyOption(const std::string& key, const std::string& v, JobMachineOptions& o,
+                   std::vector<ExternalFault>& faults) {
+  using Setter = std::function<Status(std::string_view)>;
+  const std::map<std::string, Setter> setters = {
+      {"nodes", [&](auto s) { return SetInt(o.nodes, s); }},
+      {"ranks_per_node", [&](auto s) { return SetInt(o.ranks_per_node, s); }},
+      {"first_generation", [&](auto s) { return SetInt(o.first_generation, s); }},
+      {"replacement_timeout", [&](auto s) { return SetDuration(o.replacement_timeout, s); }},
+      {"detect_loss_anomalies", [&](auto s) { return SetBool(o.detect_loss_anomalies, s); }},
+      {"hang.floor", [&](auto s) { return SetDuration(o.hang.floor, s); }},
+      {"hang.k", [&](auto s) { return SetDouble(o.hang.k, s); }},
+      {"hang.min_samples", [&](auto s) { return SetInt(o.hang.min_samples, s); }},
+      {"hang.startup_timeout", [&](auto s) { return SetDuration(o.hang.startup_timeout, s); }},
+      {"heartbeat.timeout", [&](auto s) { return SetDuration(o.heartbeat.timeout, s); }},
+      {"heartbeat.drop_grace", [&](auto s) { return SetDuration(o.heartbeat.drop_grace, s); }},
+      {"loss.window", [&](auto s) { return SetInt(o.loss.window, s); }},
+      {"loss.min_count", [&](auto s) { return SetInt(o.loss.min_count, s); }},
+      {"loss.z_threshold", [&](auto s) { return SetDouble(o.loss.z_threshold, s); }},
+      {"anomaly.max_skipped_steps", [&](auto s) { return SetInt(o.anomaly.max_skipped_steps, s); }},
+      {"recovery.default_path", [&](auto s) { return SetPath(o.recovery.default_path, s); }},
+      {"recovery.max_restarts_in_window",
+       [&](auto s) { return SetInt(o.recovery.max_restarts_in_window, s); }},
+      {"recovery.restart_window",
+       [&](auto s) { return SetDuration(o.recovery.restart_window, s); }},
+      {"recovery.backoff_initial",
+       [&](auto s) { return SetDuration(o.recovery.backoff_initial, s); }},
+      {"recovery.backoff_max", [&](auto s) { return SetDuration(o.recovery.backoff_max, s); }},
+      {"recovery.structural_repeats",
+       [&](auto s) { return SetInt(o.recovery.structural_repeats, s); }},
+      {"recovery.startup_repeats", [&](auto s) { return SetInt(o.recovery.startup_repeats, s); }},
+      {"recovery.evict_node_after", [&](auto s) { return SetInt(o.recovery.evict_node_after, s); }},
+  };
+  if (key.starts_with("recovery.path.")) {
+    RecoveryPath p{};
+    ENDURE_RETURN_IF_ERROR(SetPath(p, v));
+    o.recovery.paths[key.substr(std::string("recovery.path.").size())] = p;
+    return Status::Ok();
+  }
+  if (key == "fault") {
+    Result<ExternalFault> f = ParseFault(v);
+    if (!f.ok()) return f.status();
+    faults.push_back(*f);
+    return Status::Ok();
+  }
+  auto it = setters.find(key);
+  if (it == setters.end()) return InvalidArgument("unknown option " + key);
+  return it->second(v);
+}
+
+// ---- Running a scenario ----
+
+class Scenario {
+ public:
+  // Replays `text` and returns it with every output recomputed.
+  static Result<std::string> Run(const std::string& text) {
+    Scenario s;
+    return s.Replay(text);
+  }
+
+ private:
+  Result<std::string> Replay(const std::string& text) {
+    std::istringstream in(text);
+    std::string line;
+    int number = 0;
+    bool header = true;
+    JobMachineOptions options = DefaultOptions();
+    std::vector<ExternalFault> faults;
+    while (std::getline(in, line)) {
+      ++number;
+      auto fail = [&](const Status& st) {
+        return InvalidArgument("line " + std::to_string(number) + ": " + st.message());
+      };
+      const std::string t = Trim(line);
+      if (t.starts_with(">")) continue;  // an old output: recomputed below
+      out_ += line + "\n";
+      if (t.empty() || t.starts_with("#")) continue;
+      if (header) {
+        if (t == "---") {
+          if (Status st = options.Validate(); !st.ok()) return fail(st);
+          machine_.emplace(options, faults, At(Duration(0)));
+          world_ = options.nodes * options.ranks_per_node;
+          ranks_per_node_ = options.ranks_per_node;
+          header = false;
+          continue;
+        }
+        const size_t eq = t.find('=');
+        if (eq == std::string::npos) return fail(InvalidArgument("expected key = value or ---"));
+        if (Status st = ApplyOption(Trim(t.substr(0, eq)), Trim(t.substr(eq + 1)), options, faults);
+            !st.ok()) {
+          return fail(st);
+        }
+        continue;
+      }
+      if (Status st = Input(t); !st.ok()) return fail(st);
+    }
+    if (header) return InvalidArgument("no --- line ends the options");
+    return out_;
+  }
+
+  JobMachine& m() { return *machine_; }
+
+  Status Input(const std::string& line) {
+    const std::vector<std::string> w = Words(line);
+    if (w[0] == "at") {
+      if (w.size() < 3) return InvalidArgument("expected at TIME EVENT");
+      const bool relative = w[1].starts_with("+");
+      Result<int64_t> ns = ParseSecondsNs(relative ? w[1].substr(1) : w[1]);
+      if (!ns.ok()) return ns.status();
+      const int64_t at = relative ? now_ns_ + *ns : *ns;
+      if (at < now_ns_) return InvalidArgument("time goes back to " + FormatSecondsNs(at));
+      now_ns_ = at;
+      const std::string rest = Trim(line.substr(line.find(w[1]) + w[1].size()));
+      const std::vector<std::string> rw = Words(rest);
+      if (rw[0] == "ready") return Ready(rw);
+      if (rw[0] == "stopped") return Stopped(rw);
+      Result<JobEvent> e = DecodeEvent(rest);
+      if (!e.ok()) return e.status();
+      Feed(*e, /*with_time=*/false);
+      return Status::Ok();
+    }
+    if (w[0] == "steps") return Steps(w);
+    if (w[0] == "ticks") return Ticks(w);
+    if (w[0] == "state") return State();
+    return InvalidArgument("expected at, steps, ticks or state, got '" + w[0] + "'");
+  }
+
+  // The nodes of the current generation, in rank order.
+  std::vector<NodeId> Members() {
+    std::vector<NodeId> out;
+    for (int r = 0; r < world_; r += ranks_per_node_) out.push_back(m().NodeOfRank(r));
+    return out;
+  }
+
+  Status Ready(const std::vector<std::string>& w) {
+    if (w.size() < 2) return InvalidArgument("expected ready START_STEP [restore_s=X]");
+    Result<int64_t> start = ParseInt(w[1]);
+    if (!start.ok()) return start.status();
+    Result<std::map<std::string, std::string>> kv = KeyValues(w, 2);
+    if (!kv.ok()) return kv.status();
+    double restore_s = 0;
+    if (kv->count("restore_s")) ENDURE_RETURN_IF_ERROR(SetDouble(restore_s, kv->at("restore_s")));
+    const int gen = m().generation();
+    for (int r = 0; r < world_; ++r) Feed(WorkerReady{gen, r, *start, restore_s}, false);
+    return Status::Ok();
+  }
+
+  Status Stopped(const std::vector<std::string>& w) {
+    std::vector<NodeId> nodes = Members();
+    if (w.size() > 1) {
+      Result<std::vector<NodeId>> n = ParseNodes(w[1]);
+      if (!n.ok()) return n.status();
+      nodes = *n;
+    }
+    const int gen = m().generation();
+    for (NodeId n : nodes) Feed(GenerationStoppedEvent{gen, n}, false);
+    return Status::Ok();
+  }
+
+  Status Steps(const std::vector<std::string>& w) {
+    // steps A..B every DT [loss=X] [checkpoint_every=N]
+    const size_t dots = w.size() > 1 ? w[1].find("..") : std::string::npos;
+    if (w.size() < 4 || dots == std::string::npos || w[2] != "every" || !w[3].ends_with("s")) {
+      return InvalidArgument("expected steps A..B every DTs [loss=X] [checkpoint_every=N]");
+    }
+    Result<int64_t> from = ParseInt(w[1].substr(0, dots));
+    Result<int64_t> to = ParseInt(w[1].substr(dots + 2));
+    Result<int64_t> dt = ParseSecondsNs(w[3].substr(0, w[3].size() - 1));
+    if (!from.ok()) return from.status();
+    if (!to.ok()) return to.status();
+    if (!dt.ok()) return dt.status();
+    Result<std::map<std::string, std::string>> kv = KeyValues(w, 4);
+    if (!kv.ok()) return kv.status();
+    double loss = 2.0;
+    int64_t every = 10;
+    for (const auto& [key, value] : *kv) {
+      if (key == "loss") {
+        ENDURE_RETURN_IF_ERROR(SetDouble(loss, value));
+      } else if (key == "checkpoint_every") {
+        ENDURE_RETURN_IF_ERROR(SetInt(every, value));
+      } else {
+        return InvalidArgument("unknown steps option " + key);
+      }
+    }
+    const int gen = m().generation();
+    for (int64_t s = *from; s <= *to; ++s) {
+      if (m().phase() != JobPhase::kRunning || m().generation() != gen) break;
+      now_ns_ += *dt;
+      for (NodeId n : Members()) Feed(NodeHeartbeat{n}, true);
+      for (int r = 0; r < world_; ++r) {
+        const bool ckpt = r == 0 && every > 0 && s % every == 0;
+        Feed(StepEnd{gen, r, s, loss, 0, ckpt ? s : -1, false}, true);
+      }
+      Feed(Tick{}, true);
+    }
+    return Status::Ok();
+  }
+
+  Status Ticks(const std::vector<std::string>& w) {
+    // ticks until T every DT [beats=NODES|-]
+    if (w.size() < 5 || w[1] != "until" || w[3] != "every" || !w[4].ends_with("s")) {
+      return InvalidArgument("expected ticks until T every DTs [beats=NODES|-]");
+    }
+    Result<int64_t> until = ParseSecondsNs(w[2]);
+    Result<int64_t> dt = ParseSecondsNs(w[4].substr(0, w[4].size() - 1));
+    if (!until.ok()) return until.status();
+    if (!dt.ok()) return dt.status();
+    if (*dt <= 0) return InvalidArgument("ticks need a positive interval");
+    Result<std::map<std::string, std::string>> kv = KeyValues(w, 5);
+    if (!kv.ok()) return kv.status();
+    std::optional<std::vector<NodeId>> beats;
+    for (const auto& [key, value] : *kv) {
+      if (key != "beats") return InvalidArgument("unknown ticks option " + key);
+      Result<std::vector<NodeId>> n = ParseNodes(value);
+      if (!n.ok()) return n.status();
+      beats = *n;
+    }
+    while (now_ns_ + *dt <= *until) {
+      now_ns_ += *dt;
+      for (NodeId n : beats ? *beats : Members()) Feed(NodeHeartbeat{n}, true);
+      Feed(Tick{}, true);
+    }
+    return Status::Ok();
+  }
+
+  Status State() {
+    const EttrLedger& l = m().ledger();
+    std::string ckpts;
+    for (int64_t s : m().checkpoints()) ckpts += (ckpts.empty() ? "" : ",") + std::to_string(s);
+    out_ += "> state phase=" + std::string(JobPhaseName(m().phase())) +
+            " generation=" + std::to_string(m().generation()) +
+            " step=" + std::to_string(m().step()) +
+            " checkpoints=" + (ckpts.empty() ? "-" : ckpts) +
+            " incidents=" + std::to_string(m().incidents().size()) + "\n";
+    out_ += "> ledger wall=" + Num(Seconds(l.wall()));
+    for (int i = 0; i < kNumLedgerCategories; ++i) {
+      const auto c = static_cast<LedgerCategory>(i);
+      out_ += " " + std::string(LedgerCategoryName(c)) + "=" + Num(Seconds(l.total(c)));
+    }
+    out_ += "\n";
+    return Status::Ok();
+  }
+
+  static std::string Num(double v) {
+    char buf[64];
+    auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+    return std::string(buf, end);
+  }
+
+  // Steps the machine at the current time and writes what came out: the
+  // actions, then every incident the input created or changed. Outputs of a
+  // helper's events carry their time.
+  void Feed(const JobEvent& e, bool with_time) {
+    const std::vector<JobAction> actions = m().Step(e, At(Duration(now_ns_)));
+    const std::string prefix = with_time ? "> at " + FormatSecondsNs(now_ns_) + " " : "> ";
+    for (const JobAction& a : actions) out_ += prefix + EncodeAction(a) + "\n";
+    const std::vector<Incident>& incidents = m().incidents();
+    incident_lines_.resize(incidents.size());
+    for (size_t i = 0; i < incidents.size(); ++i) {
+      std::string line = EncodeIncident(incidents[i], At(Duration(0)));
+      if (line != incident_lines_[i]) {
+        out_ += prefix + line + "\n";
+        incident_lines_[i] = std::move(line);
+      }
+    }
+  }
+
+  std::optional<JobMachine> machine_;
+  int64_t now_ns_ = 0;
+  int world_ = 0, ranks_per_node_ = 1;
+  std::string out_;
+  std::vector<std::string> incident_lines_;
+};
+
+// ---- The test: one per file ----
+
+std::vector<std::string> ScenarioFiles() {
+  std::vector<std::string> out;
+  for (const fs::directory_entry& e : fs::directory_iterator(ENDURE_SCENARIO_DIR)) {
+    if (e.path().extension() == ".txt") out.push_back(e.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool Rewriting() {
+  const char* v = std::getenv("ENDURE_REWRITE_TESTDATA");
+  return v != nullptr && std::string_view(v) == "1";
+}
+
+// Where two texts first differ, as "line N: expected / got".
+std::string FirstDifference(const std::string& want, const std::string& got) {
+  std::istringstream a(want), b(got);
+  std::string x, y;
+  for (int n = 1;; ++n) {
+    const bool more_a = static_cast<bool>(std::getline(a, x));
+    const bool more_b = static_cast<bool>(std::getline(b, y));
+    if (!more_a && !more_b) return "no difference";
+    if (!more_a) x = "<end of file>";
+    if (!more_b) y = "<end of output>";
+    if (x != y || !more_a || !more_b) {
+      return "line " + std::to_string(n) + ":\n  file: " + x + "\n  now:  " + y;
+    }
+  }
+}
+
+class JobMachineScenario : public testing::TestWithParam<std::string> {};
+
+TEST_P(JobMachineScenario, OutputMatchesTheFile) {
+  const fs::path path = fs::path(ENDURE_SCENARIO_DIR) / GetParam();
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << "cannot read " << path;
+  std::stringstream buf;
+  buf << in.rdbuf();
+  const std::string text = buf.str();
+  Result<std::string> got = Scenario::Run(text);
+  ASSERT_TRUE(got.ok()) << path.string() << ": " << got.status().message();
+  if (Rewriting()) {
+    if (*got != text) {
+      std::ofstream(path) << *got;
+      std::cout << "rewrote " << path.string() << "\n";
+    }
+    return;
+  }
+  EXPECT_EQ(*got, text) << path.string() << " differs at " << FirstDifference(text, *got)
+                        << "\n(if the change is intended: ENDURE_REWRITE_TESTDATA=1 "
+                           "job_machine_scenario_test, then review the diff)";
+}
+
+INSTANTIATE_TEST_SUITE_P(Files, JobMachineScenario, testing::ValuesIn(ScenarioFiles()),
+                         [](const testing::TestParamInfo<std::string>& info) {
+                           std::string name = fs::path(info.param).stem().string();
+                           for (char& c : name) {
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace endure::core
