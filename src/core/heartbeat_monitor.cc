@@ -56,6 +56,12 @@ void HeartbeatMonitor::Resume(TimePoint now) {
   }
 }
 
+std::optional<TimePoint> HeartbeatMonitor::LastHeard(NodeId node) const {
+  auto it = members_.find(node);
+  if (it == members_.end() || it->second.lost) return std::nullopt;
+  return it->second.last_heartbeat;
+}
+
 TimePoint HeartbeatMonitor::DeadlineOf(const Member& m) const {
   TimePoint deadline = m.last_heartbeat + options_.timeout;
   // A heartbeat that arrives after the drop (over a path that survived) also

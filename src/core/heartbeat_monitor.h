@@ -68,6 +68,9 @@ class HeartbeatMonitor {
   std::optional<TimePoint> NextDeadline() const;
 
   bool IsLost(NodeId node) const;
+  // When `node` was last heard from (registered, a heartbeat, reconnected);
+  // nullopt for a node not watched or lost.
+  std::optional<TimePoint> LastHeard(NodeId node) const;
 
   const HeartbeatMonitorOptions& options() const { return options_; }
 

@@ -102,7 +102,7 @@ std::optional<TimePoint> JobMachine::NextDeadline() const {
   auto consider = [&](std::optional<TimePoint> t) {
     if (t && (!next || *t < *next)) next = t;
   };
-  if (phase_ == JobPhase::kRunning) consider(hang_.NextDeadline());
+  if (phase_ == JobPhase::kRunning && !hang_held_) consider(hang_.NextDeadline());
   if (phase_ != JobPhase::kDone) consider(heartbeats_.NextDeadline());
   if (phase_ == JobPhase::kWaiting && wait_until_) consider(wait_until_);
   if (phase_ == JobPhase::kWaiting) consider(replacement_deadline_);
@@ -152,6 +152,9 @@ bool JobMachine::StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<
     // A heartbeat from a node already declared lost changes nothing: its
     // loss was acted on when declared, and its stream is fenced by the shell.
     heartbeats_.OnHeartbeat(e->node, now);
+    // Every member is heard again: what they did meanwhile arrives on
+    // their streams in order, before the next tick judges progress.
+    if (hang_held_ && !AnyMemberQuiet(now)) hang_held_ = false;
 
   } else if (const auto* e = std::get_if<NodeDown>(&event)) {
     heartbeats_.Remove(e->node);
@@ -360,7 +363,28 @@ void JobMachine::OnWorkerExit(const WorkerExitEvent& e, TimePoint now,
   OnFailure(f, now, out);
 }
 
+Duration JobMachine::QuietAfter() const {
+  // Agents beat once a second: one and a half intervals without a beat, or
+  // half the timeout when that is shorter. Before any hang floor passes.
+  return std::min<Duration>(std::chrono::milliseconds(1500), options_.heartbeat.timeout / 2);
+}
+
+bool JobMachine::AnyMemberQuiet(TimePoint now) const {
+  for (NodeId n : members_) {
+    std::optional<TimePoint> heard = heartbeats_.LastHeard(n);
+    if (heard && now - *heard >= QuietAfter()) return true;
+  }
+  return false;
+}
+
 void JobMachine::CheckHang(TimePoint now, std::vector<JobAction>& out) {
+  if (hang_held_) return;
+  const std::optional<TimePoint> deadline = hang_.NextDeadline();
+  if (!deadline || now < *deadline) return;
+  if (AnyMemberQuiet(now)) {
+    hang_held_ = true;
+    return;
+  }
   std::optional<HangVerdict> v = hang_.Check(now);
   if (!v) return;
   Failure f;
@@ -589,6 +613,7 @@ void JobMachine::MaybeStart(TimePoint now, std::vector<JobAction>& out) {
   const bool first = generation_ == options_.first_generation;
   if (!first) ledger_.Enter(LedgerCategory::kRecovery, now);
   hang_.OnGenerationStart(generation_, world_size(), now);
+  hang_held_ = false;
   if (Incident* inc = OpenIncident()) inc->relaunched_at = now;
   phase_ = JobPhase::kRunning;
   out.push_back(StartGenerationAction{generation_, members_, first ? -1 : restore_step_,

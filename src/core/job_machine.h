@@ -297,7 +297,13 @@ class JobMachine {
   void OnWorkerReady(const WorkerReady& e, TimePoint now);
   void OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobAction>& out);
   void OnWorkerExit(const WorkerExitEvent& e, TimePoint now, std::vector<JobAction>& out);
+  // A hang is judged only while every member's agent is heard from: a
+  // quiet one (no heartbeat for QuietAfter) explains the lack of progress
+  // (its link, or the controller's own, is down), and the heartbeat timeout
+  // decides about it. When all are heard again, progress is judged afresh.
   void CheckHang(TimePoint now, std::vector<JobAction>& out);
+  bool AnyMemberQuiet(TimePoint now) const;
+  Duration QuietAfter() const;
 
   void OnFailure(const Failure& failure, TimePoint now, std::vector<JobAction>& out);
   // Any phase: `node` is lost (at `fault_at`, the best estimate: its last
@@ -351,6 +357,7 @@ class JobMachine {
   std::vector<Incident> incidents_;
   bool incident_open_ = false;
   bool persist_failure_reported_ = false;  // the first persistence failure is an incident
+  bool hang_held_ = false;  // CheckHang found a member quiet: no verdict until it is heard
 };
 
 }  // namespace endure::core

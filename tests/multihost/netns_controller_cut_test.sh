@@ -66,13 +66,17 @@ if report.get("generations") != 1:
     fail.append("expected one generation (no worker restarted), got %s" % report.get("generations"))
 # The steps went on while the controller was cut off: the workers' logs
 # run to the end without a second launch.
+# Which node runs which rank follows the order the agents registered in.
 logs = sorted(glob.glob(os.path.join(work, "hosts", "nodes", "node*", "logs", "gen*-rank*.log")))
-if [os.path.basename(p) for p in logs] != ["gen0-rank0.log", "gen0-rank1.log"]:
+if sorted(os.path.basename(p) for p in logs) != ["gen0-rank0.log", "gen0-rank1.log"]:
     fail.append("workers launched: " + str(logs))
+rank0 = [p.split(os.sep)[-3] for p in logs if p.endswith("gen0-rank0.log")]
 lines = re.findall(r"generation (\d+): rendezvous at ([0-9.]+):(\d+) \((.*)\)",
                    open(os.path.join(work, "controller.log")).read())
-if len(lines) != 1 or lines[0][1] != "%s.2" % net or lines[0][3] != "free on the host of node0":
-    fail.append("rendezvous: " + str(lines))
+if (len(rank0) != 1 or len(lines) != 1 or
+        lines[0][1] != "%s.%d" % (net, int(rank0[0][len("node"):]) + 2) or
+        lines[0][3] != "free on the host of " + rank0[0]):
+    fail.append("rendezvous: %s (rank 0 on %s)" % (lines, rank0))
 if fail:
     print("FAIL: " + "; ".join(fail))
     sys.exit(1)
