@@ -160,6 +160,10 @@ struct Writer {
   void Value(bool v) { out += v ? "true" : "false"; }
   void Value(const std::string& v) { Quote(v, out); }
   void Value(NodeId v) { Number(v.value, out); }
+  void Value(Rank v) { Number(v.value, out); }
+  void Value(StepNumber v) { Number(v.value, out); }
+  void Value(Generation v) { Number(v.value, out); }
+  void Value(faults::FaultKind v) { Quote(faults::FaultKindName(v), out); }
   void Value(TimePoint v) { Number(static_cast<int64_t>(v.time_since_epoch().count()), out); }
   void Value(Duration v) { Number(static_cast<int64_t>(v.count()), out); }
   template <typename T>
@@ -180,7 +184,7 @@ struct Writer {
     }
     if (first) out += '-';  // empty
   }
-  void Value(const std::vector<int64_t>& v) { List(v); }
+  void Value(const std::vector<StepNumber>& v) { List(v); }
   void Value(const std::vector<NodeId>& v) { List(v); }
   void Value(const std::set<std::string>& v) { List(v); }
 
@@ -352,6 +356,16 @@ class Reader {
     return Status::Ok();
   }
   static Status Parse(const Token& t, NodeId& v) { return Parse(t, v.value); }
+  static Status Parse(const Token& t, Rank& v) { return Parse(t, v.value); }
+  static Status Parse(const Token& t, StepNumber& v) { return Parse(t, v.value); }
+  static Status Parse(const Token& t, Generation& v) { return Parse(t, v.value); }
+  static Status Parse(const Token& t, faults::FaultKind& v) {
+    if (!t.quoted) return InvalidArgument("expected a quoted fault kind");
+    Result<faults::FaultKind> kind = faults::ParseFaultKind(t.value);
+    if (!kind.ok()) return kind.status();
+    v = *kind;
+    return Status::Ok();
+  }
   static Status Parse(const Token& t, TimePoint& v) {
     int64_t ns = 0;
     ENDURE_RETURN_IF_ERROR(Parse(t, ns));
@@ -369,15 +383,15 @@ class Reader {
     v = x;
     return Status::Ok();
   }
-  static Status Parse(const Token& t, std::vector<int64_t>& v) {
+  static Status Parse(const Token& t, std::vector<StepNumber>& v) {
     ENDURE_RETURN_IF_ERROR(Bare(t));
     v.clear();
     if (t.value == "-") return Status::Ok();
     std::string_view rest = t.value;
     while (true) {
       const size_t comma = rest.find(',');
-      int64_t x = 0;
-      ENDURE_RETURN_IF_ERROR(Integer(rest.substr(0, comma), x));
+      StepNumber x;
+      ENDURE_RETURN_IF_ERROR(Integer(rest.substr(0, comma), x.value));
       v.push_back(x);
       if (comma == std::string_view::npos) return Status::Ok();
       rest.remove_prefix(comma + 1);
@@ -438,7 +452,7 @@ std::string EncodeIncident(const Incident& inc, TimePoint start) {
     if (!t) return std::nullopt;
     return Seconds(*t - start);
   };
-  w("id", inc.id), w("generation", inc.generation), w("cause", inc.cause), w("rank", inc.rank),
+  w("id", inc.id), w("generation", inc.generation), w("cause", inc.cause.name), w("rank", inc.rank),
       w("node", inc.node), w("action", inc.action), w("failed_at_step", inc.failed_at_step),
       w("restored_step", inc.restored_step), w("injected_s", since(inc.injected_at)),
       w("fault_s", since(inc.fault_at)), w("detected_s", since(inc.detected_at)),

@@ -13,6 +13,7 @@ namespace endure::core {
 namespace {
 
 using namespace std::chrono_literals;
+using faults::FaultKind;
 
 // Every kind of event reads back as it was written, field for field (the
 // journal replays what it wrote).
@@ -28,11 +29,11 @@ TEST(JobCodec, EveryEventKindRoundTrips) {
       WorkerExitEvent{0, 1, NodeId{1}, std::nullopt, 9, "cuda", "restart", "xid",
                       "Xid 79 \xc3\xa9"},
       WorkerExitEvent{0, 1, NodeId{1}, 3, std::nullopt, "", "", "", ""},
-      FaultFiredEvent{0, 1, "f1", "kill", 12, At(1234567890ns)},
+      FaultFiredEvent{0, 1, "f1", FaultKind::kKill, 12, At(1234567890ns)},
       GenerationStoppedEvent{4, NodeId{2}},
       StackDumpEvent{1, 0, "#0 0x1 in main ()\n#1 ..."},
       PersistFailedEvent{0, 1, 5, NodeId{1}, "No space left on device"},
-      CheckpointsFound{{10, 20, 30}},
+      CheckpointsFound{{StepNumber{10}, StepNumber{20}, StepNumber{30}}},
       CheckpointsFound{{}},
       RestoreChosen{1, "step 10 from T0 x2"},
       ControllerResumed{},
@@ -71,9 +72,9 @@ TEST(JobCodec, ALineReadsAsWritten) {
       "checkpoint_step=-1 skipped=false");
   ASSERT_TRUE(e.ok()) << e.status().message();
   const StepEnd& s = std::get<StepEnd>(*e);
-  EXPECT_EQ(s.generation, 2);
-  EXPECT_EQ(s.rank, 1);
-  EXPECT_EQ(s.step, 5);
+  EXPECT_EQ(s.generation.value, 2);
+  EXPECT_EQ(s.rank.value, 1);
+  EXPECT_EQ(s.step.value, 5);
   EXPECT_EQ(s.loss, 2.5);
 }
 
@@ -110,7 +111,7 @@ TEST(JobCodec, MalformedLinesSayWhatIsWrong) {
 }
 
 TEST(JobCodec, ActionsAndIncidentsAreOneLineEach) {
-  ExternalFault fault{"f2", "kill-agent", 1, -1, 5s};
+  ExternalFault fault{"f2", FaultKind::kKillAgent, 1, -1, 5s};
   EXPECT_EQ(EncodeAction(InjectFaultAction{fault, NodeId{1}, 0}),
             "inject_fault fault=\"f2\" kind=\"kill-agent\" rank=1 step=-1 at=5000000000 node=1 "
             "generation=0");
@@ -119,13 +120,37 @@ TEST(JobCodec, ActionsAndIncidentsAreOneLineEach) {
             "skip_steps=- fired_faults=\"a\",\"b\"");
   Incident inc;
   inc.id = 1;
-  inc.cause = "worker_crash";
+  inc.cause = ParseIncidentCause("worker_crash");
   inc.fault_at = At(1500ms);
   inc.detected_at = At(1600ms);
   inc.reason = "a\nb";
   const std::string line = EncodeIncident(inc, At(0s));
   EXPECT_NE(line.find("fault_s=1.5 detected_s=1.6 stopped_s=-"), std::string::npos) << line;
   EXPECT_NE(line.find("reason=\"a\\nb\""), std::string::npos) << line;
+}
+
+// An incident's cause read back by its name (from the state directory) is
+// the cause it was: the kind and the very same name.
+TEST(IncidentCause, ANameReadsBackAsItsKind) {
+  const std::vector<std::pair<std::string, Cause>> cases = {
+      {"hang", Cause::kHang},
+      {"node_lost", Cause::kNodeLost},
+      {"loss_nan", Cause::kLossNan},
+      {"loss_inf", Cause::kLossInf},
+      {"loss_spike", Cause::kLossSpike},
+      {"checkpoint persistence failing", Cause::kPersistenceFailing},
+      {"worker_exit code 2", Cause::kWorkerExit},
+      {"signal 9 SIGKILL", Cause::kSignal},
+      {"xid_79", Cause::kLogRule},
+      {"user_exception", Cause::kLogRule},
+  };
+  for (const auto& [name, kind] : cases) {
+    const IncidentCause cause = ParseIncidentCause(name);
+    EXPECT_EQ(cause.kind, kind) << name;
+    EXPECT_EQ(cause.name, name);
+  }
+  EXPECT_EQ(FixedCause(Cause::kHang), ParseIncidentCause("hang"));
+  EXPECT_EQ(LossAnomalyCauseOf(LossAnomalyKind::kSpike).name, "loss_spike");
 }
 
 // ---- Replay: a journal rebuilds the machine exactly ----
@@ -142,7 +167,7 @@ class RandomJob {
   // The next input for a machine that is now in `m`'s state, and its time.
   std::pair<JobEvent, TimePoint> Next(const JobMachine& m) {
     now_ += Duration(Pick(25) == 0 ? Range(0, 15'000) * 1'000'000 : Range(0, 400) * 1'000'000);
-    const int gen = Pick(10) == 0 ? m.generation() - 1 : m.generation();
+    const Generation gen{m.generation().value - (Pick(10) == 0 ? 1 : 0)};
     const int rank = static_cast<int>(Range(-1, 4));  // -1 and 4 are out of range
     const NodeId node{static_cast<int32_t>(Range(0, 4))};
     const TimePoint at = At(now_);
@@ -201,7 +226,9 @@ class RandomJob {
         return {e, at};
       }
       case 11: {
-        static const char* kKinds[] = {"kill", "exit", "hang", "nan", "slow", "log", "kill-agent"};
+        static const FaultKind kKinds[] = {FaultKind::kKill,     FaultKind::kExit, FaultKind::kHang,
+                                           FaultKind::kNan,      FaultKind::kSlow, FaultKind::kLog,
+                                           FaultKind::kKillAgent};
         return {FaultFiredEvent{gen, rank, "f" + std::to_string(Pick(5)), kKinds[Pick(7)],
                                 Range(0, 40), At(now_ - Duration(Range(0, 100'000'000)))},
                 at};
@@ -215,7 +242,10 @@ class RandomJob {
         return {PersistFailedEvent{gen, static_cast<int>(Range(0, 3)), Range(0, 40), node, "EIO"},
                 at};
       case 16:
-        if (Pick(2)) return {CheckpointsFound{{Range(0, 10) * 5, Range(0, 10) * 5}}, at};
+        if (Pick(2)) {
+          return {CheckpointsFound{{StepNumber{Range(0, 10) * 5}, StepNumber{Range(0, 10) * 5}}},
+                  at};
+        }
         return {RestoreChosen{m.generation(), "step 10 from T0"}, at};
       case 17:
         if (Pick(4) == 0) {
@@ -252,9 +282,9 @@ JobMachineOptions ReplayOptions() {
 }
 
 std::vector<ExternalFault> ReplayFaults() {
-  return {{"x1", "kill", 1, 12, std::nullopt},
-          {"x2", "kill-agent", 2, 30, std::nullopt},
-          {"x3", "hang", 0, -1, std::chrono::seconds(40)}};
+  return {{"x1", FaultKind::kKill, 1, 12, std::nullopt},
+          {"x2", FaultKind::kKillAgent, 2, 30, std::nullopt},
+          {"x3", FaultKind::kHang, 0, -1, std::chrono::seconds(40)}};
 }
 
 std::string Actions(const std::vector<JobAction>& actions) {
@@ -266,8 +296,8 @@ std::string Actions(const std::vector<JobAction>& actions) {
 // What a machine is, as far as anyone outside can tell.
 std::string Fingerprint(const JobMachine& m) {
   std::string out =
-      std::string(JobPhaseName(m.phase())) + " generation=" + std::to_string(m.generation()) +
-      " step=" + std::to_string(m.step()) + " loss=" + std::to_string(m.last_loss()) + "\n";
+      std::string(JobPhaseName(m.phase())) + " generation=" + std::to_string(m.generation().value) +
+      " step=" + std::to_string(m.step().value) + " loss=" + std::to_string(m.last_loss()) + "\n";
   for (const Incident& inc : m.incidents()) {
     out += EncodeIncident(inc, At(Duration(0))) + "\n";
     for (const std::string& s : inc.stacks) out += "  stack " + s + "\n";
@@ -276,7 +306,7 @@ std::string Fingerprint(const JobMachine& m) {
     out += std::to_string(m.ledger().total(static_cast<LedgerCategory>(i)).count()) + " ";
   }
   out += std::to_string(m.ledger().wall().count()) + "\ncheckpoints";
-  for (int64_t s : m.checkpoints()) out += " " + std::to_string(s);
+  for (StepNumber s : m.checkpoints()) out += " " + std::to_string(s.value);
   out += "\nfired";
   for (const std::string& f : m.fired_faults()) out += " " + f;
   const std::optional<TimePoint> next = m.NextDeadline();
