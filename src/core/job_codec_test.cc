@@ -101,6 +101,10 @@ TEST(JobCodec, MalformedLinesSayWhatIsWrong) {
        "skipped=yes",
        "skipped: expected true or false, got 'yes'"},
       {"checkpoints_found steps=1,,2", "steps: expected an integer, got ''"},
+      {"fault_fired generation=0 rank=1 id=\"f1\" kind=\"kil\" step=3 at=0",
+       "fault_fired: kind: unknown fault kind 'kil'"},
+      {"fault_fired generation=0 rank=1 id=\"f1\" kind=kill step=3 at=0",
+       "kind: expected a quoted fault kind"},
   };
   for (const auto& [line, want] : cases) {
     Result<JobEvent> e = DecodeEvent(line);
