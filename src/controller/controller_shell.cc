@@ -614,7 +614,10 @@ void ControllerShell::RunOnce(bool block) {
     auto it = last_log_.find({exit->generation.value, exit->rank.value});
     if (it != last_log_.end()) {
       exit->log_cause = SanitizeUtf8(it->second.cause());  // bytes: a worker's output
-      exit->log_action = it->second.action();
+      // An action no rule has (a damaged message) is no action.
+      if (Result<core::LogAction> action = core::ParseLogAction(it->second.action()); action.ok()) {
+        exit->log_action = *action;
+      }
       exit->log_rule = it->second.rule();
       exit->log_line = SanitizeUtf8(it->second.line());
     }

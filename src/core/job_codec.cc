@@ -164,6 +164,8 @@ struct Writer {
   void Value(StepNumber v) { Number(v.value, out); }
   void Value(Generation v) { Number(v.value, out); }
   void Value(faults::FaultKind v) { Quote(faults::FaultKindName(v), out); }
+  // "" for none, as when it was a plain string.
+  void Value(const std::optional<LogAction>& v) { Quote(v ? LogActionName(*v) : "", out); }
   void Value(TimePoint v) { Number(static_cast<int64_t>(v.time_since_epoch().count()), out); }
   void Value(Duration v) { Number(static_cast<int64_t>(v.count()), out); }
   template <typename T>
@@ -359,6 +361,15 @@ class Reader {
   static Status Parse(const Token& t, Rank& v) { return Parse(t, v.value); }
   static Status Parse(const Token& t, StepNumber& v) { return Parse(t, v.value); }
   static Status Parse(const Token& t, Generation& v) { return Parse(t, v.value); }
+  static Status Parse(const Token& t, std::optional<LogAction>& v) {
+    if (!t.quoted) return InvalidArgument("expected a quoted log action (\"\" for none)");
+    v.reset();
+    if (t.value.empty()) return Status::Ok();
+    Result<LogAction> action = ParseLogAction(t.value);
+    if (!action.ok()) return action.status();
+    v = *action;
+    return Status::Ok();
+  }
   static Status Parse(const Token& t, faults::FaultKind& v) {
     if (!t.quoted) return InvalidArgument("expected a quoted fault kind");
     Result<faults::FaultKind> kind = faults::ParseFaultKind(t.value);

@@ -12,7 +12,8 @@
 // nanoseconds, a list is comma-separated. The distinct value types are
 // written as their number (generation=3, rank=1, step=12, node=0; -1 where
 // none), a fault kind as its quoted name (kind="kill-agent", the names of
-// faults::FaultKindName) and an incident's cause as its quoted name
+// faults::FaultKindName), a log action as its quoted name or "" for none
+// (log_action="evict_node"), and an incident's cause as its quoted name
 // (cause="signal 9 SIGKILL"): the same text as when they were plain ints
 // and strings, so journals written before read back. The controller journals each
 // input in this form (src/controller/state_store.h) and replays it; the

@@ -26,9 +26,9 @@ TEST(JobCodec, EveryEventKindRoundTrips) {
       StepEnd{1, 0, 12, 2.4810000000000001, 0.003, 10, true},
       StepEnd{1, 1, 13, std::numeric_limits<double>::quiet_NaN(), 0, -1, false},
       StepEnd{1, 1, 14, -std::numeric_limits<double>::infinity(), 0, -1, false},
-      WorkerExitEvent{0, 1, NodeId{1}, std::nullopt, 9, "cuda", "restart", "xid",
+      WorkerExitEvent{0, 1, NodeId{1}, std::nullopt, 9, "cuda", LogAction::kRestart, "xid",
                       "Xid 79 \xc3\xa9"},
-      WorkerExitEvent{0, 1, NodeId{1}, 3, std::nullopt, "", "", "", ""},
+      WorkerExitEvent{0, 1, NodeId{1}, 3, std::nullopt, "", std::nullopt, "", ""},
       FaultFiredEvent{0, 1, "f1", FaultKind::kKill, 12, At(1234567890ns)},
       GenerationStoppedEvent{4, NodeId{2}},
       StackDumpEvent{1, 0, "#0 0x1 in main ()\n#1 ..."},
@@ -64,9 +64,10 @@ TEST(JobCodec, DoublesReadBackBitForBit) {
 }
 
 TEST(JobCodec, ALineReadsAsWritten) {
-  EXPECT_EQ(EncodeEvent(WorkerExitEvent{0, 1, NodeId{1}, std::nullopt, 9, "", "", "", ""}),
-            "worker_exit generation=0 rank=1 node=1 exit_code=- signal=9 log_cause=\"\" "
-            "log_action=\"\" log_rule=\"\" log_line=\"\"");
+  EXPECT_EQ(
+      EncodeEvent(WorkerExitEvent{0, 1, NodeId{1}, std::nullopt, 9, "", std::nullopt, "", ""}),
+      "worker_exit generation=0 rank=1 node=1 exit_code=- signal=9 log_cause=\"\" "
+      "log_action=\"\" log_rule=\"\" log_line=\"\"");
   Result<JobEvent> e = DecodeEvent(
       "step_end  rank=1 generation=2 step=5 loss=2.5 ckpt_stall_s=0 "
       "checkpoint_step=-1 skipped=false");
@@ -220,7 +221,8 @@ class RandomJob {
           case 1:
             e.exit_code = 1;
             e.log_cause = Pick(2) ? "user_exception" : "xid_79";
-            e.log_action = Pick(12) == 0 ? "stop" : (Pick(2) ? "restart" : "evict_node");
+            e.log_action = Pick(12) == 0 ? LogAction::kStop
+                                         : (Pick(2) ? LogAction::kRestart : LogAction::kEvictNode);
             e.log_rule = e.log_cause;
             e.log_line = "Traceback ...";
             break;

@@ -359,7 +359,8 @@ void JobMachine::OnWorkerExit(const WorkerExitEvent& e, TimePoint now,
   f.log_line = e.log_line;
   f.extra_reason = crash->reason;
   if (!e.log_rule.empty()) {
-    f.extra_reason += "; log rule '" + e.log_rule + "' (" + e.log_action + ") matched";
+    const std::string_view action = e.log_action ? LogActionName(*e.log_action) : "";
+    f.extra_reason += "; log rule '" + e.log_rule + "' (" + std::string(action) + ") matched";
   }
   OnFailure(f, now, out);
 }
@@ -488,7 +489,7 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
       std::erase_if(checkpoints_, [&](StepNumber s) { return s > restore_step_; });
       std::erase_if(found_checkpoints_, [&](StepNumber s) { return s > restore_step_; });
     }
-  } else if (failure.log_action == "stop") {
+  } else if (failure.log_action == LogAction::kStop) {
     inc.action = "stop";
     reason += "; the matching log rule's action is stop";
     stop = true;
@@ -503,7 +504,7 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     fe.during_recovery = !productive_;
     // The log says the node itself is bad (an Xid, an uncorrectable ECC
     // error); the policy isolates the node unless the cause is software.
-    fe.node_fault_evidence = failure.log_action == "evict_node";
+    fe.node_fault_evidence = failure.log_action == LogAction::kEvictNode;
     RecoveryDecision d = recovery_.Step(fe, now);
     inc.action = std::string(RecoveryActionName(d.action));
     reason += "; " + d.reason;

@@ -30,6 +30,7 @@
 #include "core/hang_detector.h"
 #include "core/heartbeat_monitor.h"
 #include "core/ids.h"
+#include "core/log_classifier.h"
 #include "core/loss_anomaly_detector.h"
 #include "core/recovery_policy.h"
 #include "faults/fault.h"
@@ -102,8 +103,12 @@ struct WorkerExitEvent {
   NodeId node;
   std::optional<int> exit_code;
   std::optional<int> signal;
-  // From the log classifier over the worker's last output, when a rule matched.
-  std::string log_cause, log_action, log_rule, log_line;
+  // From the log classifier over the worker's last output, when a rule
+  // matched (log_action: nullopt when none did, or the agent named no known
+  // action).
+  std::string log_cause;
+  std::optional<LogAction> log_action;
+  std::string log_rule, log_line;
 };
 struct FaultFiredEvent {
   Generation generation;
@@ -269,7 +274,8 @@ class JobMachine {
     NodeId node;
     TimePoint fault_at;
     std::optional<TimePoint> injected_at;
-    std::string log_action, log_line, extra_reason;
+    std::optional<LogAction> log_action;
+    std::string log_line, extra_reason;
     bool evict = false;    // the node itself is bad
     bool anomaly = false;  // a loss anomaly: roll back to a checkpoint before it
     std::optional<LossAnomaly> loss_anomaly;

@@ -374,7 +374,7 @@ TEST(JobMachine, GivingUpAfterAFailureStopsTheGenerationOnce) {
   job.Run(1, 5);
   WorkerExitEvent exit{0, 1, NodeId{1}, 1, std::nullopt};
   exit.log_cause = "dataset_missing";
-  exit.log_action = "stop";
+  exit.log_action = LogAction::kStop;
   exit.log_rule = "file_not_found";
   const std::vector<JobAction> a = job.Do(exit);
   ASSERT_EQ(a.size(), 2u);
@@ -392,7 +392,7 @@ TEST(JobMachine, SameUserExceptionAtTheSameStepStopsTheJob) {
     job.Run(attempt == 0 ? 1 : 11, 14);
     WorkerExitEvent exit{job.m.generation(), 0, NodeId{0}, 1, std::nullopt};
     exit.log_cause = "user_exception";
-    exit.log_action = "restart";
+    exit.log_action = LogAction::kRestart;
     exit.log_rule = "user_exception";
     exit.log_line = "ValueError: bad shard";
     auto a = job.Do(exit);
@@ -416,7 +416,7 @@ TEST(JobMachine, ALogRuleThatSaysEvictEvictsTheNode) {
   job.Do(FaultFiredEvent{0, 1, "xid", FaultKind::kLog, 11, T(job.now)});
   WorkerExitEvent exit{0, 1, NodeId{1}, 1, std::nullopt};
   exit.log_cause = "xid_79";
-  exit.log_action = "evict_node";
+  exit.log_action = LogAction::kEvictNode;
   exit.log_rule = "xid_hardware";
   exit.log_line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.";
   auto a = job.Do(exit);
@@ -435,7 +435,7 @@ WorkerExitEvent ExitWithLog(Generation generation, int rank, NodeId node, std::s
                             std::string action, std::string line) {
   WorkerExitEvent exit{generation, Rank{rank}, node, 1, std::nullopt};
   exit.log_cause = std::move(cause);
-  exit.log_action = std::move(action);
+  exit.log_action = *ParseLogAction(action);
   exit.log_rule = exit.log_cause;
   exit.log_line = std::move(line);
   return exit;
@@ -664,8 +664,8 @@ TEST(JobMachine, MessagesOfAStaleGenerationAreDropped) {
   stale(StepEnd{0, 0, 13, std::nan(""), 0, 13});
   stale(StepEnd{0, 1, 13, std::nan(""), 0, -1});
   stale(WorkerExitEvent{0, 0, NodeId{0}, std::nullopt, 9});
-  stale(WorkerExitEvent{0, 1, NodeId{1}, 1, std::nullopt, "xid_79", "evict_node", "xid_hardware",
-                        "NVRM: Xid 79"});
+  stale(WorkerExitEvent{0, 1, NodeId{1}, 1, std::nullopt, "xid_79", LogAction::kEvictNode,
+                        "xid_hardware", "NVRM: Xid 79"});
   for (int r = 0; r < 2; ++r) stale(WorkerExitEvent{0, r, NodeId{r}, 0, std::nullopt});
   stale(GenerationStoppedEvent{0, NodeId{0}});
   stale(GenerationStoppedEvent{0, NodeId{1}});
