@@ -204,8 +204,8 @@ bool JobMachine::StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<
   } else if (std::holds_alternative<Tick>(event)) {
     FireDueFaults(now, out);
     // A frozen or partitioned agent: handled like a dead one (the recovery
-    // policy's path for node_lost evicts it).
-    // It failed when it was last heard from.
+    // policy's path for node_lost evicts it), which failed when it was last
+    // heard from.
     for (const CrashReport& lost : heartbeats_.Check(now)) {
       OnNodeLost(lost.node, lost.reason, lost.last_seen.value_or(now), now, out);
     }
