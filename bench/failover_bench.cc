@@ -71,15 +71,17 @@ std::vector<std::pair<core::TimePoint, std::string>> JobInputs(int64_t steps) {
     t += 0.1;
     add(core::NodeHeartbeat{core::NodeId{0}});
     add(core::NodeHeartbeat{core::NodeId{1}});
+    const core::Generation g{generation};
     for (int r = 0; r < 2; ++r) {
-      add(core::StepEnd{generation, r, s, 2.0 + 1.0 / static_cast<double>(s), 0.001,
-                        r == 0 && s % 10 == 0 ? s : -1, false});
+      add(core::StepEnd{g, core::Rank{r}, core::StepNumber{s}, 2.0 + 1.0 / static_cast<double>(s),
+                        0.001, core::StepNumber{r == 0 && s % 10 == 0 ? s : -1}, false});
     }
     add(core::Tick{});
     if (s % 500 == 0) {
-      add(core::WorkerExitEvent{generation, 1, core::NodeId{1}, std::nullopt, 9, "", "", "", ""});
-      add(core::GenerationStoppedEvent{generation, core::NodeId{0}});
-      add(core::GenerationStoppedEvent{generation, core::NodeId{1}});
+      add(core::WorkerExitEvent{g, core::Rank{1}, core::NodeId{1}, std::nullopt, 9, "",
+                                std::nullopt, "", ""});
+      add(core::GenerationStoppedEvent{g, core::NodeId{0}});
+      add(core::GenerationStoppedEvent{g, core::NodeId{1}});
       ++generation;
     }
   }

@@ -36,7 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const core::JobMachineOptions options = controller::MachineOptions(*spec);
   FUZZ_CHECK(options.Validate().ok());
   std::vector<core::ExternalFault> external = controller::ExternalFaults(*spec);
-  for (const core::ExternalFault& e : external) FUZZ_CHECK(e.rank < spec->world_size());
+  for (const core::ExternalFault& e : external) FUZZ_CHECK(e.rank.value < spec->world_size());
   core::JobMachine machine(options, std::move(external), core::TimePoint{});
   return 0;
 }

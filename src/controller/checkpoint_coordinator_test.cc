@@ -198,11 +198,13 @@ TEST(CheckpointRollback, AResumedJobRollsBackToTheEarlierRunsCheckpointAndKeepsI
     return step(core::GenerationStoppedEvent{machine.generation(), core::NodeId{1}});
   };
 
-  step(core::CheckpointsFound{coordinator.found_steps()});
+  core::CheckpointsFound found;
+  for (int64_t s : coordinator.found_steps()) found.steps.push_back(core::StepNumber{s});
+  step(found);
   step(core::NodeUp{core::NodeId{0}, "node0", 1});
   core::StartGenerationAction start = start_of(step(core::NodeUp{core::NodeId{1}, "node1", 1}));
   checkpoint::RestorePlan plan =
-      coordinator.Plan({"node0", "node1"}, start.restore_step, start.abandoned_from);
+      coordinator.Plan({"node0", "node1"}, start.restore_step.value, start.abandoned_from.value);
   EXPECT_EQ(plan.Summary(), "step 20 from T2 x2");  // 40 does not verify
   ASSERT_FALSE(plan.notes.empty());
   EXPECT_NE(plan.notes[0].find("refused step 40 shard 0 in T2"), std::string::npos)
@@ -211,9 +213,9 @@ TEST(CheckpointRollback, AResumedJobRollsBackToTheEarlierRunsCheckpointAndKeepsI
 
   run(21, 25, std::nan(""));
   start = start_of(stop_both());
-  EXPECT_EQ(start.restore_step, 24);
-  EXPECT_EQ(start.abandoned_from, 25);
-  plan = coordinator.Plan({"node0", "node1"}, start.restore_step, start.abandoned_from);
+  EXPECT_EQ(start.restore_step.value, 24);
+  EXPECT_EQ(start.abandoned_from.value, 25);
+  plan = coordinator.Plan({"node0", "node1"}, start.restore_step.value, start.abandoned_from.value);
   EXPECT_EQ(plan.Summary(), "step 20 from T2 x2");
   // Step 40 is at or after the anomaly, but another run wrote it: kept.
   EXPECT_EQ(dir.ListSteps(), (std::vector<int64_t>{15, 20, 40}));
@@ -237,9 +239,9 @@ TEST(CheckpointRollback, AResumedJobRollsBackToTheEarlierRunsCheckpointAndKeepsI
   PersistWith(coordinator, root, 32);                              // persisted while step 33 ran
   run(31, 33, std::nan(""));
   start = start_of(stop_both());
-  EXPECT_EQ(start.restore_step, 32);
-  EXPECT_EQ(start.abandoned_from, 33);
-  plan = coordinator.Plan({"node0", "node1"}, start.restore_step, start.abandoned_from);
+  EXPECT_EQ(start.restore_step.value, 32);
+  EXPECT_EQ(start.abandoned_from.value, 33);
+  plan = coordinator.Plan({"node0", "node1"}, start.restore_step.value, start.abandoned_from.value);
   EXPECT_EQ(plan.Summary(), "step 32 from T2 x2");
   EXPECT_EQ(dir.ListSteps(), (std::vector<int64_t>{30, 32, 40}));
 
@@ -251,7 +253,7 @@ TEST(CheckpointRollback, AResumedJobRollsBackToTheEarlierRunsCheckpointAndKeepsI
   run(35, 35, std::nan(""));  // a NaN at 35 after 34 was saved; 35's own save too
   PersistWith(coordinator, root, 35);
   start = start_of(stop_both());
-  plan = coordinator.Plan({"node0", "node1"}, start.restore_step, start.abandoned_from);
+  plan = coordinator.Plan({"node0", "node1"}, start.restore_step.value, start.abandoned_from.value);
   EXPECT_EQ(plan.Summary(), "step 34 from T2 x2");
   EXPECT_EQ(dir.ListSteps(), (std::vector<int64_t>{34, 40}));
   std::filesystem::remove_all(root);

@@ -354,8 +354,8 @@ ControllerShell::Queued ControllerShell::Translate(const proto::AgentEvent& e, N
     case proto::AgentEvent::kWorkerExited: {
       const auto& x = e.worker_exited();
       core::WorkerExitEvent exit;
-      exit.generation = gen;
-      exit.rank = x.rank();
+      exit.generation = core::Generation{gen};
+      exit.rank = core::Rank{x.rank()};
       exit.node = node;
       if (x.exited()) {
         exit.exit_code = x.exit_code();
@@ -375,10 +375,12 @@ ControllerShell::Queued ControllerShell::Translate(const proto::AgentEvent& e, N
       // Only the spec's faults are remembered: any other id would grow the
       // set of fired faults handed to every later generation.
       if (!fault_ids_.count(f.fault_id())) break;
+      Result<faults::FaultKind> kind = faults::ParseFaultKind(f.kind());
+      if (!kind.ok()) break;
       // The worker's wall clock says when; map it onto the steady clock.
       const double ago = std::max(0.0, clock_->WallSeconds() - e.time_s());
-      q.event = core::FaultFiredEvent{gen,      f.rank(), f.fault_id(),
-                                      f.kind(), f.step(), Now() - FromSeconds(ago)};
+      q.event = core::FaultFiredEvent{gen,   f.rank(), f.fault_id(),
+                                      *kind, f.step(), Now() - FromSeconds(ago)};
       break;
     }
     case proto::AgentEvent::kStopped:
@@ -447,13 +449,13 @@ void ControllerShell::OnResume(const Queued& item) {
   stop.mutable_stop()->set_grace_s(Seconds(o_.spec.recovery.grace_period));
   if (stop_deadline_) {
     // A signal is stopping the job: this node stops with the others.
-    stop.set_generation(machine_.generation());
+    stop.set_generation(machine_.generation().value);
     Send(item.node, std::move(stop));
     return;
   }
   // The generation the job still runs (or is stopping, or has just
   // stopped and not yet replaced): the node carries on where it was.
-  const bool same = generation >= 0 && generation == machine_.generation() &&
+  const bool same = generation >= 0 && generation == machine_.generation().value &&
                     (machine_.phase() == core::JobPhase::kRunning ||
                      machine_.phase() == core::JobPhase::kStopping ||
                      machine_.phase() == core::JobPhase::kWaiting);
@@ -476,7 +478,7 @@ void ControllerShell::OnResume(const Queued& item) {
     std::fprintf(stderr,
                  "endure controller: %s resumed generation %lld, which the job no longer runs "
                  "with it (generation %d): stopping its workers; it joins as a fresh node\n",
-                 name.c_str(), static_cast<long long>(generation), machine_.generation());
+                 name.c_str(), static_cast<long long>(generation), machine_.generation().value);
     stop.set_generation(generation);
     Send(item.node, std::move(stop));
   }
@@ -510,7 +512,7 @@ void ControllerShell::StopOnSignal(int sig, TimePoint now) {
   std::fprintf(stderr, "endure controller: %s: stopping the workers (grace %.1fs) and the agents\n",
                stopped_by_.c_str(), Seconds(o_.spec.recovery.grace_period));
   proto::AgentCommand stop;
-  stop.set_generation(machine_.generation());
+  stop.set_generation(machine_.generation().value);
   stop.mutable_stop()->set_grace_s(Seconds(o_.spec.recovery.grace_period));
   Broadcast(std::move(stop));
 }
@@ -527,12 +529,12 @@ void ControllerShell::FinishStop() {
   const nlohmann::json newest = checkpoints_.ReportJson()["newest_durable_step"];
   finish_ = core::FinishAction{
       128 + stop_signal_,
-      "stopped by " + stopped_by_ + " at step " + std::to_string(machine_.step()) +
+      "stopped by " + stopped_by_ + " at step " + std::to_string(machine_.step().value) +
           " before training completed; running the spec again resumes from the newest "
           "checkpoint" +
           (newest.is_number() ? " (durable: step " + newest.dump() + ")" : std::string())};
   proto::AgentCommand shutdown;
-  shutdown.set_generation(machine_.generation());
+  shutdown.set_generation(machine_.generation().value);
   shutdown.mutable_shutdown()->set_reason("the controller was stopped by " + stopped_by_);
   Broadcast(std::move(shutdown));
 }
@@ -558,16 +560,18 @@ Status ControllerShell::Start() {
   }
   // A new run in the same database: the earlier runs' history stays.
   ENDURE_ASSIGN_OR_RETURN(const int run, store_->BeginRun(job_));
+  // The run's first input, journaled like the others: its configuration.
+  // Generations are numbered after the earlier runs' ones: agents that rode
+  // out a dead controller resume theirs, and what their old workers say must
+  // not pass for this run's.
+  core::JobMachineOptions options = MachineOptions(o_.spec);
+  options.first_generation = FirstGeneration();
+  machine_ = core::JobMachine(start_);
+  Execute(Input(core::Configure{options, ExternalFaults(o_.spec)}, start_), start_);
   if (run > 1) {
-    // Generations are numbered after the earlier runs' ones: agents that
-    // rode out a dead controller resume theirs, and what their old workers
-    // say must not pass for this run's.
-    core::JobMachineOptions options = MachineOptions(o_.spec);
-    options.first_generation = FirstGeneration();
-    machine_ = core::JobMachine(options, ExternalFaults(o_.spec), start_);
     std::fprintf(stderr,
                  "endure controller: run %d in %s (runs 1 to %d kept); generations from %d\n", run,
-                 o_.state_dir.c_str(), run - 1, options.first_generation);
+                 o_.state_dir.c_str(), run - 1, options.first_generation.value);
   }
   // What the durable directory already holds (an earlier run in this state
   // directory): a rollback before this run's first checkpoint goes there.
@@ -578,20 +582,22 @@ Status ControllerShell::Start() {
                  "the newest %lld\n",
                  found.size(), static_cast<long long>(found.back()));
     const TimePoint now = Now();
-    Execute(Input(core::CheckpointsFound{found}, now), now);
+    core::CheckpointsFound event;
+    for (int64_t step : found) event.steps.push_back(core::StepNumber{step});
+    Execute(Input(event, now), now);
   }
   WriteStatus(Now(), true);
   return Status::Ok();
 }
 
-int ControllerShell::FirstGeneration() {
+core::Generation ControllerShell::FirstGeneration() {
   int first = 0;
   for (int earlier = 1; earlier < store_->run(); ++earlier) {
     Result<std::vector<GenerationRecord>> generations = store_->LoadGenerations(earlier);
     if (!generations.ok()) continue;  // a run that never started one
     for (const GenerationRecord& g : *generations) first = std::max(first, g.generation + 1);
   }
-  return first;
+  return core::Generation{first};
 }
 
 Result<bool> ControllerShell::CarryOn() {
@@ -616,9 +622,9 @@ Result<bool> ControllerShell::CarryOn() {
   const Duration since =
       std::max(FromSeconds(clock_->WallSeconds() - last->started_at_unix), Duration(0));
   const TimePoint start = std::min(now - since, now - journal.back().since_start);
-  core::JobMachineOptions options = MachineOptions(o_.spec);
-  options.first_generation = FirstGeneration();
-  core::JobMachine machine(options, ExternalFaults(o_.spec), start);
+  // Everything the machine knows comes from the journal, its configuration
+  // first.
+  core::JobMachine machine(start);
   std::optional<core::FinishAction> finished;
   std::vector<std::pair<NodeId, std::string>> nodes;  // that registered, in order
   TimePoint at = start;
@@ -627,6 +633,9 @@ Result<bool> ControllerShell::CarryOn() {
     if (!event.ok()) {
       return refuse("journal entry " + std::to_string(entry.seq) +
                     " is damaged: " + event.status().message());
+    }
+    if (&entry == &journal.front() && !std::holds_alternative<core::Configure>(*event)) {
+      return refuse("its journal does not begin with the job's configuration");
     }
     at = std::max(at, start + entry.since_start);
     // The actions were carried out by the controller that journaled them.
@@ -664,9 +673,9 @@ Result<bool> ControllerShell::CarryOn() {
                "endure controller: carrying on run %d in %s: replayed %zu journaled inputs "
                "(generation %d, %s, step %lld, %zu incident(s)); holding %d node(s) for "
                "their agents to resume within %s\n",
-               run, o_.state_dir.c_str(), journal.size(), machine_.generation(),
+               run, o_.state_dir.c_str(), journal.size(), machine_.generation().value,
                std::string(core::JobPhaseName(machine_.phase())).c_str(),
-               static_cast<long long>(machine_.step()), machine_.incidents().size(), held,
+               static_cast<long long>(machine_.step().value), machine_.incidents().size(), held,
                FormatDuration(kResumeGrace).c_str());
   return true;
 }
@@ -719,25 +728,28 @@ void ControllerShell::RunOnce(bool block) {
   if (item.log_match) {
     const int rank = item.log_match->rank();
     if (rank >= 0 && rank < o_.spec.world_size()) {
-      last_log_[{machine_.generation(), rank}] = *item.log_match;
+      last_log_[{machine_.generation().value, rank}] = *item.log_match;
     }
     return;
   }
   OnCheckpointEvent(item);
   if (!item.event) return;
   if (auto* exit = std::get_if<core::WorkerExitEvent>(&*item.event)) {
-    auto it = last_log_.find({exit->generation, exit->rank});
+    auto it = last_log_.find({exit->generation.value, exit->rank.value});
     if (it != last_log_.end()) {
       exit->log_cause = SanitizeUtf8(it->second.cause());  // bytes: a worker's output
-      exit->log_action = it->second.action();
+      // An action no rule has (a damaged message) is no action.
+      if (Result<core::LogAction> action = core::ParseLogAction(it->second.action()); action.ok()) {
+        exit->log_action = *action;
+      }
       exit->log_rule = it->second.rule();
       exit->log_line = SanitizeUtf8(it->second.line());
     }
-    if (!item.fingerprint.empty() && exit->rank == 0) fingerprint_ = item.fingerprint;
+    if (!item.fingerprint.empty() && exit->rank == core::Rank{0}) fingerprint_ = item.fingerprint;
   }
-  if (auto* step = std::get_if<core::StepEnd>(&*item.event); step && step->rank == 0) {
+  if (auto* step = std::get_if<core::StepEnd>(&*item.event); step && step->rank == core::Rank{0}) {
     if (item.tokens > 0) tokens_per_step_ = item.tokens;
-    recent_steps_.emplace_back(item.at, step->step);
+    recent_steps_.emplace_back(item.at, step->step.value);
     while (recent_steps_.size() > 20) recent_steps_.pop_front();
   }
   const size_t incidents_before = machine_.incidents().size();
@@ -761,7 +773,7 @@ Result<int> ControllerShell::Finish() {
                   finish_->exit_code,
                   finish_->reason,
                   fingerprint_,
-                  machine_.step(),
+                  machine_.step().value,
                   machine_.last_loss(),
                   {}};
   in.stopped_by = stopped_by_;
@@ -809,9 +821,9 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
       start.set_master_addr(first ? first->host : "127.0.0.1");
       start.set_master_port(port);
       std::fprintf(stderr, "endure controller: generation %d: rendezvous at %s:%d (%s)\n",
-                   a->generation, start.master_addr().c_str(), port, port_origin.c_str());
-      start.set_restore_step(a->restore_step);
-      for (int64_t s : a->skip_steps) start.add_skip_steps(s);
+                   a->generation.value, start.master_addr().c_str(), port, port_origin.c_str());
+      start.set_restore_step(a->restore_step.value);
+      for (core::StepNumber s : a->skip_steps) start.add_skip_steps(s.value);
       for (const std::string& arg : spec.command) start.add_command(arg);
       for (const auto& [k, v] : spec.env) (*start.mutable_env())[k] = v;
       if (spec.checkpoint.every_steps > 0) {
@@ -824,7 +836,7 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
       std::string names;
       for (size_t i = 0; i < a->nodes.size(); ++i) {
         proto::AgentCommand cmd;
-        cmd.set_generation(a->generation);
+        cmd.set_generation(a->generation.value);
         *cmd.mutable_start() = start;
         // Each node replicates to the next one, never to itself.
         if (spec.checkpoint.replicas > 0 && a->nodes.size() > 1) {
@@ -845,51 +857,53 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
         names += (names.empty() ? "" : ",") + machine_.NodeName(a->nodes[i]);
       }
       if (store_) {
-        Journal("generation " + std::to_string(a->generation),
-                store_->SaveGeneration({a->generation, Seconds(now - start_), a->restore_step,
-                                        spec.world_size(), names, std::nullopt}));
+        Journal("generation " + std::to_string(a->generation.value),
+                store_->SaveGeneration({a->generation.value, Seconds(now - start_),
+                                        a->restore_step.value, spec.world_size(), names,
+                                        std::nullopt}));
       }
       // Log matches explain exits of their own generation only.
       std::erase_if(last_log_,
-                    [&](const auto& entry) { return entry.first.first < a->generation; });
+                    [&](const auto& entry) { return entry.first.first < a->generation.value; });
     } else if (const auto* a = std::get_if<core::StopGenerationAction>(&action)) {
       std::vector<NodeId> members;
       for (int r = 0; r < spec.world_size(); r += spec.ranks_per_node) {
-        members.push_back(machine_.NodeOfRank(r));
+        members.push_back(machine_.NodeOfRank(core::Rank{r}));
       }
       for (NodeId n : members) {
         if (a->dump_stacks) {
           proto::AgentCommand dump;
-          dump.set_generation(a->generation);
+          dump.set_generation(a->generation.value);
           dump.mutable_dump_stacks()->set_timeout_s(Seconds(spec.detection.stack_timeout));
           Send(n, std::move(dump));
         }
         proto::AgentCommand stop;
-        stop.set_generation(a->generation);
+        stop.set_generation(a->generation.value);
         stop.mutable_stop()->set_grace_s(Seconds(spec.recovery.grace_period));
         Send(n, std::move(stop));
       }
     } else if (const auto* a = std::get_if<core::EvictNodeAction>(&action)) {
       proto::AgentCommand cmd;
-      cmd.set_generation(machine_.generation());
+      cmd.set_generation(machine_.generation().value);
       cmd.mutable_shutdown()->set_reason("evicted: " + a->reason);
       Send(a->node, std::move(cmd));
     } else if (const auto* a = std::get_if<core::InjectFaultAction>(&action)) {
       proto::AgentCommand cmd;
-      cmd.set_generation(a->generation);
-      cmd.mutable_inject()->set_rank(a->fault.rank);
-      cmd.mutable_inject()->set_kind(a->fault.kind);
+      const std::string kind(faults::FaultKindName(a->fault.kind));
+      cmd.set_generation(a->generation.value);
+      cmd.mutable_inject()->set_rank(a->fault.rank.value);
+      cmd.mutable_inject()->set_kind(kind);
       cmd.mutable_inject()->set_fault_id(a->fault.id);
       NodeId target = a->node;
-      if (a->fault.kind == "corrupt-t1") {
+      if (a->fault.kind == faults::FaultKind::kCorruptT1) {
         // The replica of a node's shards lives on the next node of the generation.
         const int nodes = spec.nodes;
-        const int i = a->fault.rank / spec.ranks_per_node;
-        target = machine_.NodeOfRank(((i + 1) % nodes) * spec.ranks_per_node);
+        const int i = a->fault.rank.value / spec.ranks_per_node;
+        target = machine_.NodeOfRank(core::Rank{((i + 1) % nodes) * spec.ranks_per_node});
       }
       std::fprintf(stderr, "endure controller: injecting fault %s (%s) on %s\n",
-                   a->fault.id.c_str(), a->fault.kind.c_str(), machine_.NodeName(target).c_str());
-      if (a->fault.kind == "kill-agent") {
+                   a->fault.id.c_str(), kind.c_str(), machine_.NodeName(target).c_str());
+      if (a->fault.kind == faults::FaultKind::kKillAgent) {
         std::lock_guard<std::mutex> lock(conns_mu_);
         lose_at_once_.insert(target);  // the node dies: its stream's end is its loss
       }
@@ -897,7 +911,7 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
     } else if (const auto* a = std::get_if<core::FinishAction>(&action)) {
       finish_ = *a;
       proto::AgentCommand cmd;
-      cmd.set_generation(machine_.generation());
+      cmd.set_generation(machine_.generation().value);
       cmd.mutable_shutdown()->set_reason("the job ended: " + a->reason);
       Broadcast(std::move(cmd));
     }
@@ -924,8 +938,8 @@ void ControllerShell::WriteStatus(TimePoint now, bool force) {
   }
   nlohmann::json status = {
       {"phase", std::string(core::JobPhaseName(machine_.phase()))},
-      {"generation", machine_.generation()},
-      {"step", machine_.step()},
+      {"generation", machine_.generation().value},
+      {"step", machine_.step().value},
       {"loss", std::isfinite(machine_.last_loss()) ? nlohmann::json(machine_.last_loss())
                                                    : nlohmann::json("nan")},
       {"steps_per_s", steps_per_s},
@@ -937,7 +951,7 @@ void ControllerShell::WriteStatus(TimePoint now, bool force) {
   if (!machine_.incidents().empty()) {
     const core::Incident& inc = machine_.incidents().back();
     status["last_incident"] =
-        inc.cause + " (rank " + std::to_string(inc.rank) + ", " + inc.action + ")";
+        inc.cause.name + " (rank " + std::to_string(inc.rank.value) + ", " + inc.action + ")";
   }
   Publish(status);
   // Not durable on purpose: a live view, rewritten four times a second.
@@ -958,8 +972,9 @@ void ControllerShell::Publish(const nlohmann::json& status) {
     m += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
          name + job + " " + line + "\n";
   };
-  gauge("endure_generation", "Current generation of the worker set.", machine_.generation());
-  gauge("endure_step", "Steps every rank has completed.", static_cast<double>(machine_.step()));
+  gauge("endure_generation", "Current generation of the worker set.", machine_.generation().value);
+  gauge("endure_step", "Steps every rank has completed.",
+        static_cast<double>(machine_.step().value));
   gauge("endure_loss", "Loss reported by rank 0 for its last step.", machine_.last_loss());
   gauge("endure_tokens_per_second", "Training throughput.", status.value("tokens_per_s", 0.0));
   gauge("endure_ettr", "Effective training time ratio so far (productive / wall).",
@@ -1048,8 +1063,9 @@ proto::CheckpointConfig ControllerShell::CheckpointFor(const core::StartGenerati
   c.set_slot_bytes(checkpoints_.SlotBytes());
   std::vector<std::string> members;
   for (NodeId n : a.nodes) members.push_back(NameOf(n));
-  checkpoint::RestorePlan plan = checkpoints_.Plan(members, a.restore_step, a.abandoned_from);
-  c.set_discard_after(a.generation > 0 ? plan.step : -1);
+  checkpoint::RestorePlan plan =
+      checkpoints_.Plan(members, a.restore_step.value, a.abandoned_from.value);
+  c.set_discard_after(a.generation.value > 0 ? plan.step : -1);
   // Durable copies go down relative to the T2 directory, which the
   // coordinator reads where this host mounts it and each agent where its
   // own host does.

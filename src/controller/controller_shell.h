@@ -193,7 +193,7 @@ class ControllerShell final : public TransportSink {
   std::vector<core::JobAction> Input(const core::JobEvent& event, core::TimePoint at);
   // The generation number the current run's machine starts from: after the
   // earlier runs' ones.
-  int FirstGeneration();
+  core::Generation FirstGeneration();
   // When the state directory's newest run is unfinished, was begun under
   // this spec and journaled its inputs: replays the journal into a fresh
   // machine, makes the run current again and holds its nodes for their

@@ -592,10 +592,10 @@ TEST_F(ControllerShellTest, AWorkerCrashStopsEveryNodeAndStartsTheNextGeneration
   Result<std::vector<core::Incident>> incidents = store->LoadIncidents(core::TimePoint{});
   ASSERT_TRUE(incidents.ok());
   ASSERT_EQ(incidents->size(), 1u);
-  EXPECT_EQ((*incidents)[0].cause, "worker_exit code 1");
-  EXPECT_EQ((*incidents)[0].rank, 1);
+  EXPECT_EQ((*incidents)[0].cause.name, "worker_exit code 1");
+  EXPECT_EQ((*incidents)[0].rank.value, 1);
   EXPECT_EQ((*incidents)[0].node_name, "node1");
-  EXPECT_EQ((*incidents)[0].failed_at_step, 2);
+  EXPECT_EQ((*incidents)[0].failed_at_step.value, 2);
   EXPECT_EQ((*incidents)[0].action, "restart_in_place");
 }
 
@@ -653,9 +653,9 @@ TEST_F(ControllerShellTest, AStreamThatDropsIsANodeLostIncidentOnceTheStreamGrac
   Result<std::vector<core::Incident>> incidents = store->LoadIncidents(core::TimePoint{});
   ASSERT_TRUE(incidents.ok());
   ASSERT_EQ(incidents->size(), 1u);
-  EXPECT_EQ((*incidents)[0].cause, "node_lost");
+  EXPECT_EQ((*incidents)[0].cause.name, "node_lost");
   EXPECT_EQ((*incidents)[0].node_name, "node1");
-  EXPECT_EQ((*incidents)[0].rank, 1);
+  EXPECT_EQ((*incidents)[0].rank.value, 1);
   EXPECT_NE((*incidents)[0].reason.find(kStreamClosed), std::string::npos)
       << (*incidents)[0].reason;
 }
@@ -801,7 +801,7 @@ TEST_F(ControllerShellTest, AFloodingAgentIsCutAndItsNodeLost) {
   Result<std::vector<core::Incident>> incidents = store->LoadIncidents(core::TimePoint{});
   ASSERT_TRUE(incidents.ok());
   ASSERT_EQ(incidents->size(), 1u);
-  EXPECT_EQ((*incidents)[0].cause, "node_lost");
+  EXPECT_EQ((*incidents)[0].cause.name, "node_lost");
   EXPECT_NE((*incidents)[0].reason.find("a flood"), std::string::npos) << (*incidents)[0].reason;
 }
 

@@ -905,12 +905,13 @@ std::vector<core::ExternalFault> ExternalFaults(const JobSpec& spec) {
     if (!faults::FiredByController(f.kind) && !f.at) continue;
     core::ExternalFault e;
     e.id = f.id;
-    e.kind = std::string(faults::FaultKindName(f.kind));
-    e.rank = f.rank;
+    e.kind = f.kind;
+    int rank = f.rank;
     // The parser accepted only "nodeN" with N a node of the job.
-    if (agent && !f.node.empty()) e.rank = NodeIndex(f.node).value_or(0) * spec.ranks_per_node;
-    if (agent && e.rank >= 0) e.rank -= e.rank % spec.ranks_per_node;
-    e.step = f.step;
+    if (agent && !f.node.empty()) rank = NodeIndex(f.node).value_or(0) * spec.ranks_per_node;
+    if (agent && rank >= 0) rank -= rank % spec.ranks_per_node;
+    e.rank = core::Rank{rank};
+    e.step = core::StepNumber{f.step};
     e.at = f.at;
     out.push_back(std::move(e));
   }

@@ -312,11 +312,11 @@ horizon = "5m"
   std::vector<core::ExternalFault> external = ExternalFaults(*spec);
   ASSERT_EQ(external.size(), 1 + expected.size());
   EXPECT_EQ(external[0].id, "fault-1");
-  EXPECT_EQ(external[0].kind, "kill-agent");
-  EXPECT_EQ(external[0].rank, 16);  // node2's first rank
+  EXPECT_EQ(external[0].kind, faults::FaultKind::kKillAgent);
+  EXPECT_EQ(external[0].rank.value, 16);  // node2's first rank
   EXPECT_EQ(external[0].at, std::optional<Duration>(std::chrono::seconds(90)));
   EXPECT_EQ(external[1].id, "sched-1");
-  EXPECT_EQ(external[1].kind, "kill");
+  EXPECT_EQ(external[1].kind, faults::FaultKind::kKill);
   EXPECT_EQ(external[1].at, expected[0].at);
 }
 

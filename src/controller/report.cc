@@ -38,9 +38,9 @@ Json IncidentJson(const core::Incident& inc, core::TimePoint start) {
   if (relaunch) relaunch = std::max(0.0, *relaunch - inc.restore_s);
   Json j;
   j["id"] = inc.id;
-  j["generation"] = inc.generation;
-  j["cause"] = inc.cause;
-  j["rank"] = inc.rank;
+  j["generation"] = inc.generation.value;
+  j["cause"] = inc.cause.name;
+  j["rank"] = inc.rank.value;
   j["node"] = inc.node_name;
   j["injected_at_s"] = OrNull(Between(start, inc.injected_at));
   j["fault_at_s"] = Seconds(inc.fault_at - start);
@@ -51,8 +51,8 @@ Json IncidentJson(const core::Incident& inc, core::TimePoint start) {
   j["wait_s"] = OrNull(wait);
   j["relaunch_s"] = OrNull(relaunch);
   j["restore_s"] = OrNull(restore);
-  j["failed_at_step"] = inc.failed_at_step;
-  j["restored_step"] = inc.restored_step;
+  j["failed_at_step"] = inc.failed_at_step.value;
+  j["restored_step"] = inc.restored_step.value;
   j["steps_lost"] = inc.steps_lost();
   j["action"] = inc.action;
   j["reason"] = inc.reason;

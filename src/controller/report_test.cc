@@ -50,24 +50,24 @@ class ScriptedJob {
     Do(1, core::WorkerReady{0, 0, 0, 0});
     Do(1, core::WorkerReady{0, 1, 0, 0});
     for (int step = 1; step <= 7; ++step) StepBoth(0, step, 1.0 + step);
-    Do(8.5, core::FaultFiredEvent{0, 1, "kill-8", "kill", 8, T(8.5)});
+    Do(8.5, core::FaultFiredEvent{0, 1, "kill-8", faults::FaultKind::kKill, 8, T(8.5)});
     core::WorkerExitEvent exit;
-    exit.generation = 0;
-    exit.rank = 1;
+    exit.generation = core::Generation{0};
+    exit.rank = core::Rank{1};
     exit.node = core::NodeId{1};
     exit.signal = 9;
     Do(8.6, exit);
     Do(9.0, core::GenerationStoppedEvent{0, core::NodeId{0}});
     Do(9.1, core::GenerationStoppedEvent{0, core::NodeId{1}});
-    EXPECT_EQ(machine_.generation(), 1);
+    EXPECT_EQ(machine_.generation().value, 1);
     Do(10.0, core::WorkerReady{1, 0, 5, 0.2});
     Do(10.1, core::WorkerReady{1, 1, 5, 0.3});
     for (int step = 6; step <= 10; ++step) StepBoth(1, step, step + 5.1);
     core::WorkerExitEvent done;
-    done.generation = 1;
+    done.generation = core::Generation{1};
     done.exit_code = 0;
     for (int r = 0; r < 2; ++r) {
-      done.rank = r;
+      done.rank = core::Rank{r};
       done.node = core::NodeId{r};
       Do(15.2, done);
     }
@@ -95,7 +95,7 @@ ReportInputs Inputs(const core::JobMachine& m) {
                       .exit_code = 0,
                       .verdict = "training completed",
                       .param_fingerprint = "5eed",
-                      .steps = m.step(),
+                      .steps = m.step().value,
                       .last_loss = m.last_loss(),
                       .nodes = {"node0", "node1"}};
 }
@@ -136,7 +136,7 @@ TEST(Report, FiguresOfOneKilledRank) {
   const nlohmann::json& inc = r["incidents"][0];
   EXPECT_EQ(inc["id"], 1);
   EXPECT_EQ(inc["generation"], 0);
-  EXPECT_EQ(inc["cause"], m.incidents()[0].cause);
+  EXPECT_EQ(inc["cause"], m.incidents()[0].cause.name);
   EXPECT_THAT(inc["cause"].get<std::string>(), HasSubstr("9"));
   EXPECT_EQ(inc["rank"], 1);
   EXPECT_EQ(inc["node"], "node1");

@@ -474,9 +474,9 @@ Status StateStore::SaveIncident(const core::Incident& inc, core::TimePoint job_s
   if (!s.prepared()) return Error("saving an incident");
   s.Bind(21, int64_t{run_});
   s.Bind(1, int64_t{inc.id});
-  s.Bind(2, int64_t{inc.generation});
-  s.Bind(3, inc.cause);
-  s.Bind(4, int64_t{inc.rank});
+  s.Bind(2, int64_t{inc.generation.value});
+  s.Bind(3, inc.cause.name);
+  s.Bind(4, int64_t{inc.rank.value});
   s.Bind(5, int64_t{inc.node.value});
   s.Bind(6, inc.node_name);
   s.Bind(7, SinceStart(inc.injected_at, job_start));
@@ -487,8 +487,8 @@ Status StateStore::SaveIncident(const core::Incident& inc, core::TimePoint job_s
   s.Bind(12, SinceStart(inc.ready_at, job_start));
   s.Bind(13, SinceStart(inc.recovered_at, job_start));
   s.Bind(14, inc.restore_s);
-  s.Bind(15, inc.failed_at_step);
-  s.Bind(16, inc.restored_step);
+  s.Bind(15, inc.failed_at_step.value);
+  s.Bind(16, inc.restored_step.value);
   s.Bind(17, inc.action);
   s.Bind(18, inc.reason);
   s.Bind(19, inc.log_line);
@@ -511,9 +511,9 @@ Result<std::vector<core::Incident>> StateStore::LoadIncidents(core::TimePoint jo
   while ((rc = q.Step()) == SQLITE_ROW) {
     core::Incident inc;
     inc.id = static_cast<int>(q.Int(0));
-    inc.generation = static_cast<int>(q.Int(1));
-    inc.cause = q.Text(2);
-    inc.rank = static_cast<int>(q.Int(3));
+    inc.generation = core::Generation{static_cast<int32_t>(q.Int(1))};
+    inc.cause = core::ParseIncidentCause(q.Text(2));
+    inc.rank = core::Rank{static_cast<int32_t>(q.Int(3))};
     inc.node = core::NodeId{static_cast<int32_t>(q.Int(4))};
     inc.node_name = q.Text(5);
     inc.injected_at = FromStart(q.OptReal(6), job_start);
@@ -524,8 +524,8 @@ Result<std::vector<core::Incident>> StateStore::LoadIncidents(core::TimePoint jo
     inc.ready_at = FromStart(q.OptReal(11), job_start);
     inc.recovered_at = FromStart(q.OptReal(12), job_start);
     inc.restore_s = q.Real(13);
-    inc.failed_at_step = q.Int(14);
-    inc.restored_step = q.Int(15);
+    inc.failed_at_step = core::StepNumber{q.Int(14)};
+    inc.restored_step = core::StepNumber{q.Int(15)};
     inc.action = q.Text(16);
     inc.reason = q.Text(17);
     inc.log_line = q.Text(18);

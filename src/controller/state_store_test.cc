@@ -25,15 +25,15 @@ std::string FreshDir(const std::string& name) {
 core::Incident HangIncident(core::TimePoint start) {
   core::Incident inc;
   inc.id = 1;
-  inc.generation = 0;
-  inc.cause = "hang";
-  inc.rank = 1;
+  inc.generation = core::Generation{0};
+  inc.cause = core::FixedCause(core::Cause::kHang);
+  inc.rank = core::Rank{1};
   inc.node = core::NodeId{1};
   inc.node_name = "node1";
   inc.injected_at = start + 12500ms;
   inc.fault_at = start + 12500ms;
   inc.detected_at = start + 14750ms;
-  inc.failed_at_step = 41;
+  inc.failed_at_step = core::StepNumber{41};
   inc.action = "restart_in_place";
   inc.reason = "no step progress from rank 1 for 2.2s";
   inc.stacks = {"rank 0:\n#0 allreduce\n#1 main", "rank 1:\n#0 sleep\n#1 main"};
@@ -65,7 +65,7 @@ TEST(StateStore, SavesUpdatesAndReloadsEverything) {
     inc.ready_at = start + 16250ms;
     inc.recovered_at = start + 16500ms;
     inc.restore_s = 0.125;
-    inc.restored_step = 40;
+    inc.restored_step = core::StepNumber{40};
     ASSERT_TRUE(store->SaveIncident(inc, start).ok());
     ASSERT_TRUE(store->SaveGeneration({0, 0.0, -1, 2, "node0,node1", 15.0}).ok());
     ASSERT_TRUE(store->SaveGeneration({1, 15.0, 40, 2, "node0,node1", {}}).ok());
@@ -117,8 +117,8 @@ TEST(StateStore, SavesUpdatesAndReloadsEverything) {
   ASSERT_EQ(incidents->size(), 1u);  // updated in place, not duplicated
   const core::Incident& inc = (*incidents)[0];
   EXPECT_EQ(inc.id, 1);
-  EXPECT_EQ(inc.cause, "hang");
-  EXPECT_EQ(inc.rank, 1);
+  EXPECT_EQ(inc.cause.name, "hang");
+  EXPECT_EQ(inc.rank.value, 1);
   EXPECT_EQ(inc.node, core::NodeId{1});
   EXPECT_EQ(inc.node_name, "node1");
   EXPECT_EQ(inc.injected_at, std::optional<core::TimePoint>(new_start + 12500ms));
@@ -129,8 +129,8 @@ TEST(StateStore, SavesUpdatesAndReloadsEverything) {
   EXPECT_EQ(inc.ready_at, std::optional<core::TimePoint>(new_start + 16250ms));
   EXPECT_EQ(inc.recovered_at, std::optional<core::TimePoint>(new_start + 16500ms));
   EXPECT_DOUBLE_EQ(inc.restore_s, 0.125);
-  EXPECT_EQ(inc.failed_at_step, 41);
-  EXPECT_EQ(inc.restored_step, 40);
+  EXPECT_EQ(inc.failed_at_step.value, 41);
+  EXPECT_EQ(inc.restored_step.value, 40);
   EXPECT_EQ(inc.steps_lost(), 1);
   EXPECT_EQ(inc.action, "restart_in_place");
   EXPECT_EQ(inc.reason, "no step progress from rank 1 for 2.2s");
@@ -157,7 +157,7 @@ TEST(StateStore, IncidentWithoutOptionalTimes) {
   ASSERT_TRUE(store->BeginRun({"demo", "demo.toml", "", 1.7e9, {}, {}, "", ""}).ok());
   core::Incident inc;
   inc.id = 7;
-  inc.cause = "signal_9";
+  inc.cause = core::ParseIncidentCause("signal_9");
   inc.fault_at = core::At(3s);
   inc.detected_at = core::At(3s);
   ASSERT_TRUE(store->SaveIncident(inc, core::At(0s)).ok());
@@ -167,7 +167,7 @@ TEST(StateStore, IncidentWithoutOptionalTimes) {
   EXPECT_FALSE((*loaded)[0].injected_at.has_value());
   EXPECT_FALSE((*loaded)[0].recovered_at.has_value());
   EXPECT_TRUE((*loaded)[0].stacks.empty());
-  EXPECT_EQ((*loaded)[0].restored_step, -1);
+  EXPECT_EQ((*loaded)[0].restored_step.value, -1);
 }
 
 TEST(StateStore, OpenExistingRefusesAMissingFile) {
@@ -260,8 +260,8 @@ TEST(StateStore, EachRunKeepsItsOwnHistory) {
     EXPECT_EQ(store->run(), 2);
     ASSERT_TRUE(store->SaveGeneration({0, 0.0, 40, 1, "node0", {}}).ok());
     core::Incident inc = HangIncident(start);
-    inc.cause = "signal_9";
-    inc.failed_at_step = 77;
+    inc.cause = core::ParseIncidentCause("signal_9");
+    inc.failed_at_step = core::StepNumber{77};
     ASSERT_TRUE(store->SaveIncident(inc, start).ok());
     inc.id = 2;
     ASSERT_TRUE(store->SaveIncident(inc, start).ok());
@@ -281,8 +281,8 @@ TEST(StateStore, EachRunKeepsItsOwnHistory) {
   Result<std::vector<core::Incident>> incidents = store->LoadIncidents(start);
   ASSERT_TRUE(incidents.ok());
   ASSERT_EQ(incidents->size(), 2u);
-  EXPECT_EQ((*incidents)[0].cause, "signal_9");
-  EXPECT_EQ((*incidents)[0].failed_at_step, 77);
+  EXPECT_EQ((*incidents)[0].cause.name, "signal_9");
+  EXPECT_EQ((*incidents)[0].failed_at_step.value, 77);
   EXPECT_DOUBLE_EQ(store->LoadLedger().value().at("productive"), 4.0);
   EXPECT_FALSE(store->LoadJob().value().exit_code.has_value());
   EXPECT_EQ(store->LoadReport().status().code(), StatusCode::kNotFound);
@@ -296,8 +296,8 @@ TEST(StateStore, EachRunKeepsItsOwnHistory) {
   Result<std::vector<core::Incident>> incidents1 = store->LoadIncidents(start, 1);
   ASSERT_TRUE(incidents1.ok());
   ASSERT_EQ(incidents1->size(), 1u);
-  EXPECT_EQ((*incidents1)[0].cause, "hang");
-  EXPECT_EQ((*incidents1)[0].failed_at_step, 41);
+  EXPECT_EQ((*incidents1)[0].cause.name, "hang");
+  EXPECT_EQ((*incidents1)[0].failed_at_step.value, 41);
   EXPECT_DOUBLE_EQ(store->LoadLedger(1).value().at("productive"), 8.0);
   EXPECT_EQ(store->LoadJob(1).value().verdict, "training completed");
   EXPECT_DOUBLE_EQ(store->LoadReport(1).value()["ettr"].get<double>(), 0.8);
@@ -453,7 +453,7 @@ TEST(StateStore, MigratesAVersion1DatabaseIntoRun1) {
     Result<std::vector<core::Incident>> incidents = store->LoadIncidents(start, 1);
     ASSERT_TRUE(incidents.ok()) << incidents.status().ToString();
     ASSERT_EQ(incidents->size(), 1u);
-    EXPECT_EQ((*incidents)[0].cause, "hang");
+    EXPECT_EQ((*incidents)[0].cause.name, "hang");
     EXPECT_EQ((*incidents)[0].recovered_at, std::optional<core::TimePoint>(start + 16500ms));
     EXPECT_EQ((*incidents)[0].stacks, std::vector<std::string>{"rank 1:"});
     EXPECT_DOUBLE_EQ(store->LoadLedger(1).value().at("productive"), 20.0);

@@ -1,6 +1,8 @@
-// Small value types shared by the decision cores: node ids, step numbers and
-// the time point every core's Step(event, now) receives. They are distinct
-// types so that a node id cannot be passed where a step is expected.
+// Small value types shared by the decision cores: node ids, ranks, step
+// numbers, generations and the time point every core's Step(event, now)
+// receives. They are distinct types so that a node id cannot be passed where
+// a step is expected, nor a rank compared with a generation. (Aggregate
+// initialisation still takes their values positionally: `StepEnd{0, 1, 12}`.)
 #pragma once
 
 #include <chrono>
@@ -28,10 +30,30 @@ struct NodeId {
 };
 
 // A global training step number (0-based, monotonically increasing in a run).
+// Where a step may be absent, -1 stands for none (as on the wire).
 struct StepNumber {
   int64_t value = 0;
 
   friend auto operator<=>(StepNumber, StepNumber) = default;
+};
+
+// A worker's rank in its generation's world, 0 .. world size - 1; -1 where
+// none applies (an incident of a whole node, a fault of no rank).
+struct Rank {
+  int32_t value = 0;
+
+  bool valid() const { return value >= 0; }
+  friend auto operator<=>(Rank, Rank) = default;
+};
+
+// A generation of the worker set: each (re)start is one, with its own rank
+// assignment and restore point, and every message carries the generation it
+// belongs to.
+struct Generation {
+  int32_t value = 0;
+
+  Generation Next() const { return Generation{value + 1}; }
+  friend auto operator<=>(Generation, Generation) = default;
 };
 
 }  // namespace endure::core

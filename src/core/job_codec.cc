@@ -75,6 +75,31 @@ template <typename F>
 void Fields(Tick&, F&) {}
 
 template <typename F>
+void Fields(Configure& c, F& f) {
+  JobMachineOptions& o = c.options;
+  f("nodes", o.nodes), f("ranks_per_node", o.ranks_per_node), f("hang.floor", o.hang.floor),
+      f("hang.k", o.hang.k), f("hang.window", o.hang.window),
+      f("hang.min_samples", o.hang.min_samples), f("hang.startup_timeout", o.hang.startup_timeout),
+      f("heartbeat.timeout", o.heartbeat.timeout),
+      f("heartbeat.drop_grace", o.heartbeat.drop_grace), f("loss.window", o.loss.window),
+      f("loss.min_count", o.loss.min_count), f("loss.z_threshold", o.loss.z_threshold),
+      f("loss.min_relative_stddev", o.loss.min_relative_stddev),
+      f("anomaly.on_recurrence", o.anomaly.on_recurrence),
+      f("anomaly.max_skipped_steps", o.anomaly.max_skipped_steps),
+      f("recovery.paths", o.recovery.paths), f("recovery.default_path", o.recovery.default_path),
+      f("recovery.max_restarts_in_window", o.recovery.max_restarts_in_window),
+      f("recovery.restart_window", o.recovery.restart_window),
+      f("recovery.backoff_initial", o.recovery.backoff_initial),
+      f("recovery.backoff_max", o.recovery.backoff_max),
+      f("recovery.structural_repeats", o.recovery.structural_repeats),
+      f("recovery.startup_repeats", o.recovery.startup_repeats),
+      f("recovery.evict_node_after", o.recovery.evict_node_after),
+      f("detect_loss_anomalies", o.detect_loss_anomalies),
+      f("replacement_timeout", o.replacement_timeout), f("first_generation", o.first_generation),
+      f("faults", c.faults);
+}
+
+template <typename F>
 void Fields(StartGenerationAction& a, F& f) {
   f("generation", a.generation), f("nodes", a.nodes), f("restore_step", a.restore_step),
       f("abandoned_from", a.abandoned_from), f("skip_steps", a.skip_steps),
@@ -102,7 +127,7 @@ void Fields(FinishAction& a, F& f) {
 constexpr std::string_view kEventKinds[] = {
     "node_up",           "node_down",      "heartbeat",          "worker_ready", "step_end",
     "worker_exit",       "fault_fired",    "generation_stopped", "stack_dump",   "persist_failed",
-    "checkpoints_found", "restore_chosen", "controller_resumed", "tick"};
+    "checkpoints_found", "restore_chosen", "controller_resumed", "configure",    "tick"};
 static_assert(std::size(kEventKinds) == std::variant_size_v<JobEvent>);
 constexpr std::string_view kActionKinds[] = {"start_generation", "stop_generation", "evict_node",
                                              "inject_fault", "finish"};
@@ -160,6 +185,12 @@ struct Writer {
   void Value(bool v) { out += v ? "true" : "false"; }
   void Value(const std::string& v) { Quote(v, out); }
   void Value(NodeId v) { Number(v.value, out); }
+  void Value(Rank v) { Number(v.value, out); }
+  void Value(StepNumber v) { Number(v.value, out); }
+  void Value(Generation v) { Number(v.value, out); }
+  void Value(faults::FaultKind v) { Quote(faults::FaultKindName(v), out); }
+  // "" for none, as when it was a plain string.
+  void Value(const std::optional<LogAction>& v) { Quote(v ? LogActionName(*v) : "", out); }
   void Value(TimePoint v) { Number(static_cast<int64_t>(v.time_since_epoch().count()), out); }
   void Value(Duration v) { Number(static_cast<int64_t>(v.count()), out); }
   template <typename T>
@@ -180,9 +211,34 @@ struct Writer {
     }
     if (first) out += '-';  // empty
   }
-  void Value(const std::vector<int64_t>& v) { List(v); }
+  void Value(const std::vector<StepNumber>& v) { List(v); }
   void Value(const std::vector<NodeId>& v) { List(v); }
   void Value(const std::set<std::string>& v) { List(v); }
+  void Value(RecoveryPath v) { out += RecoveryPathName(v); }
+  void Value(AnomalyRecurrence v) { out += AnomalyRecurrenceName(v); }
+  // Cause, path, cause, path, ... in the causes' order (the map has none).
+  void Value(const std::unordered_map<std::string, RecoveryPath>& paths) {
+    std::map<std::string, RecoveryPath> sorted(paths.begin(), paths.end());
+    std::vector<std::string> items;
+    for (const auto& [cause, path] : sorted) {
+      items.push_back(cause);
+      items.emplace_back(RecoveryPathName(path));
+    }
+    List(items);
+  }
+  // Id, kind, rank, step, at (ns, or "-"), for each fault.
+  void Value(const std::vector<ExternalFault>& faults) {
+    std::vector<std::string> items;
+    for (const ExternalFault& f : faults) {
+      items.push_back(f.id);
+      items.emplace_back(faults::FaultKindName(f.kind));
+      items.push_back(std::to_string(f.rank.value));
+      items.push_back(std::to_string(f.step.value));
+      items.push_back(f.at ? std::to_string(f.at->count()) : "-");
+    }
+    List(items);
+  }
+  void Value(const std::vector<std::string>& v) { List(v); }
 
   template <typename T>
   void operator()(const char* key, const T& field) {
@@ -210,6 +266,8 @@ struct Token {
   std::string key;
   std::string value;
   bool quoted = false;
+  // A quoted value, or a list of them ("a","b"): each, unescaped.
+  std::vector<std::string> items;
 };
 
 Result<std::string> Unquote(std::string_view s, size_t& i) {
@@ -270,9 +328,21 @@ Result<std::vector<Token>> Tokenize(std::string_view s, size_t i) {
     t.key = std::string(s.substr(i, eq - i));
     i = eq + 1;
     if (i < s.size() && s[i] == '"') {
-      Result<std::string> v = Unquote(s, i);
-      if (!v.ok()) return InvalidArgument(t.key + ": " + v.status().message());
-      t.value = std::move(v).value();
+      while (true) {
+        Result<std::string> v = Unquote(s, i);
+        if (!v.ok()) return InvalidArgument(t.key + ": " + v.status().message());
+        t.items.push_back(std::move(v).value());
+        if (i + 1 < s.size() && s[i] == ',' && s[i + 1] == '"') {
+          ++i;
+          continue;
+        }
+        break;
+      }
+      if (i < s.size() && s[i] != ' ') {
+        return InvalidArgument(t.key + ": unexpected '" + std::string(1, s[i]) +
+                               "' after a quoted string");
+      }
+      t.value = t.items.front();
       t.quoted = true;
     } else {
       const size_t end = std::min(s.find(' ', i), s.size());
@@ -347,11 +417,83 @@ class Reader {
     return Status::Ok();
   }
   static Status Parse(const Token& t, std::string& v) {
-    if (!t.quoted) return InvalidArgument("expected a quoted string");
+    if (!t.quoted || t.items.size() != 1) return InvalidArgument("expected a quoted string");
     v = t.value;
     return Status::Ok();
   }
+  static Status Parse(const Token& t, Duration& v) {
+    int64_t ns = 0;
+    ENDURE_RETURN_IF_ERROR(Parse(t, ns));
+    v = Duration{ns};
+    return Status::Ok();
+  }
+  static Status Parse(const Token& t, RecoveryPath& v) {
+    ENDURE_RETURN_IF_ERROR(Bare(t));
+    ENDURE_ASSIGN_OR_RETURN(v, ParseRecoveryPath(t.value));
+    return Status::Ok();
+  }
+  static Status Parse(const Token& t, AnomalyRecurrence& v) {
+    ENDURE_RETURN_IF_ERROR(Bare(t));
+    ENDURE_ASSIGN_OR_RETURN(v, ParseAnomalyRecurrence(t.value));
+    return Status::Ok();
+  }
+  // A list of quoted strings in groups of `group`; "-" for none.
+  static Result<std::vector<std::string>> Items(const Token& t, size_t group) {
+    if (!t.quoted && t.value == "-") return std::vector<std::string>{};
+    if (!t.quoted || t.items.size() % group != 0) {
+      return InvalidArgument("expected quoted strings in groups of " + std::to_string(group));
+    }
+    return t.items;
+  }
+  static Status Parse(const Token& t, std::unordered_map<std::string, RecoveryPath>& v) {
+    ENDURE_ASSIGN_OR_RETURN(const std::vector<std::string> items, Items(t, 2));
+    v.clear();
+    for (size_t i = 0; i < items.size(); i += 2) {
+      ENDURE_ASSIGN_OR_RETURN(const RecoveryPath path, ParseRecoveryPath(items[i + 1]));
+      if (!v.emplace(items[i], path).second) {
+        return InvalidArgument("cause \"" + items[i] + "\" appears twice");
+      }
+    }
+    return Status::Ok();
+  }
+  static Status Parse(const Token& t, std::vector<ExternalFault>& v) {
+    ENDURE_ASSIGN_OR_RETURN(const std::vector<std::string> items, Items(t, 5));
+    v.clear();
+    for (size_t i = 0; i < items.size(); i += 5) {
+      ExternalFault f;
+      f.id = items[i];
+      ENDURE_ASSIGN_OR_RETURN(f.kind, faults::ParseFaultKind(items[i + 1]));
+      ENDURE_RETURN_IF_ERROR(Integer(items[i + 2], f.rank.value));
+      ENDURE_RETURN_IF_ERROR(Integer(items[i + 3], f.step.value));
+      if (items[i + 4] != "-") {
+        int64_t ns = 0;
+        ENDURE_RETURN_IF_ERROR(Integer(items[i + 4], ns));
+        f.at = Duration{ns};
+      }
+      v.push_back(std::move(f));
+    }
+    return Status::Ok();
+  }
   static Status Parse(const Token& t, NodeId& v) { return Parse(t, v.value); }
+  static Status Parse(const Token& t, Rank& v) { return Parse(t, v.value); }
+  static Status Parse(const Token& t, StepNumber& v) { return Parse(t, v.value); }
+  static Status Parse(const Token& t, Generation& v) { return Parse(t, v.value); }
+  static Status Parse(const Token& t, std::optional<LogAction>& v) {
+    if (!t.quoted) return InvalidArgument("expected a quoted log action (\"\" for none)");
+    v.reset();
+    if (t.value.empty()) return Status::Ok();
+    Result<LogAction> action = ParseLogAction(t.value);
+    if (!action.ok()) return action.status();
+    v = *action;
+    return Status::Ok();
+  }
+  static Status Parse(const Token& t, faults::FaultKind& v) {
+    if (!t.quoted) return InvalidArgument("expected a quoted fault kind");
+    Result<faults::FaultKind> kind = faults::ParseFaultKind(t.value);
+    if (!kind.ok()) return kind.status();
+    v = *kind;
+    return Status::Ok();
+  }
   static Status Parse(const Token& t, TimePoint& v) {
     int64_t ns = 0;
     ENDURE_RETURN_IF_ERROR(Parse(t, ns));
@@ -369,15 +511,15 @@ class Reader {
     v = x;
     return Status::Ok();
   }
-  static Status Parse(const Token& t, std::vector<int64_t>& v) {
+  static Status Parse(const Token& t, std::vector<StepNumber>& v) {
     ENDURE_RETURN_IF_ERROR(Bare(t));
     v.clear();
     if (t.value == "-") return Status::Ok();
     std::string_view rest = t.value;
     while (true) {
       const size_t comma = rest.find(',');
-      int64_t x = 0;
-      ENDURE_RETURN_IF_ERROR(Integer(rest.substr(0, comma), x));
+      StepNumber x;
+      ENDURE_RETURN_IF_ERROR(Integer(rest.substr(0, comma), x.value));
       v.push_back(x);
       if (comma == std::string_view::npos) return Status::Ok();
       rest.remove_prefix(comma + 1);
@@ -428,6 +570,12 @@ Result<JobEvent> DecodeEvent(std::string_view line) {
   if (Status st = reader.Finish(); !st.ok()) {
     return InvalidArgument(std::string(kind) + ": " + st.message());
   }
+  if (const auto* c = std::get_if<Configure>(&event)) {
+    // The machine CHECKs its options: a damaged journal must not reach it.
+    if (Status st = c->options.Validate(); !st.ok()) {
+      return InvalidArgument("configure: " + st.message());
+    }
+  }
   return event;
 }
 
@@ -438,7 +586,7 @@ std::string EncodeIncident(const Incident& inc, TimePoint start) {
     if (!t) return std::nullopt;
     return Seconds(*t - start);
   };
-  w("id", inc.id), w("generation", inc.generation), w("cause", inc.cause), w("rank", inc.rank),
+  w("id", inc.id), w("generation", inc.generation), w("cause", inc.cause.name), w("rank", inc.rank),
       w("node", inc.node), w("action", inc.action), w("failed_at_step", inc.failed_at_step),
       w("restored_step", inc.restored_step), w("injected_s", since(inc.injected_at)),
       w("fault_s", since(inc.fault_at)), w("detected_s", since(inc.detected_at)),

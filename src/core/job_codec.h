@@ -9,7 +9,13 @@
 // Strings are quoted with C escapes (\" \\ \n \t \xNN), doubles are written
 // with 17 significant digits (they read back bit for bit, nan and inf
 // included), an absent optional is `-`, a time point or duration is
-// nanoseconds, a list is comma-separated. The controller journals each
+// nanoseconds, a list is comma-separated. The distinct value types are
+// written as their number (generation=3, rank=1, step=12, node=0; -1 where
+// none), a fault kind as its quoted name (kind="kill-agent", the names of
+// faults::FaultKindName), a log action as its quoted name or "" for none
+// (log_action="evict_node"), and an incident's cause as its quoted name
+// (cause="signal 9 SIGKILL"): the same text as when they were plain ints
+// and strings, so journals written before read back. The controller journals each
 // input in this form (src/controller/state_store.h) and replays it; the
 // scenario tests (tests/testdata/job_machine/) read events and write
 // actions in it. Decoding is strict: a journal or a scenario file is input

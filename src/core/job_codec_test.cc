@@ -13,6 +13,7 @@ namespace endure::core {
 namespace {
 
 using namespace std::chrono_literals;
+using faults::FaultKind;
 
 // Every kind of event reads back as it was written, field for field (the
 // journal replays what it wrote).
@@ -25,14 +26,14 @@ TEST(JobCodec, EveryEventKindRoundTrips) {
       StepEnd{1, 0, 12, 2.4810000000000001, 0.003, 10, true},
       StepEnd{1, 1, 13, std::numeric_limits<double>::quiet_NaN(), 0, -1, false},
       StepEnd{1, 1, 14, -std::numeric_limits<double>::infinity(), 0, -1, false},
-      WorkerExitEvent{0, 1, NodeId{1}, std::nullopt, 9, "cuda", "restart", "xid",
+      WorkerExitEvent{0, 1, NodeId{1}, std::nullopt, 9, "cuda", LogAction::kRestart, "xid",
                       "Xid 79 \xc3\xa9"},
-      WorkerExitEvent{0, 1, NodeId{1}, 3, std::nullopt, "", "", "", ""},
-      FaultFiredEvent{0, 1, "f1", "kill", 12, At(1234567890ns)},
+      WorkerExitEvent{0, 1, NodeId{1}, 3, std::nullopt, "", std::nullopt, "", ""},
+      FaultFiredEvent{0, 1, "f1", FaultKind::kKill, 12, At(1234567890ns)},
       GenerationStoppedEvent{4, NodeId{2}},
       StackDumpEvent{1, 0, "#0 0x1 in main ()\n#1 ..."},
       PersistFailedEvent{0, 1, 5, NodeId{1}, "No space left on device"},
-      CheckpointsFound{{10, 20, 30}},
+      CheckpointsFound{{StepNumber{10}, StepNumber{20}, StepNumber{30}}},
       CheckpointsFound{{}},
       RestoreChosen{1, "step 10 from T0 x2"},
       ControllerResumed{},
@@ -63,17 +64,18 @@ TEST(JobCodec, DoublesReadBackBitForBit) {
 }
 
 TEST(JobCodec, ALineReadsAsWritten) {
-  EXPECT_EQ(EncodeEvent(WorkerExitEvent{0, 1, NodeId{1}, std::nullopt, 9, "", "", "", ""}),
-            "worker_exit generation=0 rank=1 node=1 exit_code=- signal=9 log_cause=\"\" "
-            "log_action=\"\" log_rule=\"\" log_line=\"\"");
+  EXPECT_EQ(
+      EncodeEvent(WorkerExitEvent{0, 1, NodeId{1}, std::nullopt, 9, "", std::nullopt, "", ""}),
+      "worker_exit generation=0 rank=1 node=1 exit_code=- signal=9 log_cause=\"\" "
+      "log_action=\"\" log_rule=\"\" log_line=\"\"");
   Result<JobEvent> e = DecodeEvent(
       "step_end  rank=1 generation=2 step=5 loss=2.5 ckpt_stall_s=0 "
       "checkpoint_step=-1 skipped=false");
   ASSERT_TRUE(e.ok()) << e.status().message();
   const StepEnd& s = std::get<StepEnd>(*e);
-  EXPECT_EQ(s.generation, 2);
-  EXPECT_EQ(s.rank, 1);
-  EXPECT_EQ(s.step, 5);
+  EXPECT_EQ(s.generation.value, 2);
+  EXPECT_EQ(s.rank.value, 1);
+  EXPECT_EQ(s.step.value, 5);
   EXPECT_EQ(s.loss, 2.5);
 }
 
@@ -100,6 +102,10 @@ TEST(JobCodec, MalformedLinesSayWhatIsWrong) {
        "skipped=yes",
        "skipped: expected true or false, got 'yes'"},
       {"checkpoints_found steps=1,,2", "steps: expected an integer, got ''"},
+      {"fault_fired generation=0 rank=1 id=\"f1\" kind=\"kil\" step=3 at=0",
+       "fault_fired: kind: unknown fault kind 'kil'"},
+      {"fault_fired generation=0 rank=1 id=\"f1\" kind=kill step=3 at=0",
+       "kind: expected a quoted fault kind"},
   };
   for (const auto& [line, want] : cases) {
     Result<JobEvent> e = DecodeEvent(line);
@@ -110,7 +116,7 @@ TEST(JobCodec, MalformedLinesSayWhatIsWrong) {
 }
 
 TEST(JobCodec, ActionsAndIncidentsAreOneLineEach) {
-  ExternalFault fault{"f2", "kill-agent", 1, -1, 5s};
+  ExternalFault fault{"f2", FaultKind::kKillAgent, 1, -1, 5s};
   EXPECT_EQ(EncodeAction(InjectFaultAction{fault, NodeId{1}, 0}),
             "inject_fault fault=\"f2\" kind=\"kill-agent\" rank=1 step=-1 at=5000000000 node=1 "
             "generation=0");
@@ -119,13 +125,37 @@ TEST(JobCodec, ActionsAndIncidentsAreOneLineEach) {
             "skip_steps=- fired_faults=\"a\",\"b\"");
   Incident inc;
   inc.id = 1;
-  inc.cause = "worker_crash";
+  inc.cause = ParseIncidentCause("worker_crash");
   inc.fault_at = At(1500ms);
   inc.detected_at = At(1600ms);
   inc.reason = "a\nb";
   const std::string line = EncodeIncident(inc, At(0s));
   EXPECT_NE(line.find("fault_s=1.5 detected_s=1.6 stopped_s=-"), std::string::npos) << line;
   EXPECT_NE(line.find("reason=\"a\\nb\""), std::string::npos) << line;
+}
+
+// An incident's cause read back by its name (from the state directory) is
+// the cause it was: the kind and the very same name.
+TEST(IncidentCause, ANameReadsBackAsItsKind) {
+  const std::vector<std::pair<std::string, Cause>> cases = {
+      {"hang", Cause::kHang},
+      {"node_lost", Cause::kNodeLost},
+      {"loss_nan", Cause::kLossNan},
+      {"loss_inf", Cause::kLossInf},
+      {"loss_spike", Cause::kLossSpike},
+      {"checkpoint persistence failing", Cause::kPersistenceFailing},
+      {"worker_exit code 2", Cause::kWorkerExit},
+      {"signal 9 SIGKILL", Cause::kSignal},
+      {"xid_79", Cause::kLogRule},
+      {"user_exception", Cause::kLogRule},
+  };
+  for (const auto& [name, kind] : cases) {
+    const IncidentCause cause = ParseIncidentCause(name);
+    EXPECT_EQ(cause.kind, kind) << name;
+    EXPECT_EQ(cause.name, name);
+  }
+  EXPECT_EQ(FixedCause(Cause::kHang), ParseIncidentCause("hang"));
+  EXPECT_EQ(LossAnomalyCauseOf(LossAnomalyKind::kSpike).name, "loss_spike");
 }
 
 // ---- Replay: a journal rebuilds the machine exactly ----
@@ -142,7 +172,7 @@ class RandomJob {
   // The next input for a machine that is now in `m`'s state, and its time.
   std::pair<JobEvent, TimePoint> Next(const JobMachine& m) {
     now_ += Duration(Pick(25) == 0 ? Range(0, 15'000) * 1'000'000 : Range(0, 400) * 1'000'000);
-    const int gen = Pick(10) == 0 ? m.generation() - 1 : m.generation();
+    const Generation gen{m.generation().value - (Pick(10) == 0 ? 1 : 0)};
     const int rank = static_cast<int>(Range(-1, 4));  // -1 and 4 are out of range
     const NodeId node{static_cast<int32_t>(Range(0, 4))};
     const TimePoint at = At(now_);
@@ -191,7 +221,8 @@ class RandomJob {
           case 1:
             e.exit_code = 1;
             e.log_cause = Pick(2) ? "user_exception" : "xid_79";
-            e.log_action = Pick(12) == 0 ? "stop" : (Pick(2) ? "restart" : "evict_node");
+            e.log_action = Pick(12) == 0 ? LogAction::kStop
+                                         : (Pick(2) ? LogAction::kRestart : LogAction::kEvictNode);
             e.log_rule = e.log_cause;
             e.log_line = "Traceback ...";
             break;
@@ -201,7 +232,9 @@ class RandomJob {
         return {e, at};
       }
       case 11: {
-        static const char* kKinds[] = {"kill", "exit", "hang", "nan", "slow", "log", "kill-agent"};
+        static const FaultKind kKinds[] = {FaultKind::kKill,     FaultKind::kExit, FaultKind::kHang,
+                                           FaultKind::kNan,      FaultKind::kSlow, FaultKind::kLog,
+                                           FaultKind::kKillAgent};
         return {FaultFiredEvent{gen, rank, "f" + std::to_string(Pick(5)), kKinds[Pick(7)],
                                 Range(0, 40), At(now_ - Duration(Range(0, 100'000'000)))},
                 at};
@@ -215,7 +248,10 @@ class RandomJob {
         return {PersistFailedEvent{gen, static_cast<int>(Range(0, 3)), Range(0, 40), node, "EIO"},
                 at};
       case 16:
-        if (Pick(2)) return {CheckpointsFound{{Range(0, 10) * 5, Range(0, 10) * 5}}, at};
+        if (Pick(2)) {
+          return {CheckpointsFound{{StepNumber{Range(0, 10) * 5}, StepNumber{Range(0, 10) * 5}}},
+                  at};
+        }
         return {RestoreChosen{m.generation(), "step 10 from T0"}, at};
       case 17:
         if (Pick(4) == 0) {
@@ -252,9 +288,9 @@ JobMachineOptions ReplayOptions() {
 }
 
 std::vector<ExternalFault> ReplayFaults() {
-  return {{"x1", "kill", 1, 12, std::nullopt},
-          {"x2", "kill-agent", 2, 30, std::nullopt},
-          {"x3", "hang", 0, -1, std::chrono::seconds(40)}};
+  return {{"x1", FaultKind::kKill, 1, 12, std::nullopt},
+          {"x2", FaultKind::kKillAgent, 2, 30, std::nullopt},
+          {"x3", FaultKind::kHang, 0, -1, std::chrono::seconds(40)}};
 }
 
 std::string Actions(const std::vector<JobAction>& actions) {
@@ -266,8 +302,8 @@ std::string Actions(const std::vector<JobAction>& actions) {
 // What a machine is, as far as anyone outside can tell.
 std::string Fingerprint(const JobMachine& m) {
   std::string out =
-      std::string(JobPhaseName(m.phase())) + " generation=" + std::to_string(m.generation()) +
-      " step=" + std::to_string(m.step()) + " loss=" + std::to_string(m.last_loss()) + "\n";
+      std::string(JobPhaseName(m.phase())) + " generation=" + std::to_string(m.generation().value) +
+      " step=" + std::to_string(m.step().value) + " loss=" + std::to_string(m.last_loss()) + "\n";
   for (const Incident& inc : m.incidents()) {
     out += EncodeIncident(inc, At(Duration(0))) + "\n";
     for (const std::string& s : inc.stacks) out += "  stack " + s + "\n";
@@ -276,7 +312,7 @@ std::string Fingerprint(const JobMachine& m) {
     out += std::to_string(m.ledger().total(static_cast<LedgerCategory>(i)).count()) + " ";
   }
   out += std::to_string(m.ledger().wall().count()) + "\ncheckpoints";
-  for (int64_t s : m.checkpoints()) out += " " + std::to_string(s);
+  for (StepNumber s : m.checkpoints()) out += " " + std::to_string(s.value);
   out += "\nfired";
   for (const std::string& f : m.fired_faults()) out += " " + f;
   const std::optional<TimePoint> next = m.NextDeadline();
@@ -287,20 +323,72 @@ std::string Fingerprint(const JobMachine& m) {
 // The controller journals each input as EncodeEvent writes it and, after a
 // restart, replays the journal into a fresh machine: the replay must take
 // every decision the original took, and end in the same state.
+// The configuration reads back whole: every option and fault, and a
+// damaged or invalid one is refused (a journal may be damaged).
+TEST(JobCodec, AConfigurationRoundTripsAndAnInvalidOneIsRefused) {
+  Configure c{ReplayOptions(), ReplayFaults()};
+  c.options.hang.floor = std::chrono::milliseconds(2500);
+  c.options.hang.k = 2.5;
+  c.options.loss.z_threshold = 7.25;
+  c.options.anomaly.on_recurrence = AnomalyRecurrence::kStop;
+  c.options.recovery.paths["xid \"79\", a \\ cause"] = RecoveryPath::kWaitForRepair;
+  c.options.detect_loss_anomalies = false;
+  c.options.first_generation = Generation{4};
+  const std::string line = EncodeEvent(c);
+  Result<JobEvent> back = DecodeEvent(line);
+  ASSERT_TRUE(back.ok()) << line << ": " << back.status().message();
+  EXPECT_EQ(EncodeEvent(*back), line);
+  const Configure& d = std::get<Configure>(*back);
+  EXPECT_EQ(d.options.hang.floor, std::chrono::milliseconds(2500));
+  EXPECT_EQ(d.options.recovery.paths.at("xid \"79\", a \\ cause"), RecoveryPath::kWaitForRepair);
+  EXPECT_EQ(d.options.recovery.paths.at("node_lost"), RecoveryPath::kEvictAndReplace);
+  EXPECT_EQ(d.options.first_generation.value, 4);
+  ASSERT_EQ(d.faults.size(), 3u);
+  EXPECT_EQ(d.faults[2].at, std::optional<Duration>(std::chrono::seconds(40)));
+  EXPECT_EQ(d.faults[1].kind, FaultKind::kKillAgent);
+
+  std::string invalid = line;
+  invalid.replace(invalid.find("nodes=2"), 7, "nodes=0");
+  Result<JobEvent> refused = DecodeEvent(invalid);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("nodes must be at least 1"), std::string::npos)
+      << refused.status().message();
+  std::string odd = line;
+  odd.replace(odd.find("recovery.paths=\""), 16, "recovery.paths=\"lonely\",\"");
+  EXPECT_FALSE(DecodeEvent(odd).ok());
+}
+
+// An unconfigured machine takes nothing but its configuration; a second one
+// changes nothing.
+TEST(JobCodec, AMachineActsOnlyOnceConfiguredAndKeepsItsFirstConfiguration) {
+  JobMachine m(At(Duration(0)));
+  EXPECT_TRUE(m.Step(NodeUp{NodeId{0}, "node0", 2}, At(Duration(0))).empty());
+  EXPECT_TRUE(m.Step(Configure{ReplayOptions(), {}}, At(Duration(0))).empty());
+  JobMachineOptions other = ReplayOptions();
+  other.nodes = 1;
+  EXPECT_TRUE(m.Step(Configure{other, {}}, At(Duration(0))).empty());
+  EXPECT_TRUE(m.Step(NodeUp{NodeId{0}, "node0", 2}, At(Duration(0))).empty()) << "2 nodes needed";
+  EXPECT_EQ(m.Step(NodeUp{NodeId{1}, "node1", 2}, At(Duration(0))).size(), 1u);
+}
+
 TEST(JobCodec, AJournalReplayedIntoAFreshMachineActsIdentically) {
   int failures = 0, incidents = 0, generations = 0;
   for (uint64_t seed = 1; seed <= 300; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    JobMachine a(ReplayOptions(), ReplayFaults(), At(Duration(0)));
+    // The journal begins with the configuration, as the controller's does.
+    JobMachine a(At(Duration(0)));
     RandomJob job(seed);
     std::vector<std::pair<TimePoint, std::string>> journal;
     std::vector<std::string> outputs;
+    const Configure configure{ReplayOptions(), ReplayFaults()};
+    journal.push_back({At(Duration(0)), EncodeEvent(configure)});
+    outputs.push_back(Actions(a.Step(configure, At(Duration(0)))));
     for (int i = 0; i < 400 && a.phase() != JobPhase::kDone; ++i) {
       auto [event, at] = job.Next(a);
       journal.push_back({at, EncodeEvent(event)});
       outputs.push_back(Actions(a.Step(event, at)));
     }
-    JobMachine b(ReplayOptions(), ReplayFaults(), At(Duration(0)));
+    JobMachine b(At(Duration(0)));  // all it knows comes from the journal
     for (size_t i = 0; i < journal.size(); ++i) {
       Result<JobEvent> event = DecodeEvent(journal[i].second);
       ASSERT_TRUE(event.ok()) << journal[i].second << ": " << event.status().message();

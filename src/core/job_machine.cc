@@ -10,6 +10,8 @@
 namespace endure::core {
 namespace {
 
+using faults::FaultKind;
+
 double SecondsBetween(TimePoint a, TimePoint b) { return Seconds(b - a); }
 
 }  // namespace
@@ -33,7 +35,9 @@ std::string_view JobPhaseName(JobPhase phase) {
 Status JobMachineOptions::Validate() const {
   if (nodes < 1) return InvalidArgument("nodes must be at least 1");
   if (ranks_per_node < 1) return InvalidArgument("ranks_per_node must be at least 1");
-  if (first_generation < 0) return InvalidArgument("first_generation must not be negative");
+  if (first_generation.value < 0) {
+    return InvalidArgument("first_generation must not be negative");
+  }
   if (replacement_timeout < Duration(0)) {
     return InvalidArgument("replacement_timeout must not be negative");
   }
@@ -44,19 +48,34 @@ Status JobMachineOptions::Validate() const {
   return recovery.Validate();
 }
 
-JobMachine::JobMachine(JobMachineOptions options, std::vector<ExternalFault> external_faults,
-                       TimePoint start)
-    : options_(std::move(options)),
-      external_(std::move(external_faults)),
-      start_(start),
+JobMachine::JobMachine(TimePoint start)
+    : start_(start),
       ledger_(start),
       hang_(options_.hang),
       heartbeats_(options_.heartbeat),
       loss_(options_.loss),
       anomaly_(options_.anomaly),
-      recovery_(options_.recovery) {
-  ENDURE_CHECK(options_.Validate().ok());
-  generation_ = options_.first_generation - 1;
+      recovery_(options_.recovery) {}
+
+JobMachine::JobMachine(JobMachineOptions options, std::vector<ExternalFault> external_faults,
+                       TimePoint start)
+    : JobMachine(start) {
+  const std::vector<JobAction> none =
+      Step(Configure{std::move(options), std::move(external_faults)}, start);
+  ENDURE_CHECK(none.empty());
+}
+
+void JobMachine::OnConfigure(const Configure& c) {
+  ENDURE_CHECK(c.options.Validate().ok());
+  configured_ = true;
+  options_ = c.options;
+  external_ = c.faults;
+  hang_ = HangDetector(options_.hang);
+  heartbeats_ = HeartbeatMonitor(options_.heartbeat);
+  loss_ = LossAnomalyDetector(options_.loss);
+  anomaly_ = AnomalyPolicy(options_.anomaly);
+  recovery_ = RecoveryPolicy(options_.recovery);
+  generation_ = Generation{options_.first_generation.value - 1};
 }
 
 std::string JobMachine::NodeName(NodeId node) const {
@@ -64,9 +83,9 @@ std::string JobMachine::NodeName(NodeId node) const {
   return it == nodes_.end() ? "node?" : it->second.name;
 }
 
-NodeId JobMachine::NodeOfRank(int rank) const {
-  const size_t i = static_cast<size_t>(rank / options_.ranks_per_node);
-  return rank >= 0 && i < members_.size() ? members_[i] : NodeId{};
+NodeId JobMachine::NodeOfRank(Rank rank) const {
+  const size_t i = static_cast<size_t>(rank.value / options_.ranks_per_node);
+  return rank.valid() && i < members_.size() ? members_[i] : NodeId{};
 }
 
 std::vector<NodeId> JobMachine::NodesUp() const {
@@ -121,6 +140,11 @@ std::optional<TimePoint> JobMachine::NextDeadline() const {
 std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
   std::vector<JobAction> out;
   if (phase_ == JobPhase::kDone) return out;
+  if (const auto* c = std::get_if<Configure>(&event)) {
+    if (!configured_) OnConfigure(*c);
+    return out;
+  }
+  if (!configured_) return out;
   ledger_.Advance(now);
   if (StepAnyPhase(event, now, out)) return out;
   switch (phase_) {
@@ -170,28 +194,28 @@ bool JobMachine::StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<
       Incident inc;
       inc.id = static_cast<int>(incidents_.size()) + 1;
       inc.generation = generation_;
-      inc.cause = "checkpoint persistence failing";
-      inc.rank = e->shard;
+      inc.cause = FixedCause(Cause::kPersistenceFailing);
+      inc.rank = Rank{e->shard};
       inc.node = e->node;
       inc.node_name = NodeName(e->node);
       inc.fault_at = inc.detected_at = now;
       inc.failed_at_step = job_step_;
       inc.action = "continue";
-      inc.reason = "writing step " + std::to_string(e->step) + " shard " +
+      inc.reason = "writing step " + std::to_string(e->step.value) + " shard " +
                    std::to_string(e->shard) + " to durable storage failed (" + e->error +
                    "); training goes on, restorable from the memory tiers (T0/T1) only";
       incidents_.push_back(std::move(inc));
     }
 
   } else if (const auto* e = std::get_if<CheckpointsFound>(&event)) {
-    for (int64_t step : e->steps) {
+    for (StepNumber step : e->steps) {
       auto at = std::lower_bound(found_checkpoints_.begin(), found_checkpoints_.end(), step);
       if (at == found_checkpoints_.end() || *at != step) found_checkpoints_.insert(at, step);
     }
 
   } else if (const auto* e = std::get_if<RestoreChosen>(&event)) {
     for (auto it = incidents_.rbegin(); it != incidents_.rend(); ++it) {
-      if (it->generation == e->generation - 1 && it->relaunched_at) {
+      if (it->generation.Next() == e->generation && it->relaunched_at) {
         it->restore = e->text;
         break;
       }
@@ -203,16 +227,16 @@ bool JobMachine::StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<
 
   } else if (const auto* e = std::get_if<StackDumpEvent>(&event)) {
     for (Incident& inc : incidents_) {
-      if (inc.generation == e->generation && inc.cause == "hang") {
-        inc.stacks.push_back("rank " + std::to_string(e->rank) + ":\n" + e->text);
+      if (inc.generation == e->generation && inc.cause.kind == Cause::kHang) {
+        inc.stacks.push_back("rank " + std::to_string(e->rank.value) + ":\n" + e->text);
       }
     }
 
   } else if (std::holds_alternative<Tick>(event)) {
     FireDueFaults(now, out);
     // A frozen or partitioned agent: handled like a dead one (the recovery
-    // policy's path for node_lost evicts it).
-    // It failed when it was last heard from.
+    // policy's path for node_lost evicts it), which failed when it was last
+    // heard from.
     for (const CrashReport& lost : heartbeats_.Check(now)) {
       OnNodeLost(lost.node, lost.reason, lost.last_seen.value_or(now), now, out);
     }
@@ -233,8 +257,8 @@ void JobMachine::StepWaitingForNodes(const JobEvent& event, TimePoint now,
 void JobMachine::StepRunning(const JobEvent& event, TimePoint now, std::vector<JobAction>& out) {
   // Messages of another generation, or of a rank outside this one's world,
   // are dropped.
-  auto ours = [&](int generation, int rank) {
-    return generation == generation_ && rank >= 0 && rank < world_size();
+  auto ours = [&](Generation generation, Rank rank) {
+    return generation == generation_ && rank.valid() && rank.value < world_size();
   };
   if (const auto* e = std::get_if<WorkerReady>(&event)) {
     if (ours(e->generation, e->rank)) OnWorkerReady(*e, now);
@@ -268,7 +292,7 @@ void JobMachine::Stopped(TimePoint now, std::vector<JobAction>& out) {
 }
 
 void JobMachine::OnWorkerReady(const WorkerReady& e, TimePoint now) {
-  rank_ready_[e.rank] = true;
+  rank_ready_[e.rank.value] = true;
   max_restore_s_ = std::max(max_restore_s_, e.restore_s);
   start_step_ = e.start_step;
   if (std::all_of(rank_ready_.begin(), rank_ready_.end(), [](bool b) { return b; })) {
@@ -277,17 +301,18 @@ void JobMachine::OnWorkerReady(const WorkerReady& e, TimePoint now) {
       inc->restore_s = max_restore_s_;
       inc->restored_step = e.start_step;
     }
-    loss_.RollBackTo(StepNumber{e.start_step});
+    loss_.RollBackTo(e.start_step);
   }
 }
 
 void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobAction>& out) {
-  rank_step_[e.rank] = std::max(rank_step_[e.rank], e.step);
+  StepNumber& rank_step = rank_step_[e.rank.value];
+  rank_step = std::max(rank_step, e.step);
   // The rank is in this generation's world (checked by the caller), which
   // the hang detector was started with: an error here is a bug.
-  const Status recorded = hang_.OnStepEnd(e.rank, StepNumber{e.step}, now);
+  const Status recorded = hang_.OnStepEnd(e.rank.value, e.step, now);
   ENDURE_CHECK(recorded.ok());
-  const int64_t job_step = *std::min_element(rank_step_.begin(), rank_step_.end());
+  const StepNumber job_step = *std::min_element(rank_step_.begin(), rank_step_.end());
   if (!productive_ && job_step > start_step_) {
     // Every rank finished its first step of this generation.
     productive_ = true;
@@ -298,26 +323,27 @@ void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobActio
     }
   }
   if (productive_) job_step_ = job_step;
-  if (e.rank == 0 && !e.skipped) last_loss_ = e.loss;
-  if (e.rank == 0) {
+  if (e.rank == Rank{0} && !e.skipped) last_loss_ = e.loss;
+  if (e.rank == Rank{0}) {
     if (productive_ && e.ckpt_stall_s > 0) {
       ledger_.Reclassify(FromSeconds(e.ckpt_stall_s), LedgerCategory::kCheckpointStall, now);
     }
-    if (e.checkpoint_step >= 0 &&
+    if (e.checkpoint_step.value >= 0 &&
         (checkpoints_.empty() || e.checkpoint_step > checkpoints_.back())) {
       checkpoints_.push_back(e.checkpoint_step);
       ledger_.Commit(now);
     }
   }
-  if (options_.detect_loss_anomalies && !e.skipped && (e.rank == 0 || !std::isfinite(e.loss))) {
-    if (std::optional<LossAnomaly> a = loss_.Observe(StepNumber{e.step}, e.loss)) {
+  if (options_.detect_loss_anomalies && !e.skipped &&
+      (e.rank == Rank{0} || !std::isfinite(e.loss))) {
+    if (std::optional<LossAnomaly> a = loss_.Observe(e.step, e.loss)) {
       Failure f;
-      f.cause = std::string(LossAnomalyCause(a->kind));
+      f.cause = LossAnomalyCauseOf(a->kind);
       f.rank = e.rank;
       f.node = NodeOfRank(e.rank);
       f.fault_at = now;
       f.InjectedBy(LastFiredFault(
-          [&](const FaultFiredEvent& x) { return x.kind == "nan" && x.rank == e.rank; }));
+          [&](const FaultFiredEvent& x) { return x.kind == FaultKind::kNan && x.rank == e.rank; }));
       f.anomaly = true;
       f.extra_reason = a->reason;
       f.loss_anomaly = *a;
@@ -331,7 +357,7 @@ void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobActio
 void JobMachine::OnWorkerExit(const WorkerExitEvent& e, TimePoint now,
                               std::vector<JobAction>& out) {
   if (e.exit_code == 0) {
-    rank_done_[e.rank] = true;
+    rank_done_[e.rank.value] = true;
     if (std::all_of(rank_done_.begin(), rank_done_.end(), [](bool b) { return b; })) {
       Finish(0, "training completed", now, out);
     }
@@ -340,25 +366,32 @@ void JobMachine::OnWorkerExit(const WorkerExitEvent& e, TimePoint now,
   WorkerExit exit;
   exit.node = e.node;
   exit.node_name = NodeName(e.node);
-  exit.rank = e.rank;
+  exit.rank = e.rank.value;
   exit.exit_code = e.exit_code;
   exit.signal = e.signal;
   std::optional<CrashReport> crash = ClassifyWorkerExit(exit);
   if (!crash) return;
   Failure f;
-  f.cause = e.log_cause.empty() ? crash->cause : e.log_cause;
+  if (!e.log_cause.empty()) {
+    f.cause = IncidentCause{Cause::kLogRule, e.log_cause};
+  } else {
+    f.cause = IncidentCause{crash->kind == CrashKind::kSignal ? Cause::kSignal : Cause::kWorkerExit,
+                            crash->cause};
+  }
   f.rank = e.rank;
   f.node = e.node;
   f.fault_at = now;
   // Only faults that end a worker explain its exit (not, say, `slow`).
   f.InjectedBy(LastFiredFault([&](const FaultFiredEvent& x) {
-    return x.rank == e.rank && (x.kind == "kill" || x.kind == "exit" || x.kind == "log");
+    return x.rank == e.rank &&
+           (x.kind == FaultKind::kKill || x.kind == FaultKind::kExit || x.kind == FaultKind::kLog);
   }));
   f.log_action = e.log_action;
   f.log_line = e.log_line;
   f.extra_reason = crash->reason;
   if (!e.log_rule.empty()) {
-    f.extra_reason += "; log rule '" + e.log_rule + "' (" + e.log_action + ") matched";
+    const std::string_view action = e.log_action ? LogActionName(*e.log_action) : "";
+    f.extra_reason += "; log rule '" + e.log_rule + "' (" + std::string(action) + ") matched";
   }
   OnFailure(f, now, out);
 }
@@ -388,12 +421,12 @@ void JobMachine::CheckHang(TimePoint now, std::vector<JobAction>& out) {
   std::optional<HangVerdict> v = hang_.Check(now);
   if (!v) return;
   Failure f;
-  f.cause = "hang";
-  f.rank = v->behind_ranks.empty() ? (v->stalled_ranks.empty() ? -1 : v->stalled_ranks[0])
-                                   : v->behind_ranks[0];
+  f.cause = FixedCause(Cause::kHang);
+  f.rank = Rank{v->behind_ranks.empty() ? (v->stalled_ranks.empty() ? -1 : v->stalled_ranks[0])
+                                        : v->behind_ranks[0]};
   f.fault_at = v->stalled_since;
   if (const FaultFiredEvent* fired =
-          LastFiredFault([](const FaultFiredEvent& x) { return x.kind == "hang"; })) {
+          LastFiredFault([](const FaultFiredEvent& x) { return x.kind == FaultKind::kHang; })) {
     f.InjectedBy(fired);
     f.rank = fired->rank;
   }
@@ -413,12 +446,12 @@ void JobMachine::OnNodeLost(NodeId node, const std::string& reason, TimePoint fa
   if (phase_ == JobPhase::kRunning && member != members_.end()) {
     // A member of the running generation: a failure.
     Failure f;
-    f.cause = "node_lost";
+    f.cause = FixedCause(Cause::kNodeLost);
     f.node = node;
-    f.rank = static_cast<int>(member - members_.begin()) * options_.ranks_per_node;
+    f.rank = Rank{static_cast<int32_t>(member - members_.begin()) * options_.ranks_per_node};
     f.fault_at = fault_at;
     f.InjectedBy(LastFiredFault([&](const FaultFiredEvent& x) {
-      return x.kind == "kill-agent" && NodeOfRank(x.rank) == node;
+      return x.kind == FaultKind::kKillAgent && NodeOfRank(x.rank) == node;
     }));
     f.extra_reason = reason;
     OnFailure(f, now, out);
@@ -445,13 +478,14 @@ void JobMachine::FireDueFaults(TimePoint now, std::vector<JobAction>& out) {
     if (fired_.count(f.id) || (!f.at && !productive_)) continue;
     // A step-keyed fault fires while its rank runs step `step`, i.e. once
     // step - 1 steps are complete.
-    const bool due =
-        f.at ? now - start_ >= *f.at
-             : (f.rank >= 0 && f.rank < world_size() && rank_step_[f.rank] >= f.step - 1);
+    const bool due = f.at ? now - start_ >= *f.at
+                          : (f.rank.valid() && f.rank.value < world_size() &&
+                             rank_step_[f.rank.value].value >= f.step.value - 1);
     if (!due) continue;
-    const int rank = std::clamp(f.rank, 0, world_size() - 1);
+    const Rank rank{std::clamp(f.rank.value, 0, world_size() - 1)};
     fired_.insert(f.id);
-    FaultFiredEvent fired{generation_, rank, f.id, f.kind, rank_step_[rank] + 1, now};
+    FaultFiredEvent fired{
+        generation_, rank, f.id, f.kind, StepNumber{rank_step_[rank.value].value + 1}, now};
     fired_events_.push_back({generation_, fired});
     out.push_back(InjectFaultAction{f, NodeOfRank(rank), generation_});
   }
@@ -488,9 +522,8 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
   if (failure.anomaly) {
     // What this run reported and what the tiers held before it: a job
     // resumed from an earlier run's checkpoint rolls back to it, not to 0.
-    std::vector<StepNumber> ckpts;
-    for (int64_t s : checkpoints_) ckpts.push_back(StepNumber{s});
-    for (int64_t s : found_checkpoints_) ckpts.push_back(StepNumber{s});
+    std::vector<StepNumber> ckpts = checkpoints_;
+    ckpts.insert(ckpts.end(), found_checkpoints_.begin(), found_checkpoints_.end());
     AnomalyDecision d = anomaly_.Decide(*failure.loss_anomaly, ckpts);
     inc.action = std::string(AnomalyActionName(d.action));
     reason = d.reason;  // it restates the anomaly itself
@@ -501,15 +534,14 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
       // the anomaly": the tiers, not this list, say which checkpoints exist
       // and verify. Checkpoints of the anomalous step and later hold its
       // update: they are the abandoned timeline.
-      const int64_t anomalous = failure.loss_anomaly->step.value;
-      restore_step_ = std::max<int64_t>(0, anomalous - 1);
+      const StepNumber anomalous = failure.loss_anomaly->step;
+      restore_step_ = StepNumber{std::max<int64_t>(0, anomalous.value - 1)};
       abandoned_from_ = anomalous;
-      skip_steps_.clear();
-      for (StepNumber s : d.skip_steps) skip_steps_.push_back(s.value);
-      std::erase_if(checkpoints_, [&](int64_t s) { return s > restore_step_; });
-      std::erase_if(found_checkpoints_, [&](int64_t s) { return s > restore_step_; });
+      skip_steps_ = d.skip_steps;
+      std::erase_if(checkpoints_, [&](StepNumber s) { return s > restore_step_; });
+      std::erase_if(found_checkpoints_, [&](StepNumber s) { return s > restore_step_; });
     }
-  } else if (failure.log_action == "stop") {
+  } else if (failure.log_action == LogAction::kStop) {
     inc.action = "stop";
     reason += "; the matching log rule's action is stop";
     stop = true;
@@ -518,13 +550,13 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     const std::string node_name = NodeName(failure.node);
     fe.node = failure.node;
     fe.node_name = node_name;
-    fe.cause = failure.cause;
-    fe.step = StepNumber{inc.failed_at_step};
+    fe.cause = failure.cause.name;
+    fe.step = inc.failed_at_step;
     // Before this generation completed a step: a start-up failure.
     fe.during_recovery = !productive_;
     // The log says the node itself is bad (an Xid, an uncorrectable ECC
     // error); the policy isolates the node unless the cause is software.
-    fe.node_fault_evidence = failure.log_action == "evict_node";
+    fe.node_fault_evidence = failure.log_action == LogAction::kEvictNode;
     RecoveryDecision d = recovery_.Step(fe, now);
     inc.action = std::string(RecoveryActionName(d.action));
     reason += "; " + d.reason;
@@ -546,14 +578,14 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     // rollback removed the abandoned timeline's, so all that remain are of
     // this one, and a bound from this run's reports could only go back
     // further (a commit whose report was lost) and make the trainer drop it.
-    restore_step_ = -1;
-    abandoned_from_ = -1;
+    restore_step_ = StepNumber{-1};
+    abandoned_from_ = StepNumber{-1};
   }
   inc.reason = reason;
   incidents_.push_back(std::move(inc));
   incident_open_ = true;
 
-  out.push_back(StopGenerationAction{generation_, failure.cause == "hang"});
+  out.push_back(StopGenerationAction{generation_, failure.cause.kind == Cause::kHang});
   awaiting_stop_.clear();
   for (NodeId n : members_) {
     if (nodes_[n].up && (!evict || *evict != n)) awaiting_stop_.insert(n);
@@ -566,8 +598,8 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     incident_open_ = false;
     phase_ = JobPhase::kStopping;  // the stop above is the generation's: Finish sends none
     Finish(exit_code,
-           "gave up after incident " + std::to_string(incidents_.back().id) + " (" + failure.cause +
-               "): " + reason,
+           "gave up after incident " + std::to_string(incidents_.back().id) + " (" +
+               failure.cause.name + "): " + reason,
            now, out);
     return;
   }
@@ -602,25 +634,26 @@ void JobMachine::MaybeStart(TimePoint now, std::vector<JobAction>& out) {
   nodes.resize(options_.nodes);
   wait_until_.reset();
   replacement_deadline_.reset();
-  ++generation_;
+  generation_ = generation_.Next();
   members_ = nodes;
-  rank_step_.assign(world_size(), 0);
-  start_step_ = 0;
+  rank_step_.assign(world_size(), StepNumber{0});
+  start_step_ = StepNumber{0};
   rank_ready_.assign(world_size(), false);
   rank_done_.assign(world_size(), false);
   max_restore_s_ = 0;
   productive_ = false;
   const bool first = generation_ == options_.first_generation;
   if (!first) ledger_.Enter(LedgerCategory::kRecovery, now);
-  hang_.OnGenerationStart(generation_, world_size(), now);
+  hang_.OnGenerationStart(generation_.value, world_size(), now);
   hang_held_ = false;
   if (Incident* inc = OpenIncident()) inc->relaunched_at = now;
   phase_ = JobPhase::kRunning;
-  out.push_back(StartGenerationAction{generation_, members_, first ? -1 : restore_step_,
-                                      first ? -1 : abandoned_from_, skip_steps_, fired_});
+  out.push_back(StartGenerationAction{generation_, members_, first ? StepNumber{-1} : restore_step_,
+                                      first ? StepNumber{-1} : abandoned_from_, skip_steps_,
+                                      fired_});
   // Removed with this start; a later restart abandons nothing more unless a
   // new anomaly says so.
-  abandoned_from_ = -1;
+  abandoned_from_ = StepNumber{-1};
 }
 
 void JobMachine::Finish(int code, std::string reason, TimePoint now, std::vector<JobAction>& out) {

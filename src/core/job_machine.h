@@ -25,12 +25,15 @@
 
 #include "common/duration.h"
 #include "core/anomaly_policy.h"
+#include "core/cause.h"
 #include "core/ettr_ledger.h"
 #include "core/hang_detector.h"
 #include "core/heartbeat_monitor.h"
 #include "core/ids.h"
+#include "core/log_classifier.h"
 #include "core/loss_anomaly_detector.h"
 #include "core/recovery_policy.h"
+#include "faults/fault.h"
 
 namespace endure::core {
 
@@ -51,7 +54,7 @@ struct JobMachineOptions {
   // carries on a state directory numbers its generations after the earlier
   // runs' ones, so that a message of an earlier controller's generation (a
   // resuming agent's old workers ending) is never taken for one of its own.
-  int first_generation = 0;
+  Generation first_generation;
 
   Status Validate() const;
 };
@@ -60,9 +63,9 @@ struct JobMachineOptions {
 // (kill-agent), or any kind at a scheduled time since the job started.
 struct ExternalFault {
   std::string id;
-  std::string kind;            // "kill", "hang", "kill-agent", ...
-  int rank = -1;               // the target rank (kill-agent: its node)
-  int64_t step = -1;           // fire when the job reaches this step...
+  faults::FaultKind kind = faults::FaultKind::kKill;
+  Rank rank{-1};               // the target rank (kill-agent: its node)
+  StepNumber step{-1};         // fire when the job reaches this step...
   std::optional<Duration> at;  // ...or at this time since the job started
 };
 
@@ -80,52 +83,57 @@ struct NodeHeartbeat {  // the agent is alive
   NodeId node;
 };
 struct WorkerReady {
-  int generation = 0;
-  int rank = 0;
-  int64_t start_step = 0;
+  Generation generation;
+  Rank rank;
+  StepNumber start_step;
   double restore_s = 0;
 };
 struct StepEnd {
-  int generation = 0;
-  int rank = 0;
-  int64_t step = 0;  // steps completed
+  Generation generation;
+  Rank rank;
+  StepNumber step;  // steps completed
   double loss = 0;
   double ckpt_stall_s = 0;
-  int64_t checkpoint_step = -1;
-  bool skipped = false;  // skipped on purpose after an anomaly: no loss to judge
+  StepNumber checkpoint_step{-1};  // -1: no checkpoint committed with this step
+  bool skipped = false;            // skipped on purpose after an anomaly: no loss to judge
 };
 struct WorkerExitEvent {
-  int generation = 0;
-  int rank = 0;
+  Generation generation;
+  Rank rank;
   NodeId node;
   std::optional<int> exit_code;
   std::optional<int> signal;
-  // From the log classifier over the worker's last output, when a rule matched.
-  std::string log_cause, log_action, log_rule, log_line;
+  // From the log classifier over the worker's last output, when a rule
+  // matched (log_action: nullopt when none did, or the agent named no known
+  // action).
+  std::string log_cause;
+  std::optional<LogAction> log_action;
+  std::string log_rule, log_line;
 };
 struct FaultFiredEvent {
-  int generation = 0;
-  int rank = 0;
-  std::string id, kind;
-  int64_t step = 0;
+  Generation generation;
+  Rank rank;
+  std::string id;
+  faults::FaultKind kind = faults::FaultKind::kKill;
+  StepNumber step;
   TimePoint at;  // when it fired (the agent's report, on the controller's clock)
 };
 struct GenerationStoppedEvent {
-  int generation = 0;
+  Generation generation;
   NodeId node;
 };
 struct StackDumpEvent {
-  int generation = 0;
-  int rank = 0;
+  Generation generation;
+  Rank rank;
   std::string text;
 };
 // Writing a checkpoint shard to durable storage (T2) failed. Training goes
 // on from the memory tiers; the job's first such failure is an incident (the
 // report counts them all).
 struct PersistFailedEvent {
-  int generation = 0;
-  int shard = 0;
-  int64_t step = 0;
+  Generation generation;
+  int shard = 0;  // the shard of rank `shard`
+  StepNumber step;
   NodeId node;
   std::string error;
 };
@@ -134,14 +142,14 @@ struct PersistFailedEvent {
 // the shell lists the durable directory at start (an earlier run in the same
 // state directory may have left steps there). A rollback counts them.
 struct CheckpointsFound {
-  std::vector<int64_t> steps;
+  std::vector<StepNumber> steps;
 };
 
 // Where generation `generation` restores from, as the shell's checkpoint
 // engine planned it (the copies it chose across the tiers, and what it
 // refused): recorded on the incident that generation recovers from.
 struct RestoreChosen {
-  int generation = 0;
+  Generation generation;
   std::string text;
 };
 
@@ -151,30 +159,38 @@ struct RestoreChosen {
 // meanwhile counts against them; both are judged afresh from now.
 struct ControllerResumed {};
 
+// The job's configuration: the machine's first input (a machine made with
+// its options steps it at once), so that a journal holds all a replay needs.
+// A later one changes nothing: a run keeps the configuration it began with.
+struct Configure {
+  JobMachineOptions options;  // must be valid (CHECKed)
+  std::vector<ExternalFault> faults;
+};
+
 struct Tick {};
 
 using JobEvent =
     std::variant<NodeUp, NodeDown, NodeHeartbeat, WorkerReady, StepEnd, WorkerExitEvent,
                  FaultFiredEvent, GenerationStoppedEvent, StackDumpEvent, PersistFailedEvent,
-                 CheckpointsFound, RestoreChosen, ControllerResumed, Tick>;
+                 CheckpointsFound, RestoreChosen, ControllerResumed, Configure, Tick>;
 
 // ---- Actions ----
 struct StartGenerationAction {
-  int generation = 0;
+  Generation generation;
   std::vector<NodeId> nodes;  // node i runs ranks [i * ranks_per_node, (i+1) * ranks_per_node)
   // -1: newest that verifies (a start or a crash restart); 0: fresh; N: newest
   // at or before N (a rollback: N is the step before the anomaly, whichever
   // run wrote the checkpoint that the tiers find there).
-  int64_t restore_step = -1;
+  StepNumber restore_step{-1};
   // >= 0 on a rollback: the anomalous step. Checkpoints of it and later hold
   // its update (the abandoned timeline); the shell removes those this run
   // wrote. -1: nothing is abandoned.
-  int64_t abandoned_from = -1;
-  std::vector<int64_t> skip_steps;
+  StepNumber abandoned_from{-1};
+  std::vector<StepNumber> skip_steps;
   std::set<std::string> fired_faults;  // faults the workers must not fire again
 };
 struct StopGenerationAction {
-  int generation = 0;
+  Generation generation;
   bool dump_stacks = false;  // capture every rank's stack first (a hang)
 };
 struct EvictNodeAction {  // the node leaves the job (it is shut down)
@@ -184,7 +200,7 @@ struct EvictNodeAction {  // the node leaves the job (it is shut down)
 struct InjectFaultAction {  // fire an external fault now
   ExternalFault fault;
   NodeId node;
-  int generation = 0;
+  Generation generation;
 };
 struct FinishAction {
   int exit_code = 0;  // 0 success, 3 gave up
@@ -196,9 +212,9 @@ using JobAction = std::variant<StartGenerationAction, StopGenerationAction, Evic
 // One failure and what was done about it. Times are on the controller clock.
 struct Incident {
   int id = 0;
-  int generation = 0;
-  std::string cause;
-  int rank = -1;
+  Generation generation;
+  IncidentCause cause;
+  Rank rank{-1};
   NodeId node;
   std::string node_name;
   std::optional<TimePoint> injected_at;  // injected faults only
@@ -209,8 +225,8 @@ struct Incident {
   std::optional<TimePoint> ready_at;       // every rank of it restored
   std::optional<TimePoint> recovered_at;   // its first step ended
   double restore_s = 0;
-  int64_t failed_at_step = 0;  // highest step reached before the failure
-  int64_t restored_step = -1;  // where the next generation started
+  StepNumber failed_at_step;     // highest step reached before the failure
+  StepNumber restored_step{-1};  // where the next generation started
   std::string action;
   std::string reason;
   std::string log_line;
@@ -218,7 +234,9 @@ struct Incident {
   std::vector<std::string> stacks;  // "rank N:\n<stack>" per rank, for hangs
 
   int64_t steps_lost() const {
-    return restored_step < 0 ? 0 : std::max<int64_t>(0, failed_at_step - restored_step);
+    return restored_step.value < 0
+               ? 0
+               : std::max<int64_t>(0, failed_at_step.value - restored_step.value);
   }
 };
 
@@ -227,7 +245,11 @@ std::string_view JobPhaseName(JobPhase phase);
 
 class JobMachine {
  public:
-  // `options` must be valid (CHECKed). The job starts at `start`.
+  // An unconfigured machine for a job that starts at `start`: it ignores
+  // every input until a Configure.
+  explicit JobMachine(TimePoint start);
+  // A machine stepped with Configure{options, external_faults} at `start`.
+  // `options` must be valid (CHECKed).
   JobMachine(JobMachineOptions options, std::vector<ExternalFault> external_faults,
              TimePoint start);
 
@@ -237,18 +259,20 @@ class JobMachine {
   std::optional<TimePoint> NextDeadline() const;
 
   JobPhase phase() const { return phase_; }
-  int generation() const { return generation_; }
+  Generation generation() const { return generation_; }
   // Generations this machine started (from options.first_generation on).
-  int generations_started() const { return generation_ - options_.first_generation + 1; }
-  int64_t step() const { return job_step_; }  // highest step every rank completed
+  int generations_started() const {
+    return generation_.value - options_.first_generation.value + 1;
+  }
+  StepNumber step() const { return job_step_; }  // highest step every rank completed
   double last_loss() const { return last_loss_; }
   const std::vector<Incident>& incidents() const { return incidents_; }
   const EttrLedger& ledger() const { return ledger_; }
-  const std::vector<int64_t>& checkpoints() const { return checkpoints_; }
+  const std::vector<StepNumber>& checkpoints() const { return checkpoints_; }
   const std::set<std::string>& fired_faults() const { return fired_; }
   std::string NodeName(NodeId node) const;
   // The node running `rank` in the current generation (invalid if none).
-  NodeId NodeOfRank(int rank) const;
+  NodeId NodeOfRank(Rank rank) const;
   // The nodes registered and not lost or evicted, ascending.
   std::vector<NodeId> NodesUp() const;
 
@@ -259,12 +283,13 @@ class JobMachine {
     bool up = true;
   };
   struct Failure {
-    std::string cause;
-    int rank = -1;
+    IncidentCause cause;
+    Rank rank{-1};
     NodeId node;
     TimePoint fault_at;
     std::optional<TimePoint> injected_at;
-    std::string log_action, log_line, extra_reason;
+    std::optional<LogAction> log_action;
+    std::string log_line, extra_reason;
     bool evict = false;    // the node itself is bad
     bool anomaly = false;  // a loss anomaly: roll back to a checkpoint before it
     std::optional<LossAnomaly> loss_anomaly;
@@ -287,6 +312,7 @@ class JobMachine {
   // resume, stacks, persistence failures) and the phase-independent part of
   // a tick; it returns false when the phase's handler is to see the input
   // too. Each phase's handler takes what only that phase acts on.
+  void OnConfigure(const Configure& c);
   bool StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);
   void StepWaitingForNodes(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);
   void StepRunning(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);
@@ -321,6 +347,7 @@ class JobMachine {
   Incident* OpenIncident();
   int world_size() const { return options_.nodes * options_.ranks_per_node; }
 
+  bool configured_ = false;  // a Configure came: the other inputs count
   JobMachineOptions options_;
   std::vector<ExternalFault> external_;
   TimePoint start_;
@@ -333,27 +360,27 @@ class JobMachine {
 
   JobPhase phase_ = JobPhase::kWaitingForNodes;
   std::map<NodeId, Node> nodes_;
-  int generation_ = -1;
+  Generation generation_;
   std::vector<NodeId> members_;  // nodes of the current generation, in rank order
   std::set<NodeId> awaiting_stop_;
-  std::vector<int64_t> rank_step_;
+  std::vector<StepNumber> rank_step_;  // by rank
   std::vector<bool> rank_ready_, rank_done_;
   double max_restore_s_ = 0;
-  int64_t job_step_ = 0;
-  int64_t start_step_ = 0;   // step the current generation started from
+  StepNumber job_step_;
+  StepNumber start_step_;    // step the current generation started from
   bool productive_ = false;  // the current generation has completed a step
   double last_loss_ = 0;
-  std::vector<int64_t> checkpoints_;        // reported in this run, this timeline
-  std::vector<int64_t> found_checkpoints_;  // CheckpointsFound, ascending
+  std::vector<StepNumber> checkpoints_;        // reported in this run, this timeline
+  std::vector<StepNumber> found_checkpoints_;  // CheckpointsFound, ascending
   std::set<std::string> fired_;
   std::map<std::string, TimePoint> fired_at_;  // fault id -> time, current generation
-  std::vector<std::pair<int, FaultFiredEvent>> fired_events_;
+  std::vector<std::pair<Generation, FaultFiredEvent>> fired_events_;
   std::optional<TimePoint> wait_until_;  // backoff before the next start
   // While kWaiting for nodes: when the job gives up (replacement_timeout).
   std::optional<TimePoint> replacement_deadline_;
-  int64_t restore_step_ = -1;
-  int64_t abandoned_from_ = -1;
-  std::vector<int64_t> skip_steps_;
+  StepNumber restore_step_{-1};
+  StepNumber abandoned_from_{-1};
+  std::vector<StepNumber> skip_steps_;
   std::vector<Incident> incidents_;
   bool incident_open_ = false;
   bool persist_failure_reported_ = false;  // the first persistence failure is an incident

@@ -9,6 +9,7 @@ namespace endure::core {
 namespace {
 
 using namespace std::chrono_literals;
+using faults::FaultKind;
 
 TimePoint T(double s) { return At(FromSeconds(s)); }
 
@@ -79,8 +80,8 @@ class Job {
 TEST(JobMachine, CleanRunWithJitterHasNoIncidentAndFinishes) {
   Job job;
   StartGenerationAction start = job.Up();
-  EXPECT_EQ(start.generation, 0);
-  EXPECT_EQ(start.restore_step, -1);
+  EXPECT_EQ(start.generation.value, 0);
+  EXPECT_EQ(start.restore_step.value, -1);
   job.now = 2;
   job.Ready(0);
   std::mt19937_64 rng(7);
@@ -110,7 +111,7 @@ TEST(JobMachine, KilledRankIsDetectedAtOnceAndRestartedFromTheLastCheckpoint) {
   job.Ready(0);
   job.Run(1, 39);
   const double fault_at = job.now + 0.05;
-  job.Do(FaultFiredEvent{0, 1, "f1", "kill", 40, T(fault_at)});
+  job.Do(FaultFiredEvent{0, 1, "f1", FaultKind::kKill, 40, T(fault_at)});
   job.now = fault_at + 0.01;
   auto a = job.Do(WorkerExitEvent{0, 1, NodeId{1}, std::nullopt, 9});
   ASSERT_EQ(Find<StopGenerationAction>(a).size(), 1u);
@@ -120,24 +121,24 @@ TEST(JobMachine, KilledRankIsDetectedAtOnceAndRestartedFromTheLastCheckpoint) {
   job.now += 0.2;
   auto restart = Find<StartGenerationAction>(job.StopBoth());
   ASSERT_EQ(restart.size(), 1u);
-  EXPECT_EQ(restart[0].generation, 1);
+  EXPECT_EQ(restart[0].generation.value, 1);
   // The newest checkpoint that verifies (the tiers hold step 30); nothing is
   // abandoned by a crash.
-  EXPECT_EQ(restart[0].restore_step, -1);
-  EXPECT_EQ(restart[0].abandoned_from, -1);
+  EXPECT_EQ(restart[0].restore_step.value, -1);
+  EXPECT_EQ(restart[0].abandoned_from.value, -1);
   EXPECT_TRUE(restart[0].fired_faults.count("f1"));
   job.now += 0.5;
   job.Ready(30, 0.05);
   job.Run(31, 45);
   ASSERT_EQ(job.m.incidents().size(), 1u);
   const Incident& inc = job.m.incidents()[0];
-  EXPECT_EQ(inc.cause, "signal 9 SIGKILL");
-  EXPECT_EQ(inc.rank, 1);
+  EXPECT_EQ(inc.cause.name, "signal 9 SIGKILL");
+  EXPECT_EQ(inc.rank.value, 1);
   EXPECT_EQ(inc.node_name, "node1");
   EXPECT_NEAR(Seconds(inc.detected_at - inc.fault_at), 0.01, 1e-9);
   EXPECT_EQ(inc.steps_lost(), 9);
   ASSERT_TRUE(inc.recovered_at.has_value());
-  EXPECT_EQ(inc.restored_step, 30);
+  EXPECT_EQ(inc.restored_step.value, 30);
   EXPECT_EQ(inc.action, "restart_in_place");
   const EttrLedger& l = job.m.ledger();
   EXPECT_GT(l.total(LedgerCategory::kRecompute), Duration(0));
@@ -151,7 +152,7 @@ TEST(JobMachine, KilledRankIsDetectedAtOnceAndRestartedFromTheLastCheckpoint) {
 // checkpoints this run reported.
 TEST(JobMachine, ARollbackBeforeTheRunsFirstCheckpointAsksForTheEarlierRunsOne) {
   Job job;
-  job.Do(CheckpointsFound{{10, 15, 20}});
+  job.Do(CheckpointsFound{{StepNumber{10}, StepNumber{15}, StepNumber{20}}});
   job.Up();
   job.Ready(20);
   job.Run(21, 24);
@@ -159,8 +160,8 @@ TEST(JobMachine, ARollbackBeforeTheRunsFirstCheckpointAsksForTheEarlierRunsOne) 
   job.StepBoth(25, std::nan(""));
   auto restart = Find<StartGenerationAction>(job.StopBoth());
   ASSERT_EQ(restart.size(), 1u);
-  EXPECT_EQ(restart[0].restore_step, 24);
-  EXPECT_EQ(restart[0].abandoned_from, 25);
+  EXPECT_EQ(restart[0].restore_step.value, 24);
+  EXPECT_EQ(restart[0].abandoned_from.value, 25);
   ASSERT_EQ(job.m.incidents().size(), 1u);
   EXPECT_EQ(job.m.incidents()[0].action, "roll_back");
   EXPECT_NE(
@@ -174,8 +175,8 @@ TEST(JobMachine, ARollbackBeforeTheRunsFirstCheckpointAsksForTheEarlierRunsOne) 
   job.Do(WorkerExitEvent{job.m.generation(), 0, NodeId{0}, std::nullopt, 9});
   restart = Find<StartGenerationAction>(job.StopBoth());
   ASSERT_EQ(restart.size(), 1u);
-  EXPECT_EQ(restart[0].restore_step, -1);
-  EXPECT_EQ(restart[0].abandoned_from, -1);
+  EXPECT_EQ(restart[0].restore_step.value, -1);
+  EXPECT_EQ(restart[0].abandoned_from.value, -1);
   // The earlier run's steps are not this run's checkpoints in the report.
   EXPECT_TRUE(job.m.checkpoints().empty());
 }
@@ -186,7 +187,7 @@ TEST(JobMachine, HangIsDetectedAfterTheTimeoutWithStacks) {
   job.Ready(0);
   job.Run(1, 20);
   const double last = job.now;
-  job.Do(FaultFiredEvent{0, 0, "h", "hang", 21, T(last + 0.01)});
+  job.Do(FaultFiredEvent{0, 0, "h", FaultKind::kHang, 21, T(last + 0.01)});
   std::optional<TimePoint> deadline = job.m.NextDeadline();
   ASSERT_TRUE(deadline.has_value());
   // The floor of 2 s dominates 3 x p99 of 0.15 s steps.
@@ -205,8 +206,8 @@ TEST(JobMachine, HangIsDetectedAfterTheTimeoutWithStacks) {
   job.Do(StackDumpEvent{0, 0, "#0 nanosleep\n#1 endure::Session::BeginStep"});
   ASSERT_EQ(job.m.incidents().size(), 1u);
   const Incident& inc = job.m.incidents()[0];
-  EXPECT_EQ(inc.cause, "hang");
-  EXPECT_EQ(inc.rank, 0);
+  EXPECT_EQ(inc.cause.name, "hang");
+  EXPECT_EQ(inc.rank.value, 0);
   EXPECT_LE(Seconds(inc.detected_at - inc.fault_at), 2.0 + 1.0);
   ASSERT_EQ(inc.stacks.size(), 1u);
   EXPECT_NE(inc.stacks[0].find("BeginStep"), std::string::npos);
@@ -223,8 +224,8 @@ TEST(JobMachine, NanRollsBackThenSkipsTheStepWhenItRecurs) {
   ASSERT_EQ(restart.size(), 1u);
   // The newest checkpoint before step 25, whichever the tiers hold (step 20
   // here); checkpoints of step 25 and later hold the NaN update.
-  EXPECT_EQ(restart[0].restore_step, 24);
-  EXPECT_EQ(restart[0].abandoned_from, 25);
+  EXPECT_EQ(restart[0].restore_step.value, 24);
+  EXPECT_EQ(restart[0].abandoned_from.value, 25);
   EXPECT_TRUE(restart[0].skip_steps.empty());
   job.Ready(20);
   job.Run(21, 24);
@@ -232,18 +233,18 @@ TEST(JobMachine, NanRollsBackThenSkipsTheStepWhenItRecurs) {
   job.StepBoth(25, std::nan(""));
   restart = Find<StartGenerationAction>(job.StopBoth());
   ASSERT_EQ(restart.size(), 1u);
-  EXPECT_EQ(restart[0].restore_step, 24);
-  EXPECT_EQ(restart[0].abandoned_from, 25);
-  EXPECT_EQ(restart[0].skip_steps, std::vector<int64_t>{25});
+  EXPECT_EQ(restart[0].restore_step.value, 24);
+  EXPECT_EQ(restart[0].abandoned_from.value, 25);
+  EXPECT_EQ(restart[0].skip_steps, std::vector<StepNumber>{StepNumber{25}});
   // The re-run skips step 25: reported as skipped, it is not judged.
   job.Ready(20);
   job.Run(21, 24);
   for (int r = 0; r < 2; ++r) job.Do(StepEnd{job.m.generation(), r, 25, 0, 0, -1, true});
   job.Run(26, 30);
-  EXPECT_EQ(job.m.step(), 30);
+  EXPECT_EQ(job.m.step().value, 30);
   EXPECT_EQ(job.m.phase(), JobPhase::kRunning);
   ASSERT_EQ(job.m.incidents().size(), 2u);
-  EXPECT_EQ(job.m.incidents()[0].cause, "loss_nan");
+  EXPECT_EQ(job.m.incidents()[0].cause.name, "loss_nan");
   EXPECT_EQ(job.m.incidents()[0].action, "roll_back");
   EXPECT_EQ(job.m.incidents()[1].action, "roll_back_and_skip");
 }
@@ -263,7 +264,7 @@ TEST(JobMachine, LostNodeIsEvictedAndAReplacementJoins) {
   auto start = Find<StartGenerationAction>(job.Do(NodeUp{NodeId{2}, "node2", 1}));
   ASSERT_EQ(start.size(), 1u);
   EXPECT_EQ(start[0].nodes, (std::vector<NodeId>{NodeId{0}, NodeId{2}}));
-  EXPECT_EQ(job.m.incidents()[0].cause, "node_lost");
+  EXPECT_EQ(job.m.incidents()[0].cause.name, "node_lost");
   EXPECT_GT(job.m.ledger().total(LedgerCategory::kOther), Duration(0));
 }
 
@@ -325,11 +326,11 @@ TEST(JobMachine, AReplacementWithinTheTimeoutStartsAndZeroWaitsForever) {
 // generation is no failure of its own.
 TEST(JobMachine, AMachineStartsAtItsFirstGenerationAndIgnoresEarlierOnes) {
   JobMachineOptions o = Options();
-  o.first_generation = 5;
+  o.first_generation = Generation{5};
   Job job(o);
   const StartGenerationAction start = job.Up();
-  EXPECT_EQ(start.generation, 5);
-  EXPECT_EQ(start.restore_step, -1);
+  EXPECT_EQ(start.generation.value, 5);
+  EXPECT_EQ(start.restore_step.value, -1);
   EXPECT_EQ(job.m.generations_started(), 1);
   job.Ready(0);
   job.Run(1, 3);
@@ -361,7 +362,7 @@ TEST(JobMachine, ASilentAgentIsLostAfterTheHeartbeatTimeout) {
   ASSERT_EQ(evict.size(), 1u);
   EXPECT_EQ(evict[0].node, NodeId{1});
   const Incident& inc = job.m.incidents().at(0);
-  EXPECT_EQ(inc.cause, "node_lost");
+  EXPECT_EQ(inc.cause.name, "node_lost");
   // The fault is dated to the last heartbeat, not to its verdict: the
   // silence was detection time (it used to be 0, and the silent seconds were
   // booked as productive, then recomputed).
@@ -379,7 +380,7 @@ TEST(JobMachine, GivingUpAfterAFailureStopsTheGenerationOnce) {
   job.Run(1, 5);
   WorkerExitEvent exit{0, 1, NodeId{1}, 1, std::nullopt};
   exit.log_cause = "dataset_missing";
-  exit.log_action = "stop";
+  exit.log_action = LogAction::kStop;
   exit.log_rule = "file_not_found";
   const std::vector<JobAction> a = job.Do(exit);
   ASSERT_EQ(a.size(), 2u);
@@ -397,7 +398,7 @@ TEST(JobMachine, SameUserExceptionAtTheSameStepStopsTheJob) {
     job.Run(attempt == 0 ? 1 : 11, 14);
     WorkerExitEvent exit{job.m.generation(), 0, NodeId{0}, 1, std::nullopt};
     exit.log_cause = "user_exception";
-    exit.log_action = "restart";
+    exit.log_action = LogAction::kRestart;
     exit.log_rule = "user_exception";
     exit.log_line = "ValueError: bad shard";
     auto a = job.Do(exit);
@@ -418,10 +419,10 @@ TEST(JobMachine, ALogRuleThatSaysEvictEvictsTheNode) {
   job.Up();
   job.Ready(0);
   job.Run(1, 10);
-  job.Do(FaultFiredEvent{0, 1, "xid", "log", 11, T(job.now)});
+  job.Do(FaultFiredEvent{0, 1, "xid", FaultKind::kLog, 11, T(job.now)});
   WorkerExitEvent exit{0, 1, NodeId{1}, 1, std::nullopt};
   exit.log_cause = "xid_79";
-  exit.log_action = "evict_node";
+  exit.log_action = LogAction::kEvictNode;
   exit.log_rule = "xid_hardware";
   exit.log_line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.";
   auto a = job.Do(exit);
@@ -429,18 +430,18 @@ TEST(JobMachine, ALogRuleThatSaysEvictEvictsTheNode) {
   ASSERT_EQ(evict.size(), 1u);
   EXPECT_EQ(evict[0].node, NodeId{1});
   const Incident& inc = job.m.incidents().at(0);
-  EXPECT_EQ(inc.cause, "xid_79");
+  EXPECT_EQ(inc.cause.name, "xid_79");
   EXPECT_EQ(inc.action, "evict_and_wait_for_repair");
   EXPECT_EQ(inc.log_line, exit.log_line);
 }
 
 // Rank `rank`'s worker exits with code 1 after the log classifier matched
 // `cause` with `action`.
-WorkerExitEvent ExitWithLog(int generation, int rank, NodeId node, std::string cause,
+WorkerExitEvent ExitWithLog(Generation generation, int rank, NodeId node, std::string cause,
                             std::string action, std::string line) {
-  WorkerExitEvent exit{generation, rank, node, 1, std::nullopt};
+  WorkerExitEvent exit{generation, Rank{rank}, node, 1, std::nullopt};
   exit.log_cause = std::move(cause);
-  exit.log_action = std::move(action);
+  exit.log_action = *ParseLogAction(action);
   exit.log_rule = exit.log_cause;
   exit.log_line = std::move(line);
   return exit;
@@ -457,9 +458,9 @@ TEST(JobMachine, AStartUpFailureOnEveryNodeStopsAfterThreeAttemptsAndEvictsNothi
     job.now += 1;
     // The program raises before its first step on every node; whichever
     // rank's exit arrives first is the incident, the other a consequence.
-    const int gen = job.m.generation();
+    const Generation gen = job.m.generation();
     const int first = attempt % 2;
-    const NodeId members[] = {job.m.NodeOfRank(0), job.m.NodeOfRank(1)};
+    const NodeId members[] = {job.m.NodeOfRank(Rank{0}), job.m.NodeOfRank(Rank{1})};
     auto a = job.Do(ExitWithLog(gen, first, members[first], "user_exception", "restart",
                                 "RuntimeError: bad config"));
     all.insert(all.end(), a.begin(), a.end());
@@ -483,7 +484,7 @@ TEST(JobMachine, AStartUpFailureOnEveryNodeStopsAfterThreeAttemptsAndEvictsNothi
   EXPECT_NE(finish->reason.find("in the program or its configuration, not the nodes"),
             std::string::npos)
       << finish->reason;
-  EXPECT_EQ(job.m.generation(), 2);  // three attempts
+  EXPECT_EQ(job.m.generation().value, 2);  // three attempts
   EXPECT_TRUE(Find<EvictNodeAction>(all).empty());
   ASSERT_EQ(job.m.incidents().size(), 3u);
   EXPECT_EQ(job.m.incidents()[0].action, "restart_in_place");
@@ -562,7 +563,7 @@ TEST(JobMachine, AHangOnASingleNodeJobRestartsAndNeverEvictsTheNode) {
     now = Seconds(*deadline - T(0));
     step(NodeHeartbeat{NodeId{0}});
     ASSERT_EQ(Find<StopGenerationAction>(step(Tick{})).size(), 1u) << hang;
-    EXPECT_EQ(m.incidents().back().cause, "hang");
+    EXPECT_EQ(m.incidents().back().cause.name, "hang");
     EXPECT_EQ(m.incidents().back().action, "restart_in_place") << m.incidents().back().reason;
     auto start =
         Find<StartGenerationAction>(step(GenerationStoppedEvent{m.generation(), NodeId{0}}));
@@ -579,7 +580,7 @@ TEST(JobMachine, OnlyFaultsThatEndAWorkerExplainItsExit) {
   job.Up();
   job.Ready(0);
   job.Run(1, 5);
-  job.Do(FaultFiredEvent{0, 1, "slow", "slow", 3, T(1)});
+  job.Do(FaultFiredEvent{0, 1, "slow", FaultKind::kSlow, 3, T(1)});
   job.now += 1;
   job.Do(WorkerExitEvent{0, 1, NodeId{1}, 1, std::nullopt});
   const Incident& inc = job.m.incidents().at(0);
@@ -588,8 +589,9 @@ TEST(JobMachine, OnlyFaultsThatEndAWorkerExplainItsExit) {
 }
 
 TEST(JobMachine, ExternalFaultsFireByStepAndByTime) {
-  std::vector<ExternalFault> faults = {{"agent", "kill-agent", 1, 8, std::nullopt},
-                                       {"sched", "kill", 0, -1, std::chrono::seconds(30)}};
+  std::vector<ExternalFault> faults = {
+      {"agent", FaultKind::kKillAgent, 1, 8, std::nullopt},
+      {"sched", FaultKind::kKill, 0, -1, std::chrono::seconds(30)}};
   JobMachineOptions o = Options();
   o.hang.floor = std::chrono::seconds(60);         // no hang verdict in this test
   o.heartbeat.timeout = std::chrono::seconds(60);  // nor a lost node
@@ -623,7 +625,7 @@ TEST(JobMachine, FailingPersistenceIsOneIncidentThatStopsNothing) {
   job.Do(PersistFailedEvent{0, 1, 6, NodeId{1}, "No space left on device"});
   ASSERT_EQ(job.m.incidents().size(), 1u);
   const Incident& inc = job.m.incidents()[0];
-  EXPECT_EQ(inc.cause, "checkpoint persistence failing");
+  EXPECT_EQ(inc.cause.name, "checkpoint persistence failing");
   EXPECT_EQ(inc.node_name, "node1");
   EXPECT_NE(inc.reason.find("step 5 shard 1"), std::string::npos) << inc.reason;
   EXPECT_NE(inc.reason.find("memory tiers"), std::string::npos) << inc.reason;
@@ -651,9 +653,9 @@ TEST(JobMachine, MessagesOfAStaleGenerationAreDropped) {
       Find<StopGenerationAction>(job.Do(WorkerExitEvent{0, 1, NodeId{1}, std::nullopt, 9})).size(),
       1u);
   ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
-  ASSERT_EQ(job.m.generation(), 1);
-  const std::vector<int64_t> checkpoints = job.m.checkpoints();
-  const int64_t step = job.m.step();
+  ASSERT_EQ(job.m.generation().value, 1);
+  const std::vector<StepNumber> checkpoints = job.m.checkpoints();
+  const StepNumber step = job.m.step();
   const double loss = job.m.last_loss();
 
   // Generation 1 has started; its workers are not ready yet. Generation 0
@@ -668,14 +670,14 @@ TEST(JobMachine, MessagesOfAStaleGenerationAreDropped) {
   stale(StepEnd{0, 0, 13, std::nan(""), 0, 13});
   stale(StepEnd{0, 1, 13, std::nan(""), 0, -1});
   stale(WorkerExitEvent{0, 0, NodeId{0}, std::nullopt, 9});
-  stale(WorkerExitEvent{0, 1, NodeId{1}, 1, std::nullopt, "xid_79", "evict_node", "xid_hardware",
-                        "NVRM: Xid 79"});
+  stale(WorkerExitEvent{0, 1, NodeId{1}, 1, std::nullopt, "xid_79", LogAction::kEvictNode,
+                        "xid_hardware", "NVRM: Xid 79"});
   for (int r = 0; r < 2; ++r) stale(WorkerExitEvent{0, r, NodeId{r}, 0, std::nullopt});
   stale(GenerationStoppedEvent{0, NodeId{0}});
   stale(GenerationStoppedEvent{0, NodeId{1}});
   EXPECT_TRUE(actions.empty()) << actions.size() << " actions";
   EXPECT_EQ(job.m.phase(), JobPhase::kRunning);
-  EXPECT_EQ(job.m.generation(), 1);
+  EXPECT_EQ(job.m.generation().value, 1);
   EXPECT_EQ(job.m.step(), step);
   EXPECT_EQ(job.m.last_loss(), loss);
   EXPECT_EQ(job.m.checkpoints(), checkpoints);
@@ -685,10 +687,10 @@ TEST(JobMachine, MessagesOfAStaleGenerationAreDropped) {
 
   // Generation 1 goes on as if nothing had been said.
   job.Ready(10, 0.05);
-  EXPECT_EQ(job.m.incidents()[0].restored_step, 10);
+  EXPECT_EQ(job.m.incidents()[0].restored_step.value, 10);
   EXPECT_EQ(job.m.incidents()[0].restore_s, 0.05);
   job.Run(11, 15);
-  EXPECT_EQ(job.m.step(), 15);
+  EXPECT_EQ(job.m.step().value, 15);
   EXPECT_TRUE(job.m.incidents()[0].recovered_at.has_value());
 
   // It fails in turn: generation 0's stop confirmations do not stand for
@@ -702,7 +704,7 @@ TEST(JobMachine, MessagesOfAStaleGenerationAreDropped) {
   EXPECT_EQ(job.m.phase(), JobPhase::kStopping);
   std::vector<StartGenerationAction> next = Find<StartGenerationAction>(job.StopBoth());
   ASSERT_EQ(next.size(), 1u);
-  EXPECT_EQ(next[0].generation, 2);
+  EXPECT_EQ(next[0].generation.value, 2);
   EXPECT_EQ(job.m.incidents().size(), 2u);
 }
 

@@ -109,10 +109,14 @@ reference_run() {
   reference=$(fingerprint "$work/reference/report.json")
 }
 
-# tls_and_token NODES CONTROLLER_ADDRESS: certificates in $work/tls, the job
-# token in $work/token.
+# tls_and_token NODES CONTROLLER_ADDRESS...: certificates in $work/tls (each
+# valid for every address given: standby controllers share the controller
+# certificate), the job token in $work/token.
 tls_and_token() {
-  "$endure" certs --dir "$work/tls" --nodes "$1" --host "$2" >/dev/null
+  local nodes=$1 hosts=()
+  shift
+  for h in "$@"; do hosts+=(--host "$h"); done
+  "$endure" certs --dir "$work/tls" --nodes "$nodes" "${hosts[@]}" >/dev/null
   head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/token"
   chmod 600 "$work/token"
 }
@@ -125,6 +129,42 @@ await_file() {
   done
   cat "$2"
   echo "FAIL: $1 did not appear"
+  exit 1
+}
+
+# await_log LOG REGEX [TIMEOUT_S]: waits (default 30 s) until LOG has a line
+# matching REGEX (grep -E).
+await_log() {
+  local deadline=$((SECONDS + ${3:-30}))
+  while [ $SECONDS -lt $deadline ]; do
+    grep -qE "$2" "$1" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  cat "$1"
+  echo "FAIL: no line matching '$2' in $1"
+  exit 1
+}
+
+# netns_etcd I: a one-member etcd 3.4 (/usr/bin/etcd) in namespace I, its
+# client port (2379) on the namespace's address, its peer port on loopback;
+# data in $work/etcd, output in $work/etcd.log. Waits until it answers
+# /health and sets $etcd_endpoint (HOST:PORT).
+netns_etcd() {
+  local client="http://$(netns_addr "$1"):2379" peer="http://127.0.0.1:2380"
+  netns_start "$1" "$work/etcd.log" "$work" /usr/bin/etcd --name e --data-dir "$work/etcd" \
+    --listen-client-urls "$client" --advertise-client-urls "$client" \
+    --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
+    --initial-cluster "e=$peer" --logger zap --log-level warn
+  etcd_endpoint="$(netns_addr "$1"):2379"
+  for _ in $(seq 1 300); do
+    if ip netns exec "${ns[$1]}" /usr/bin/python3 - "$client/health" 2>/dev/null <<'PY'; then return 0; fi
+import json, sys, urllib.request
+sys.exit(0 if json.load(urllib.request.urlopen(sys.argv[1], timeout=1)).get("health") == "true" else 1)
+PY
+    sleep 0.1
+  done
+  cat "$work/etcd.log"
+  echo "FAIL: etcd did not come up on $client"
   exit 1
 }
 
