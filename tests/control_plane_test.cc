@@ -98,6 +98,21 @@ class ControlPlaneTest : public ::testing::Test {
             .value());
   }
 
+  // Waits (up to 120 s, or the run's end) until job `name`'s status.json
+  // says step `step` or later; returns the status it last read.
+  nlohmann::json AwaitStep(Running& run, const std::string& name, int64_t step) {
+    auto status = [&] {
+      nlohmann::json s =
+          nlohmann::json::parse(ReadAll(dir_ / name / "status.json"), nullptr, false);
+      return s.is_object() ? s : nlohmann::json::object();
+    };
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    while (status().value("step", int64_t{0}) < step &&
+           std::chrono::steady_clock::now() < deadline && !run.Ended(50ms)) {
+    }
+    return status();
+  }
+
   // Waits for a run started by StartRun (SIGINT after 300 s) and collects
   // its outcome.
   JobResult Finish(Running& run, const std::string& spec_path) {
@@ -1569,15 +1584,7 @@ TEST_F(ControlPlaneTest, AControllerKilledMidJobCarriesTheRunOnWithNoWorkerResta
   const int64_t kill_at = std::uniform_int_distribution<int64_t>(9, 20)(rng);
   std::unique_ptr<Running> run = StartRun(spec);
   const fs::path state = dir_ / "ctlkill";
-  auto status = [&] {
-    nlohmann::json s = nlohmann::json::parse(ReadAll(state / "status.json"), nullptr, false);
-    return s.is_object() ? s : nlohmann::json::object();
-  };
-  const auto deadline = std::chrono::steady_clock::now() + 120s;
-  while (status().value("step", int64_t{0}) < kill_at &&
-         std::chrono::steady_clock::now() < deadline && !run->Ended(50ms)) {
-  }
-  const nlohmann::json before = status();
+  const nlohmann::json before = AwaitStep(*run, "ctlkill", kill_at);
   ASSERT_GE(before.value("step", int64_t{0}), kill_at) << ReadAll(dir_ / "ctlkill.out");
   ASSERT_EQ(before.value("incidents", 0), 1) << before.dump();
   const int generation = before.value("generation", -1);
@@ -1629,15 +1636,7 @@ TEST_F(ControlPlaneTest, WithAStandbyAKilledLeaderIsTakenOverWithinTheLeaseBitEx
               static_cast<long long>(kill_at));
   std::unique_ptr<Running> run = StartRun(spec);
   const fs::path state = dir_ / "takeover";
-  auto status = [&] {
-    nlohmann::json s = nlohmann::json::parse(ReadAll(state / "status.json"), nullptr, false);
-    return s.is_object() ? s : nlohmann::json::object();
-  };
-  const auto deadline = std::chrono::steady_clock::now() + 120s;
-  while (status().value("step", int64_t{0}) < kill_at &&
-         std::chrono::steady_clock::now() < deadline && !run->Ended(50ms)) {
-  }
-  const nlohmann::json before = status();
+  const nlohmann::json before = AwaitStep(*run, "takeover", kill_at);
   ASSERT_GE(before.value("step", int64_t{0}), kill_at) << ReadAll(dir_ / "takeover.out");
   ASSERT_EQ(before.value("incidents", 0), 1) << before.dump();
   const int generation = before.value("generation", -1);

@@ -43,7 +43,7 @@ done
 
 await_step "$work/hosts" 10
 netns_link 0 down
-cut_at=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"])' "$work/hosts/status.json")
+cut_at=$(status_step)
 sleep 5
 netns_link 0 up
 echo "cut the controller off at step $cut_at for 5 s"
@@ -51,25 +51,17 @@ echo "cut the controller off at step $cut_at for 5 s"
 await_exit "$controller" 200
 [ "$code" = 0 ] || { show controller.log agent0.log agent1.log; echo "FAIL: the controller exited with $code"; exit 1; }
 
-/usr/bin/python3 - "$work" "$reference" "$net" "$steps" <<'PY' || { show controller.log agent0.log agent1.log; exit 1; }
-import glob, json, os, re, sys
+PYTHONPATH=$(dirname "$0") /usr/bin/python3 - "$work" "$reference" "$net" "$steps" <<'PY' || { show controller.log agent0.log agent1.log; exit 1; }
+import os, re, sys
+import netns_checks
 work, reference, net, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-report = json.load(open(os.path.join(work, "hosts", "report.json")))
-fail = []
-if not report.get("completed"):
-    fail.append("the job did not complete: " + str(report.get("verdict")))
-if report.get("param_fingerprint") != reference:
-    fail.append("fingerprint %s, reference %s" % (report.get("param_fingerprint"), reference))
-if report.get("incidents"):
-    fail.append("expected no incident: " + json.dumps(report.get("incidents")))
-if report.get("generations") != 1:
-    fail.append("expected one generation (no worker restarted), got %s" % report.get("generations"))
+report = netns_checks.report(work)
+fail = netns_checks.completed_bit_exact(report, reference)
 # The steps went on while the controller was cut off: the workers' logs
 # run to the end without a second launch.
+fail += netns_checks.no_incident_no_restart(report, work)
 # Which node runs which rank follows the order the agents registered in.
-logs = sorted(glob.glob(os.path.join(work, "hosts", "nodes", "node*", "logs", "gen*-rank*.log")))
-if sorted(os.path.basename(p) for p in logs) != ["gen0-rank0.log", "gen0-rank1.log"]:
-    fail.append("workers launched: " + str(logs))
+logs = netns_checks.worker_logs(work)
 rank0 = [p.split(os.sep)[-3] for p in logs if p.endswith("gen0-rank0.log")]
 lines = re.findall(r"generation (\d+): rendezvous at ([0-9.]+):(\d+) \((.*)\)",
                    open(os.path.join(work, "controller.log")).read())

@@ -56,6 +56,12 @@ netns_setup() {
   done
 }
 
+# status_step: the step the job's status.json (under $work/hosts) says.
+status_step() {
+  /usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"])' \
+    "$work/hosts/status.json"
+}
+
 # netns_addr I: the address of namespace I.
 netns_addr() { echo "$net.$(($1 + 1))"; }
 

@@ -75,20 +75,17 @@ start_agent 2
 # off the network, workers and all.
 await_step "$work/hosts" 27
 netns_link 2 down
-echo "cut node1's link at step $(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"])' "$work/hosts/status.json")"
+echo "cut node1's link at step $(status_step)"
 
 await_exit "$controller" 200
 [ "$code" = 0 ] || { show controller.log agent0.log agent1.log agent2.log; echo "FAIL: the controller exited with $code"; exit 1; }
 
-/usr/bin/python3 - "$work" "$reference" "$net" <<'PY' || { show controller.log agent0.log agent2.log; exit 1; }
+PYTHONPATH=$(dirname "$0") /usr/bin/python3 - "$work" "$reference" "$net" <<'PY' || { show controller.log agent0.log agent2.log; exit 1; }
 import glob, json, os, re, sys
+import netns_checks
 work, reference, net = sys.argv[1], sys.argv[2], sys.argv[3]
-report = json.load(open(os.path.join(work, "hosts", "report.json")))
-fail = []
-if not report.get("completed"):
-    fail.append("the job did not complete: " + str(report.get("verdict")))
-if report.get("param_fingerprint") != reference:
-    fail.append("fingerprint %s, reference %s" % (report.get("param_fingerprint"), reference))
+report = netns_checks.report(work)
+fail = netns_checks.completed_bit_exact(report, reference)
 causes = [i.get("cause", "") for i in report.get("incidents", [])]
 if len(causes) != 2 or "SIGKILL" not in causes[0] or causes[1] != "node_lost":
     fail.append("expected the kill, then node_lost: " + json.dumps(report.get("incidents")))

@@ -74,7 +74,7 @@ if grep -q "$reattached" "$work/agent0.log" "$work/agent1.log"; then
   echo "FAIL: an agent lost its controller before the leader was killed"
   exit 1
 fi
-killed_at_step=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["step"])' "$work/hosts/status.json")
+killed_at_step=$(status_step)
 kill -KILL "${controllers[$leader]}"
 killed=$(date +%s.%N)
 # Until both agents are attached to the standby (each says so once the new
@@ -93,26 +93,16 @@ await_exit "${controllers[$standby]}" 200
 [ "$code" = 0 ] ||
   { show controller$standby.log agent0.log agent1.log; echo "FAIL: controller$standby exited with $code"; exit 1; }
 
-/usr/bin/python3 - "$work" "$reference" "$standby" "${addresses[$standby]}" "$takeover" "$lease" <<'PY' || { show controller0.log controller1.log agent0.log agent1.log; exit 1; }
-import glob, json, os, re, sys
+PYTHONPATH=$(dirname "$0") /usr/bin/python3 - "$work" "$reference" "$standby" "${addresses[$standby]}" "$takeover" "$lease" <<'PY' || { show controller0.log controller1.log agent0.log agent1.log; exit 1; }
+import os, re, sys
+import netns_checks
 work, reference, standby, address = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 takeover, lease = float(sys.argv[5]), float(sys.argv[6])
-report = json.load(open(os.path.join(work, "hosts", "report.json")))
-fail = []
-if not report.get("completed"):
-    fail.append("the job did not complete: " + str(report.get("verdict")))
-if report.get("param_fingerprint") != reference:
-    fail.append("fingerprint %s, reference %s" % (report.get("param_fingerprint"), reference))
-if report.get("incidents"):
-    fail.append("expected no incident: " + json.dumps(report.get("incidents")))
-if report.get("generations") != 1:
-    fail.append("expected one generation (no worker restarted), got %s" % report.get("generations"))
+report = netns_checks.report(work)
+fail = netns_checks.completed_bit_exact(report, reference)
 if report.get("run") != 1:
     fail.append("expected run 1, got %s" % report.get("run"))
-# No worker restarted: each node's only worker log is of generation 0.
-logs = sorted(glob.glob(os.path.join(work, "hosts", "nodes", "node*", "logs", "gen*-rank*.log")))
-if sorted(os.path.basename(p) for p in logs) != ["gen0-rank0.log", "gen0-rank1.log"]:
-    fail.append("workers launched: " + str(logs))
+fail += netns_checks.no_incident_no_restart(report, work)
 if takeover > lease + 3:
     fail.append("takeover took %.2f s, more than the lease (%g s) and 3 s" % (takeover, lease))
 # The standby led on its own address, then carried the killed leader's run on.

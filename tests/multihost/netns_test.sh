@@ -65,15 +65,11 @@ show() {
 }
 [ "$code" = 0 ] || { show; echo "FAIL: the controller exited with $code"; exit 1; }
 
-report="$work/hosts/report.json"
-/usr/bin/python3 - "$report" "$reference" <<'PY' || { show; exit 1; }
+PYTHONPATH=$(dirname "$0") /usr/bin/python3 - "$work" "$reference" <<'PY' || { show; exit 1; }
 import json, sys
-report, reference = json.load(open(sys.argv[1])), sys.argv[2]
-fail = []
-if not report.get("completed"):
-    fail.append("the job did not complete: " + str(report.get("verdict")))
-if report.get("param_fingerprint") != reference:
-    fail.append("fingerprint %s, reference %s" % (report.get("param_fingerprint"), reference))
+import netns_checks
+report, reference = netns_checks.report(sys.argv[1]), sys.argv[2]
+fail = netns_checks.completed_bit_exact(report, reference)
 incidents = report.get("incidents", [])
 if len(incidents) != 1 or "SIGKILL" not in incidents[0].get("cause", "") + incidents[0].get("reason", ""):
     fail.append("expected one incident, the kill: " + json.dumps(incidents))
