@@ -39,6 +39,17 @@ TEST(NodeName, RefusesAnythingThatCouldLeaveADirectory) {
   }
 }
 
+TEST(NodeName, AHostIsNamedByItsFirstLabel) {
+  EXPECT_EQ(NodeNameOfHost("gpu-17.cluster.example.org").value(), "gpu-17");
+  EXPECT_EQ(NodeNameOfHost("node0").value(), "node0");
+  for (const std::string_view bad : {"", ".example", "-x.example", "h\xc3\xa9te"}) {
+    Result<std::string> name = NodeNameOfHost(bad);
+    ASSERT_FALSE(name.ok()) << bad;
+    EXPECT_NE(name.status().message().find("pass --node-id NAME"), std::string::npos)
+        << name.status().message();
+  }
+}
+
 TEST(Address, HostOfEveryForm) {
   EXPECT_EQ(HostOfAddress("127.0.0.1:5000"), "127.0.0.1");
   EXPECT_EQ(HostOfAddress("[::1]:5000"), "::1");

@@ -29,6 +29,12 @@ Status CheckNodeName(std::string_view name, std::string_view what) {
                          "starting with a letter or digit)");
 }
 
+Result<std::string> NodeNameOfHost(std::string_view hostname) {
+  const std::string_view label = hostname.substr(0, hostname.find('.'));
+  ENDURE_RETURN_IF_ERROR(CheckNodeName(label, "the host's name (pass --node-id NAME)"));
+  return std::string(label);
+}
+
 std::string QuoteForLog(std::string_view text, size_t max) {
   std::string out;
   const bool cut = text.size() > max;

@@ -23,6 +23,11 @@ bool IsValidNodeName(std::string_view name);
 // offending name (cut to 64 printable characters).
 Status CheckNodeName(std::string_view name, std::string_view what);
 
+// The node name of a host named `hostname`: its first label (up to the
+// first dot), as Slurm and Kubernetes name nodes. kInvalidArgument, saying
+// to pass --node-id, when that is not a valid node name.
+Result<std::string> NodeNameOfHost(std::string_view hostname);
+
 // `text` cut to `max` bytes with every byte outside printable ASCII shown as
 // \xHH: for quoting hostile input in an error message or a log line.
 std::string QuoteForLog(std::string_view text, size_t max = 64);

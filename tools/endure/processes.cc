@@ -1,11 +1,14 @@
 // `endure controller` and `endure agent`: the two long-running processes,
 // as started by `endure run` on one machine or by Slurm/Kubernetes on many.
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 
 #include "agent/agent.h"
 #include "common/duration.h"
 #include "common/env.h"
+#include "common/names.h"
 #include "common/shipped_files.h"
 #include "controller/controller.h"
 #include "controller/etcd_client.h"
@@ -32,6 +35,15 @@ Result<std::string> ReadToken(const std::string& token_file) {
 int Fail(const char* verb, const Status& st) {
   std::fprintf(stderr, "endure %s: %s\n", verb, st.message().c_str());
   return st.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitInternal;
+}
+
+// This host's node name (NodeNameOfHost of its host name).
+Result<std::string> ShortHostName() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) {
+    return InvalidArgument("cannot read the host's name; pass --node-id NAME");
+  }
+  return NodeNameOfHost(buf);
 }
 
 }  // namespace
@@ -116,7 +128,8 @@ Verb AddAgentVerb(CLI::App& root) {
                   "Controller address host:port; with standby controllers, every one of the "
                   "job's, comma-separated (the agent moves to whichever leads)")
       ->required();
-  cmd->add_option("--node-id", o->node_id, "This node's name, e.g. node0")->required();
+  cmd->add_option("--node-id", o->node_id,
+                  "This node's name, e.g. node0 (default: the host's name, up to its first dot)");
   cmd->add_option("--ranks", o->slots, "Ranks this node runs")->capture_default_str();
   cmd->add_option("--host", o->host, "Address of this node's workers")->capture_default_str();
   cmd->add_option("--work-dir", o->work_dir, "Logs and the worker socket (default ./endure-NODE)");
@@ -146,6 +159,12 @@ Verb AddAgentVerb(CLI::App& root) {
             Result<std::string> token = ReadToken(*token_file);
             if (!token.ok()) return Fail("agent", token.status());
             agent::AgentOptions opts = *o;
+            if (opts.node_id.empty()) {
+              // Named by its host: what Slurm and Kubernetes call the node.
+              Result<std::string> host = ShortHostName();
+              if (!host.ok()) return Fail("agent", host.status());
+              opts.node_id = *host;
+            }
             opts.token = *token;
             opts.controller_grace = *controller_grace;
             if (opts.work_dir.empty()) opts.work_dir = "endure-" + opts.node_id;
