@@ -435,6 +435,7 @@ void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
   // A worker that finished leaves its final state durable before the
   // controller hears that it finished.
   if (end.status.Success()) tiers_->PersistNewest(end.rank);
+  std::vector<proto::AgentEvent> words;
   if (!end.status.Success()) {
     if (std::optional<core::LogMatch> m = classifier_.Classify(end.tail)) {
       proto::AgentEvent e;
@@ -444,7 +445,7 @@ void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
       lm->set_action(std::string(core::LogActionName(m->action)));
       lm->set_rule(m->rule);
       lm->set_line(m->line);
-      Send(std::move(e), generation);
+      words.push_back(std::move(e));
     }
   }
   proto::AgentEvent e;
@@ -454,7 +455,12 @@ void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
   x->set_exit_code(end.status.code);
   x->set_signal(end.status.signal);
   x->set_param_fingerprint(FindFingerprint(end.tail));
-  Send(std::move(e), generation);
+  words.push_back(std::move(e));
+  {
+    std::lock_guard<std::mutex> lock(reports_mu_);
+    if (generation == generation_.load()) last_words_[end.rank] = words;
+  }
+  for (proto::AgentEvent& w : words) Send(std::move(w), generation);
 }
 
 void Agent::RefillStandbys() {
@@ -497,6 +503,7 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
     for (const proto::RankAssignment& r : start.ranks()) gate_.local_ranks.insert(r.rank());
     stack_signals_.clear();
     last_steps_.clear();
+    last_words_.clear();
     output_.reset();
     if (!start.progress_pattern().empty()) {
       // The controller validated it (job_spec.cc); a refusal here means
@@ -943,7 +950,21 @@ std::optional<Status> Agent::RideOutOutage(const std::string& why) {
   if (last.ok()) {
     // The resuming hello first, then what happened meanwhile, in order:
     // events made while this runs wait behind write_mu_ and follow.
+    // Then the ranks' last words of this generation again (see
+    // last_words_).
     proto::AgentEvent hello = Hello(/*resuming=*/true);
+    std::vector<proto::AgentEvent> words;
+    {
+      std::lock_guard<std::mutex> lock(reports_mu_);
+      for (const auto& [rank, events] : last_words_) {
+        for (proto::AgentEvent e : events) {
+          e.set_token(o_.token);
+          e.set_generation(generation_.load());
+          e.set_time_s(clock_->WallSeconds());
+          words.push_back(std::move(e));
+        }
+      }
+    }
     size_t kept = 0;
     int64_t dropped = 0;
     {
@@ -956,6 +977,7 @@ std::optional<Status> Agent::RideOutOutage(const std::string& why) {
         sent = transport_->Send(outage_.front());
         if (sent) outage_.PopFront();
       }
+      for (size_t i = 0; sent && i < words.size(); ++i) sent = transport_->Send(words[i]);
       // A stream that broke again ends the next Read: a new outage.
       link_ = sent ? Link::kOpen : Link::kOutage;
     }

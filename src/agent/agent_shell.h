@@ -204,7 +204,12 @@ class Agent {
   std::optional<OutputReports> output_;  // GUARDED_BY(reports_mu_); with a pattern
   std::map<int, int> stack_signals_;     // GUARDED_BY(reports_mu_); rank -> signal
   std::map<int, int64_t> last_steps_;    // GUARDED_BY(reports_mu_); rank -> last step reported
-  Clock::TimePoint started_;             // GUARDED_BY(reports_mu_)
+  // GUARDED_BY(reports_mu_): each local rank's last words in this generation
+  // (its log match and its exit), sent again after every resume: the
+  // controller that hears them may be a new one, and the first copies may
+  // have died with the old one in flight. Repeated, they change nothing.
+  std::map<int, std::vector<proto::AgentEvent>> last_words_;
+  Clock::TimePoint started_;  // GUARDED_BY(reports_mu_)
 };
 
 }  // namespace endure::agent
