@@ -729,28 +729,41 @@ Status SpecParser::ParseFault(const toml::table& t, int index, JobSpec& spec) {
 
 Status SpecParser::ParseControlPlane(const toml::table& t, JobSpec& spec) {
   ControlPlaneSpec& c = spec.control_plane;
-  return Keys(t, "control_plane",
-              {{"controller_grace",
-                [&](const toml::node& v, const std::string& key) -> Status {
-                  ENDURE_ASSIGN_OR_RETURN(c.controller_grace, Dur(v, key, false));
-                  return AtMost(v, key, c.controller_grace, kMaxControllerGrace, "30d");
-                }},
-               {"standby",
-                [&](const toml::node& v, const std::string& key) -> Status {
-                  ENDURE_ASSIGN_OR_RETURN(c.standby, Bool(v, key));
-                  return Status::Ok();
-                }},
-               {"lease", [&](const toml::node& v, const std::string& key) -> Status {
-                  ENDURE_ASSIGN_OR_RETURN(c.lease, Dur(v, key, true));
-                  // etcd's lease TTL: whole seconds, and nothing shorter than 2 s.
-                  if (c.lease < std::chrono::seconds(2) || c.lease > std::chrono::hours(1) ||
-                      c.lease % std::chrono::seconds(1) != Duration::zero()) {
-                    return Error(v, key,
-                                 "must be whole seconds in [2s, 1h] (an etcd lease), got " +
-                                     v.as_string()->get());
-                  }
-                  return Status::Ok();
-                }}});
+  ENDURE_RETURN_IF_ERROR(Keys(
+      t, "control_plane",
+      {{"controller_grace",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(c.controller_grace, Dur(v, key, false));
+          return AtMost(v, key, c.controller_grace, kMaxControllerGrace, "30d");
+        }},
+       {"standby",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(c.standby, Bool(v, key));
+          return Status::Ok();
+        }},
+       {"lease", [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(c.lease, Dur(v, key, true));
+          // etcd's lease TTL: whole seconds, and nothing shorter than 2 s.
+          if (c.lease < std::chrono::seconds(2) || c.lease > std::chrono::hours(1) ||
+              c.lease % std::chrono::seconds(1) != Duration::zero()) {
+            return Error(
+                v, key,
+                "must be whole seconds in [2s, 1h] (an etcd lease), got " + v.as_string()->get());
+          }
+          return Status::Ok();
+        }}}));
+  // The agents must ride out a takeover: with a grace no longer than the
+  // lease (and a second to move), they would stop the workers first.
+  if (c.standby && c.controller_grace <= c.lease + std::chrono::seconds(1)) {
+    const bool grace_set = lines_.count("control_plane.controller_grace") > 0;
+    const std::string key = grace_set ? "control_plane.controller_grace" : "control_plane.lease";
+    return Error(lines_[key], key,
+                 "controller_grace (" + FormatDuration(c.controller_grace) +
+                     ") must be longer than the standby's lease (" + FormatDuration(c.lease) +
+                     ") and a second, or the agents stop their workers before a standby "
+                     "takes over");
+  }
+  return Status::Ok();
 }
 
 Status SpecParser::ParseSchedule(const toml::table& t, JobSpec& spec) {

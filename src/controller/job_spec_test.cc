@@ -94,6 +94,18 @@ TEST(JobSpec, StandbyIsOffByDefaultAndItsLeaseIsWholeSecondsFromTwo) {
                       HasSubstr("whole seconds in [2s, 1h]")))
         << bad;
   }
+  // The agents' grace must outlast a takeover.
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) +
+                      "[control_plane]\nstandby = true\nlease = \"10s\"\ncontroller_grace = "
+                      "\"10s\"\n"),
+              AllOf(HasSubstr("job.toml:8"), HasSubstr("control_plane.controller_grace"),
+                    HasSubstr("must be longer than the standby's lease")));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "[control_plane]\nstandby = true\nlease = \"1h\"\n"),
+              AllOf(HasSubstr("job.toml:7"), HasSubstr("control_plane.lease"),
+                    HasSubstr("controller_grace (5m")));
+  EXPECT_TRUE(
+      ParseJobSpec(std::string(kMinimal) + "[control_plane]\nlease = \"1h\"\n", "job.toml").ok())
+      << "without a standby the lease does not matter";
 }
 
 TEST(JobSpec, ParsesTheIssueExample) {
