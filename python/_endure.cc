@@ -137,6 +137,28 @@ PYBIND11_MODULE(_endure, m) {
              }();
              return Unwrap(std::move(saved));
            })
+      .def("phase",
+           [](Session& s, const std::string& name) {
+             endure::Status st = s.Phase(name);
+             if (!st.ok()) Raise(st);
+           })
+      .def_property_readonly("current_phase", &Session::current_phase)
+      .def_property_readonly("sdc_check_every", &Session::sdc_check_every)
+      .def("fingerprint_due", &Session::FingerprintDue)
+      .def("report_fingerprint",
+           [](Session& s, int64_t step, const std::string& fingerprint) {
+             endure::Status st = s.ReportFingerprint(step, fingerprint);
+             if (!st.ok()) Raise(st);
+           })
+      // (tensor, element, bit) or None.
+      .def("bitflip_due",
+           [](Session& s, int64_t step) -> py::object {
+             std::optional<endure::BitFlip> flip = s.BitflipDue(step);
+             if (!flip) return py::none();
+             return py::make_tuple(flip->tensor, flip->element, flip->bit);
+           })
+      .def("before_collective", &Session::BeforeCollective,
+           py::call_guard<py::gil_scoped_release>())
       .def("should_skip", &Session::ShouldSkip)
       .def("set_tokens_per_step", &Session::SetTokensPerStep)
       .def("announce_stack_signal",
@@ -157,6 +179,12 @@ PYBIND11_MODULE(_endure, m) {
     py::gil_scoped_release release;
     return endure::Fingerprint(refs);
   });
+  // Flips (element, bit) of a contiguous tensor in place; whether it did.
+  m.def("flip_bit",
+        [](uintptr_t address, int64_t numel, size_t element_bytes, int64_t element, int bit) {
+          return endure::FlipBit(endure::BitFlip{0, element, bit}, reinterpret_cast<void*>(address),
+                                 numel, element_bytes);
+        });
   m.def("decode_shard", [](py::bytes bytes, const std::string& source) {
     std::string_view view = bytes;
     return ShardTuple(Unwrap(endure::DecodeShard(view, source)));

@@ -6,8 +6,11 @@ d-model 128, 4 heads, context 128, byte tokens), the same data (the batch of
 step s is a pure function of (seed, s), whatever the world size), the same
 optimizer and schedule, trained data parallel with DistributedDataParallel on
 gloo. It uses Endure's Python package for everything Endure offers a
-program: step reports, injected faults, every-step checkpoints into node
-memory and a bit-exact restore, and Python stacks on a hang.
+program: step reports, injected faults (bitflip and collective faults
+included), every-step checkpoints into node memory and a bit-exact restore,
+Python stacks on a hang, phases (a periodic evaluation with --eval-every runs
+in the phase "eval", checkpoints in "checkpoint") and parameter fingerprints
+for the silent-data-corruption check.
 
 It runs three ways, unchanged:
 
@@ -211,6 +214,10 @@ def parse_args(argv):
     p.add_argument("--ckpt-keep", type=int, default=3)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-batches", type=int, default=8)
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="evaluate every N steps, in the phase \"eval\" (0: never)")
+    p.add_argument("--eval-steps", type=int, default=0,
+                   help="forward passes on held-out batches per evaluation")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank")
     p.add_argument("--collective-timeout-s", type=int, default=300)
     args = p.parse_args(argv)
@@ -221,9 +228,30 @@ def parse_args(argv):
         problems.append("--d-model must be a multiple of --heads")
     if args.ckpt_every < 0:
         problems.append("--ckpt-every must be >= 0")
+    if args.eval_every < 0:
+        problems.append("--eval-every must not be negative")
+    if args.eval_steps < 0:
+        problems.append("--eval-steps must not be negative")
+    if args.eval_every > 0 and args.eval_steps < 1:
+        problems.append("--eval-every needs --eval-steps K >= 1 (forward passes per evaluation)")
+    if args.eval_steps > 0 and args.eval_every < 1:
+        problems.append("--eval-steps needs --eval-every N >= 1 (steps between evaluations)")
     if problems:
         p.error("; ".join(problems))
     return args
+
+
+def held_out_loss(model, val_text, args, batches: int) -> float:
+    """The mean loss over `batches` held-out micro-batches, as endure-train
+    computes it. Changes nothing: no gradients, and the batches are a pure
+    function of the seed (no draw from torch's generator), so training after
+    it is bit for bit training without it."""
+    with torch.no_grad():
+        losses = []
+        for b in range(batches):
+            x, y = batch(val_text, args.seed, -1 - b, 0, args.micro_batch, args.context)
+            losses.append(model(x, y).item())
+    return sum(losses) / len(losses) if losses else float("nan")
 
 
 def main(argv) -> int:
@@ -293,16 +321,21 @@ def main(argv) -> int:
                 group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
             local_loss = 0.0
+            comm_s = 0.0
             for a in range(accum):
                 x, y = batch(train_text, args.seed, step, rank * per_rank + a * args.micro_batch,
                              args.micro_batch, args.context)
                 sync = a == accum - 1 or world == 1
+                if a == accum - 1:
+                    # DDP's gradient allreduce runs in this backward: injected
+                    # comm-fail and comm-slow act here, as communication time.
+                    comm_s += session.before_collective(step)
                 ctx = ddp.no_sync() if (world > 1 and not sync) else _null()
                 with ctx:
                     loss = ddp(x, y) / accum
                     loss.backward()
                 local_loss += loss.item()
-            compute_s = time.monotonic() - t0
+            compute_s = time.monotonic() - t0 - comm_s
             if world > 1:
                 t = torch.tensor([local_loss], dtype=torch.float64)
                 dist.all_reduce(t)
@@ -312,28 +345,42 @@ def main(argv) -> int:
             if args.grad_clip > 0:
                 nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
             optimizer.step()
+        # Silent data corruption, when injected, lands after the update and
+        # before the fingerprint, as a faulty device's would.
+        flip = session.bitflip_due(step)
+        if flip is not None:
+            name = endure.torch.apply_bitflip(model.named_parameters(), flip)
+            print(f"train_gpt.py: rank {rank}: flipped bit {flip.bit} of element "
+                  f"{flip.element} of {name}", file=sys.stderr, flush=True)
+        if session.fingerprint_due(step):
+            session.report_fingerprint(step, endure.fingerprint(model.named_parameters()))
         if can_save and args.ckpt_every > 0 and (done % args.ckpt_every == 0 or
                                                  done == args.steps):
             ckpt.save(done)
         if session.should_skip(step):
             session.end_skipped_step(step)
-            continue
-        logged = session.end_step(step, loss=step_loss, compute_s=compute_s,
-                                  tokens=tokens_per_step)
-        if leader and (done == 1 or done % args.log_every == 0 or done == args.steps):
-            ms = (time.monotonic() - t0) * 1000
-            print(f"step {done:6d}/{args.steps} loss {logged:.4f} lr {lr:.2e} {ms:7.1f} ms "
-                  f"ckpt {ckpt.last_stall_s * 1000:.2f} ms", flush=True)
+        else:
+            logged = session.end_step(step, loss=step_loss, compute_s=compute_s, comm_s=comm_s,
+                                      tokens=tokens_per_step)
+            if leader and (done == 1 or done % args.log_every == 0 or done == args.steps):
+                ms = (time.monotonic() - t0) * 1000
+                print(f"step {done:6d}/{args.steps} loss {logged:.4f} lr {lr:.2e} {ms:7.1f} ms "
+                      f"ckpt {ckpt.last_stall_s * 1000:.2f} ms", flush=True)
+        if args.eval_every > 0 and done % args.eval_every == 0:
+            # Every rank evaluates the same held-out batches, on the module
+            # itself (not through DDP: no collective), in its own phase.
+            e0 = time.monotonic()
+            with session.phase("eval"):
+                eval_loss = held_out_loss(model, val_text, args, args.eval_steps)
+            if leader:
+                print(f"eval after step {done}/{args.steps} | loss {eval_loss:.4f} | "
+                      f"{args.eval_steps} batches in {(time.monotonic() - e0) * 1000:.1f} ms",
+                      flush=True)
 
     if leader:
         model.eval()
-        with torch.no_grad():
-            losses = []
-            for b in range(args.eval_batches):
-                x, y = batch(val_text, args.seed, -1 - b, 0, args.micro_batch, args.context)
-                losses.append(model(x, y).item())
-        if losses:
-            print(f"validation loss {sum(losses) / len(losses):.4f}")
+        if args.eval_batches > 0:
+            print(f"validation loss {held_out_loss(model, val_text, args, args.eval_batches):.4f}")
         print(f"param_fingerprint={endure.fingerprint(model.named_parameters())}", flush=True)
     if world > 1:
         dist.barrier()

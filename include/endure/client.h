@@ -2,15 +2,18 @@
 // process. A Session reports the trainer's progress to the node's agent
 // (ready, per-step timings and loss, heartbeats), hands the trainer the
 // agent's instructions for this generation (checkpoint directory and
-// interval, restore point, steps to skip), and fires the faults injected
-// into this rank.
+// interval, restore point, steps to skip), says which phase the rank is in
+// (training, evaluation, checkpoint, ...), reports parameter fingerprints for
+// the silent-data-corruption check, and fires the faults injected into this
+// rank.
 //
 // Transport: one JSON object per Unix datagram (SOCK_DGRAM), sent with
 // MSG_DONTWAIT to the socket named by ENDURE_AGENT_SOCKET. A training step is
 // never blocked on the agent: a datagram that cannot be queued right now (the
 // agent is gone, or its receive queue is full) is dropped and counted. Only
 // a "fault" datagram, sent right before the process dies on purpose, retries
-// for up to 100 ms, so that the agent learns which fault fired.
+// for up to 100 ms, so that the agent learns which fault fired; so do the
+// rare ones whose loss would mislead the agent ("stacks", "phase").
 //
 // Without ENDURE_AGENT_SOCKET the session is inactive: no socket, no thread,
 // nothing reported, so the same trainer runs bare or under torchrun. The
@@ -41,6 +44,9 @@
 //   ENDURE_HEARTBEAT_INTERVAL  duration such as "500ms" (default 500ms)
 //   ENDURE_FAULTS              JSON array of faults (format in src/faults/fault.h);
 //                              only step-keyed faults of this RANK are fired here
+//   ENDURE_SDC_CHECK_EVERY     integer >= 0 (default 0: off): every this many steps
+//                              the trainer fingerprints its parameters after the
+//                              optimizer step (FingerprintDue, ReportFingerprint)
 //   ENDURE_STACKS_FILE         where a worker that dumps its own stacks on a signal
 //                              (the Python client, through faulthandler) writes them
 // A malformed value is a configuration error: FromEnvironment returns
@@ -68,15 +74,25 @@
 //       agent then uses them instead of attaching gdb.
 //   {"type":"fault","id":"f1","kind":"kill","step":N}
 //       sent right before an injected fault takes effect; N is the fault's
-//       1-based step number (= the step index + 1).
+//       1-based step number (= the step index + 1) — for comm-slow, the
+//       step it first took effect.
+//   {"type":"phase","phase":NAME,"step":N}
+//       the rank enters phase NAME (^[a-z][a-z0-9_]{0,31}$) having completed N
+//       steps (-1 before Ready). "train" is the phase a rank starts in; others
+//       are "eval", "checkpoint", "data" or any name the program chooses. The
+//       agent times each phase on its own, so a long evaluation is not a hang.
+//   {"type":"fingerprint","step":N,"fingerprint":"0123456789abcdef"}
+//       XXH3-64 of the parameters (Fingerprint) after the optimizer step of
+//       step N (1-based, as in "step"): data-parallel replicas must agree.
 //
 // This header and include/endure/status.h are the whole C++ interface: they
 // include no header of Endure's source tree, and the session's socket,
 // threads and buffers live behind a pointer (Session::Impl). The C API over
 // it is include/endure/endure.h; the Python package `endure` binds it.
 //
-// Thread safety: Ready, BeginStep, EndStep and EndSkippedStep are called
-// from the training thread only. The heartbeat thread is internal and is
+// Thread safety: Ready, BeginStep, EndStep, EndSkippedStep, Phase,
+// ReportFingerprint, BitflipDue and BeforeCollective are called from the
+// training thread only. The heartbeat thread is internal and is
 // stopped (and joined) by the destructor. Accessors and dropped() may be
 // called from any thread.
 #pragma once
@@ -162,6 +178,27 @@ std::vector<int> PartitionBySize(const std::vector<uint64_t>& bytes, int shards)
 // XXH3-64 over each tensor's name and bytes, in order, as 16 hex digits: the
 // `param_fingerprint` that endure-train prints for its parameters.
 std::string Fingerprint(const std::vector<TensorRef>& tensors);
+
+// ---- Injected silent data corruption ----
+
+// Which bit of which parameter an injected `bitflip` fault flips. `tensor`
+// indexes the trainer's parameters in their named order (model
+// .named_parameters()), taken modulo their count; `element` is taken modulo
+// the tensor's number of elements and `bit` modulo its dtype's width in bits.
+// Bit b is the element's bit of value 2^b read as an unsigned integer of its
+// width in host byte order: for a float32, bit 30 is the top exponent bit
+// but one, 31 the sign.
+struct BitFlip {
+  int tensor = 0;
+  int64_t element = 0;
+  int bit = 30;
+};
+
+// Flips `flip`'s bit (its element and bit, not its tensor: the caller chose
+// that) in the `numel` elements of `element_bytes` bytes each at `data`.
+// Returns false, and touches nothing, for an empty tensor or an element size
+// that is not 1, 2, 4 or 8.
+bool FlipBit(const BitFlip& flip, void* data, int64_t numel, size_t element_bytes);
 
 // ---- Durable checkpoints in a directory (the format endure-train writes) ----
 //
@@ -271,6 +308,52 @@ class Session {
 
   // Datagrams dropped so far because the agent could not take them.
   int64_t dropped() const;
+
+  // ---- Phases ----
+
+  // The rank enters phase `name` ("eval", "checkpoint", "data", "train" to go
+  // back to training, or a name of the program's own): sends the "phase"
+  // datagram with the steps completed so far. Call it on every rank that
+  // enters the phase. kInvalidArgument, whether or not the session is
+  // active, for a name that does not match ^[a-z][a-z0-9_]{0,31}$; the phase
+  // is then unchanged. Inactive: only remembers the phase.
+  Status Phase(std::string_view name);
+  // The phase the rank is in: "train" until Phase says otherwise.
+  const std::string& current_phase() const;
+
+  // ---- Silent data corruption check ----
+
+  // ENDURE_SDC_CHECK_EVERY: steps between parameter fingerprints (0: off).
+  int64_t sdc_check_every() const;
+  // Whether the parameters after the optimizer step of step index
+  // `step_index` are to be fingerprinted: (step_index + 1) is a positive
+  // multiple of sdc_check_every().
+  bool FingerprintDue(int64_t step_index) const;
+  // Reports `fingerprint` (Fingerprint over the parameters, in their named
+  // order, after the optimizer step of step index `step_index`): the
+  // "fingerprint" datagram with step step_index + 1. kInvalidArgument for a
+  // fingerprint that is not 16 lowercase hex digits or a negative index,
+  // whether or not the session is active.
+  Status ReportFingerprint(int64_t step_index, std::string_view fingerprint);
+
+  // ---- Faults fired inside the step ----
+
+  // Call after the optimizer step of step index `step_index`, before any
+  // fingerprint of it. When a `bitflip` fault of this rank is due at this
+  // step, sends its "fault" datagram, prints a line on stderr and returns
+  // the bit to flip (once: the next call returns nullopt); the trainer flips
+  // it in its parameters (FlipBit), so that this replica silently differs.
+  std::optional<BitFlip> BitflipDue(int64_t step_index);
+
+  // Call right before each collective of step index `step_index` (the
+  // gradient allreduce), inside the time reported as comm_s. From a
+  // `comm-fail` fault's step on: sends its "fault" datagram, prints
+  // "endure fault: collective failed: Connection reset by peer (comm-fail)"
+  // on stderr and _exit(1)s, as a process whose NCCL/Gloo connection broke.
+  // From a `comm-slow` fault's step on: sleeps (factor - 1) x the rank's
+  // last comm_s (as given to EndStep, less what was slept here), at least
+  // (factor - 1) x 50 ms, per call; its "fault" datagram is sent once.
+  void BeforeCollective(int64_t step_index);
 
   // Tells the agent that this process writes its own stacks to
   // stacks_file() on `signal` (the "stacks" datagram). The caller installs

@@ -74,6 +74,46 @@ void endure_set_tokens_per_step(endure_session* session, int64_t tokens);
 /* Seconds since the process (or a warm standby's assignment) started. */
 double endure_seconds_since_process_start(void);
 
+/* Phases. The rank enters phase `name` ("eval", "checkpoint", "data",
+ * "train" to return to training, or a name of its own matching
+ * ^[a-z][a-z0-9_]{0,31}$), so that the agent times it on its own: a long
+ * evaluation is not a hang. ENDURE_INVALID_ARGUMENT for a bad or NULL name
+ * or session. Inactive session: only remembered. */
+endure_status endure_phase(endure_session* session, const char* name);
+/* The current phase: "train" until endure_phase says otherwise. Valid until
+ * the next endure_phase. */
+const char* endure_current_phase(const endure_session* session);
+
+/* Silent data corruption check (ENDURE_SDC_CHECK_EVERY, 0: off). */
+int64_t endure_sdc_check_every(const endure_session* session);
+/* 1 when the parameters after the optimizer step of step `step` are to be
+ * fingerprinted and reported. */
+int endure_fingerprint_due(const endure_session* session, int64_t step);
+/* Reports the parameters' fingerprint (16 lowercase hex digits, as
+ * endure_fingerprint writes it) after the optimizer step of step `step`.
+ * ENDURE_INVALID_ARGUMENT for another string. */
+endure_status endure_report_fingerprint(endure_session* session, int64_t step,
+                                        const char* fingerprint);
+
+/* Injected faults inside the step. A bit to flip: parameter tensor `tensor`
+ * (in the trainer's named order, modulo their count), element `element`
+ * (modulo its elements), bit `bit` (modulo its dtype's width). */
+typedef struct endure_bitflip {
+  int tensor;
+  int64_t element;
+  int bit;
+} endure_bitflip;
+/* After the optimizer step of step `step`: 1 and *out filled when a bitflip
+ * fault of this rank is due (once), 0 otherwise. */
+int endure_bitflip_due(endure_session* session, int64_t step, endure_bitflip* out);
+/* Flips out's element and bit in `numel` elements of `element_bytes` (1, 2,
+ * 4 or 8) bytes at `data`; 0 when nothing was flipped (empty tensor). */
+int endure_flip_bit(const endure_bitflip* flip, void* data, int64_t numel, size_t element_bytes);
+/* Right before each collective of step `step` (inside the time reported as
+ * comm_s): an injected comm-fail exits the process with 1 here, a comm-slow
+ * sleeps. */
+void endure_before_collective(endure_session* session, int64_t step);
+
 /* Checkpoints. A tensor seen in place: `bytes` bytes at `data`, row-major
  * and contiguous, of dtype "float32", "float64", "float16", "bfloat16",
  * "int64", "int32", "int16", "int8", "uint8" or "bool". */
@@ -92,6 +132,10 @@ typedef struct endure_tensor {
 endure_status endure_save_snapshot(endure_session* session, int64_t step, int shards,
                                    const char* meta_json, const endure_tensor* tensors,
                                    size_t count, int* saved);
+
+/* XXH3-64 over each tensor's name and bytes, in order, as 16 hex digits and
+ * a NUL in out[0..16]: the fingerprint endure_report_fingerprint takes. */
+endure_status endure_fingerprint(const endure_tensor* tensors, size_t count, char out[17]);
 
 /* The agent's restore point: the step (0: fresh start; -1: the agent gave no
  * plan) and its sources, one per shard. */

@@ -3,8 +3,11 @@
 A :class:`Session` reports the program's progress to the node's Endure agent
 (ready, per-step loss and timings, heartbeats from a background thread),
 fires the faults injected into this rank (``kill``, ``exit``, ``hang``,
-``nan``, ``slow``, ``log``), and hands the program the agent's instructions
-for this generation (restore point, checkpoint directory, steps to skip).
+``nan``, ``slow``, ``log``, ``bitflip``, ``comm-fail``, ``comm-slow``), says
+which phase the rank is in (``with session.phase("eval"): ...``), reports
+parameter fingerprints for the silent-data-corruption check, and hands the
+program the agent's instructions for this generation (restore point,
+checkpoint directory, steps to skip).
 Checkpoints of ``state_dict``s go through :class:`endure.torch.Checkpointer`.
 
 Without an agent (the program runs bare or under torchrun) a session is
@@ -15,8 +18,17 @@ inactive and every call is a cheap no-op, so the same script runs anywhere::
     session.ready(start_step)
     for step in range(start_step, steps):
         session.begin_step(step)
-        loss = train_one_step(step)
+        loss = train_one_step(step)       # session.before_collective(step) before
+                                          # the gradient allreduce
+        flip = session.bitflip_due(step)  # after the optimizer step
+        if flip:
+            endure.torch.apply_bitflip(model.parameters(), flip)
+        if session.fingerprint_due(step):
+            session.report_fingerprint(step, endure.fingerprint(model.named_parameters()))
         loss = session.end_step(step, loss=loss)
+        if (step + 1) % 100 == 0:
+            with session.phase("eval"):   # a long evaluation is not a hang
+                evaluate()
 
 The protocol is implemented once, in the C++ client library; this package
 binds it (``endure._endure``) and adds what Python programs need: stack dumps
@@ -28,6 +40,7 @@ Importing ``endure`` does not import torch.
 
 from __future__ import annotations
 
+import collections
 import faulthandler
 import math
 import os
@@ -38,7 +51,13 @@ from typing import Optional
 from . import _endure
 from ._endure import DataLossError
 
-__all__ = ["Session", "DataLossError", "fingerprint", "seconds_since_process_start"]
+__all__ = ["Session", "BitFlip", "DataLossError", "fingerprint", "seconds_since_process_start"]
+
+#: The bit an injected ``bitflip`` fault flips: parameter tensor ``tensor``
+#: (in ``model.parameters()`` order, modulo their count), element ``element``
+#: (modulo its elements), bit ``bit`` (modulo its dtype's width; float32 bit 30
+#: is an exponent bit). Apply it with :func:`endure.torch.apply_bitflip`.
+BitFlip = collections.namedtuple("BitFlip", ["tensor", "element", "bit"])
 
 # The signal on which a Python worker dumps its stacks into
 # ENDURE_STACKS_FILE; the agent sends it when it captures stacks on a hang.
@@ -76,6 +95,7 @@ class Session:
     def __init__(self, impl: "_endure.Session"):
         self._impl = impl
         self._step_started: Optional[float] = None
+        self._pending_comm_s = 0.0
         self._pending_stall_s = 0.0
         self._pending_checkpoint_step = -1
         self._stacks_file = None
@@ -166,6 +186,67 @@ class Session:
         """Whether step index `step` is to be skipped (a bad batch)."""
         return self._impl.should_skip(step)
 
+    # ---- phases ----
+
+    @property
+    def current_phase(self) -> str:
+        """The phase this rank is in: "train" until :meth:`phase` says otherwise."""
+        return self._impl.current_phase
+
+    def phase(self, name: str) -> "_PhaseScope":
+        """This rank enters phase `name` ("eval", "checkpoint", "data",
+        "train", or a name of its own matching ``^[a-z][a-z0-9_]{0,31}$``) now,
+        so that the agent times it on its own: a long evaluation is not a hang.
+        Used as a context manager, returns to the previous phase on exit::
+
+            with session.phase("eval"):
+                evaluate()
+
+        Raises ValueError for a bad name (the phase is then unchanged).
+        """
+        previous = self._impl.current_phase
+        self._impl.phase(name)
+        return _PhaseScope(self._impl, previous)
+
+    # ---- silent data corruption check ----
+
+    @property
+    def sdc_check_every(self) -> int:
+        """Steps between parameter fingerprints (ENDURE_SDC_CHECK_EVERY; 0: off)."""
+        return self._impl.sdc_check_every
+
+    def fingerprint_due(self, step: int) -> bool:
+        """Whether the parameters after the optimizer step of index `step` are
+        to be fingerprinted (:meth:`report_fingerprint`)."""
+        return self._impl.fingerprint_due(int(step))
+
+    def report_fingerprint(self, step: int, fingerprint: str) -> None:
+        """Reports :func:`fingerprint` of the parameters after the optimizer
+        step of index `step`. Raises ValueError for a string that is not 16
+        lowercase hex digits."""
+        self._impl.report_fingerprint(int(step), fingerprint)
+
+    # ---- faults inside the step ----
+
+    def bitflip_due(self, step: int) -> Optional[BitFlip]:
+        """After the optimizer step of index `step`: the bit an injected
+        ``bitflip`` fault flips now (once), or None. Apply it with
+        :func:`endure.torch.apply_bitflip` before any fingerprint."""
+        flip = self._impl.bitflip_due(int(step))
+        return None if flip is None else BitFlip(*flip)
+
+    def before_collective(self, step: int) -> float:
+        """Call right before step `step`'s gradient allreduce. An injected
+        ``comm-fail`` exits the process with 1 here (its message on stderr);
+        a ``comm-slow`` sleeps. Returns the seconds it held the step, which
+        :meth:`end_step` reports as communication time (unless given comm_s)
+        and leaves out of its default compute_s."""
+        start = time.monotonic()
+        self._impl.before_collective(int(step))
+        held = time.monotonic() - start
+        self._pending_comm_s += held
+        return held
+
     # ---- progress ----
 
     def ready(self, start_step: int, restore_s: float = 0.0,
@@ -191,7 +272,7 @@ class Session:
 
         `loss` may be a float or a one-element tensor (None: not known).
         `compute_s` defaults to the time since :meth:`begin_step`, `comm_s` to
-        0. `tokens`: tokens the whole job processed in the step (for tokens/s).
+        the time :meth:`before_collective` held the step (0 without it). `tokens`: tokens the whole job processed in the step (for tokens/s).
         The stall and step of a checkpoint saved since the last call are
         reported with it.
         """
@@ -201,12 +282,15 @@ class Session:
         if compute_s is None:
             started = self._step_started
             compute_s = time.monotonic() - started if started is not None else 0.0
-            compute_s = max(0.0, compute_s - self._pending_stall_s)
+            compute_s = max(0.0, compute_s - self._pending_stall_s - self._pending_comm_s)
+        if comm_s is None:
+            comm_s = self._pending_comm_s
         if tokens is not None:
             self._impl.set_tokens_per_step(int(tokens))
         logged = self._impl.end_step(int(step), value, float(compute_s),
-                                     float(comm_s or 0.0), self._pending_stall_s,
+                                     float(comm_s), self._pending_stall_s,
                                      self._pending_checkpoint_step)
+        self._pending_comm_s = 0.0
         self._pending_stall_s = 0.0
         self._pending_checkpoint_step = -1
         self._step_started = None
@@ -216,6 +300,7 @@ class Session:
         """Step index `step` was skipped (:meth:`should_skip`)."""
         self._impl.end_skipped_step(int(step), self._pending_stall_s,
                                     self._pending_checkpoint_step)
+        self._pending_comm_s = 0.0
         self._pending_stall_s = 0.0
         self._pending_checkpoint_step = -1
 
@@ -224,3 +309,19 @@ class Session:
         self._pending_stall_s += stall_s
         if committed_step >= 0:
             self._pending_checkpoint_step = committed_step
+
+
+class _PhaseScope:
+    """What :meth:`Session.phase` returns: the phase is entered already; as a
+    context manager, the previous phase is entered again on exit."""
+
+    def __init__(self, impl, previous: str):
+        self._impl = impl
+        self._previous = previous
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._impl.phase(self._previous)
+        return False

@@ -48,7 +48,7 @@ import torch
 
 from . import _endure
 
-__all__ = ["Checkpointer"]
+__all__ = ["Checkpointer", "apply_bitflip"]
 
 _FORMAT = "endure-python-1"
 _INT64_MAX = 2**63 - 1
@@ -66,6 +66,31 @@ _DTYPES = {
     torch.bool: "bool",
 }
 _TORCH_DTYPES = {name: dtype for dtype, name in _DTYPES.items()}
+
+
+def apply_bitflip(parameters, flip) -> str:
+    """Flips the bit an injected ``bitflip`` fault names
+    (:meth:`endure.Session.bitflip_due`) in place, in its raw bytes:
+    `parameters` are the model's parameters in order (``model.parameters()``
+    or ``model.named_parameters()``); the tensor is ``flip.tensor`` modulo
+    their count. Returns the flipped parameter's name (its index without
+    names). A tensor on a device is flipped through a CPU copy."""
+    params = list(parameters)
+    if not params:
+        raise ValueError("apply_bitflip: no parameters")
+    index = flip.tensor % len(params)
+    entry = params[index]
+    name, t = entry if isinstance(entry, tuple) else (str(index), entry)
+    with torch.no_grad():
+        host = t.detach()
+        on_host = host.device.type == "cpu" and host.is_contiguous()
+        if not on_host:
+            host = host.cpu().contiguous()
+        _endure.flip_bit(host.data_ptr(), host.numel(), host.element_size(), flip.element,
+                         flip.bit)
+        if not on_host:
+            t.copy_(host)
+    return name
 
 
 def _where(path: Tuple) -> str:
@@ -282,6 +307,20 @@ class Checkpointer:
             raise ValueError(f"Checkpointer.save: next_step must be >= 1, not {next_step}")
         start = time.monotonic()
         world, rank, _ = _dist()
+        writes = self._session.memory_checkpoints or (bool(self.directory) and rank == 0)
+        # The rank that writes is in the phase "checkpoint" meanwhile, so
+        # that the agent does not time a long save as a step (an
+        # endure.Session; the raw binding has no phase scopes).
+        wrapper = hasattr(self._session, "_note_checkpoint")
+        scope = self._session.phase("checkpoint") if writes and wrapper else _NoScope()
+        with scope:
+            saved = self._save(next_step, world, rank)
+        self.last_stall_s = time.monotonic() - start
+        if hasattr(self._session, "_note_checkpoint"):
+            self._session._note_checkpoint(self.last_stall_s, next_step if saved else -1)
+        return bool(saved)
+
+    def _save(self, next_step: int, world: int, rank: int) -> bool:
         meta, refs, keep_alive = self._collect(next_step)
         if self._session.memory_checkpoints:
             owner = _endure.partition_by_size([r[4] for r in refs], world)
@@ -297,9 +336,6 @@ class Checkpointer:
                              "Checkpointer(..., directory=...) or run under endure with "
                              "[checkpoint] every_steps")
         del keep_alive
-        self.last_stall_s = time.monotonic() - start
-        if hasattr(self._session, "_note_checkpoint"):
-            self._session._note_checkpoint(self.last_stall_s, next_step if saved else -1)
         return bool(saved)
 
     # ---- restore ----
@@ -405,6 +441,14 @@ class Checkpointer:
                 obj.update(value)
             else:
                 obj.load_state_dict(value)
+
+
+class _NoScope:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 def _broadcast_bytes(data: Optional[bytearray], root: int) -> Optional[bytearray]:

@@ -169,6 +169,102 @@ class SessionTest(CleanEnvironment):
         self.assertIn(line, p.stderr)
 
 
+    def agent_session(self, **env):
+        agent = FakeAgent(self.dir)
+        os.environ.update({"ENDURE_AGENT_SOCKET": agent.path, "ENDURE_TOKEN": "tok"})
+        os.environ.update(env)
+        return agent, endure.Session.from_env()
+
+    def test_phase_is_sent_and_restored_by_the_context_manager(self):
+        agent, s = self.agent_session()
+        self.assertEqual(s.current_phase, "train")
+        s.ready(3)
+        s.phase("data")  # a plain call enters it for good
+        m = agent.next("phase")
+        self.assertEqual((m["phase"], m["step"], m["token"]), ("data", 3, "tok"))
+        with s.phase("eval"):
+            self.assertEqual(s.current_phase, "eval")
+            self.assertEqual(agent.next("phase")["phase"], "eval")
+        self.assertEqual(s.current_phase, "data")
+        self.assertEqual(agent.next("phase")["phase"], "data")
+        with self.assertRaisesRegex(ValueError, "not a phase name"):
+            s.phase("Eval Loop")
+        self.assertEqual(s.current_phase, "data")
+        # An exception inside the block still returns to the previous phase.
+        with self.assertRaises(RuntimeError):
+            with s.phase("eval"):
+                raise RuntimeError("boom")
+        self.assertEqual(s.current_phase, "data")
+        agent.close()
+
+    def test_fingerprints_are_due_every_n_steps_and_checked(self):
+        agent, s = self.agent_session(ENDURE_SDC_CHECK_EVERY="3")
+        self.assertEqual(s.sdc_check_every, 3)
+        self.assertEqual([i for i in range(10) if s.fingerprint_due(i)], [2, 5, 8])
+        model = torch.nn.Linear(4, 2)
+        fp = endure.fingerprint(model.named_parameters())
+        s.report_fingerprint(5, fp)
+        m = agent.next("fingerprint")
+        self.assertEqual((m["step"], m["fingerprint"]), (6, fp))
+        with self.assertRaisesRegex(ValueError, "16 lowercase hex digits"):
+            s.report_fingerprint(5, "0123456789ABCDEF")
+        agent.close()
+        self.assertEqual(endure.Session.disabled().sdc_check_every, 0)
+
+    def test_bitflip_is_due_once_and_flips_the_named_bit(self):
+        agent, s = self.agent_session(ENDURE_FAULTS=json.dumps([
+            {"id": "b", "kind": "bitflip", "rank": 0, "step": 2, "tensor": 1, "element": 5,
+             "bit": 31}]))
+        self.assertIsNone(s.bitflip_due(0))
+        flip = s.bitflip_due(1)
+        self.assertEqual(flip, endure.BitFlip(tensor=1, element=5, bit=31))
+        self.assertEqual(agent.next("fault")["kind"], "bitflip")
+        self.assertIsNone(s.bitflip_due(1))  # once
+        model = torch.nn.Linear(2, 3)  # weight (3x2), bias (3): element 5 of 3 is 2
+        with torch.no_grad():
+            model.bias.copy_(torch.tensor([1.0, 2.0, 3.0]))
+        before = endure.fingerprint(model.named_parameters())
+        self.assertEqual(endure.torch.apply_bitflip(model.named_parameters(), flip), "bias")
+        self.assertEqual(model.bias.tolist(), [1.0, 2.0, -3.0])  # bit 31: the sign
+        self.assertNotEqual(endure.fingerprint(model.named_parameters()), before)
+        # The default: bit 30 of element 0 of the first tensor, an exponent bit.
+        t = torch.tensor([1.0])
+        endure.torch.apply_bitflip([t], endure.BitFlip(0, 0, 30))
+        self.assertTrue(math.isinf(t.item()))
+        agent.close()
+
+    def test_comm_slow_is_reported_as_communication_time(self):
+        agent, s = self.agent_session(ENDURE_FAULTS=json.dumps([
+            {"id": "cs", "kind": "comm-slow", "rank": 0, "step": 1, "factor": 3}]))
+        s.begin_step(0)
+        held = s.before_collective(0)
+        self.assertGreaterEqual(held, 0.1)  # (3 - 1) x at least 50 ms
+        self.assertLess(held, 2.0)
+        self.assertEqual(agent.next("fault")["kind"], "comm-slow")
+        s.end_step(0, loss=1.0)
+        step = agent.next("step")
+        self.assertGreaterEqual(step["comm_s"], 0.1)
+        self.assertLess(step["compute_s"], 0.1)
+        agent.close()
+
+    def test_comm_fail_exits_with_the_collective_error(self):
+        agent = FakeAgent(self.dir)
+        os.environ.update({"ENDURE_AGENT_SOCKET": agent.path, "ENDURE_TOKEN": "tok",
+                           "ENDURE_FAULTS": json.dumps([{"id": "cf", "kind": "comm-fail",
+                                                         "rank": 0, "step": 2}])})
+        script = ("import endure\ns = endure.Session.from_env()\n"
+                  "for i in range(4):\n    s.before_collective(i)\n    print(i, flush=True)\n")
+        p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(p.returncode, 1)
+        self.assertEqual(p.stdout.split(), ["0"])
+        self.assertIn("endure fault: collective failed: Connection reset by peer (comm-fail)",
+                      p.stderr)
+        m = agent.next("fault")
+        self.assertEqual((m["id"], m["kind"], m["step"]), ("cf", "comm-fail", 2))
+        agent.close()
+
+
 class CheckpointerTest(CleanEnvironment):
     def test_entry_without_state_dict_is_a_type_error_naming_the_key(self):
         s = endure.Session.disabled()
@@ -260,6 +356,18 @@ class CheckpointerTest(CleanEnvironment):
         c3 = endure.torch.Checkpointer(endure.Session.from_env(), {"model": make_state(9)[0]})
         with self.assertRaisesRegex(endure.DataLossError, "checksum"):
             c3.restore()
+
+    def test_save_runs_in_the_checkpoint_phase(self):
+        agent = FakeAgent(self.dir)
+        os.environ.update({"ENDURE_AGENT_SOCKET": agent.path, "ENDURE_TOKEN": "tok"})
+        s = endure.Session.from_env()
+        c = endure.torch.Checkpointer(s, {"model": torch.nn.Linear(2, 2)},
+                                      directory=os.path.join(self.dir, "ckpt"))
+        self.assertTrue(c.save(1))
+        self.assertEqual(agent.next("phase")["phase"], "checkpoint")
+        self.assertEqual(agent.next("phase")["phase"], "train")
+        self.assertEqual(s.current_phase, "train")
+        agent.close()
 
     def test_state_larger_than_the_slot_names_the_key_to_raise(self):
         t0 = os.path.join(self.dir, "t0")

@@ -41,6 +41,7 @@
 #include "common/net.h"
 #include "common/secret.h"
 #include "common/tls.h"
+#include "faults/fault.h"
 
 namespace endure::agent {
 namespace {
@@ -373,6 +374,16 @@ void Agent::HandleDatagram(std::string_view bytes) {
     s->set_comm_s(m->comm_s);
     s->set_ckpt_stall_s(m->ckpt_stall_s);
     s->set_checkpoint_step(m->checkpoint_step);
+  } else if (const auto* m = std::get_if<PhaseMessage>(&d.message)) {
+    auto* p = e.mutable_phase();
+    p->set_rank(d.rank);
+    p->set_phase(m->name);
+    p->set_step(m->step);
+  } else if (const auto* m = std::get_if<FingerprintMessage>(&d.message)) {
+    auto* f = e.mutable_fingerprint();
+    f->set_rank(d.rank);
+    f->set_step(m->step);
+    f->set_fingerprint(m->fingerprint);
   } else if (const auto* m = std::get_if<ReadyMessage>(&d.message)) {
     auto* r = e.mutable_worker_ready();
     r->set_rank(d.rank);
@@ -383,6 +394,19 @@ void Agent::HandleDatagram(std::string_view bytes) {
     tiers_->Notify({d.rank, m->step, m->shards, m->path});
     return;
   } else if (const auto* m = std::get_if<FaultMessage>(&d.message)) {
+    if (m->kind == "comm-fail" || m->kind == "comm-slow") {
+      // The node's network is what the fault breaks: its pairwise tests
+      // fail (or crawl) from now on, as its collectives do.
+      const PairFault fault =
+          m->kind == "comm-fail" ? PairFault::Fail() : PairFault::Slow(CommSlowFactor(m->id));
+      std::lock_guard<std::mutex> lock(command_mu_);
+      pair_fault_ = fault;
+      if (pair_server_) {
+        if (Status st = pair_server_->set_fault(fault); !st.ok()) {
+          std::fprintf(stderr, "endure agent %s: %s\n", o_.node_id.c_str(), st.message().c_str());
+        }
+      }
+    }
     auto* f = e.mutable_fault_fired();
     f->set_rank(d.rank);
     f->set_fault_id(m->id);
@@ -501,6 +525,18 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
     started_ = clock_->Now();
     gate_.local_ranks.clear();
     for (const proto::RankAssignment& r : start.ranks()) gate_.local_ranks.insert(r.rank());
+  }
+  {
+    // The factor of each comm-slow fault of a local rank: the node's
+    // pairwise tests crawl by it once it fires.
+    std::lock_guard<std::mutex> lock(faults_mu_);
+    for (const proto::RankAssignment& r : start.ranks()) {
+      Result<std::vector<faults::Fault>> faults = faults::DecodeFaults(r.faults_json());
+      if (!faults.ok()) continue;
+      for (const faults::Fault& f : *faults) {
+        if (f.kind == faults::FaultKind::kCommSlow) comm_slow_factors_[f.id] = f.factor;
+      }
+    }
     stack_signals_.clear();
     last_steps_.clear();
     last_words_.clear();
@@ -735,6 +771,56 @@ void Agent::Inject(const proto::InjectFault& inject) {
   }
 }
 
+double Agent::CommSlowFactor(const std::string& fault_id) const {
+  std::lock_guard<std::mutex> lock(faults_mu_);
+  auto it = comm_slow_factors_.find(fault_id);
+  return it == comm_slow_factors_.end() ? 3.0 : it->second;
+}
+
+void Agent::CheckHealth() {
+  HealthCheckOptions options;
+  options.disk_dir = o_.work_dir;
+  options.fail = o_.health_faults;
+  health_ = RunHealthCheck(options);
+  health_checked_ = true;
+  std::fprintf(stderr, "endure agent %s: health check %s: %s\n", o_.node_id.c_str(),
+               health_.ok ? "passed" : "FAILED", health_.summary.c_str());
+}
+
+void Agent::RunPairTest(int64_t generation, const proto::PairTest& test) {
+  PairTestTarget target;
+  target.host = test.peer_host();
+  target.port = test.peer_port();
+  target.token = o_.token;
+  target.node = o_.node_id;
+  // Bounded whatever the command says: a pair test is a short one.
+  target.bytes = std::clamp<uint64_t>(test.bytes() / 4 * 4, 4, 64ull << 20);
+  target.timeout = FromSeconds(std::clamp(test.timeout_s(), 0.1, 60.0));
+  target.tls = seams_.tls;
+  Result<PairOutcome> outcome = agent::RunPairTest(target, pair_fault_);
+  proto::AgentEvent e;
+  auto* done = e.mutable_pair_test();
+  done->set_test(test.test());
+  done->set_round(test.round());
+  done->set_peer_node(test.peer_node());
+  if (outcome.ok()) {
+    done->set_ok(outcome->ok);
+    done->set_seconds(outcome->seconds);
+    done->set_error(outcome->error);
+  } else {
+    done->set_ok(false);
+    done->set_error(outcome.status().message());
+  }
+  std::fprintf(stderr, "endure agent %s: pairwise test %d round %d with %s: %s (%.3fs)%s%s\n",
+               o_.node_id.c_str(), test.test(), test.round(), test.peer_node().c_str(),
+               done->ok() ? "ok" : "FAILED", done->seconds(), done->error().empty() ? "" : ": ",
+               done->error().c_str());
+  e.set_token(o_.token);
+  e.set_generation(generation);
+  e.set_time_s(clock_->WallSeconds());
+  Emit(std::move(e));
+}
+
 int Agent::FreePort() {
   Result<int> port = seams_.pick_port ? seams_.pick_port() : PickPortOnThisHost();
   if (!port.ok() || *port < 1 || *port > 65535) {
@@ -865,6 +951,9 @@ bool Agent::CarryOutCommands() {
       case proto::AgentCommand::kInject:
         Inject(cmd.inject());
         break;
+      case proto::AgentCommand::kPairTest:
+        RunPairTest(cmd.generation(), cmd.pair_test());
+        break;
       case proto::AgentCommand::kShutdown:
         return true;
       default:
@@ -883,6 +972,12 @@ proto::AgentEvent Agent::Hello(bool resuming) {
   reg->set_pid(::getpid());
   reg->set_replica_address(o_.host + ":" + std::to_string(tiers_->replica_port()));
   reg->set_free_port(FreePort());
+  if (pair_server_) reg->set_pair_test_port(pair_server_->port());
+  if (!resuming && o_.health_check) {
+    CheckHealth();
+    reg->set_health_ok(health_.ok);
+    reg->set_health_summary(health_.summary);
+  }
   int64_t generation = -1;
   if (resuming) {
     std::map<int, pid_t> alive;
@@ -1030,6 +1125,14 @@ Status Agent::Run() {
   ENDURE_ASSIGN_OR_RETURN(
       tiers_, TierStore::Start(tier_options, [this](const PersistReport& r) { OnPersisted(r); }));
   datagram_context_.t0_dir = tiers_->t0_dir();
+  {
+    PairTestServerOptions pair;
+    pair.host = o_.host;
+    pair.token = o_.token;
+    pair.node = o_.node_id;
+    pair.tls = seams_.tls;
+    ENDURE_ASSIGN_OR_RETURN(pair_server_, PairTestServer::Start(pair));
+  }
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) return IOError(std::string("eventfd: ") + std::strerror(errno));
   std::thread signals(&Agent::AwaitSignal, this);

@@ -9,8 +9,10 @@
 
 #include <chrono>
 #include <memory>
+#include <set>
 #include <string>
 
+#include "agent/health_check.h"
 #include "common/duration.h"
 #include "common/status.h"
 
@@ -46,6 +48,11 @@ struct AgentOptions {
   // workers as on SIGTERM and exits (--controller-grace; [control_plane]
   // controller_grace under `endure run`).
   Duration controller_grace = std::chrono::minutes(5);
+  // Run the node's health check (agent/health_check.h) before each fresh
+  // registration; a node that fails it is refused by the controller.
+  bool health_check = true;
+  // Probes forced to fail, for tests (ENDURE_HEALTH_FAULT=matmul,disk).
+  std::set<HealthProbe> health_faults;
 
   Status Validate() const;
 };

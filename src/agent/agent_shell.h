@@ -40,6 +40,8 @@
 
 #include "agent/agent.h"
 #include "agent/datagram.h"
+#include "agent/health_check.h"
+#include "agent/pair_test.h"
 #include "agent/process_launcher.h"
 #include "agent/progress_pattern.h"
 #include "agent/reconnect.h"
@@ -141,6 +143,11 @@ class Agent {
   void Stop(int64_t generation, double grace_s);
   void DumpStacks(int64_t generation, double timeout_s);
   void Inject(const proto::InjectFault& inject);
+  // Runs one pair of a pairwise test against a peer's agent and reports it.
+  void RunPairTest(int64_t generation, const proto::PairTest& test);
+  // Before a registration that is no resume: the node's health check.
+  void CheckHealth();
+  double CommSlowFactor(const std::string& fault_id) const;
   void OnPersisted(const PersistReport& report);
   // A port free on this host (AgentSeams::pick_port); 0: none.
   int FreePort();
@@ -180,6 +187,14 @@ class Agent {
   double grace_s_;               // GUARDED_BY(command_mu_): the last stop's grace
   std::unique_ptr<WorkerGroup> workers_;  // GUARDED_BY(command_mu_)
   std::unique_ptr<TierStore> tiers_;      // checkpoint memory (T0, T1) and persistence
+  // The pairwise test's listener; its fault (and the one this node's own
+  // tests apply) follow an injected comm-fail / comm-slow of a local rank.
+  std::unique_ptr<PairTestServer> pair_server_;
+  PairFault pair_fault_;  // GUARDED_BY(command_mu_)
+  HealthReport health_;   // the last health check (before each fresh registration)
+  mutable std::mutex faults_mu_;
+  std::map<std::string, double> comm_slow_factors_;  // GUARDED_BY(faults_mu_): fault id -> factor
+  bool health_checked_ = false;
   // Injected memory corruption (tier, shard), applied once the workers stop.
   std::vector<std::pair<checkpoint::Tier, int>> pending_corruption_;  // GUARDED_BY(command_mu_)
   // The agent's variables that hold the job token (ENDURE_TOKEN among them):

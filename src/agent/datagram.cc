@@ -23,6 +23,8 @@ constexpr size_t kMaxTokenBytes = 256;
 constexpr size_t kMaxPathBytes = 4096;
 constexpr size_t kMaxIdBytes = 128;
 constexpr size_t kMaxKindBytes = 32;
+constexpr size_t kMaxPhaseBytes = 32;
+constexpr size_t kFingerprintChars = 16;
 constexpr double kMaxWallSeconds = 1e11;  // the year 5138
 
 // `v` for an error message: its JSON, cut short.
@@ -125,6 +127,22 @@ bool MatchesId(std::string_view s, size_t max, bool lowercase_kind) {
   return true;
 }
 
+// ^[a-z][a-z0-9_]{0,31}$: a phase name, safe in logs and as a key.
+bool IsPhaseName(std::string_view s) {
+  if (s.empty() || s.size() > kMaxPhaseBytes || s[0] < 'a' || s[0] > 'z') return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+// Exactly 16 lowercase hex digits, so that equal fingerprints compare equal
+// as strings.
+bool IsFingerprint(std::string_view s) {
+  return s.size() == kFingerprintChars && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
 // Whether `path` names one of `rank`'s two T0 slots in `t0_dir`.
 bool IsOwnSlot(const std::string& path, const std::string& t0_dir, int rank) {
   if (path.find('\0') != std::string::npos) return false;
@@ -204,6 +222,24 @@ Result<DatagramMessage> ParseMessage(const std::string& type, const Json& j, int
     m.signal = static_cast<int>(sig);
     return DatagramMessage(m);
   }
+  if (type == "phase") {
+    PhaseMessage m;
+    ENDURE_ASSIGN_OR_RETURN(m.name, Str(j, "phase", kMaxPhaseBytes));
+    if (!IsPhaseName(m.name)) {
+      return Bad("phase", "a phase name matching ^[a-z][a-z0-9_]{0,31}$", &*j.find("phase"));
+    }
+    ENDURE_ASSIGN_OR_RETURN(m.step, Int(j, "step", -1, kMaxCount));
+    return DatagramMessage(m);
+  }
+  if (type == "fingerprint") {
+    FingerprintMessage m;
+    ENDURE_ASSIGN_OR_RETURN(m.step, Int(j, "step", 1, kMaxCount));
+    ENDURE_ASSIGN_OR_RETURN(m.fingerprint, Str(j, "fingerprint", kFingerprintChars));
+    if (!IsFingerprint(m.fingerprint)) {
+      return Bad("fingerprint", "16 lowercase hex digits", &*j.find("fingerprint"));
+    }
+    return DatagramMessage(m);
+  }
   return InvalidArgument("unknown datagram type '" + QuoteForLog(type, 40) + "'");
 }
 
@@ -217,6 +253,8 @@ std::string_view DatagramType(const Datagram& d) {
     std::string_view operator()(const SnapshotMessage&) const { return "snapshot"; }
     std::string_view operator()(const FaultMessage&) const { return "fault"; }
     std::string_view operator()(const StacksMessage&) const { return "stacks"; }
+    std::string_view operator()(const PhaseMessage&) const { return "phase"; }
+    std::string_view operator()(const FingerprintMessage&) const { return "fingerprint"; }
   };
   return std::visit(Name{}, d.message);
 }

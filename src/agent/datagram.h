@@ -78,8 +78,22 @@ struct StacksMessage {
   int signal = 0;
 };
 
+// "phase": the worker entered phase `name` having completed `step` steps
+// (-1: before its first). "train" is where every worker starts.
+struct PhaseMessage {
+  std::string name;  // ^[a-z][a-z0-9_]{0,31}$
+  int64_t step = -1;
+};
+
+// "fingerprint": the worker's parameters after the optimizer step of `step`
+// (1-based), for the silent-data-corruption check.
+struct FingerprintMessage {
+  int64_t step = 0;         // >= 1
+  std::string fingerprint;  // 16 lowercase hex digits (XXH3-64)
+};
+
 using DatagramMessage = std::variant<ReadyMessage, HeartbeatMessage, StepMessage, SnapshotMessage,
-                                     FaultMessage, StacksMessage>;
+                                     FaultMessage, StacksMessage, PhaseMessage, FingerprintMessage>;
 
 struct Datagram {
   std::string token;             // the sender's credential, at most 256 bytes

@@ -77,6 +77,12 @@ TEST(ParseDatagram, ReadsEveryTypeTheClientSends) {
   fault.update({{"id", "fault-3"}, {"kind", "kill-agent"}, {"step", 12}});
   Json stacks = Envelope("stacks");
   stacks["signal"] = 12;
+  Json phase = Envelope("phase");
+  phase.update({{"phase", "eval"}, {"step", 40}});
+  Json early_phase = Envelope("phase");
+  early_phase.update({{"phase", "data"}, {"step", -1}});
+  Json fingerprint = Envelope("fingerprint");
+  fingerprint.update({{"step", 40}, {"fingerprint", "0123456789abcdef"}});
 
   Result<Datagram> d = Parse(ready);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
@@ -103,6 +109,28 @@ TEST(ParseDatagram, ReadsEveryTypeTheClientSends) {
   d = Parse(stacks);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(std::get<StacksMessage>(d->message).signal, 12);
+  d = Parse(phase);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(DatagramType(*d), "phase");
+  EXPECT_EQ(std::get<PhaseMessage>(d->message).name, "eval");
+  EXPECT_EQ(std::get<PhaseMessage>(d->message).step, 40);
+  d = Parse(early_phase);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(std::get<PhaseMessage>(d->message).name, "data");
+  EXPECT_EQ(std::get<PhaseMessage>(d->message).step, -1);
+  d = Parse(fingerprint);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(DatagramType(*d), "fingerprint");
+  EXPECT_EQ(std::get<FingerprintMessage>(d->message).step, 40);
+  EXPECT_EQ(std::get<FingerprintMessage>(d->message).fingerprint, "0123456789abcdef");
+  // The new fault kinds the client fires travel like the others.
+  for (const char* kind : {"bitflip", "comm-fail", "comm-slow"}) {
+    Json f = Envelope("fault");
+    f.update({{"id", "f9"}, {"kind", kind}, {"step", 3}});
+    d = Parse(f);
+    ASSERT_TRUE(d.ok()) << kind << ": " << d.status().ToString();
+    EXPECT_EQ(std::get<FaultMessage>(d->message).kind, kind);
+  }
 }
 
 TEST(ParseDatagram, LossIsANumberNanInfOrNone) {
@@ -192,6 +220,25 @@ TEST(ParseDatagram, RefusesMalformedInputWithAReasonAndNeverThrows) {
       {"fault", "kind", "Kill;rm", "field 'kind'"},
       {"fault", "step", "12", "field 'step'"},
       {"stacks", "signal", "SIGUSR1", "field 'signal'"},
+      {"phase", "phase", nullptr, "field 'phase'"},
+      {"phase", "phase", "", "field 'phase'"},
+      {"phase", "phase", "Eval", "field 'phase'"},
+      {"phase", "phase", "1st", "field 'phase'"},
+      {"phase", "phase", "eval-loop", "field 'phase'"},
+      {"phase", "phase", "eval\n", "field 'phase'"},
+      {"phase", "phase", std::string(33, 'a'), "field 'phase'"},
+      {"phase", "phase", 3, "field 'phase'"},
+      {"phase", "step", nullptr, "field 'step'"},
+      {"phase", "step", -2, "field 'step'"},
+      {"phase", "step", 1.5, "field 'step'"},
+      {"fingerprint", "step", 0, "field 'step'"},
+      {"fingerprint", "step", nullptr, "field 'step'"},
+      {"fingerprint", "fingerprint", nullptr, "field 'fingerprint'"},
+      {"fingerprint", "fingerprint", "0123456789ABCDEF", "field 'fingerprint'"},
+      {"fingerprint", "fingerprint", "0123456789abcde", "field 'fingerprint'"},
+      {"fingerprint", "fingerprint", "0123456789abcdef0", "field 'fingerprint'"},
+      {"fingerprint", "fingerprint", "0123456789abcdeg", "field 'fingerprint'"},
+      {"fingerprint", "fingerprint", 81985529216486895, "field 'fingerprint'"},
       {"stacks", "signal", 1e10, "field 'signal'"},
       {"snapshot", "shards", 0, "field 'shards'"},
       {"snapshot", "shards", 1, "rank 1 of 1 shards"},
@@ -202,6 +249,8 @@ TEST(ParseDatagram, RefusesMalformedInputWithAReasonAndNeverThrows) {
               {"id", "f1"},
               {"kind", "kill"},
               {"signal", 10},
+              {"phase", "eval"},
+              {"fingerprint", "0123456789abcdef"},
               {"shards", 2},
               {"path", checkpoint::SlotPath(kContext.t0_dir, 1, 0)}});
     if (c.value.is_null()) {

@@ -6,6 +6,7 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,58 @@ void endure_set_tokens_per_step(endure_session* s, int64_t tokens) {
 
 double endure_seconds_since_process_start(void) { return endure::SecondsSinceProcessStart(); }
 
+endure_status endure_phase(endure_session* s, const char* name) {
+  if (s == nullptr || name == nullptr) {
+    return Fail(ENDURE_INVALID_ARGUMENT, "endure_phase: NULL argument");
+  }
+  return Guard([&] {
+    endure::Status st = s->session->Phase(name);
+    return st.ok() ? ENDURE_OK : Fail(st);
+  });
+}
+
+const char* endure_current_phase(const endure_session* s) {
+  return s ? s->session->current_phase().c_str() : "train";
+}
+
+int64_t endure_sdc_check_every(const endure_session* s) {
+  return s ? s->session->sdc_check_every() : 0;
+}
+
+int endure_fingerprint_due(const endure_session* s, int64_t step) {
+  return s && s->session->FingerprintDue(step) ? 1 : 0;
+}
+
+endure_status endure_report_fingerprint(endure_session* s, int64_t step, const char* fingerprint) {
+  if (s == nullptr || fingerprint == nullptr) {
+    return Fail(ENDURE_INVALID_ARGUMENT, "endure_report_fingerprint: NULL argument");
+  }
+  return Guard([&] {
+    endure::Status st = s->session->ReportFingerprint(step, fingerprint);
+    return st.ok() ? ENDURE_OK : Fail(st);
+  });
+}
+
+int endure_bitflip_due(endure_session* s, int64_t step, endure_bitflip* out) {
+  if (s == nullptr || out == nullptr) return 0;
+  std::optional<endure::BitFlip> flip = s->session->BitflipDue(step);
+  if (!flip) return 0;
+  *out = endure_bitflip{flip->tensor, flip->element, flip->bit};
+  return 1;
+}
+
+int endure_flip_bit(const endure_bitflip* flip, void* data, int64_t numel, size_t element_bytes) {
+  if (flip == nullptr) return 0;
+  return endure::FlipBit(endure::BitFlip{flip->tensor, flip->element, flip->bit}, data, numel,
+                         element_bytes)
+             ? 1
+             : 0;
+}
+
+void endure_before_collective(endure_session* s, int64_t step) {
+  if (s) s->session->BeforeCollective(step);
+}
+
 endure_status endure_save_snapshot(endure_session* s, int64_t step, int shards,
                                    const char* meta_json, const endure_tensor* tensors,
                                    size_t count, int* saved) {
@@ -167,6 +220,27 @@ endure_status endure_save_snapshot(endure_session* s, int64_t step, int shards,
     endure::Result<bool> r = s->session->SaveSnapshot(step, shards, meta_json, refs);
     if (!r.ok()) return Fail(r.status());
     *saved = *r ? 1 : 0;
+    return ENDURE_OK;
+  });
+}
+
+endure_status endure_fingerprint(const endure_tensor* tensors, size_t count, char out[17]) {
+  if (out == nullptr || (count > 0 && tensors == nullptr)) {
+    return Fail(ENDURE_INVALID_ARGUMENT, "endure_fingerprint: NULL argument");
+  }
+  return Guard([&] {
+    std::vector<endure::TensorRef> refs;
+    refs.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      const endure_tensor& t = tensors[i];
+      if (t.name == nullptr || (t.bytes > 0 && t.data == nullptr)) {
+        return Fail(ENDURE_INVALID_ARGUMENT,
+                    "endure_fingerprint: tensor " + std::to_string(i) + " has a NULL field");
+      }
+      refs.push_back(endure::TensorRef{t.name, t.dtype ? t.dtype : "", {}, t.data, t.bytes});
+    }
+    const std::string hex = endure::Fingerprint(refs);
+    std::memcpy(out, hex.c_str(), hex.size() + 1);
     return ENDURE_OK;
   });
 }

@@ -29,8 +29,9 @@ static int g_passed = 0;
 
 static void ClearEnv(void) {
   const char* names[] = {
-      "ENDURE_AGENT_SOCKET", "ENDURE_TOKEN",  "ENDURE_GENERATION",   "RANK",
-      "ENDURE_FAULTS",       "ENDURE_T0_DIR", "ENDURE_RESTORE_PLAN", "ENDURE_HEARTBEAT_INTERVAL"};
+      "ENDURE_AGENT_SOCKET",   "ENDURE_TOKEN",  "ENDURE_GENERATION",   "RANK",
+      "ENDURE_FAULTS",         "ENDURE_T0_DIR", "ENDURE_RESTORE_PLAN", "ENDURE_HEARTBEAT_INTERVAL",
+      "ENDURE_SDC_CHECK_EVERY"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i) unsetenv(names[i]);
 }
 
@@ -108,6 +109,69 @@ static void TestReportsToAgentAndFiresFaults(const char* dir) {
   ClearEnv();
 }
 
+static void TestPhasesFingerprintsAndStepFaults(const char* dir) {
+  ClearEnv();
+  char path[256];
+  snprintf(path, sizeof path, "%s/agent2.sock", dir);
+  int fd = socket(AF_UNIX, SOCK_DGRAM, 0);
+  struct sockaddr_un addr;
+  memset(&addr, 0, sizeof addr);
+  addr.sun_family = AF_UNIX;
+  strncpy(addr.sun_path, path, sizeof addr.sun_path - 1);
+  EXPECT(bind(fd, (struct sockaddr*)&addr, sizeof addr) == 0);
+  setenv("ENDURE_AGENT_SOCKET", path, 1);
+  setenv("ENDURE_TOKEN", "secret", 1);
+  setenv("ENDURE_SDC_CHECK_EVERY", "2", 1);
+  setenv("ENDURE_FAULTS",
+         "[{\"id\":\"b\",\"kind\":\"bitflip\",\"rank\":0,\"step\":2,\"bit\":31},"
+         "{\"id\":\"s\",\"kind\":\"comm-slow\",\"rank\":0,\"step\":1,\"factor\":1.2}]",
+         1);
+  endure_session* s = NULL;
+  EXPECT(endure_session_from_env(&s) == ENDURE_OK);
+  char buf[4096];
+  EXPECT(strcmp(endure_current_phase(s), "train") == 0);
+  EXPECT(endure_phase(s, "eval") == ENDURE_OK);
+  EXPECT(ReceiveContaining(fd, "\"type\":\"phase\"", buf, sizeof buf));
+  EXPECT(strstr(buf, "\"phase\":\"eval\"") != NULL);
+  EXPECT(strcmp(endure_current_phase(s), "eval") == 0);
+  EXPECT(endure_phase(s, "Eval!") == ENDURE_INVALID_ARGUMENT);
+  EXPECT(strstr(endure_last_error(), "not a phase name") != NULL);
+  EXPECT(endure_phase(s, NULL) == ENDURE_INVALID_ARGUMENT);
+  EXPECT(endure_phase(s, "train") == ENDURE_OK);
+
+  EXPECT(endure_sdc_check_every(s) == 2);
+  EXPECT(endure_fingerprint_due(s, 0) == 0);
+  EXPECT(endure_fingerprint_due(s, 1) == 1);
+  const float weights[2] = {1.0f, 2.0f};
+  const int64_t shape[1] = {2};
+  endure_tensor t = {"w", "float32", shape, 1, weights, sizeof weights};
+  char hex[17];
+  EXPECT(endure_fingerprint(&t, 1, hex) == ENDURE_OK);
+  EXPECT(strlen(hex) == 16);
+  EXPECT(endure_report_fingerprint(s, 1, hex) == ENDURE_OK);
+  EXPECT(ReceiveContaining(fd, "\"type\":\"fingerprint\"", buf, sizeof buf));
+  EXPECT(strstr(buf, hex) != NULL && strstr(buf, "\"step\":2") != NULL);
+  EXPECT(endure_report_fingerprint(s, 1, "xyz") == ENDURE_INVALID_ARGUMENT);
+
+  /* comm-slow from step 1: at least (1.2 - 1) x 50 ms before the collective. */
+  endure_before_collective(s, 0);
+  EXPECT(ReceiveContaining(fd, "\"kind\":\"comm-slow\"", buf, sizeof buf));
+
+  endure_bitflip flip = {-1, -1, -1};
+  EXPECT(endure_bitflip_due(s, 0, &flip) == 0);
+  EXPECT(endure_bitflip_due(s, 1, &flip) == 1);
+  EXPECT(flip.tensor == 0 && flip.element == 0 && flip.bit == 31);
+  EXPECT(ReceiveContaining(fd, "\"kind\":\"bitflip\"", buf, sizeof buf));
+  EXPECT(endure_bitflip_due(s, 1, &flip) == 0); /* once */
+  float w[2] = {1.0f, 2.0f};
+  EXPECT(endure_flip_bit(&flip, w, 2, sizeof(float)) == 1);
+  EXPECT(w[0] == -1.0f && w[1] == 2.0f); /* bit 31: the sign */
+  endure_session_free(s);
+  close(fd);
+  unlink(path);
+  ClearEnv();
+}
+
 static void TestSnapshotAndRestorePlan(const char* dir) {
   ClearEnv();
   setenv("ENDURE_T0_DIR", dir, 1);
@@ -169,6 +233,7 @@ int main(void) {
   TestInactiveWithoutAgent();
   TestMalformedVariable();
   TestReportsToAgentAndFiresFaults(dir);
+  TestPhasesFingerprintsAndStepFaults(dir);
   TestSnapshotAndRestorePlan(dir);
   TestDecodeShard();
   char cmd[128];

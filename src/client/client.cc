@@ -1,7 +1,7 @@
 // The client library's Session: environment parsing, datagrams to the agent,
-// the heartbeat thread and fault firing. Session is a thin handle over
-// Session::Impl, which owns the socket, the heartbeat thread and the
-// snapshot slots.
+// the heartbeat thread, phases, fingerprints and fault firing. Session is a
+// thin handle over Session::Impl, which owns the socket, the heartbeat
+// thread and the snapshot slots.
 #include "endure/client.h"
 
 #include <signal.h>
@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <condition_variable>
@@ -106,6 +107,29 @@ struct PendingFault {
   bool fired = false;
 };
 
+// ^[a-z][a-z0-9_]{0,31}$: what the agent accepts as a phase name.
+bool IsPhaseName(std::string_view name) {
+  if (name.empty() || name.size() > 32 || name[0] < 'a' || name[0] > 'z') return false;
+  for (char c : name) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  }
+  return true;
+}
+
+// 16 lowercase hex digits, as Fingerprint writes them.
+bool IsFingerprint(std::string_view hex) {
+  if (hex.size() != 16) return false;
+  for (char c : hex) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+// The least a comm-slow fault stretches a collective by, per unit of
+// (factor - 1): a collective that took no measurable time (one rank, or the
+// first step) must still show as slow to a pairwise test.
+constexpr double kMinSlowCommS = 0.05;
+
 }  // namespace
 
 struct Session::Impl {
@@ -134,6 +158,13 @@ struct Session::Impl {
   std::vector<PendingFault> faults;  // only touched by the training thread
   double slow_factor = 1.0;          // active slow fault; training thread only
   int64_t tokens_per_step = 0;       // training thread only
+  std::string phase = "train";       // training thread only
+  int64_t sdc_check_every = 0;
+  // comm-slow (training thread only): the active factor, the last step's
+  // comm_s without what was slept here, and what was slept since EndStep.
+  double comm_slow_factor = 1.0;
+  double natural_comm_s = 0;
+  double injected_comm_s = 0;
 
   int fd = -1;
   std::atomic<int64_t> dropped{0};
@@ -310,6 +341,11 @@ Result<std::unique_ptr<Session>> Session::FromEnvironment(const EnvLookup& looku
     }
   }
   if (auto v = get_set("ENDURE_STACKS_FILE")) s->stacks_file = *v;
+  if (auto v = get_set("ENDURE_SDC_CHECK_EVERY")) {
+    ENDURE_ASSIGN_OR_RETURN(s->sdc_check_every,
+                            ParseInteger("ENDURE_SDC_CHECK_EVERY", *v, 0, INT64_MAX,
+                                         "expected a number of steps >= 0 (0: no check)"));
+  }
 
   std::optional<std::string> socket_path = get_set("ENDURE_AGENT_SOCKET");
   if (!socket_path) return std::unique_ptr<Session>(new Session(std::move(s)));
@@ -361,6 +397,100 @@ const std::string& Session::stacks_file() const { return impl_->stacks_file; }
 const std::vector<int64_t>& Session::skip_steps() const { return impl_->skip_steps; }
 void Session::SetTokensPerStep(int64_t tokens) { impl_->tokens_per_step = tokens; }
 int64_t Session::dropped() const { return impl_->dropped.load(); }
+const std::string& Session::current_phase() const { return impl_->phase; }
+int64_t Session::sdc_check_every() const { return impl_->sdc_check_every; }
+
+bool Session::FingerprintDue(int64_t step_index) const {
+  const int64_t every = impl_->sdc_check_every;
+  return every > 0 && step_index >= 0 && (step_index + 1) % every == 0;
+}
+
+Status Session::Phase(std::string_view name) {
+  if (!IsPhaseName(name)) {
+    return InvalidArgument("Phase: '" + std::string(name.substr(0, 64)) +
+                           "' is not a phase name (^[a-z][a-z0-9_]{0,31}$, e.g. \"eval\")");
+  }
+  Impl& s = *impl_;
+  s.phase = std::string(name);
+  if (s.fd < 0) return Status::Ok();
+  nlohmann::json j = Envelope("phase", s.token, s.generation, s.rank);
+  j["phase"] = s.phase;
+  j["step"] = s.steps_done.load();
+  // Retried: a lost "eval" would leave the agent timing a long evaluation
+  // as a training step, and phases change a few times per evaluation at most.
+  s.Send(j.dump(), /*retry=*/true);
+  return Status::Ok();
+}
+
+Status Session::ReportFingerprint(int64_t step_index, std::string_view fingerprint) {
+  if (step_index < 0) {
+    return InvalidArgument("ReportFingerprint: step index " + std::to_string(step_index) + " < 0");
+  }
+  if (!IsFingerprint(fingerprint)) {
+    return InvalidArgument("ReportFingerprint: '" + std::string(fingerprint.substr(0, 64)) +
+                           "' is not 16 lowercase hex digits (as Fingerprint returns)");
+  }
+  Impl& s = *impl_;
+  if (s.fd < 0) return Status::Ok();
+  nlohmann::json j = Envelope("fingerprint", s.token, s.generation, s.rank);
+  j["step"] = step_index + 1;
+  j["fingerprint"] = std::string(fingerprint);
+  // Not retried, like a step report: a lost one costs one check, and the
+  // next check compares the same (still corrupted) parameters.
+  s.Send(j.dump(), /*retry=*/false);
+  return Status::Ok();
+}
+
+std::optional<BitFlip> Session::BitflipDue(int64_t step_index) {
+  Impl& s = *impl_;
+  const int64_t step = step_index + 1;
+  for (PendingFault& p : s.faults) {
+    if (p.fired || p.fault.kind != FaultKind::kBitflip || p.fault.step != step) continue;
+    p.fired = true;
+    s.SendFault(p, step);
+    const Fault& f = p.fault;
+    std::fprintf(stderr,
+                 "endure: injected fault %s: bitflip of bit %d of element %lld of parameter "
+                 "tensor %d after step %lld\n",
+                 f.id.c_str(), f.bit, static_cast<long long>(f.element), f.tensor,
+                 static_cast<long long>(step));
+    std::fflush(stderr);
+    return BitFlip{f.tensor, f.element, f.bit};
+  }
+  return std::nullopt;
+}
+
+void Session::BeforeCollective(int64_t step_index) {
+  Impl& s = *impl_;
+  const int64_t step = step_index + 1;
+  for (PendingFault& p : s.faults) {
+    if (p.fired || p.fault.step > step) continue;
+    if (p.fault.kind == FaultKind::kCommFail) {
+      p.fired = true;
+      s.SendFault(p, step);
+      std::fflush(stdout);
+      std::fprintf(stderr,
+                   "endure fault: collective failed: Connection reset by peer (comm-fail)\n");
+      std::fflush(nullptr);
+      _exit(1);
+    }
+    if (p.fault.kind == FaultKind::kCommSlow) {
+      p.fired = true;
+      s.SendFault(p, step);
+      std::fprintf(stderr, "endure: injected fault %s: collectives %.2fx slower from step %lld\n",
+                   p.fault.id.c_str(), p.fault.factor, static_cast<long long>(step));
+      std::fflush(stderr);
+      s.comm_slow_factor = std::max(s.comm_slow_factor, p.fault.factor);
+    }
+  }
+  if (s.comm_slow_factor <= 1) return;
+  // Stretched from the collective's own time, not from what was reported
+  // with the sleep in it: otherwise each step would stretch the last
+  // stretch and the delay would grow geometrically.
+  const double extra_s = (s.comm_slow_factor - 1) * std::max(s.natural_comm_s, kMinSlowCommS);
+  std::this_thread::sleep_for(std::chrono::duration<double>(extra_s));
+  s.injected_comm_s += extra_s;
+}
 
 Result<std::string> Session::ReadRestoreShard(size_t index) const {
   if (!impl_->plan) return InvalidArgument("ReadRestoreShard: the agent gave no restore plan");
@@ -511,6 +641,8 @@ std::optional<double> Session::EndStep(int64_t step_index, std::optional<double>
     std::this_thread::sleep_for(std::chrono::duration<double>(extra_s));
     compute_s += extra_s;
   }
+  s.natural_comm_s = std::max(0.0, comm_s - s.injected_comm_s);
+  s.injected_comm_s = 0;
   s.steps_done.store(step);
   if (s.fd >= 0) {
     nlohmann::json j = Envelope("step", s.token, s.generation, s.rank);
@@ -529,6 +661,7 @@ std::optional<double> Session::EndStep(int64_t step_index, std::optional<double>
 void Session::EndSkippedStep(int64_t step_index, double ckpt_stall_s, int64_t checkpoint_step) {
   Impl& s = *impl_;
   const int64_t step = step_index + 1;
+  s.injected_comm_s = 0;  // a skipped step's collectives (if any) are not measured
   s.steps_done.store(step);
   if (s.fd < 0) return;
   nlohmann::json j = Envelope("skip", s.token, s.generation, s.rank);
@@ -630,6 +763,23 @@ Result<StoredShard> DecodeShard(std::string_view bytes, const std::string& sourc
 
 std::vector<int> PartitionBySize(const std::vector<uint64_t>& bytes, int shards) {
   return checkpoint::PartitionBySize(bytes, shards);
+}
+
+bool FlipBit(const BitFlip& flip, void* data, int64_t numel, size_t element_bytes) {
+  if (data == nullptr || numel <= 0 || flip.element < 0 || flip.bit < 0) return false;
+  if (element_bytes != 1 && element_bytes != 2 && element_bytes != 4 && element_bytes != 8) {
+    return false;
+  }
+  const int64_t element = flip.element % numel;
+  const int bit = flip.bit % static_cast<int>(8 * element_bytes);
+  // Bit b has value 2^b in the element read as an integer in host byte
+  // order: byte b / 8 from the low end.
+  const size_t low_byte = static_cast<size_t>(bit / 8);
+  const size_t byte =
+      std::endian::native == std::endian::little ? low_byte : element_bytes - 1 - low_byte;
+  unsigned char* p = static_cast<unsigned char*>(data) + element * element_bytes + byte;
+  *p ^= static_cast<unsigned char>(1u << (bit % 8));
+  return true;
 }
 
 std::string Fingerprint(const std::vector<TensorRef>& tensors) {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -343,6 +344,214 @@ TEST(Session, SlowFaultStretchesEveryStepFromItsStepOn) {
     EXPECT_NEAR(j["compute_s"].get<double>(), 0.030, 1e-9);  // reported as compute
     EXPECT_EQ(j["comm_s"], 0.005);
   }
+}
+
+TEST(Session, PhaseSendsItsNameWithTheStepsCompleted) {
+  Receiver r;
+  std::unique_ptr<Session> s = MustCreate(AgentVars(r));
+  EXPECT_EQ(s->current_phase(), "train");
+  ASSERT_TRUE(s->Phase("data").ok());  // before Ready: no step completed
+  Json data = r.NextReport();
+  ExpectEnvelope(data, "phase");
+  EXPECT_EQ(data["phase"], "data");
+  EXPECT_EQ(data["step"], -1);
+  s->Ready(4, 0, 0);
+  r.NextReport();
+  s->EndStep(4, 1.0, 0, 0, 0, -1);
+  r.NextReport();
+  ASSERT_TRUE(s->Phase("eval").ok());
+  Json eval = r.NextReport();
+  ExpectEnvelope(eval, "phase");
+  EXPECT_EQ(eval["phase"], "eval");
+  EXPECT_EQ(eval["step"], 5);
+  EXPECT_EQ(s->current_phase(), "eval");
+  ASSERT_TRUE(s->Phase("train").ok());
+  EXPECT_EQ(r.NextReport()["phase"], "train");
+  // Names the agent would refuse are refused here, with the phase kept.
+  for (const char* bad :
+       {"", "Eval", "1eval", "eval-2", "eval phase", "e\n", "a_very_long_phase_name_of_33_char"}) {
+    Status st = s->Phase(bad);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("not a phase name"), std::string::npos) << st.message();
+  }
+  EXPECT_TRUE(s->Phase("a_long_phase_name_of_32_chars_ok").ok());
+  EXPECT_EQ(r.NextReport()["phase"], "a_long_phase_name_of_32_chars_ok");
+  EXPECT_EQ(s->current_phase(), "a_long_phase_name_of_32_chars_ok");
+  // Inactive: remembered, not sent; bad names are still refused.
+  std::unique_ptr<Session> bare = Session::Disabled();
+  EXPECT_TRUE(bare->Phase("checkpoint").ok());
+  EXPECT_EQ(bare->current_phase(), "checkpoint");
+  EXPECT_FALSE(bare->Phase("Bad").ok());
+}
+
+TEST(Session, FingerprintsAreDueEveryNStepsAndSentChecked) {
+  Receiver r;
+  std::map<std::string, std::string> vars = AgentVars(r);
+  vars["ENDURE_SDC_CHECK_EVERY"] = "5";
+  std::unique_ptr<Session> s = MustCreate(vars);
+  EXPECT_EQ(s->sdc_check_every(), 5);
+  std::vector<int64_t> due;
+  for (int64_t i = 0; i < 16; ++i) {
+    if (s->FingerprintDue(i)) due.push_back(i);
+  }
+  EXPECT_EQ(due, (std::vector<int64_t>{4, 9, 14}));  // steps 5, 10 and 15
+  ASSERT_TRUE(s->ReportFingerprint(9, "0123456789abcdef").ok());
+  Json j = r.NextReport();
+  ExpectEnvelope(j, "fingerprint");
+  EXPECT_EQ(j["step"], 10);
+  EXPECT_EQ(j["fingerprint"], "0123456789abcdef");
+  // What Fingerprint returns is accepted as it is.
+  const float x[2] = {1.0f, 2.0f};
+  const std::string fp = Fingerprint({TensorRef{"w", "float32", {2}, x, sizeof x}});
+  EXPECT_TRUE(s->ReportFingerprint(14, fp).ok());
+  EXPECT_EQ(r.NextReport()["fingerprint"], fp);
+  for (const char* bad : {"", "0123456789ABCDEF", "0123456789abcde", "0123456789abcdef0",
+                          "0123456789abcdeg", "0x23456789abcdef"}) {
+    Status st = s->ReportFingerprint(4, bad);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(s->ReportFingerprint(-1, fp).code(), StatusCode::kInvalidArgument);
+  // Off by default; refused when malformed.
+  EXPECT_EQ(MustCreate({})->sdc_check_every(), 0);
+  EXPECT_FALSE(MustCreate({})->FingerprintDue(0));
+  EXPECT_FALSE(MustCreate({{"ENDURE_SDC_CHECK_EVERY", "0"}})->FingerprintDue(0));
+  for (const char* bad : {"-1", "x", "5s"}) {
+    FakeEnv env(std::map<std::string, std::string>{{"ENDURE_SDC_CHECK_EVERY", bad}});
+    Result<std::unique_ptr<Session>> bad_session = Session::FromEnvironment(env.lookup());
+    ASSERT_FALSE(bad_session.ok()) << bad;
+    EXPECT_NE(bad_session.status().message().find("ENDURE_SDC_CHECK_EVERY='" + std::string(bad)),
+              std::string::npos)
+        << bad_session.status().message();
+  }
+}
+
+TEST(Session, BitflipIsDueOnceAtItsStep) {
+  Receiver r;
+  std::map<std::string, std::string> vars = AgentVars(r);
+  vars["ENDURE_FAULTS"] =
+      R"([{"id":"b1","kind":"bitflip","rank":0,"step":3,"tensor":2,"element":7,"bit":12},)"
+      R"({"id":"b2","kind":"bitflip","rank":0,"step":5},)"
+      R"({"id":"other","kind":"bitflip","rank":1,"step":3}])";
+  std::unique_ptr<Session> s = MustCreate(vars);
+  EXPECT_FALSE(s->BitflipDue(0).has_value());
+  EXPECT_FALSE(s->BitflipDue(1).has_value());
+  std::optional<BitFlip> flip = s->BitflipDue(2);
+  ASSERT_TRUE(flip.has_value());
+  EXPECT_EQ(flip->tensor, 2);
+  EXPECT_EQ(flip->element, 7);
+  EXPECT_EQ(flip->bit, 12);
+  Json fault = r.NextReport();
+  ExpectEnvelope(fault, "fault");
+  EXPECT_EQ(fault["id"], "b1");
+  EXPECT_EQ(fault["kind"], "bitflip");
+  EXPECT_EQ(fault["step"], 3);
+  EXPECT_FALSE(s->BitflipDue(2).has_value());  // once
+  std::optional<BitFlip> defaults = s->BitflipDue(4);
+  ASSERT_TRUE(defaults.has_value());
+  EXPECT_EQ(defaults->tensor, 0);
+  EXPECT_EQ(defaults->element, 0);
+  EXPECT_EQ(defaults->bit, 30);
+  EXPECT_EQ(r.NextReport()["id"], "b2");
+  // Without an agent the fault still fires (faults under torchrun).
+  std::unique_ptr<Session> bare = MustCreate({{"ENDURE_FAULTS", vars["ENDURE_FAULTS"]}});
+  EXPECT_TRUE(bare->BitflipDue(2).has_value());
+}
+
+TEST(FlipBit, FlipsTheBitOfTheElementModuloTheirRange) {
+  float w[3] = {1.0f, 1.0f, 1.0f};
+  // Bit 30 of a float32 is the top exponent bit but one: 1.0 (0x3f800000)
+  // becomes 0x7f800000, infinity.
+  ASSERT_TRUE(FlipBit(BitFlip{0, 1, 30}, w, 3, sizeof(float)));
+  EXPECT_EQ(w[0], 1.0f);
+  EXPECT_TRUE(std::isinf(w[1]));
+  EXPECT_EQ(w[2], 1.0f);
+  ASSERT_TRUE(FlipBit(BitFlip{0, 1, 30}, w, 3, sizeof(float)));  // flipped back
+  EXPECT_EQ(w[1], 1.0f);
+  // Element 5 of 3 is element 2; bit 31 + 32 of a 32-bit value is its sign.
+  ASSERT_TRUE(FlipBit(BitFlip{0, 5, 63}, w, 3, sizeof(float)));
+  EXPECT_EQ(w[2], -1.0f);
+  uint64_t v[1] = {0};
+  ASSERT_TRUE(FlipBit(BitFlip{0, 0, 40}, v, 1, sizeof(uint64_t)));
+  EXPECT_EQ(v[0], uint64_t{1} << 40);
+  uint16_t h[2] = {0, 0};
+  ASSERT_TRUE(FlipBit(BitFlip{0, 1, 17}, h, 2, sizeof(uint16_t)));  // bit 17 of 16: bit 1
+  EXPECT_EQ(h[0], 0);
+  EXPECT_EQ(h[1], 2);
+  EXPECT_FALSE(FlipBit(BitFlip{}, w, 0, sizeof(float)));
+  EXPECT_FALSE(FlipBit(BitFlip{}, w, 3, 3));
+  EXPECT_FALSE(FlipBit(BitFlip{}, nullptr, 3, 4));
+}
+
+TEST(Session, CommSlowStretchesEachCollectiveFromItsStepOn) {
+  Receiver r;
+  std::map<std::string, std::string> vars = AgentVars(r);
+  vars["ENDURE_FAULTS"] = R"([{"id":"cs","kind":"comm-slow","rank":0,"step":2,"factor":3}])";
+  std::unique_ptr<Session> s = MustCreate(vars);
+  auto timed = [&](int64_t step) {
+    const auto start = Clock::now();
+    s->BeforeCollective(step);
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  };
+  EXPECT_LT(timed(0), 0.02);  // before its step: untouched
+  s->EndStep(0, 1, 0.01, 0.2, 0, -1);
+  r.NextReport();
+  // Step 2: (3 - 1) x the last comm_s, 0.2 s.
+  double slept = timed(1);
+  EXPECT_GE(slept, 0.4);
+  EXPECT_LT(slept, 2.0);  // loosely: a loaded machine oversleeps
+  Json fault = r.NextReport();
+  ExpectEnvelope(fault, "fault");
+  EXPECT_EQ(fault["id"], "cs");
+  EXPECT_EQ(fault["kind"], "comm-slow");
+  EXPECT_EQ(fault["step"], 2);
+  // The trainer reports the sleep as communication; the next stretch is
+  // computed from the collective's own 10 ms, so it does not compound, and
+  // is at least (3 - 1) x 50 ms.
+  s->EndStep(1, 1, 0.01, slept + 0.01, 0, -1);
+  EXPECT_EQ(r.NextReport()["type"], "step");
+  slept = timed(2);
+  EXPECT_GE(slept, 0.1);
+  EXPECT_LT(slept, 0.35);
+  s->EndStep(2, 1, 0.01, slept + 0.01, 0, -1);
+  // The fault datagram went out once.
+  EXPECT_EQ(r.NextReport()["type"], "step");
+  EXPECT_TRUE(r.Next(std::chrono::milliseconds(50)).is_discarded());
+}
+
+TEST(Session, CommFailExitsBeforeTheCollectiveWithTheErrorLine) {
+  Receiver r;
+  std::map<std::string, std::string> vars = AgentVars(r);
+  vars["ENDURE_FAULTS"] = R"([{"id":"cf","kind":"comm-fail","rank":0,"step":3}])";
+  std::unique_ptr<Session> s = MustCreate(vars);
+  s->BeforeCollective(0);  // not yet
+  s->BeforeCollective(1);
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    dup2(pipe_fds[1], STDERR_FILENO);
+    s->BeforeCollective(2);
+    _exit(99);  // not reached
+  }
+  close(pipe_fds[1]);
+  std::string err;
+  char buf[512];
+  for (ssize_t n; (n = read(pipe_fds[0], buf, sizeof buf)) > 0;) err.append(buf, n);
+  close(pipe_fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_NE(err.find("endure fault: collective failed: Connection reset by peer (comm-fail)"),
+            std::string::npos)
+      << err;
+  // The agent learns which fault it was before the process is gone.
+  Json fault = r.NextReport();
+  ExpectEnvelope(fault, "fault");
+  EXPECT_EQ(fault["id"], "cf");
+  EXPECT_EQ(fault["kind"], "comm-fail");
+  EXPECT_EQ(fault["step"], 3);
 }
 
 TEST(Session, EndStepDoesNotBlockWhenTheAgentIsGone) {

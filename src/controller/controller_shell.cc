@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -204,6 +205,8 @@ StreamVerdict ControllerShell::OnHello(ConnectionId id, const proto::AgentEvent&
   agent.host = hello.host();
   agent.replica_address = hello.replica_address();
   agent.free_port = hello.free_port();
+  agent.pair_test_port =
+      hello.pair_test_port() > 0 && hello.pair_test_port() <= 65535 ? hello.pair_test_port() : 0;
   agent.source = queue_.NewSource();
   NodeId node;
   bool taken_back = false;
@@ -267,7 +270,13 @@ StreamVerdict ControllerShell::OnHello(ConnectionId id, const proto::AgentEvent&
     resume.at = Now();
     queue_.PostControl(std::move(resume));
   }
-  if (!taken_back) Post(core::NodeUp{node, agent.name, hello.slots()});
+  if (!taken_back) {
+    Queued up{core::NodeUp{node, agent.name, hello.slots(), ""}};
+    up.at = Now();
+    up.health_summary = SanitizeUtf8(hello.health_summary());
+    up.health_ok = hello.health_summary().empty() || hello.health_ok();
+    queue_.PostControl(std::move(up));
+  }
   return StreamVerdict::Accept();
 }
 
@@ -343,9 +352,56 @@ ControllerShell::Queued ControllerShell::Translate(const proto::AgentEvent& e, N
       break;
     case proto::AgentEvent::kStep: {
       const auto& s = e.step();
-      q.event = core::StepEnd{
+      core::StepEnd step{
           gen, s.rank(), s.step(), s.loss(), s.ckpt_stall_s(), s.checkpoint_step(), s.skipped()};
+      // Hostile until checked: a negative or non-finite compute time, or a
+      // step count beyond what a double holds, is none.
+      if (std::isfinite(s.compute_s()) && s.compute_s() > 0 && s.compute_s() < 1e7) {
+        step.compute_s = s.compute_s();
+      }
+      if (s.total_steps() > 0 && s.total_steps() < (int64_t{1} << 53)) {
+        step.total_steps = s.total_steps();
+      }
+      q.event = step;
       q.tokens = s.tokens();
+      break;
+    }
+    case proto::AgentEvent::kPhase: {
+      const std::string& phase = e.phase().phase();
+      if (phase.empty() || phase.size() > 32 ||
+          !std::islower(static_cast<unsigned char>(phase[0])) ||
+          !std::all_of(phase.begin(), phase.end(), [](char c) {
+            return std::islower(static_cast<unsigned char>(c)) ||
+                   std::isdigit(static_cast<unsigned char>(c)) || c == '_';
+          })) {
+        break;  // the agent checks it; a damaged one is dropped
+      }
+      q.event = core::PhaseChanged{gen, e.phase().rank(), phase};
+      break;
+    }
+    case proto::AgentEvent::kFingerprint: {
+      const auto& f = e.fingerprint();
+      if (!core::IsValidFingerprint(f.fingerprint())) break;
+      q.event = core::FingerprintReported{gen, f.rank(), f.step(), f.fingerprint()};
+      break;
+    }
+    case proto::AgentEvent::kPairTest: {
+      const auto& t = e.pair_test();
+      std::optional<NodeId> peer;
+      {
+        std::lock_guard<std::mutex> lock(conns_mu_);
+        for (const auto& [n, a] : agents_) {
+          if (a.name == t.peer_node()) peer = n;
+        }
+      }
+      if (!peer) break;
+      q.event = core::PairTestResult{t.test(),
+                                     t.round(),
+                                     node,
+                                     *peer,
+                                     t.ok(),
+                                     std::isfinite(t.seconds()) ? t.seconds() : 0,
+                                     SanitizeUtf8(t.error().substr(0, 512))};
       break;
     }
     case proto::AgentEvent::kLogMatch:
@@ -544,6 +600,13 @@ Status ControllerShell::Start() {
   Result<StateStore> store = StateStore::Open(StateStore::PathIn(o_.state_dir));
   if (!store.ok()) return store.status();
   store_.emplace(std::move(store).value());
+  // The node health ledger: the cluster's, shared by the jobs that name it.
+  ledger_dir_ = o_.spec.cluster.state_dir.empty() ? o_.state_dir : o_.spec.cluster.state_dir;
+  ENDURE_RETURN_IF_ERROR(Env::Default()->CreateDirs(ledger_dir_));
+  Result<NodeLedger> ledger = NodeLedger::Open(NodeLedger::PathIn(ledger_dir_));
+  if (!ledger.ok()) return ledger.status();
+  nodes_.emplace(std::move(ledger).value());
+  ENDURE_RETURN_IF_ERROR(nodes_->SetPolicy(MachineOptions(o_.spec).isolation.health));
   job_.name = o_.spec.name;
   job_.spec_path = o_.spec.path;
   job_.started_at_unix = start_unix_;
@@ -588,6 +651,58 @@ Status ControllerShell::Start() {
   }
   WriteStatus(Now(), true);
   return Status::Ok();
+}
+
+void ControllerShell::LedgerError(const std::string& what, const Status& st) const {
+  if (st.ok()) return;
+  std::fprintf(stderr, "endure controller: the node health ledger: %s: %s\n", what.c_str(),
+               st.message().c_str());
+}
+
+int64_t ControllerShell::WallMs() const {
+  return static_cast<int64_t>(clock_->WallSeconds() * 1000);
+}
+
+void ControllerShell::JudgeRegistration(core::NodeUp& up, const Queued& item) {
+  if (!nodes_) return;
+  if (!item.health_ok) {
+    up.refused = "its health check failed: " + item.health_summary;
+    const core::Strike strike =
+        core::StrikeFor("health_check_failed", WallMs(), item.health_summary);
+    LedgerError("a strike against " + up.name, nodes_->AddStrike(up.name, strike, o_.spec.name));
+  } else {
+    Result<std::vector<core::Strike>> strikes = nodes_->ActiveStrikes(up.name);
+    if (!strikes.ok()) {
+      LedgerError("the strikes of " + up.name, strikes.status());
+      return;
+    }
+    const core::NodeVerdict v =
+        core::JudgeNode(*strikes, WallMs(), MachineOptions(o_.spec).isolation.health);
+    if (v.state == core::HealthState::kQuarantined) {
+      up.refused = "quarantined by the node health ledger (" + v.reason +
+                   "); `endure nodes release " + up.name + " --state-dir " + ledger_dir_ +
+                   "` returns it to service";
+    }
+  }
+  if (!up.refused.empty()) {
+    std::fprintf(stderr, "endure controller: %s may not run the job: %s\n", up.name.c_str(),
+                 up.refused.c_str());
+  }
+}
+
+void ControllerShell::RecordStrike(const core::StrikeNodeAction& a) {
+  std::fprintf(stderr, "endure controller: strike against %s: %s (%s)\n", a.node_name.c_str(),
+               a.cause.c_str(), a.hard ? "hard" : "soft");
+  if (!nodes_) return;
+  const core::Strike strike = core::StrikeFor(a.cause, WallMs(), a.detail);
+  Status st = nodes_->AddStrike(a.node_name, strike, o_.spec.name);
+  LedgerError("a strike against " + a.node_name, st);
+  if (!st.ok() || a.hard) return;  // a hard strike: the machine stopped using the node
+  Result<std::vector<core::Strike>> strikes = nodes_->ActiveStrikes(a.node_name);
+  if (!strikes.ok()) return;
+  const core::NodeVerdict v =
+      core::JudgeNode(*strikes, WallMs(), MachineOptions(o_.spec).isolation.health);
+  if (v.state == core::HealthState::kQuarantined) Post(core::NodeQuarantined{a.node, v.reason});
 }
 
 core::Generation ControllerShell::FirstGeneration() {
@@ -747,6 +862,7 @@ void ControllerShell::RunOnce(bool block) {
     }
     if (!item.fingerprint.empty() && exit->rank == core::Rank{0}) fingerprint_ = item.fingerprint;
   }
+  if (auto* up = std::get_if<core::NodeUp>(&*item.event)) JudgeRegistration(*up, item);
   if (auto* step = std::get_if<core::StepEnd>(&*item.event); step && step->rank == core::Rank{0}) {
     if (item.tokens > 0) tokens_per_step_ = item.tokens;
     recent_steps_.emplace_back(item.at, step->step.value);
@@ -826,6 +942,10 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
       for (core::StepNumber s : a->skip_steps) start.add_skip_steps(s.value);
       for (const std::string& arg : spec.command) start.add_command(arg);
       for (const auto& [k, v] : spec.env) (*start.mutable_env())[k] = v;
+      if (spec.detection.sdc_check_every > 0) {
+        (*start.mutable_env())["ENDURE_SDC_CHECK_EVERY"] =
+            std::to_string(spec.detection.sdc_check_every);
+      }
       if (spec.checkpoint.every_steps > 0) {
         // As the spec names it: the agent resolves a relative one on its host.
         (*start.mutable_env())["ENDURE_CKPT_DIR"] = spec.checkpoint.dir;
@@ -908,6 +1028,27 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
         lose_at_once_.insert(target);  // the node dies: its stream's end is its loss
       }
       Send(target, std::move(cmd));
+    } else if (const auto* a = std::get_if<core::StrikeNodeAction>(&action)) {
+      RecordStrike(*a);
+    } else if (const auto* a = std::get_if<core::RunPairTestAction>(&action)) {
+      for (const auto& [first, second] : a->pairs) {
+        std::optional<Agent> peer = AgentOf(second);
+        if (!peer || peer->pair_test_port == 0)
+          continue;  // no answer: the round's timeout fails it
+        proto::AgentCommand cmd;
+        cmd.set_generation(machine_.generation().value);
+        proto::PairTest* t = cmd.mutable_pair_test();
+        t->set_test(a->test);
+        t->set_round(a->round);
+        t->set_peer_node(peer->name);
+        t->set_peer_host(peer->host);
+        t->set_peer_port(peer->pair_test_port);
+        t->set_bytes(4 << 20);
+        t->set_timeout_s(Seconds(spec.isolation.pairwise_timeout) * 0.8);
+        Send(first, std::move(cmd));
+      }
+      std::fprintf(stderr, "endure controller: pairwise test %d round %d: %zu pair(s)\n", a->test,
+                   a->round, a->pairs.size());
     } else if (const auto* a = std::get_if<core::FinishAction>(&action)) {
       finish_ = *a;
       proto::AgentCommand cmd;

@@ -37,6 +37,7 @@
 #include "controller/checkpoint_coordinator.h"
 #include "controller/controller.h"
 #include "controller/event_queue.h"
+#include "controller/node_ledger.h"
 #include "controller/state_store.h"
 #include "controller/transport.h"
 #include "core/job_machine.h"
@@ -134,6 +135,10 @@ class ControllerShell final : public TransportSink {
     // against the generation the job runs.
     std::optional<proto::Register> resume;
     bool taken_back = false;
+    // With a NodeUp: the node's health check as it reported it (empty: it
+    // ran none).
+    std::string health_summary;
+    bool health_ok = true;
   };
   // A registered node whose stream dropped, held for `grace` (the stream
   // grace; after the controller's own restart, kResumeGrace).
@@ -157,6 +162,7 @@ class ControllerShell final : public TransportSink {
     // A port free on its host, as it last reported (Register, then each
     // GenerationStopped); 0: none, or already handed to a generation.
     int free_port = 0;
+    int pair_test_port = 0;  // its pairwise-test listener on `host`; 0: none
     EventQueue<Queued>::Source source;
   };
 
@@ -213,6 +219,15 @@ class ControllerShell final : public TransportSink {
   // Hands the live status to StatusJson and MetricsText.
   void Publish(const nlohmann::json& status);
   void Persist();
+  // A registration's NodeUp, before the machine sees it: refused when the
+  // node failed its health check (a hard strike) or the ledger has it
+  // quarantined.
+  void JudgeRegistration(core::NodeUp& up, const Queued& item);
+  // Records a strike in the ledger; a node it quarantines is posted to the
+  // machine (NodeQuarantined) unless the machine already stopped using it.
+  void RecordStrike(const core::StrikeNodeAction& strike);
+  int64_t WallMs() const;
+  void LedgerError(const std::string& what, const Status& st) const;
   // Inventories, durable shards and lost nodes, for the checkpoint engine.
   void OnCheckpointEvent(const Queued& item);
   // The checkpoint part of a StartGeneration.
@@ -229,7 +244,9 @@ class ControllerShell final : public TransportSink {
   core::JobMachine machine_;           // owned by the loop thread
   CheckpointCoordinator checkpoints_;  // owned by the loop thread
   std::optional<StateStore> store_;    // owned by the loop thread
+  std::optional<NodeLedger> nodes_;    // the node health ledger; owned by the loop thread
   JobRecord job_;                      // owned by the loop thread
+  std::string ledger_dir_;             // where nodes.db is
 
   mutable std::mutex conns_mu_;
   std::map<ConnectionId, PendingHello> hellos_;      // GUARDED_BY(conns_mu_)

@@ -22,7 +22,8 @@ namespace endure::controller {
 namespace {
 
 constexpr std::string_view kTables =
-    "[job], [checkpoint], [detection], [recovery], [control_plane], [[faults]], "
+    "[job], [checkpoint], [detection], [isolation], [recovery], [control_plane], [cluster], "
+    "[[faults]], "
     "[faults_schedule]";
 
 int LineOf(const toml::source_region& src) { return static_cast<int>(src.begin.line); }
@@ -274,6 +275,7 @@ class SpecParser {
   Status ParseDetection(const toml::table& t, JobSpec& spec);
   Status ParseRecovery(const toml::table& t, JobSpec& spec);
   Status ParseControlPlane(const toml::table& t, JobSpec& spec);
+  Status ParseIsolation(const toml::table& t, JobSpec& spec);
   Status ParseFault(const toml::table& t, int index, JobSpec& spec);
   Status ParseSchedule(const toml::table& t, JobSpec& spec);
 
@@ -302,7 +304,8 @@ Status SpecParser::Parse(std::string_view text, JobSpec& spec) {
         return Error(line, name, "expected an array of tables: write each fault as [[faults]]");
       }
     } else if (name == "job" || name == "checkpoint" || name == "detection" || name == "recovery" ||
-               name == "control_plane" || name == "faults_schedule") {
+               name == "control_plane" || name == "faults_schedule" || name == "isolation" ||
+               name == "cluster") {
       if (!value.is_table())
         return Error(line, name, "expected a table: write it as [" + name + "]");
     } else {
@@ -331,6 +334,19 @@ Status SpecParser::Parse(std::string_view text, JobSpec& spec) {
   }
   if (const toml::table* t = root["control_plane"].as_table()) {
     ENDURE_RETURN_IF_ERROR(ParseControlPlane(*t, spec));
+  }
+  if (const toml::table* t = root["isolation"].as_table()) {
+    ENDURE_RETURN_IF_ERROR(ParseIsolation(*t, spec));
+  }
+  if (const toml::table* t = root["cluster"].as_table()) {
+    ENDURE_RETURN_IF_ERROR(Keys(
+        *t, "cluster", {{"state_dir", [&](const toml::node& v, const std::string& key) -> Status {
+                           ENDURE_ASSIGN_OR_RETURN(spec.cluster.state_dir, String(v, key));
+                           if (spec.cluster.state_dir.empty()) {
+                             return Error(v, key, "must not be empty (leave it out instead)");
+                           }
+                           return Status::Ok();
+                         }}}));
   }
   if (const toml::array* faults = root["faults"].as_array()) {
     int index = 0;
@@ -518,64 +534,137 @@ Status SpecParser::ParseDetection(const toml::table& t, JobSpec& spec) {
       return Status::Ok();
     };
   };
-  return Keys(t, "detection",
-              {{"hang_timeout_floor", duration(&d.hang_timeout_floor, true)},
-               {"hang_timeout_k",
+  ENDURE_RETURN_IF_ERROR(
+      Keys(t, "detection",
+           {{"hang_timeout_floor", duration(&d.hang_timeout_floor, true)},
+            {"hang_timeout_k",
+             [&](const toml::node& v, const std::string& key) -> Status {
+               // The learned timeout is k x p99 step time: below 1 it would fire on
+               // an ordinary slow step.
+               ENDURE_ASSIGN_OR_RETURN(d.hang_timeout_k, Number(v, key, 1.0, false));
+               return Status::Ok();
+             }},
+            {"hang_window",
+             [&](const toml::node& v, const std::string& key) -> Status {
+               ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1, kMaxDetectionWindow));
+               d.hang_window = static_cast<int>(n);
+               return Status::Ok();
+             }},
+            {"startup_timeout", duration(&d.startup_timeout, true)},
+            {"heartbeat_timeout", duration(&d.heartbeat_timeout, true)},
+            {"loss_anomalies",
+             [&](const toml::node& v, const std::string& key) -> Status {
+               ENDURE_ASSIGN_OR_RETURN(d.loss_anomalies, Bool(v, key));
+               return Status::Ok();
+             }},
+            {"loss_spike_z",
+             [&](const toml::node& v, const std::string& key) -> Status {
+               ENDURE_ASSIGN_OR_RETURN(d.loss_spike_z, Number(v, key, 0.0, true));
+               return Status::Ok();
+             }},
+            {"loss_window",
+             [&](const toml::node& v, const std::string& key) -> Status {
+               ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 2, kMaxDetectionWindow));
+               d.loss_window = static_cast<int>(n);
+               return Status::Ok();
+             }},
+            {"on_recurrence",
+             [&](const toml::node& v, const std::string& key) -> Status {
+               ENDURE_ASSIGN_OR_RETURN(std::string name, String(v, key));
+               Result<core::AnomalyRecurrence> r = core::ParseAnomalyRecurrence(name);
+               if (!r.ok()) return Error(v, key, r.status().message());
+               d.on_recurrence = *r;
+               return Status::Ok();
+             }},
+            {"log_rules",
+             [&](const toml::node& v, const std::string& key) -> Status {
+               ENDURE_ASSIGN_OR_RETURN(d.log_rules, String(v, key));
+               return Status::Ok();
+             }},
+            {"stack_timeout",
+             [&](const toml::node& v, const std::string& key) -> Status {
+               ENDURE_ASSIGN_OR_RETURN(d.stack_timeout, Dur(v, key, true));
+               return AtMost(v, key, d.stack_timeout, kMaxStopTimeout, "1h");
+             }},
+            {"progress_pattern",
+             [&](const toml::node& v, const std::string& key) -> Status {
+               ENDURE_ASSIGN_OR_RETURN(d.progress_pattern, String(v, key));
+               if (Status st = ValidProgressPattern(d.progress_pattern); !st.ok()) {
+                 return Error(v, key, st.message());
+               }
+               return Status::Ok();
+             }},
+            {"phase_timeout", duration(&d.phase_timeout, true)},
+            {"stragglers",
+             [&](const toml::node& v, const std::string& key) -> Status {
+               ENDURE_ASSIGN_OR_RETURN(d.stragglers, Bool(v, key));
+               return Status::Ok();
+             }},
+            {"straggler_theta",
+             [&](const toml::node& v, const std::string& key) -> Status {
+               ENDURE_ASSIGN_OR_RETURN(d.straggler_theta, Number(v, key, 0.0, true));
+               if (d.straggler_theta > 10) return Error(v, key, "must be in (0, 10]");
+               return Status::Ok();
+             }},
+            {"straggler_window",
+             [&](const toml::node& v, const std::string& key) -> Status {
+               ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1, kMaxDetectionWindow));
+               d.straggler_window = static_cast<int>(n);
+               return Status::Ok();
+             }},
+            {"straggler_min_slow",
+             [&](const toml::node& v, const std::string& key) -> Status {
+               ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1, kMaxDetectionWindow));
+               d.straggler_min_slow = static_cast<int>(n);
+               lines_[key] = LineOf(v.source());
+               return Status::Ok();
+             }},
+            {"sdc_check_every", [&](const toml::node& v, const std::string& key) -> Status {
+               ENDURE_ASSIGN_OR_RETURN(d.sdc_check_every, Integer(v, key, 0, int64_t{1} << 40));
+               return Status::Ok();
+             }}}));
+  if (d.straggler_min_slow > d.straggler_window) {
+    return Error(lines_["detection.straggler_min_slow"], "detection.straggler_min_slow",
+                 "must not exceed straggler_window (" + std::to_string(d.straggler_window) +
+                     "): it counts slow steps among the window's");
+  }
+  return Status::Ok();
+}
+
+Status SpecParser::ParseIsolation(const toml::table& t, JobSpec& spec) {
+  IsolationSpec& i = spec.isolation;
+  auto boolean = [&](bool* out) -> Handler {
+    return [this, out](const toml::node& v, const std::string& key) -> Status {
+      ENDURE_ASSIGN_OR_RETURN(*out, Bool(v, key));
+      return Status::Ok();
+    };
+  };
+  auto duration = [&](Duration* out) -> Handler {
+    return [this, out](const toml::node& v, const std::string& key) -> Status {
+      ENDURE_ASSIGN_OR_RETURN(*out, Dur(v, key, true));
+      return Status::Ok();
+    };
+  };
+  return Keys(t, "isolation",
+              {{"over_evict", boolean(&i.over_evict)},
+               {"pairwise_test", boolean(&i.pairwise_test)},
+               {"health_check", boolean(&i.health_check)},
+               {"pairwise_timeout", duration(&i.pairwise_timeout)},
+               {"pairwise_slow_factor",
                 [&](const toml::node& v, const std::string& key) -> Status {
-                  // The learned timeout is k x p99 step time: below 1 it would fire on
-                  // an ordinary slow step.
-                  ENDURE_ASSIGN_OR_RETURN(d.hang_timeout_k, Number(v, key, 1.0, false));
+                  ENDURE_ASSIGN_OR_RETURN(i.pairwise_slow_factor, Number(v, key, 1.0, true));
                   return Status::Ok();
                 }},
-               {"hang_window",
+               {"soft_strikes",
                 [&](const toml::node& v, const std::string& key) -> Status {
-                  ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1, kMaxDetectionWindow));
-                  d.hang_window = static_cast<int>(n);
+                  ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1, 1000));
+                  i.soft_strikes = static_cast<int>(n);
                   return Status::Ok();
                 }},
-               {"startup_timeout", duration(&d.startup_timeout, true)},
-               {"heartbeat_timeout", duration(&d.heartbeat_timeout, true)},
-               {"loss_anomalies",
-                [&](const toml::node& v, const std::string& key) -> Status {
-                  ENDURE_ASSIGN_OR_RETURN(d.loss_anomalies, Bool(v, key));
-                  return Status::Ok();
-                }},
-               {"loss_spike_z",
-                [&](const toml::node& v, const std::string& key) -> Status {
-                  ENDURE_ASSIGN_OR_RETURN(d.loss_spike_z, Number(v, key, 0.0, true));
-                  return Status::Ok();
-                }},
-               {"loss_window",
-                [&](const toml::node& v, const std::string& key) -> Status {
-                  ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 2, kMaxDetectionWindow));
-                  d.loss_window = static_cast<int>(n);
-                  return Status::Ok();
-                }},
-               {"on_recurrence",
-                [&](const toml::node& v, const std::string& key) -> Status {
-                  ENDURE_ASSIGN_OR_RETURN(std::string name, String(v, key));
-                  Result<core::AnomalyRecurrence> r = core::ParseAnomalyRecurrence(name);
-                  if (!r.ok()) return Error(v, key, r.status().message());
-                  d.on_recurrence = *r;
-                  return Status::Ok();
-                }},
-               {"log_rules",
-                [&](const toml::node& v, const std::string& key) -> Status {
-                  ENDURE_ASSIGN_OR_RETURN(d.log_rules, String(v, key));
-                  return Status::Ok();
-                }},
-               {"stack_timeout",
-                [&](const toml::node& v, const std::string& key) -> Status {
-                  ENDURE_ASSIGN_OR_RETURN(d.stack_timeout, Dur(v, key, true));
-                  return AtMost(v, key, d.stack_timeout, kMaxStopTimeout, "1h");
-                }},
-               {"progress_pattern", [&](const toml::node& v, const std::string& key) -> Status {
-                  ENDURE_ASSIGN_OR_RETURN(d.progress_pattern, String(v, key));
-                  if (Status st = ValidProgressPattern(d.progress_pattern); !st.ok()) {
-                    return Error(v, key, st.message());
-                  }
-                  return Status::Ok();
-                }}});
+               {"soft_window", duration(&i.soft_window)},
+               {"restart_cost", duration(&i.restart_cost)},
+               {"replacement_wait", duration(&i.replacement_wait)},
+               {"straggler_horizon", duration(&i.straggler_horizon)}});
 }
 
 Status SpecParser::ParseRecovery(const toml::table& t, JobSpec& spec) {
@@ -897,6 +986,22 @@ core::JobMachineOptions MachineOptions(const JobSpec& spec) {
   o.loss.min_count = std::min(o.loss.min_count, d.loss_window);
   o.loss.z_threshold = d.loss_spike_z;
   o.anomaly.on_recurrence = d.on_recurrence;
+  o.hang.phase_first_timeout = d.phase_timeout;
+  o.isolation.straggler.enabled = d.stragglers;
+  o.isolation.straggler.theta = d.straggler_theta;
+  o.isolation.straggler.window = d.straggler_window;
+  o.isolation.straggler.min_slow = d.straggler_min_slow;
+  o.isolation.sdc_check_every = d.sdc_check_every;
+  const IsolationSpec& i = spec.isolation;
+  o.isolation.over_evict = i.over_evict;
+  o.isolation.pairwise_test = i.pairwise_test;
+  o.isolation.pairwise_timeout = i.pairwise_timeout;
+  o.isolation.pairwise.slow_factor = i.pairwise_slow_factor;
+  o.isolation.health.soft_strikes = i.soft_strikes;
+  o.isolation.health.soft_window = i.soft_window;
+  o.isolation.restart_cost = i.restart_cost;
+  o.isolation.replacement_wait = i.replacement_wait;
+  o.isolation.straggler_horizon = i.straggler_horizon;
   const RecoverySpec& r = spec.recovery;
   o.recovery.max_restarts_in_window = r.max_restarts;
   o.recovery.restart_window = r.restart_window;

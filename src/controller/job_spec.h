@@ -76,6 +76,41 @@ struct DetectionSpec {
   // library: an RE2 pattern with a named group `step` (steps completed) and
   // optionally `loss`; empty: none. See docs/progress_pattern.md.
   std::string progress_pattern;
+  // A phase the workers name (session.phase("eval")), the first time it is
+  // seen: how long it may take (later ones: learned, as for steps).
+  Duration phase_timeout = std::chrono::minutes(10);
+  // Fail-slow stragglers: a rank whose compute time before the allreduce
+  // exceeds (1 + straggler_theta) x the median in straggler_min_slow of its
+  // last straggler_window steps is flagged with its node.
+  bool stragglers = true;
+  double straggler_theta = 0.10;
+  int straggler_window = 20;
+  int straggler_min_slow = 12;
+  // Every this many steps each rank fingerprints its parameters after the
+  // optimizer step; the replicas must agree bit for bit. 0: no SDC check.
+  int64_t sdc_check_every = 0;
+};
+// [isolation]: what the job does about the nodes its detectors suspect.
+struct IsolationSpec {
+  bool over_evict = true;     // a hang's stack outliers: evict their nodes
+  bool pairwise_test = true;  // ambiguous collective failures: test pairs of nodes
+  Duration pairwise_timeout = std::chrono::seconds(10);  // per round
+  double pairwise_slow_factor = 3.0;
+  // Multi-strike quarantine of soft causes (hard ones quarantine at once).
+  int soft_strikes = 3;
+  Duration soft_window = std::chrono::hours(24);
+  // The straggler decision's estimates until the job measures its own.
+  Duration restart_cost = std::chrono::seconds(30);
+  Duration replacement_wait = std::chrono::minutes(5);
+  Duration straggler_horizon = std::chrono::hours(1);
+  // Each node runs its health check before it joins or rejoins.
+  bool health_check = true;
+};
+// [cluster]: what jobs on the same nodes share.
+struct ClusterSpec {
+  // The node health ledger's directory (nodes.db), shared by every job
+  // whose spec names it; empty: the job's own state_dir.
+  std::string state_dir;
 };
 
 // [recovery]
@@ -150,6 +185,8 @@ struct JobSpec {
   DetectionSpec detection;
   RecoverySpec recovery;
   ControlPlaneSpec control_plane;
+  IsolationSpec isolation;
+  ClusterSpec cluster;
 
   // [[faults]] in file order, then the expanded [faults_schedule] (ids
   // "sched-N"). Every fault is valid and ids are unique.

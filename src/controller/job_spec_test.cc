@@ -366,12 +366,14 @@ TEST(JobSpec, MemoryBudgetUnits) {
 }
 
 TEST(JobSpec, UnknownKeyNamesItsLine) {
-  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "[detection]\nhang_timeout_floor = \"2s\"\n"
-                                            "hang_timout = \"3s\"\n"),
-            "job.toml:7: key 'detection.hang_timout': unknown key in [detection]; valid keys are "
-            "hang_timeout_floor, hang_timeout_k, hang_window, startup_timeout, "
-            "heartbeat_timeout, loss_anomalies, loss_spike_z, loss_window, on_recurrence, "
-            "log_rules, stack_timeout, progress_pattern");
+  EXPECT_EQ(
+      ErrorOf(std::string(kMinimal) + "[detection]\nhang_timeout_floor = \"2s\"\n"
+                                      "hang_timout = \"3s\"\n"),
+      "job.toml:7: key 'detection.hang_timout': unknown key in [detection]; valid keys are "
+      "hang_timeout_floor, hang_timeout_k, hang_window, startup_timeout, "
+      "heartbeat_timeout, loss_anomalies, loss_spike_z, loss_window, on_recurrence, "
+      "log_rules, stack_timeout, progress_pattern, phase_timeout, stragglers, straggler_theta, "
+      "straggler_window, straggler_min_slow, sdc_check_every");
   EXPECT_THAT(ErrorOf("[job]\nname = \"j\"\ncomand = [\"x\"]\n"),
               HasSubstr("job.toml:3: key 'job.comand': unknown key in [job]"));
   EXPECT_THAT(ErrorOf(std::string(kIssueExample) + "colour = \"red\"\n"),
@@ -626,6 +628,54 @@ TEST(JobSpec, LoadReportsUnreadableFile) {
   ASSERT_FALSE(spec.ok());
   EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(spec.status().message(), HasSubstr("/nonexistent/dir/job.toml: cannot read"));
+}
+
+// [detection]'s implicit-failure keys, [isolation] and [cluster]: parsed,
+// carried into the machine's options, and bad values refused with file,
+// line and key.
+TEST(JobSpec, IsolationKeysParseAndBadValuesNameTheirLine) {
+  Result<JobSpec> spec =
+      ParseJobSpec(std::string(kMinimal) +
+                       "[detection]\nstraggler_theta = 0.2\nstraggler_window = 30\n"
+                       "straggler_min_slow = 20\nsdc_check_every = 50\n"
+                       "phase_timeout = \"90s\"\n"
+                       "[isolation]\nover_evict = false\npairwise_test = false\n"
+                       "soft_strikes = 5\nsoft_window = \"2h\"\nhealth_check = false\n"
+                       "[cluster]\nstate_dir = \"/var/lib/endure\"\n",
+                   "job.toml");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  const core::JobMachineOptions o = MachineOptions(*spec);
+  EXPECT_DOUBLE_EQ(o.isolation.straggler.theta, 0.2);
+  EXPECT_EQ(o.isolation.straggler.window, 30);
+  EXPECT_EQ(o.isolation.straggler.min_slow, 20);
+  EXPECT_EQ(o.isolation.sdc_check_every, 50);
+  EXPECT_EQ(o.hang.phase_first_timeout, std::chrono::seconds(90));
+  EXPECT_FALSE(o.isolation.over_evict);
+  EXPECT_FALSE(o.isolation.pairwise_test);
+  EXPECT_EQ(o.isolation.health.soft_strikes, 5);
+  EXPECT_EQ(o.isolation.health.soft_window, std::chrono::hours(2));
+  EXPECT_FALSE(spec->isolation.health_check);
+  EXPECT_EQ(spec->cluster.state_dir, "/var/lib/endure");
+  EXPECT_TRUE(o.Validate().ok());
+
+  const std::string base = kMinimal;  // 4 lines
+  EXPECT_EQ(
+      ErrorOf(base + "[detection]\nstraggler_theta = 0\n"),
+      "job.toml:6: key 'detection.straggler_theta': must be a finite number > 0, got 0.000000");
+  EXPECT_EQ(ErrorOf(base + "[detection]\nstraggler_window = 10\nstraggler_min_slow = 11\n"),
+            "job.toml:7: key 'detection.straggler_min_slow': must not exceed straggler_window "
+            "(10): it counts slow steps among the window's");
+  EXPECT_EQ(ErrorOf(base + "[detection]\nsdc_check_every = -1\n"),
+            "job.toml:6: key 'detection.sdc_check_every': must be at least 0, got -1");
+  EXPECT_EQ(ErrorOf(base + "[isolation]\nsoft_strikes = 0\n"),
+            "job.toml:6: key 'isolation.soft_strikes': must be at least 1, got 0");
+  EXPECT_EQ(
+      ErrorOf(base + "[isolation]\nover_evict = \"yes\"\n"),
+      "job.toml:6: key 'isolation.over_evict': expected a boolean (true or false), got a string");
+  EXPECT_EQ(ErrorOf(base + "[isolation]\nsoft_window = \"0s\"\n"),
+            "job.toml:6: key 'isolation.soft_window': must be longer than 0");
+  EXPECT_EQ(ErrorOf(base + "[cluster]\nledger = \"x\"\n"),
+            "job.toml:6: key 'cluster.ledger': unknown key in [cluster]; valid keys are state_dir");
 }
 
 }  // namespace

@@ -6,8 +6,9 @@
 namespace endure::core {
 namespace {
 
-constexpr Cause kFixed[] = {Cause::kNodeLost, Cause::kHang,      Cause::kLossNan,
-                            Cause::kLossInf,  Cause::kLossSpike, Cause::kPersistenceFailing};
+constexpr Cause kFixed[] = {Cause::kNodeLost,  Cause::kHang,      Cause::kLossNan,
+                            Cause::kLossInf,   Cause::kLossSpike, Cause::kPersistenceFailing,
+                            Cause::kStraggler, Cause::kSdc};
 
 }  // namespace
 
@@ -29,6 +30,10 @@ std::string_view CauseName(Cause kind) {
       return LossAnomalyCause(LossAnomalyKind::kSpike);
     case Cause::kPersistenceFailing:
       return "checkpoint persistence failing";
+    case Cause::kStraggler:
+      return "straggler";
+    case Cause::kSdc:
+      return "sdc";
     case Cause::kLogRule:
       return "log_rule";
   }
@@ -60,6 +65,11 @@ IncidentCause ParseIncidentCause(std::string_view name) {
   if (name.starts_with("worker_exit code ")) return {Cause::kWorkerExit, std::string(name)};
   if (name.starts_with("signal ")) return {Cause::kSignal, std::string(name)};
   return {Cause::kLogRule, std::string(name)};
+}
+
+bool IsCollectiveCause(std::string_view name) {
+  return name == "gloo_error" || name == "gloo_timeout" || name == "nccl_error" ||
+         name == "nccl_timeout" || name == "comm_error";
 }
 
 }  // namespace endure::core

@@ -30,6 +30,8 @@ enum class Cause {
   kLossInf,             // "loss_inf"
   kLossSpike,           // "loss_spike"
   kPersistenceFailing,  // "checkpoint persistence failing": writing to T2 failed
+  kStraggler,           // "straggler": a rank computes slower than its peers (fail-slow)
+  kSdc,                 // "sdc": data-parallel replicas' parameters disagree (silent corruption)
   kLogRule,             // a log rule matched the worker's output: the rule's cause
 };
 
@@ -54,5 +56,11 @@ IncidentCause LossAnomalyCauseOf(LossAnomalyKind kind);
 // "signal ..." the crash detector's, anything else a log rule's. Total:
 // name(ParseIncidentCause(n)) == n for every n.
 IncidentCause ParseIncidentCause(std::string_view name);
+
+// Whether a cause is a collective's failure (a Gloo or NCCL error or
+// timeout, an injected comm-fail): the rank that reports it is as likely
+// the victim of a peer's fault as its culprit, so the node it names is no
+// evidence; the pairwise test decides.
+bool IsCollectiveCause(std::string_view name);
 
 }  // namespace endure::core

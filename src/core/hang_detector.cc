@@ -45,6 +45,10 @@ Status HangDetectorOptions::Validate() const {
     return InvalidArgument("hang detector: startup_timeout must be positive, got " +
                            FormatDuration(startup_timeout));
   }
+  if (phase_first_timeout <= Duration::zero()) {
+    return InvalidArgument("hang detector: phase_first_timeout must be positive, got " +
+                           FormatDuration(phase_first_timeout));
+  }
   return Status::Ok();
 }
 
@@ -65,15 +69,76 @@ void HangDetector::OnGenerationStart(int generation, int world_size, TimePoint n
   frontier_time_ = now;
 }
 
-Status HangDetector::OnStepEnd(int rank, StepNumber step, TimePoint now) {
-  if (!active_) return InvalidArgument("hang detector: step report before any generation started");
+Status HangDetector::CheckRank(int rank, std::string_view what) const {
+  if (!active_) {
+    return InvalidArgument("hang detector: " + std::string(what) +
+                           " before any generation started");
+  }
   if (rank < 0 || rank >= static_cast<int>(ranks_.size())) {
     return InvalidArgument("hang detector: rank " + std::to_string(rank) +
                            " is outside generation " + std::to_string(generation_) +
                            " of world size " + std::to_string(ranks_.size()));
   }
+  return Status::Ok();
+}
+
+Status HangDetector::OnPhase(int rank, std::string_view phase, TimePoint now) {
+  ENDURE_RETURN_IF_ERROR(CheckRank(rank, "phase report"));
+  RankProgress& p = ranks_[rank];
+  if (p.phase == phase) return Status::Ok();
+  EndPhase(p, now);
+  p.phase = std::string(phase);
+  p.phase_since = now;
+  reported_ = false;
+  return Status::Ok();
+}
+
+void HangDetector::EndPhase(RankProgress& p, TimePoint now) {
+  if (!InOtherPhase(p)) return;
+  PhaseStats& stats = phases_[p.phase];
+  const Duration d = now - p.phase_since;
+  if (static_cast<int>(stats.samples.size()) < options_.window) {
+    stats.samples.push_back(d);
+  } else {
+    stats.samples[stats.next] = d;
+  }
+  stats.next = (stats.next + 1) % options_.window;
+  p.phase = std::string(kTrainPhase);
+  // The others waited for it at their next collective: their step clocks,
+  // and the step-time frontier, restart now.
+  for (RankProgress& r : ranks_) r.last_progress = std::max(r.last_progress, now);
+  frontier_time_ = std::max(frontier_time_, now);
+}
+
+Duration HangDetector::PhaseTimeout(std::string_view phase) const {
+  auto it = phases_.find(phase);
+  if (it == phases_.end() || it->second.samples.empty()) return options_.phase_first_timeout;
+  std::vector<Duration> sorted = it->second.samples;
+  const size_t index = static_cast<size_t>(std::ceil(0.99 * sorted.size())) - 1;
+  std::nth_element(sorted.begin(), sorted.begin() + index, sorted.end());
+  return std::max(options_.floor, std::chrono::duration_cast<Duration>(sorted[index] * options_.k));
+}
+
+TimePoint HangDetector::PhaseDeadlineOf(const RankProgress& p) const {
+  return p.phase_since + PhaseTimeout(p.phase);
+}
+
+std::optional<TimePoint> HangDetector::LatestPhaseDeadline() const {
+  std::optional<TimePoint> latest;
+  for (const RankProgress& r : ranks_) {
+    if (!InOtherPhase(r)) continue;
+    const TimePoint d = PhaseDeadlineOf(r);
+    if (!latest || d > *latest) latest = d;
+  }
+  return latest;
+}
+
+Status HangDetector::OnStepEnd(int rank, StepNumber step, TimePoint now) {
+  ENDURE_RETURN_IF_ERROR(CheckRank(rank, "step report"));
   RankProgress& p = ranks_[rank];
   if (p.last_step.has_value() && step <= *p.last_step) return Status::Ok();
+  // A step ends whatever phase the rank was in: it is back to training.
+  EndPhase(p, now);
 
   if (p.last_step.has_value()) {
     // The first step of a generation includes start-up, so it is no sample.
@@ -138,13 +203,27 @@ Duration HangDetector::StepTimeout() const {
 }
 
 TimePoint HangDetector::DeadlineOf(const RankProgress& p) const {
-  if (InStartup()) return generation_start_ + options_.startup_timeout;
-  Duration timeout = StepTimeout();
-  if (p.last_duration.has_value()) {
-    timeout =
-        std::max(timeout, std::chrono::duration_cast<Duration>(*p.last_duration * options_.k));
+  TimePoint deadline;
+  if (InStartup()) {
+    deadline = generation_start_ + options_.startup_timeout;
+  } else {
+    Duration timeout = StepTimeout();
+    if (p.last_duration.has_value()) {
+      timeout =
+          std::max(timeout, std::chrono::duration_cast<Duration>(*p.last_duration * options_.k));
+    }
+    deadline = p.last_progress + timeout;
   }
-  return p.last_progress + timeout;
+  // In a phase of its own, the rank is judged by that phase's timeout (and
+  // by start-up's when that is later); the others wait for the latest one.
+  if (InOtherPhase(p)) {
+    const TimePoint phase = PhaseDeadlineOf(p);
+    return InStartup() ? std::max(deadline, phase) : phase;
+  }
+  if (std::optional<TimePoint> waiting = LatestPhaseDeadline()) {
+    deadline = std::max(deadline, *waiting);
+  }
+  return deadline;
 }
 
 std::string HangDetector::DescribeTimeout() const {
@@ -166,16 +245,23 @@ std::optional<HangVerdict> HangDetector::Check(TimePoint now) {
   HangVerdict v;
   v.generation = generation_;
   v.during_startup = InStartup();
-  bool first = true;
+  // A rank stalled inside a phase of its own is the verdict's subject: the
+  // ranks in "train" that stall with it are waiting for it.
   for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) {
-    const RankProgress& p = ranks_[r];
-    const TimePoint deadline = DeadlineOf(p);
-    if (deadline > now) continue;
+    if (DeadlineOf(ranks_[r]) > now) continue;
     v.stalled_ranks.push_back(r);
-    const TimePoint since = p.last_step.has_value() ? p.last_progress : generation_start_;
+    if (InOtherPhase(ranks_[r]) && v.phase == kTrainPhase) v.phase = ranks_[r].phase;
+  }
+  bool first = true;
+  for (int r : v.stalled_ranks) {
+    const RankProgress& p = ranks_[r];
+    if (p.phase != v.phase) continue;
+    const TimePoint since = InOtherPhase(p)           ? p.phase_since
+                            : p.last_step.has_value() ? p.last_progress
+                                                      : generation_start_;
     if (first || since < v.stalled_since) {
       v.stalled_since = since;
-      v.timeout = deadline - since;
+      v.timeout = DeadlineOf(p) - since;
     }
     first = false;
   }
@@ -199,7 +285,26 @@ std::optional<HangVerdict> HangDetector::Check(TimePoint now) {
   }
 
   std::ostringstream reason;
-  if (!never_stepped.empty()) {
+  if (v.phase != kTrainPhase) {
+    // Stalled inside a phase of its own (an evaluation, a checkpoint).
+    std::vector<int> in_phase;
+    for (int r : v.stalled_ranks) {
+      if (ranks_[r].phase == v.phase) in_phase.push_back(r);
+    }
+    v.behind_ranks = in_phase;
+    reason << "no progress from " << FormatRankList(in_phase) << " in phase '" << v.phase
+           << "' for " << FormatDuration(now - v.stalled_since) << " (phase timeout "
+           << FormatDuration(PhaseTimeout(v.phase));
+    auto it = phases_.find(v.phase);
+    if (it == phases_.end() || it->second.samples.empty()) {
+      reason << ", the first time the phase is seen";
+    } else {
+      reason << " = max(floor " << FormatDuration(options_.floor) << ", " << options_.k
+             << " x p99 of its " << it->second.samples.size() << " earlier duration(s))";
+    }
+    reason << ")";
+    if (v.lowest_step) reason << " at step " << v.lowest_step->value;
+  } else if (!never_stepped.empty()) {
     v.lowest_step.reset();
     v.behind_ranks = never_stepped;
     reason << "no first step from " << FormatRankList(never_stepped) << " within "

@@ -10,6 +10,17 @@
 // first step of a generation (process start, restore, NCCL/Gloo set-up, first
 // compilation) a separate, much longer start-up timeout applies.
 //
+// Phases. A rank may say which phase of its loop it is in (the client's
+// session.phase("eval"), "checkpoint", "data", any name; "train" is the
+// default). Time a rank spends in a phase other than "train" is judged by
+// that phase's own timeout, learned the same way from the phase's earlier
+// durations (max(floor, k x p99 of them)), and `phase_first_timeout` the
+// first time the phase is seen. A long evaluation is then never taken for a
+// hang, and a hang inside one still is. While one rank is in such a phase,
+// the others (waiting for it at the next collective) are given until its
+// deadline too, and their step clocks restart when it ends; the step that
+// held the phase is no step-time sample.
+//
 // The detector is a sans-I/O decision core: it reads no clock and starts no
 // timers. The caller passes `now` (steady-clock time; the simulator passes
 // simulated time) to every call, and sleeps until
@@ -18,8 +29,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/duration.h"
@@ -27,6 +40,9 @@
 #include "core/ids.h"
 
 namespace endure::core {
+
+// The default phase: training steps, judged by the step timeout.
+inline constexpr std::string_view kTrainPhase = "train";
 
 struct HangDetectorOptions {
   // Lower bound of the learned timeout: jitter in fast jobs never trips it.
@@ -43,6 +59,9 @@ struct HangDetectorOptions {
   // first step: start-up plus one step (and the time allowed per step while
   // warming up).
   Duration startup_timeout = std::chrono::seconds(60);
+  // Allowed time in a phase (other than "train") the first time it is seen;
+  // later occurrences get max(floor, k x p99 of its earlier durations).
+  Duration phase_first_timeout = std::chrono::minutes(10);
 
   // Names the first invalid field and its accepted range.
   Status Validate() const;
@@ -59,6 +78,8 @@ struct HangVerdict {
   TimePoint stalled_since{};
   // Ranks whose own deadline passed, ascending.
   std::vector<int> stalled_ranks;
+  // The phase the first stalled rank was in ("train": a step).
+  std::string phase = std::string(kTrainPhase);
   // Lowest step any rank of the generation reached (nullopt when some rank has
   // not finished a step yet), and the ranks sitting at it: in a synchronous job
   // the culprit is among these. Ascending.
@@ -86,6 +107,15 @@ class HangDetector {
   // InvalidArgument for a rank outside the current world, or before the first
   // generation.
   Status OnStepEnd(int rank, StepNumber step, TimePoint now);
+
+  // `rank` enters phase `phase` at `now` ("train": back to steps). The
+  // phase it leaves, unless "train", ends: its duration is a sample of that
+  // phase, and it counts as progress. Same errors as OnStepEnd.
+  Status OnPhase(int rank, std::string_view phase, TimePoint now);
+
+  // The timeout for phase `phase` (not "train") now: the first-time one, or
+  // the learned one.
+  Duration PhaseTimeout(std::string_view phase) const;
 
   // The watcher was away until `now` (a controller that carried on after
   // its own outage): no rank is blamed for the silence meanwhile. Each
@@ -118,8 +148,23 @@ class HangDetector {
     // The rank's own most recent step duration: a rank that is slow but keeps
     // going gets k times that, even when it is slower than the job's p99.
     std::optional<Duration> last_duration;
+    std::string phase = std::string(kTrainPhase);  // the rank's current phase
+    TimePoint phase_since{};                       // when it entered it
+  };
+  struct PhaseStats {
+    std::vector<Duration> samples;  // the most recent `window`, a ring
+    size_t next = 0;
   };
 
+  // A phase other than "train" that `p` is in, and its deadline.
+  bool InOtherPhase(const RankProgress& p) const { return p.phase != kTrainPhase; }
+  TimePoint PhaseDeadlineOf(const RankProgress& p) const;
+  // The latest deadline of a rank in another phase: every rank waits for it.
+  std::optional<TimePoint> LatestPhaseDeadline() const;
+  // Ends `p`'s current phase (unless "train") at `now`: a sample and progress.
+  void EndPhase(RankProgress& p, TimePoint now);
+
+  Status CheckRank(int rank, std::string_view what) const;
   bool InStartup() const { return ranks_done_startup_ < static_cast<int>(ranks_.size()); }
   TimePoint DeadlineOf(const RankProgress& p) const;
   void RecordStepDuration(Duration d);
@@ -143,6 +188,7 @@ class HangDetector {
   size_t next_sample_ = 0;
   int64_t total_samples_ = 0;
   Duration cached_p99_{};
+  std::map<std::string, PhaseStats, std::less<>> phases_;  // durations per phase
 };
 
 }  // namespace endure::core

@@ -31,6 +31,10 @@ class Driver {
     AdvanceTo(now);
     ASSERT_TRUE(detector_.OnStepEnd(rank, S(step), At(now)).ok());
   }
+  void Phase(int rank, std::string_view phase, Duration now) {
+    AdvanceTo(now);
+    ASSERT_TRUE(detector_.OnPhase(rank, phase, At(now)).ok());
+  }
   // Runs every deadline at or before `now`, then checks at `now` itself.
   void AdvanceTo(Duration now) {
     while (auto deadline = NextDeadline()) {
@@ -302,6 +306,80 @@ TEST(HangDetector, CleanRunWithJitterRaisesNothing) {
   for (uint32_t seed : {1u, 2u, 3u}) CleanRunRaisesNothing(seed, 0.150);
   // With 1s steps the floor no longer hides the jitter: 3 × p99 decides.
   for (uint32_t seed : {4u, 5u, 6u}) CleanRunRaisesNothing(seed, 1.0);
+}
+
+// An evaluation ten times longer than a step raises nothing, the first
+// time (the first-time phase timeout) and later (its learned timeout); a
+// hang inside one is still a hang, reported in that phase.
+TEST(HangDetectorPhases, ALongEvaluationIsNoHangAndAHangInsideOneIs) {
+  HangDetectorOptions o;
+  o.phase_first_timeout = seconds(60);
+  Driver d(o);
+  constexpr int kWorld = 4;
+  d.StartGeneration(0, kWorld, Duration::zero());
+  Duration t = RunSteps(d, kWorld, 1, 20, seconds(5), Ms(500));
+  ASSERT_EQ(d.detector().StepTimeout(), seconds(2));
+  for (int round = 0; round < 3; ++round) {
+    for (int r = 0; r < kWorld; ++r) d.Phase(r, "eval", t + Ms(r));
+    t += seconds(5);  // ten steps long, and past the 2s step timeout
+    for (int r = 0; r < kWorld; ++r) d.Phase(r, "train", t + Ms(r));
+    t = RunSteps(d, kWorld, 21 + 10 * round, 30 + 10 * round, t, Ms(500));
+  }
+  for (const auto& seen : d.verdicts()) ADD_FAILURE() << seen.verdict.reason;
+  // Learned from three 5s evaluations: 3 x p99.
+  EXPECT_EQ(d.detector().PhaseTimeout("eval"), seconds(15));
+  // The fourth evaluation hangs on rank 2.
+  for (int r = 0; r < kWorld; ++r) d.Phase(r, "eval", t);
+  for (int r : {0, 1, 3}) d.Phase(r, "train", t + seconds(5));
+  d.AdvanceTo(t + seconds(16));
+  ASSERT_EQ(d.verdicts().size(), 1u);
+  const HangVerdict& v = d.verdicts()[0].verdict;
+  EXPECT_EQ(v.phase, "eval");
+  // The others stall with it: they wait for it at their next collective.
+  EXPECT_THAT(v.stalled_ranks, ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(v.behind_ranks, ElementsAre(2));
+  EXPECT_EQ(d.verdicts()[0].at, t + seconds(15));
+  EXPECT_THAT(v.reason, HasSubstr("in phase 'eval'"));
+}
+
+// One rank evaluates while the others wait for it at their next collective:
+// they are given until its phase deadline, and their step clocks restart
+// when it ends.
+TEST(HangDetectorPhases, RanksWaitingForOneInAPhaseAreNotHung) {
+  HangDetectorOptions o;
+  o.phase_first_timeout = seconds(30);
+  Driver d(o);
+  d.StartGeneration(0, 2, Duration::zero());
+  Duration t = RunSteps(d, 2, 1, 20, seconds(5), Ms(200));
+  d.Phase(0, "eval", t);
+  d.AdvanceTo(t + seconds(20));
+  EXPECT_TRUE(d.verdicts().empty());
+  d.Phase(0, "train", t + seconds(20));
+  // From the evaluation's end the step timeout (the 2s floor) applies again.
+  d.AdvanceTo(t + seconds(21));
+  EXPECT_TRUE(d.verdicts().empty());
+  d.AdvanceTo(t + seconds(23));
+  ASSERT_EQ(d.verdicts().size(), 1u);
+  EXPECT_EQ(d.verdicts()[0].at, t + seconds(22));
+  EXPECT_EQ(d.verdicts()[0].verdict.phase, "train");
+  // Phase reports are checked like step reports.
+  EXPECT_FALSE(d.detector().OnPhase(2, "eval", At(t)).ok());
+}
+
+// A phase that never ends is judged by the first-time timeout.
+TEST(HangDetectorPhases, AFirstPhaseThatNeverEndsTimesOut) {
+  HangDetectorOptions o;
+  o.phase_first_timeout = seconds(30);
+  Driver d(o);
+  d.StartGeneration(0, 2, Duration::zero());
+  const Duration t = RunSteps(d, 2, 1, 10, seconds(5), Ms(200));
+  d.Phase(0, "checkpoint", t);
+  d.Phase(1, "checkpoint", t);
+  d.AdvanceTo(t + seconds(31));
+  ASSERT_EQ(d.verdicts().size(), 1u);
+  EXPECT_EQ(d.verdicts()[0].at, t + seconds(30));
+  EXPECT_EQ(d.verdicts()[0].verdict.phase, "checkpoint");
+  EXPECT_THAT(d.verdicts()[0].verdict.reason, HasSubstr("the first time the phase is seen"));
 }
 
 }  // namespace

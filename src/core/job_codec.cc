@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <type_traits>
 
 namespace endure::core {
@@ -16,7 +17,25 @@ namespace {
 
 template <typename F>
 void Fields(NodeUp& e, F& f) {
-  f("node", e.node), f("name", e.name), f("slots", e.slots);
+  f("node", e.node), f("name", e.name), f("slots", e.slots), f("refused", e.refused);
+}
+template <typename F>
+void Fields(NodeQuarantined& e, F& f) {
+  f("node", e.node), f("reason", e.reason);
+}
+template <typename F>
+void Fields(PhaseChanged& e, F& f) {
+  f("generation", e.generation), f("rank", e.rank), f("phase", e.phase);
+}
+template <typename F>
+void Fields(FingerprintReported& e, F& f) {
+  f("generation", e.generation), f("rank", e.rank), f("step", e.step),
+      f("fingerprint", e.fingerprint);
+}
+template <typename F>
+void Fields(PairTestResult& e, F& f) {
+  f("test", e.test), f("round", e.round), f("a", e.a), f("b", e.b), f("ok", e.ok),
+      f("seconds", e.seconds), f("error", e.error);
 }
 template <typename F>
 void Fields(NodeDown& e, F& f) {
@@ -35,7 +54,7 @@ template <typename F>
 void Fields(StepEnd& e, F& f) {
   f("generation", e.generation), f("rank", e.rank), f("step", e.step), f("loss", e.loss),
       f("ckpt_stall_s", e.ckpt_stall_s), f("checkpoint_step", e.checkpoint_step),
-      f("skipped", e.skipped);
+      f("skipped", e.skipped), f("compute_s", e.compute_s), f("total_steps", e.total_steps);
 }
 template <typename F>
 void Fields(WorkerExitEvent& e, F& f) {
@@ -80,6 +99,7 @@ void Fields(Configure& c, F& f) {
   f("nodes", o.nodes), f("ranks_per_node", o.ranks_per_node), f("hang.floor", o.hang.floor),
       f("hang.k", o.hang.k), f("hang.window", o.hang.window),
       f("hang.min_samples", o.hang.min_samples), f("hang.startup_timeout", o.hang.startup_timeout),
+      f("hang.phase_first_timeout", o.hang.phase_first_timeout),
       f("heartbeat.timeout", o.heartbeat.timeout),
       f("heartbeat.drop_grace", o.heartbeat.drop_grace), f("loss.window", o.loss.window),
       f("loss.min_count", o.loss.min_count), f("loss.z_threshold", o.loss.z_threshold),
@@ -96,7 +116,22 @@ void Fields(Configure& c, F& f) {
       f("recovery.evict_node_after", o.recovery.evict_node_after),
       f("detect_loss_anomalies", o.detect_loss_anomalies),
       f("replacement_timeout", o.replacement_timeout), f("first_generation", o.first_generation),
-      f("faults", c.faults);
+      f("isolation.straggler.enabled", o.isolation.straggler.enabled),
+      f("isolation.straggler.theta", o.isolation.straggler.theta),
+      f("isolation.straggler.window", o.isolation.straggler.window),
+      f("isolation.straggler.min_slow", o.isolation.straggler.min_slow),
+      f("isolation.straggler.min_compute_s", o.isolation.straggler.min_compute_s),
+      f("isolation.sdc_check_every", o.isolation.sdc_check_every),
+      f("isolation.over_evict", o.isolation.over_evict),
+      f("isolation.pairwise_test", o.isolation.pairwise_test),
+      f("isolation.pairwise.slow_factor", o.isolation.pairwise.slow_factor),
+      f("isolation.pairwise.min_slow_s", o.isolation.pairwise.min_slow_s),
+      f("isolation.pairwise_timeout", o.isolation.pairwise_timeout),
+      f("isolation.health.soft_strikes", o.isolation.health.soft_strikes),
+      f("isolation.health.soft_window", o.isolation.health.soft_window),
+      f("isolation.straggler_horizon", o.isolation.straggler_horizon),
+      f("isolation.restart_cost", o.isolation.restart_cost),
+      f("isolation.replacement_wait", o.isolation.replacement_wait), f("faults", c.faults);
 }
 
 template <typename F>
@@ -122,15 +157,40 @@ template <typename F>
 void Fields(FinishAction& a, F& f) {
   f("exit_code", a.exit_code), f("reason", a.reason);
 }
+template <typename F>
+void Fields(StrikeNodeAction& a, F& f) {
+  f("node", a.node), f("node_name", a.node_name), f("cause", a.cause), f("hard", a.hard),
+      f("detail", a.detail);
+}
+template <typename F>
+void Fields(RunPairTestAction& a, F& f) {
+  f("test", a.test), f("round", a.round), f("pairs", a.pairs);
+}
 
 // The kinds' names, in the variants' order.
-constexpr std::string_view kEventKinds[] = {
-    "node_up",           "node_down",      "heartbeat",          "worker_ready", "step_end",
-    "worker_exit",       "fault_fired",    "generation_stopped", "stack_dump",   "persist_failed",
-    "checkpoints_found", "restore_chosen", "controller_resumed", "configure",    "tick"};
+constexpr std::string_view kEventKinds[] = {"node_up",
+                                            "node_down",
+                                            "heartbeat",
+                                            "worker_ready",
+                                            "step_end",
+                                            "worker_exit",
+                                            "fault_fired",
+                                            "generation_stopped",
+                                            "stack_dump",
+                                            "persist_failed",
+                                            "checkpoints_found",
+                                            "restore_chosen",
+                                            "controller_resumed",
+                                            "configure",
+                                            "tick",
+                                            "phase",
+                                            "fingerprint",
+                                            "pair_test_result",
+                                            "node_quarantined"};
 static_assert(std::size(kEventKinds) == std::variant_size_v<JobEvent>);
 constexpr std::string_view kActionKinds[] = {"start_generation", "stop_generation", "evict_node",
-                                             "inject_fault", "finish"};
+                                             "inject_fault",     "finish",          "strike_node",
+                                             "run_pair_test"};
 static_assert(std::size(kActionKinds) == std::variant_size_v<JobAction>);
 
 // ---- Writing ----
@@ -239,6 +299,19 @@ struct Writer {
     List(items);
   }
   void Value(const std::vector<std::string>& v) { List(v); }
+  // "0-1,2-3": actions only (they are written, never read).
+  void Value(const std::vector<std::pair<NodeId, NodeId>>& pairs) {
+    std::vector<std::string> items;
+    for (auto [a, b] : pairs)
+      items.push_back(std::to_string(a.value) + "-" + std::to_string(b.value));
+    bool first = true;
+    for (const std::string& item : items) {
+      if (!first) out += ',';
+      first = false;
+      out += item;
+    }
+    if (first) out += '-';
+  }
 
   template <typename T>
   void operator()(const char* key, const T& field) {
@@ -354,6 +427,28 @@ Result<std::vector<Token>> Tokenize(std::string_view s, size_t i) {
   return tokens;
 }
 
+// Fields that lines written before them lack (schema 4, issue 12).
+const std::set<std::string_view> kAddedFields = {"refused",
+                                                 "compute_s",
+                                                 "total_steps",
+                                                 "hang.phase_first_timeout",
+                                                 "isolation.straggler.enabled",
+                                                 "isolation.straggler.theta",
+                                                 "isolation.straggler.window",
+                                                 "isolation.straggler.min_slow",
+                                                 "isolation.straggler.min_compute_s",
+                                                 "isolation.sdc_check_every",
+                                                 "isolation.over_evict",
+                                                 "isolation.pairwise_test",
+                                                 "isolation.pairwise.slow_factor",
+                                                 "isolation.pairwise.min_slow_s",
+                                                 "isolation.pairwise_timeout",
+                                                 "isolation.health.soft_strikes",
+                                                 "isolation.health.soft_window",
+                                                 "isolation.straggler_horizon",
+                                                 "isolation.restart_cost",
+                                                 "isolation.replacement_wait"};
+
 class Reader {
  public:
   explicit Reader(std::map<std::string, Token> tokens) : tokens_(std::move(tokens)) {}
@@ -363,7 +458,11 @@ class Reader {
     if (!status_.ok()) return;
     auto it = tokens_.find(key);
     if (it == tokens_.end()) {
-      status_ = InvalidArgument(std::string("missing field ") + key);
+      // A field added after journals were first written: an older line
+      // without it keeps the default (which is what it meant).
+      if (kAddedFields.count(key) == 0) {
+        status_ = InvalidArgument(std::string("missing field ") + key);
+      }
       return;
     }
     Status st = Parse(it->second, field);
@@ -592,7 +691,7 @@ std::string EncodeIncident(const Incident& inc, TimePoint start) {
       w("fault_s", since(inc.fault_at)), w("detected_s", since(inc.detected_at)),
       w("stopped_s", since(inc.stopped_at)), w("relaunched_s", since(inc.relaunched_at)),
       w("ready_s", since(inc.ready_at)), w("recovered_s", since(inc.recovered_at)),
-      w("restore", inc.restore), w("reason", inc.reason);
+      w("restore", inc.restore), w("suspects", inc.suspects), w("reason", inc.reason);
   return std::move(w.out);
 }
 

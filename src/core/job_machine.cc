@@ -24,12 +24,28 @@ std::string_view JobPhaseName(JobPhase phase) {
       return "running";
     case JobPhase::kStopping:
       return "stopping";
+    case JobPhase::kTesting:
+      return "testing";
     case JobPhase::kWaiting:
       return "waiting";
     case JobPhase::kDone:
       return "done";
   }
   return "?";
+}
+
+Status IsolationOptions::Validate() const {
+  ENDURE_RETURN_IF_ERROR(straggler.Validate());
+  if (sdc_check_every < 0) return InvalidArgument("sdc_check_every must not be negative");
+  ENDURE_RETURN_IF_ERROR(pairwise.Validate());
+  ENDURE_RETURN_IF_ERROR(health.Validate());
+  for (auto [name, d] : {std::pair{"pairwise_timeout", pairwise_timeout},
+                         {"straggler_horizon", straggler_horizon},
+                         {"restart_cost", restart_cost},
+                         {"replacement_wait", replacement_wait}}) {
+    if (d <= Duration(0)) return InvalidArgument(std::string(name) + " must be positive");
+  }
+  return Status::Ok();
 }
 
 Status JobMachineOptions::Validate() const {
@@ -45,6 +61,7 @@ Status JobMachineOptions::Validate() const {
   ENDURE_RETURN_IF_ERROR(heartbeat.Validate());
   ENDURE_RETURN_IF_ERROR(loss.Validate());
   ENDURE_RETURN_IF_ERROR(anomaly.Validate());
+  ENDURE_RETURN_IF_ERROR(isolation.Validate());
   return recovery.Validate();
 }
 
@@ -55,7 +72,8 @@ JobMachine::JobMachine(TimePoint start)
       heartbeats_(options_.heartbeat),
       loss_(options_.loss),
       anomaly_(options_.anomaly),
-      recovery_(options_.recovery) {}
+      recovery_(options_.recovery),
+      stragglers_(options_.isolation.straggler) {}
 
 JobMachine::JobMachine(JobMachineOptions options, std::vector<ExternalFault> external_faults,
                        TimePoint start)
@@ -75,6 +93,7 @@ void JobMachine::OnConfigure(const Configure& c) {
   loss_ = LossAnomalyDetector(options_.loss);
   anomaly_ = AnomalyPolicy(options_.anomaly);
   recovery_ = RecoveryPolicy(options_.recovery);
+  stragglers_ = StragglerDetector(options_.isolation.straggler);
   generation_ = Generation{options_.first_generation.value - 1};
 }
 
@@ -101,12 +120,13 @@ std::vector<NodeId> JobMachine::HealthyNodes() const {
   std::vector<NodeId> out;
   for (NodeId n : members_) {
     auto it = nodes_.find(n);
-    if (it != nodes_.end() && it->second.up && it->second.slots >= options_.ranks_per_node) {
+    if (it != nodes_.end() && it->second.up && it->second.refused.empty() &&
+        it->second.slots >= options_.ranks_per_node) {
       out.push_back(n);
     }
   }
   for (const auto& [id, node] : nodes_) {
-    if (node.up && node.slots >= options_.ranks_per_node &&
+    if (node.up && node.refused.empty() && node.slots >= options_.ranks_per_node &&
         std::find(out.begin(), out.end(), id) == out.end()) {
       out.push_back(id);
     }
@@ -125,6 +145,7 @@ std::optional<TimePoint> JobMachine::NextDeadline() const {
   if (phase_ != JobPhase::kDone) consider(heartbeats_.NextDeadline());
   if (phase_ == JobPhase::kWaiting && wait_until_) consider(wait_until_);
   if (phase_ == JobPhase::kWaiting) consider(replacement_deadline_);
+  if (phase_ == JobPhase::kTesting) consider(pairwise_deadline_);
   if (phase_ != JobPhase::kDone) {
     for (const ExternalFault& f : external_) {
       if (f.at && !fired_.count(f.id)) consider(start_ + *f.at);
@@ -157,6 +178,9 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
     case JobPhase::kStopping:
       StepStopping(event, now, out);
       break;
+    case JobPhase::kTesting:
+      StepTesting(event, now, out);
+      break;
     case JobPhase::kWaiting:
       StepWaiting(event, now, out);
       break;
@@ -168,9 +192,17 @@ std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
 
 bool JobMachine::StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<JobAction>& out) {
   if (const auto* e = std::get_if<NodeUp>(&event)) {
-    nodes_[e->node] = Node{e->name, e->slots, true};
+    nodes_[e->node] = Node{e->name, e->slots, true, e->refused};
     heartbeats_.Register(e->node, now);
-    return false;  // the waiting phases start a generation if it completes one
+    return false;
+
+  } else if (const auto* e = std::get_if<NodeQuarantined>(&event)) {
+    // No later generation uses it; the running one (if it is a member)
+    // goes on until its next stop.
+    auto it = nodes_.find(e->node);
+    if (it != nodes_.end())
+      it->second.refused =
+          "quarantined: " + e->reason;  // the waiting phases start a generation if it completes one
 
   } else if (const auto* e = std::get_if<NodeHeartbeat>(&event)) {
     // A heartbeat from a node already declared lost changes nothing: its
@@ -226,6 +258,7 @@ bool JobMachine::StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<
     if (phase_ == JobPhase::kRunning) hang_.Resume(now);
 
   } else if (const auto* e = std::get_if<StackDumpEvent>(&event)) {
+    if (e->generation == generation_) stacks_.push_back({e->rank, e->text});
     for (Incident& inc : incidents_) {
       if (inc.generation == e->generation && inc.cause.kind == Cause::kHang) {
         inc.stacks.push_back("rank " + std::to_string(e->rank.value) + ":\n" + e->text);
@@ -266,6 +299,17 @@ void JobMachine::StepRunning(const JobEvent& event, TimePoint now, std::vector<J
     if (ours(e->generation, e->rank)) OnStepEnd(*e, now, out);
   } else if (const auto* e = std::get_if<WorkerExitEvent>(&event)) {
     if (ours(e->generation, e->rank)) OnWorkerExit(*e, now, out);
+  } else if (const auto* e = std::get_if<PhaseChanged>(&event)) {
+    if (ours(e->generation, e->rank)) {
+      const Status recorded = hang_.OnPhase(e->rank.value, e->phase, now);
+      ENDURE_CHECK(recorded.ok());  // a rank of the world the detector was started with
+    }
+  } else if (const auto* e = std::get_if<FingerprintReported>(&event)) {
+    if (ours(e->generation, e->rank)) {
+      if (std::optional<SdcVerdict> v = sdc_.OnFingerprint(e->rank, e->step, e->fingerprint)) {
+        OnSdcVerdict(*v, now, out);
+      }
+    }
   } else if (std::holds_alternative<Tick>(event)) {
     CheckHang(now, out);
   }
@@ -287,6 +331,7 @@ void JobMachine::StepWaiting(const JobEvent& event, TimePoint now, std::vector<J
 
 void JobMachine::Stopped(TimePoint now, std::vector<JobAction>& out) {
   if (Incident* inc = OpenIncident()) inc->stopped_at = now;
+  if (Localize(now, out)) return;
   phase_ = JobPhase::kWaiting;
   MaybeStart(now, out);
 }
@@ -302,6 +347,7 @@ void JobMachine::OnWorkerReady(const WorkerReady& e, TimePoint now) {
       inc->restored_step = e.start_step;
     }
     loss_.RollBackTo(e.start_step);
+    sdc_.RollBackTo(e.start_step);
   }
 }
 
@@ -322,7 +368,16 @@ void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobActio
       incident_open_ = false;
     }
   }
+  if (productive_ && job_step > job_step_) {
+    // The job's step time, for the straggler decision's costs.
+    if (last_job_step_at_) {
+      step_times_.push_back((now - *last_job_step_at_) / (job_step.value - job_step_.value));
+      if (step_times_.size() > 21) step_times_.pop_front();
+    }
+    last_job_step_at_ = now;
+  }
   if (productive_) job_step_ = job_step;
+  if (e.total_steps > 0) total_steps_ = e.total_steps;
   if (e.rank == Rank{0} && !e.skipped) last_loss_ = e.loss;
   if (e.rank == Rank{0}) {
     if (productive_ && e.ckpt_stall_s > 0) {
@@ -349,6 +404,13 @@ void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobActio
       f.loss_anomaly = *a;
       OnFailure(f, now, out);
       return;
+    }
+  }
+  if (!e.skipped && e.compute_s > 0) {
+    std::vector<StragglerFlag> flags = stragglers_.OnStepCompute(e.rank, e.step, e.compute_s);
+    if (!flags.empty()) {
+      OnStragglers(flags, now, out);
+      if (phase_ != JobPhase::kRunning) return;
     }
   }
   FireDueFaults(now, out);
@@ -513,13 +575,31 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
   inc.detected_at = now;
   inc.failed_at_step = *std::max_element(rank_step_.begin(), rank_step_.end());
   inc.log_line = failure.log_line;
+  inc.suspects = failure.suspects;
 
   std::string reason = failure.extra_reason;
   bool stop = false;
   int exit_code = 3;
-  std::optional<NodeId> evict;
+  std::vector<NodeId> evict;
   Duration delay{0};
-  if (failure.anomaly) {
+  if (failure.decided_action) {
+    // The detector's own policy decided (its reason says why).
+    inc.action = *failure.decided_action;
+    evict = failure.evict_nodes;
+    if (failure.rollback_to) {
+      // The newest checkpoint at or before it, whichever run wrote it; the
+      // later ones hold the abandoned timeline.
+      restore_step_ = *failure.rollback_to;
+      abandoned_from_ = StepNumber{failure.rollback_to->value + 1};
+      skip_steps_.clear();
+      std::erase_if(checkpoints_, [&](StepNumber s) { return s > restore_step_; });
+      std::erase_if(found_checkpoints_, [&](StepNumber s) { return s > restore_step_; });
+      sdc_.RollBackTo(*failure.rollback_to);
+    } else {
+      restore_step_ = StepNumber{-1};
+      abandoned_from_ = StepNumber{-1};
+    }
+  } else if (failure.anomaly) {
     // What this run reported and what the tiers held before it: a job
     // resumed from an earlier run's checkpoint rolls back to it, not to 0.
     std::vector<StepNumber> ckpts = checkpoints_;
@@ -568,11 +648,23 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
       case RecoveryAction::kReplaceWithSpare:
       case RecoveryAction::kEvictAndWaitForRepair:
       case RecoveryAction::kWaitForRepair:
-        if (failure.node.valid()) evict = failure.node;
+        if (failure.node.valid()) evict.push_back(failure.node);
         break;
       case RecoveryAction::kRestartInPlace:
       case RecoveryAction::kTolerate:
         break;
+    }
+    // A hardware cause is a strike against the node in the health ledger
+    // (software follows the program; the ambiguous names no node). A hard
+    // one quarantines it at once: it leaves the job now.
+    if (failure.node.valid() && recovery_.ClassOf(fe) == CauseClass::kHardware) {
+      const bool hard = StrikeClassOf(failure.cause.name) == StrikeClass::kHard;
+      Strike(failure.node, failure.cause.name, failure.extra_reason, out);
+      if (hard && evict.empty() && !stop) {
+        evict.push_back(failure.node);
+        inc.action = std::string(RecoveryActionName(RecoveryAction::kEvictAndWaitForRepair));
+        reason += "; " + failure.cause.name + " is a hard cause: the node is quarantined";
+      }
     }
     // A crash restart resumes from the newest checkpoint that verifies: a
     // rollback removed the abandoned timeline's, so all that remain are of
@@ -588,12 +680,11 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
   out.push_back(StopGenerationAction{generation_, failure.cause.kind == Cause::kHang});
   awaiting_stop_.clear();
   for (NodeId n : members_) {
-    if (nodes_[n].up && (!evict || *evict != n)) awaiting_stop_.insert(n);
+    if (nodes_[n].up && std::find(evict.begin(), evict.end(), n) == evict.end()) {
+      awaiting_stop_.insert(n);
+    }
   }
-  if (evict) {
-    nodes_[*evict].up = false;
-    out.push_back(EvictNodeAction{*evict, incidents_.back().reason});
-  }
+  for (NodeId n : evict) EvictNode(n, incidents_.back().reason, out);
   if (stop) {
     incident_open_ = false;
     phase_ = JobPhase::kStopping;  // the stop above is the generation's: Finish sends none
@@ -646,6 +737,10 @@ void JobMachine::MaybeStart(TimePoint now, std::vector<JobAction>& out) {
   if (!first) ledger_.Enter(LedgerCategory::kRecovery, now);
   hang_.OnGenerationStart(generation_.value, world_size(), now);
   hang_held_ = false;
+  stragglers_.OnGenerationStart(world_size());
+  sdc_.OnGenerationStart(world_size());
+  stacks_.clear();
+  last_job_step_at_.reset();
   if (Incident* inc = OpenIncident()) inc->relaunched_at = now;
   phase_ = JobPhase::kRunning;
   out.push_back(StartGenerationAction{generation_, members_, first ? StepNumber{-1} : restore_step_,
@@ -663,6 +758,254 @@ void JobMachine::Finish(int code, std::string reason, TimePoint now, std::vector
   }
   phase_ = JobPhase::kDone;
   out.push_back(FinishAction{code, std::move(reason)});
+}
+
+// ---- Implicit failures and isolation ----
+
+Duration JobMachine::MedianStepTime() const {
+  if (step_times_.empty()) return hang_.P99StepDuration().value_or(Duration(0));
+  std::vector<Duration> sorted(step_times_.begin(), step_times_.end());
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  return sorted[sorted.size() / 2];
+}
+
+StepNumber JobMachine::NewestCheckpoint() const {
+  StepNumber newest{-1};
+  if (!checkpoints_.empty()) newest = std::max(newest, checkpoints_.back());
+  if (!found_checkpoints_.empty()) newest = std::max(newest, found_checkpoints_.back());
+  return newest;
+}
+
+void JobMachine::EvictNode(NodeId node, const std::string& reason, std::vector<JobAction>& out) {
+  auto it = nodes_.find(node);
+  if (it != nodes_.end()) it->second.up = false;
+  out.push_back(EvictNodeAction{node, reason});
+}
+
+void JobMachine::Strike(NodeId node, std::string_view cause, std::string detail,
+                        std::vector<JobAction>& out) {
+  if (!node.valid()) return;
+  const bool hard = StrikeClassOf(cause) == StrikeClass::kHard;
+  out.push_back(
+      StrikeNodeAction{node, NodeName(node), std::string(cause), hard, std::move(detail)});
+}
+
+// A rank computes slower than its peers: weigh what keeping it costs over
+// the job's remaining time against what moving costs, and act on the
+// cheaper (Guard: a node 2% slow costs every step of a synchronous job).
+void JobMachine::OnStragglers(const std::vector<StragglerFlag>& flags, TimePoint now,
+                              std::vector<JobAction>& out) {
+  for (const StragglerFlag& flag : flags) {
+    const NodeId node = NodeOfRank(flag.rank);
+    const Duration step = MedianStepTime();
+    StragglerCosts c;
+    c.step_time = step;
+    // The job waits for the straggler at every allreduce: its extra compute
+    // is the job's extra step time.
+    const double step_s = Seconds(step);
+    const double extra_s = std::max(0.0, flag.rank_compute_s - flag.peers_compute_s);
+    c.slowdown = step_s > extra_s ? step_s / (step_s - extra_s) : flag.slowdown;
+    c.remaining =
+        total_steps_ > job_step_.value
+            ? std::chrono::duration_cast<Duration>(step * (total_steps_ - job_step_.value))
+            : options_.isolation.straggler_horizon;
+    // The job's own last recovery, when it had one, else the estimate.
+    c.restart_cost = options_.isolation.restart_cost;
+    for (auto it = incidents_.rbegin(); it != incidents_.rend(); ++it) {
+      if (it->recovered_at) {
+        c.restart_cost = *it->recovered_at - it->detected_at;
+        break;
+      }
+    }
+    const StepNumber ckpt = NewestCheckpoint();
+    c.lost_work = std::chrono::duration_cast<Duration>(
+        step * std::max<int64_t>(0, job_step_.value - std::max<int64_t>(ckpt.value, 0)));
+    c.spares = std::max<int>(0, static_cast<int>(HealthyNodes().size()) - options_.nodes);
+    c.replacement_wait = options_.isolation.replacement_wait;
+    const StragglerDecision d = DecideStraggler(c);
+    Strike(node, CauseName(Cause::kStraggler), flag.reason, out);
+    const std::string reason = "rank " + std::to_string(flag.rank.value) + " on " + NodeName(node) +
+                               ": " + flag.reason + "; " + d.reason;
+    if (d.move == StragglerMove::kKeep) {
+      // Keep running and report: an incident that costs nothing now.
+      Incident inc;
+      inc.id = static_cast<int>(incidents_.size()) + 1;
+      inc.generation = generation_;
+      inc.cause = FixedCause(Cause::kStraggler);
+      inc.rank = flag.rank;
+      inc.node = node;
+      inc.node_name = NodeName(node);
+      inc.fault_at = inc.detected_at = now;
+      inc.failed_at_step = job_step_;
+      inc.action = std::string(StragglerMoveName(d.move));
+      inc.reason = reason;
+      inc.suspects = {NodeName(node)};
+      incidents_.push_back(std::move(inc));
+      continue;
+    }
+    Failure f;
+    f.cause = FixedCause(Cause::kStraggler);
+    f.rank = flag.rank;
+    f.node = node;
+    // It was slow since about the start of its window.
+    f.fault_at = now - std::chrono::duration_cast<Duration>(step * flag.window);
+    f.InjectedBy(LastFiredFault([&](const FaultFiredEvent& x) {
+      return x.kind == FaultKind::kSlow && x.rank == flag.rank;
+    }));
+    f.decided_action = std::string(StragglerMoveName(d.move));
+    f.evict_nodes = {node};
+    f.extra_reason = reason;
+    f.suspects = {NodeName(node)};
+    OnFailure(f, now, out);
+    return;  // the generation stops
+  }
+}
+
+// Replicas disagree: roll back to the newest checkpoint whose fingerprints
+// agreed. A strict minority of three or more replicas is the corruption:
+// its nodes are struck hard (quarantined) and leave the job. With two
+// replicas, or no strict majority, every replica is a suspect: each gets a
+// soft strike, and the multi-strike rule decides if it happens again.
+void JobMachine::OnSdcVerdict(const SdcVerdict& v, TimePoint now, std::vector<JobAction>& out) {
+  if (v.agreed) return;
+  std::vector<NodeId> nodes;
+  std::vector<std::string> names;
+  for (Rank r : v.suspects) {
+    const NodeId n = NodeOfRank(r);
+    if (n.valid() && std::find(nodes.begin(), nodes.end(), n) == nodes.end()) {
+      nodes.push_back(n);
+      names.push_back(NodeName(n));
+    }
+  }
+  Failure f;
+  f.cause = FixedCause(Cause::kSdc);
+  f.rank = v.suspects.empty() ? Rank{-1} : v.suspects.front();
+  f.node = nodes.empty() ? NodeId{} : nodes.front();
+  f.fault_at = now;
+  f.InjectedBy(
+      LastFiredFault([&](const FaultFiredEvent& x) { return x.kind == FaultKind::kBitflip; }));
+  const StepNumber agreed = sdc_.last_agreed();
+  f.rollback_to = StepNumber{std::max<int64_t>(0, agreed.value)};
+  std::string where = agreed.value >= 0
+                          ? "the newest checkpoint at or before step " +
+                                std::to_string(agreed.value) + ", the last check that agreed"
+                          : "a fresh start: no check agreed yet";
+  // Evicting every node would leave no replica to trust.
+  const bool evict = v.decided && nodes.size() < members_.size();
+  f.decided_action = evict ? "rollback_and_evict" : "rollback";
+  if (evict) f.evict_nodes = nodes;
+  for (NodeId n : nodes) {
+    Strike(n, evict ? "sdc" : "sdc_suspect", v.reason, out);
+  }
+  std::string joined;
+  for (const std::string& n : names) joined += (joined.empty() ? "" : ", ") + n;
+  f.extra_reason = v.reason + "; rolling back to " + where +
+                   (evict ? "; " + joined + " struck (sdc, hard) and evicted"
+                          : "; suspects " + joined +
+                                " struck (sdc_suspect, soft): a repeat "
+                                "decides");
+  f.suspects = names;
+  OnFailure(f, now, out);
+}
+
+bool JobMachine::Localize(TimePoint now, std::vector<JobAction>& out) {
+  Incident* inc = OpenIncident();
+  if (inc == nullptr) return false;
+  const bool hang = inc->cause.kind == Cause::kHang;
+  if (!hang && !IsCollectiveCause(inc->cause.name)) return false;
+  if (hang && !stacks_.empty()) {
+    // ByteRobust §5.1: the ranks whose stacks differ from the majority's
+    // are the suspects.
+    const StackGroups g = GroupStacks(stacks_);
+    inc->reason += "; stacks: " + g.reason;
+    if (g.resolved) {
+      std::vector<NodeId> nodes;
+      for (Rank r : g.suspects) {
+        const NodeId n = NodeOfRank(r);
+        if (n.valid() && std::find(nodes.begin(), nodes.end(), n) == nodes.end()) {
+          nodes.push_back(n);
+        }
+      }
+      inc->suspects.clear();
+      for (NodeId n : nodes) {
+        inc->suspects.push_back(NodeName(n));
+        Strike(n, "hang_suspect", g.reason, out);
+      }
+      if (options_.isolation.over_evict && nodes.size() < members_.size()) {
+        // Evict the suspects' whole group rather than search further
+        // (over-eviction: a false positive costs one node's swap).
+        inc->action = "evict_suspects";
+        inc->reason += "; [isolation] over_evict: evicting the suspects' nodes";
+        for (NodeId n : nodes) EvictNode(n, inc->reason, out);
+      }
+      return false;
+    }
+  }
+  // Ambiguous: who failed the collective? Ask the network, pair by pair.
+  if (!options_.isolation.pairwise_test) return false;
+  std::vector<NodeId> nodes;
+  for (NodeId n : members_) {
+    auto it = nodes_.find(n);
+    if (it != nodes_.end() && it->second.up) nodes.push_back(n);
+  }
+  if (nodes.size() < 2) return false;
+  pairwise_.emplace(nodes, options_.isolation.pairwise);
+  pairs_asked_ = pairwise_->FirstRound();
+  pair_results_.clear();
+  pairwise_deadline_ = now + options_.isolation.pairwise_timeout;
+  phase_ = JobPhase::kTesting;
+  out.push_back(RunPairTestAction{++pair_tests_, pairwise_->round(), pairs_asked_});
+  return true;
+}
+
+void JobMachine::StepTesting(const JobEvent& event, TimePoint now, std::vector<JobAction>& out) {
+  if (const auto* e = std::get_if<PairTestResult>(&event)) {
+    if (e->test != pair_tests_ || e->round != pairwise_->round()) return;
+    const bool asked = std::find(pairs_asked_.begin(), pairs_asked_.end(), std::pair{e->a, e->b}) !=
+                       pairs_asked_.end();
+    const bool seen = std::any_of(pair_results_.begin(), pair_results_.end(),
+                                  [&](const PairResult& r) { return r.a == e->a && r.b == e->b; });
+    if (!asked || seen) return;
+    pair_results_.push_back(PairResult{e->a, e->b, e->ok, e->seconds, e->error});
+    if (pair_results_.size() == pairs_asked_.size()) EndPairwiseRound(now, out);
+  } else if (std::holds_alternative<Tick>(event)) {
+    // Pairs that did not answer in time count as failed.
+    if (pairwise_deadline_ && now >= *pairwise_deadline_) EndPairwiseRound(now, out);
+  }
+}
+
+void JobMachine::EndPairwiseRound(TimePoint now, std::vector<JobAction>& out) {
+  auto next = pairwise_->OnResults(pair_results_);
+  pair_results_.clear();
+  if (auto* pairs = std::get_if<std::vector<std::pair<NodeId, NodeId>>>(&next)) {
+    pairs_asked_ = *pairs;
+    pairwise_deadline_ = now + options_.isolation.pairwise_timeout;
+    out.push_back(RunPairTestAction{pair_tests_, pairwise_->round(), pairs_asked_});
+    return;
+  }
+  const PairwiseVerdict& v = std::get<PairwiseVerdict>(next);
+  if (Incident* inc = OpenIncident()) {
+    inc->reason += "; pairwise test: " + v.reason;
+    if (v.resolved) {
+      inc->suspects.clear();
+      std::vector<NodeId> bad = v.faulty;
+      bad.insert(bad.end(), v.slow.begin(), v.slow.end());
+      for (NodeId n : bad) {
+        inc->suspects.push_back(NodeName(n));
+        const bool slow = std::find(v.slow.begin(), v.slow.end(), n) != v.slow.end();
+        Strike(n, slow ? "pairwise_slow" : "pairwise_failed", v.reason, out);
+      }
+      if (!bad.empty() && bad.size() < members_.size()) {
+        inc->action = "evict_suspects";
+        for (NodeId n : bad) EvictNode(n, inc->reason, out);
+      }
+    }
+  }
+  pairwise_.reset();
+  pairs_asked_.clear();
+  pairwise_deadline_.reset();
+  phase_ = JobPhase::kWaiting;
+  MaybeStart(now, out);
 }
 
 }  // namespace endure::core

@@ -15,6 +15,7 @@
 // [backoff / waiting for a replacement node] -> kRunning(g+1) ... -> kDone.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -32,10 +33,42 @@
 #include "core/ids.h"
 #include "core/log_classifier.h"
 #include "core/loss_anomaly_detector.h"
+#include "core/node_health.h"
+#include "core/pairwise.h"
 #include "core/recovery_policy.h"
+#include "core/sdc_check.h"
+#include "core/stack_signature.h"
+#include "core/straggler.h"
 #include "faults/fault.h"
 
 namespace endure::core {
+
+// Implicit failures and isolation (issue 12): stragglers, the SDC check,
+// hang localization, pairwise tests, strikes.
+struct IsolationOptions {
+  StragglerOptions straggler;
+  // Every this many steps each rank fingerprints its parameters after the
+  // optimizer step (the workers' ENDURE_SDC_CHECK_EVERY); 0: no SDC check.
+  int64_t sdc_check_every = 0;
+  // A hang whose stacks single out a minority: evict the suspects' nodes
+  // (ByteRobust's over-eviction) rather than restart them in place.
+  bool over_evict = true;
+  // Ambiguous collective failures (a hang with no stack outlier, a
+  // communication error) run the two-round pairwise test before the
+  // restart.
+  bool pairwise_test = true;
+  PairwiseOptions pairwise;
+  Duration pairwise_timeout = std::chrono::seconds(10);  // per round
+  NodeHealthOptions health;
+  // The straggler decision's estimates, until the job measures its own: the
+  // remaining training time when the workers do not say their step count,
+  // the cost of a restart, and the wait for a replacement node.
+  Duration straggler_horizon = std::chrono::hours(1);
+  Duration restart_cost = std::chrono::seconds(30);
+  Duration replacement_wait = std::chrono::minutes(5);
+
+  Status Validate() const;
+};
 
 struct JobMachineOptions {
   int nodes = 1;           // nodes a generation needs
@@ -45,6 +78,7 @@ struct JobMachineOptions {
   LossAnomalyOptions loss;
   AnomalyPolicyOptions anomaly;
   RecoveryPolicyOptions recovery;
+  IsolationOptions isolation;
   bool detect_loss_anomalies = true;
   // How long the job waits, after a failure, for enough healthy nodes to
   // start its next generation (a replacement for one it lost or evicted)
@@ -74,6 +108,16 @@ struct NodeUp {
   NodeId node;
   std::string name;
   int slots = 0;
+  // Non-empty: the node may not run the job, and why: its health check
+  // failed, or the node health ledger has it quarantined (the shell asks
+  // JudgeNode). It stays registered, and named in the report.
+  std::string refused;
+};
+// The node health ledger quarantined a node during the run (its strikes
+// reached the limit): no later generation uses it.
+struct NodeQuarantined {
+  NodeId node;
+  std::string reason;
 };
 struct NodeDown {  // the agent's stream dropped or it exited
   NodeId node;
@@ -96,6 +140,31 @@ struct StepEnd {
   double ckpt_stall_s = 0;
   StepNumber checkpoint_step{-1};  // -1: no checkpoint committed with this step
   bool skipped = false;            // skipped on purpose after an anomaly: no loss to judge
+  double compute_s = 0;            // the rank's compute before its allreduce wait (0: unknown)
+  int64_t total_steps = 0;  // the steps the job will train, when the worker says (0: unknown)
+};
+// A rank entered a phase of its loop (session.phase("eval")): see
+// HangDetector. `phase` is checked by the agent (^[a-z][a-z0-9_]{0,31}$).
+struct PhaseChanged {
+  Generation generation;
+  Rank rank;
+  std::string phase;
+};
+// A replica's parameter fingerprint after the optimizer step of `step`.
+struct FingerprintReported {
+  Generation generation;
+  Rank rank;
+  StepNumber step;
+  std::string fingerprint;  // 16 hex digits
+};
+// One pair's result of the pairwise test `test` (RunPairTestAction).
+struct PairTestResult {
+  int test = 0;
+  int round = 0;
+  NodeId a, b;
+  bool ok = false;
+  double seconds = 0;
+  std::string error;
 };
 struct WorkerExitEvent {
   Generation generation;
@@ -172,7 +241,8 @@ struct Tick {};
 using JobEvent =
     std::variant<NodeUp, NodeDown, NodeHeartbeat, WorkerReady, StepEnd, WorkerExitEvent,
                  FaultFiredEvent, GenerationStoppedEvent, StackDumpEvent, PersistFailedEvent,
-                 CheckpointsFound, RestoreChosen, ControllerResumed, Configure, Tick>;
+                 CheckpointsFound, RestoreChosen, ControllerResumed, Configure, Tick, PhaseChanged,
+                 FingerprintReported, PairTestResult, NodeQuarantined>;
 
 // ---- Actions ----
 struct StartGenerationAction {
@@ -202,12 +272,31 @@ struct InjectFaultAction {  // fire an external fault now
   NodeId node;
   Generation generation;
 };
+// A strike against a node in the node health ledger (the shell records it
+// with the wall-clock time and feeds NodeQuarantined back when the node's
+// strikes reach the limit). A hard strike quarantines at once: the machine
+// has already stopped using the node.
+struct StrikeNodeAction {
+  NodeId node;
+  std::string node_name;
+  std::string cause;  // "straggler", "sdc", "hang_suspect", "xid_79", ...
+  bool hard = false;
+  std::string detail;
+};
+// Run round `round` of pairwise test `test`: for each pair, node a's agent
+// allreduces a buffer with node b's and reports a PairTestResult.
+struct RunPairTestAction {
+  int test = 0;
+  int round = 0;
+  std::vector<std::pair<NodeId, NodeId>> pairs;
+};
 struct FinishAction {
   int exit_code = 0;  // 0 success, 3 gave up
   std::string reason;
 };
-using JobAction = std::variant<StartGenerationAction, StopGenerationAction, EvictNodeAction,
-                               InjectFaultAction, FinishAction>;
+using JobAction =
+    std::variant<StartGenerationAction, StopGenerationAction, EvictNodeAction, InjectFaultAction,
+                 FinishAction, StrikeNodeAction, RunPairTestAction>;
 
 // One failure and what was done about it. Times are on the controller clock.
 struct Incident {
@@ -232,6 +321,9 @@ struct Incident {
   std::string log_line;
   std::string restore;              // where the restart restored from, and what it refused
   std::vector<std::string> stacks;  // "rank N:\n<stack>" per rank, for hangs
+  // The nodes the localization named (stack outliers, the pairwise test's
+  // faulty or slow nodes, an SDC's minority), by name.
+  std::vector<std::string> suspects;
 
   int64_t steps_lost() const {
     return restored_step.value < 0
@@ -240,7 +332,9 @@ struct Incident {
   }
 };
 
-enum class JobPhase { kWaitingForNodes, kRunning, kStopping, kWaiting, kDone };
+// kTesting: stopped after an ambiguous collective failure, running the
+// pairwise test before the restart.
+enum class JobPhase { kWaitingForNodes, kRunning, kStopping, kTesting, kWaiting, kDone };
 std::string_view JobPhaseName(JobPhase phase);
 
 class JobMachine {
@@ -281,6 +375,7 @@ class JobMachine {
     std::string name;
     int slots = 0;
     bool up = true;
+    std::string refused;  // NodeUp.refused, or the quarantine's reason
   };
   struct Failure {
     IncidentCause cause;
@@ -293,6 +388,12 @@ class JobMachine {
     bool evict = false;    // the node itself is bad
     bool anomaly = false;  // a loss anomaly: roll back to a checkpoint before it
     std::optional<LossAnomaly> loss_anomaly;
+    // Decided by the detector's own policy (a straggler's move, an SDC's
+    // rollback) rather than by RecoveryPolicy: the action's name and why.
+    std::optional<std::string> decided_action;
+    std::vector<NodeId> evict_nodes;        // with decided_action
+    std::optional<StepNumber> rollback_to;  // restore the newest checkpoint at or before it
+    std::vector<std::string> suspects;
 
     // An injected fault explains this failure: it happened when it fired.
     void InjectedBy(const FaultFiredEvent* fired) {
@@ -332,6 +433,21 @@ class JobMachine {
   Duration QuietAfter() const;
 
   void OnFailure(const Failure& failure, TimePoint now, std::vector<JobAction>& out);
+
+  // Issue 12's detectors, from kRunning.
+  void OnStragglers(const std::vector<StragglerFlag>& flags, TimePoint now,
+                    std::vector<JobAction>& out);
+  void OnSdcVerdict(const SdcVerdict& v, TimePoint now, std::vector<JobAction>& out);
+  // After the stop of a hang or a collective failure: the stacks' groups,
+  // then the pairwise test. Returns true when a test started (kTesting).
+  bool Localize(TimePoint now, std::vector<JobAction>& out);
+  void StepTesting(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);
+  void EndPairwiseRound(TimePoint now, std::vector<JobAction>& out);
+  // Stops using `node` for the job: evicts it (its agent is shut down).
+  void EvictNode(NodeId node, const std::string& reason, std::vector<JobAction>& out);
+  void Strike(NodeId node, std::string_view cause, std::string detail, std::vector<JobAction>& out);
+  Duration MedianStepTime() const;
+  StepNumber NewestCheckpoint() const;
   // Any phase: `node` is lost (at `fault_at`, the best estimate: its last
   // heartbeat, or now when its stream dropped); a failure when it is a
   // member of the running generation, the end of its stop when the
@@ -385,6 +501,19 @@ class JobMachine {
   bool incident_open_ = false;
   bool persist_failure_reported_ = false;  // the first persistence failure is an incident
   bool hang_held_ = false;  // CheckHang found a member quiet: no verdict until it is heard
+
+  StragglerDetector stragglers_;
+  SdcChecker sdc_;
+  std::vector<std::pair<Rank, std::string>> stacks_;  // of the current generation's hang
+  std::deque<Duration> step_times_;                   // the job's recent step intervals
+  std::optional<TimePoint> last_job_step_at_;
+  int64_t total_steps_ = 0;  // as the workers say; 0: unknown
+  // The pairwise test in progress (kTesting).
+  std::optional<PairwiseTest> pairwise_;
+  int pair_tests_ = 0;  // tests started in this run (ids)
+  std::vector<std::pair<NodeId, NodeId>> pairs_asked_;
+  std::vector<PairResult> pair_results_;
+  std::optional<TimePoint> pairwise_deadline_;
 };
 
 }  // namespace endure::core

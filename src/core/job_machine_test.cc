@@ -528,13 +528,45 @@ TEST(JobMachine, OnlyHardwareCausesEvictANode) {
   EXPECT_NE(job.m.incidents().back().reason.find("user_exception is a software cause"),
             std::string::npos)
       << job.m.incidents().back().reason;
-  // Hardware: the node's first ECC failure restarts, its second isolates it.
-  EXPECT_TRUE(Find<EvictNodeAction>(fail_node1("ecc_uncorrectable", "restart")).empty());
+  // Soft hardware: the node's first thermal failure restarts (a strike), its
+  // second isolates it.
+  auto first = fail_node1("gpu_thermal_interface_sensor", "restart");
+  EXPECT_TRUE(Find<EvictNodeAction>(first).empty());
+  ASSERT_EQ(Find<StrikeNodeAction>(first).size(), 1u);
+  EXPECT_FALSE(Find<StrikeNodeAction>(first)[0].hard);
   restart();
-  auto evict = Find<EvictNodeAction>(fail_node1("ecc_uncorrectable", "restart"));
+  auto evict = Find<EvictNodeAction>(fail_node1("gpu_thermal_interface_sensor", "restart"));
   ASSERT_EQ(evict.size(), 1u);
   EXPECT_EQ(evict[0].node, NodeId{1});
   EXPECT_EQ(job.m.incidents().back().action, "evict_and_wait_for_repair");
+}
+
+// A hard cause (uncorrectable ECC, Xid 48/79/94/95, a lost GPU) quarantines
+// the node at once, even where the rule's action or path says restart.
+TEST(JobMachine, AHardCauseQuarantinesTheNodeAtOnce) {
+  Job job;
+  job.Up();
+  job.Ready(0);
+  job.Run(1, 10);
+  auto a =
+      job.Do(ExitWithLog(job.m.generation(), 1, NodeId{1}, "ecc_uncorrectable", "restart", "..."));
+  auto strikes = Find<StrikeNodeAction>(a);
+  ASSERT_EQ(strikes.size(), 1u);
+  EXPECT_TRUE(strikes[0].hard);
+  EXPECT_EQ(strikes[0].node_name, "node1");
+  auto evict = Find<EvictNodeAction>(a);
+  ASSERT_EQ(evict.size(), 1u);
+  EXPECT_EQ(evict[0].node, NodeId{1});
+  EXPECT_NE(job.m.incidents().back().reason.find("hard cause: the node is quarantined"),
+            std::string::npos);
+  // Software strikes nothing.
+  Job other;
+  other.Up();
+  other.Ready(0);
+  other.Run(1, 10);
+  EXPECT_TRUE(Find<StrikeNodeAction>(other.Do(ExitWithLog(other.m.generation(), 1, NodeId{1},
+                                                          "user_exception", "restart", "...")))
+                  .empty());
 }
 
 TEST(JobMachine, AHangOnASingleNodeJobRestartsAndNeverEvictsTheNode) {

@@ -28,6 +28,9 @@ constexpr KindName kKinds[] = {
     {FaultKind::kDiskError, "disk-error"},
     {FaultKind::kCorruptT0, "corrupt-t0"},
     {FaultKind::kCorruptT1, "corrupt-t1"},
+    {FaultKind::kBitflip, "bitflip"},
+    {FaultKind::kCommFail, "comm-fail"},
+    {FaultKind::kCommSlow, "comm-slow"},
 };
 
 std::string KindList() {
@@ -100,14 +103,27 @@ Status Validate(const Fault& f) {
   if (has_step && f.step < 1) return bad("step must be >= 1 (steps are numbered from 1)");
   if (f.at && f.at->count() < 0) return bad("at must not be negative");
   if (has_step == f.at.has_value()) return bad("needs exactly one of step and at");
+  const bool in_step = f.kind == FaultKind::kBitflip || f.kind == FaultKind::kCommFail ||
+                       f.kind == FaultKind::kCommSlow;
+  if (in_step && f.at) {
+    // Only the worker can touch its parameters or its collectives, and it
+    // knows steps, not the job's clock.
+    return bad("needs a step, not at: it fires inside the rank's training step");
+  }
   switch (f.kind) {
     case FaultKind::kExit:
       if (f.exit_code < 1 || f.exit_code > 255) return bad("exit_code must be in 1..255");
       break;
     case FaultKind::kSlow:
+    case FaultKind::kCommSlow:
       if (!std::isfinite(f.factor) || f.factor <= 1) {
         return bad("factor must be a number > 1 (2 = twice as slow)");
       }
+      break;
+    case FaultKind::kBitflip:
+      if (f.tensor < 0) return bad("tensor must be >= 0 (an index into the parameters)");
+      if (f.element < 0) return bad("element must be >= 0");
+      if (f.bit < 0 || f.bit > 63) return bad("bit must be in 0..63");
       break;
     case FaultKind::kLog:
       if (f.line.empty()) return bad("needs a non-empty line to print");
@@ -145,6 +161,9 @@ std::string EncodeFaults(const std::vector<Fault>& faults) {
     if (f.exit_code != defaults.exit_code) j["exit_code"] = f.exit_code;
     if (f.factor != defaults.factor) j["factor"] = f.factor;
     if (!f.line.empty()) j["line"] = f.line;
+    if (f.tensor != defaults.tensor) j["tensor"] = f.tensor;
+    if (f.element != defaults.element) j["element"] = f.element;
+    if (f.bit != defaults.bit) j["bit"] = f.bit;
     array.push_back(std::move(j));
   }
   return array.dump();
@@ -218,10 +237,18 @@ Result<std::vector<Fault>> DecodeFaults(std::string_view json) {
         f.factor = value.get<double>();
       } else if (key == "line") {
         ENDURE_RETURN_IF_ERROR(get_string(key, &f.line));
+      } else if (key == "tensor") {
+        ENDURE_RETURN_IF_ERROR(get_int(key, INT32_MIN, INT32_MAX, &n));
+        f.tensor = static_cast<int>(n);
+      } else if (key == "element") {
+        ENDURE_RETURN_IF_ERROR(get_int(key, INT64_MIN, INT64_MAX, &f.element));
+      } else if (key == "bit") {
+        ENDURE_RETURN_IF_ERROR(get_int(key, INT32_MIN, INT32_MAX, &n));
+        f.bit = static_cast<int>(n);
       } else {
         return InvalidArgument(where + ": unknown key '" + key +
                                "' (known: id, kind, rank, node, step, at, exit_code, factor, "
-                               "line)");
+                               "line, tensor, element, bit)");
       }
     }
     faults.push_back(std::move(f));

@@ -3,11 +3,13 @@
 // validation, and a seeded Poisson schedule of faults for reliability runs.
 //
 // A fault fires once, either at a (rank, step) or at a time `at` after the
-// job started. Step-keyed worker faults (kill, exit, hang, nan, slow, log)
-// are fired by the client library inside the worker; kill-agent and every
-// `at`-scheduled fault are fired from outside the worker by the controller
-// and agents. Steps are 1-based step numbers: a fault at step s fires while
-// the s-th step runs, the one whose "step" report says s (step index s-1).
+// job started. Step-keyed worker faults (kill, exit, hang, nan, slow, log,
+// bitflip, comm-fail, comm-slow) are fired by the client library inside the
+// worker; kill-agent and every `at`-scheduled fault are fired from outside
+// the worker by the controller and agents. bitflip, comm-fail and comm-slow
+// act inside the training step, so they are step-keyed only. Steps are 1-based step numbers: a
+// fault at step s fires while the s-th step runs, the one whose "step" report says s (step index
+// s-1).
 //
 // Everything here is a pure function; safe to call from any thread.
 #pragma once
@@ -37,10 +39,15 @@ enum class FaultKind {
   kCorruptT0,  // a flipped byte in the rank's shard in its node's memory (T0), seen at the next
                // stop
   kCorruptT1,  // the same in the peer's replica of it (T1)
+  kBitflip,    // silent data corruption: after the optimizer step, one bit of one parameter
+               // element flips on the rank (`tensor`, `element`, `bit`)
+  kCommFail,   // the rank's collectives fail from the step on: it exits with 1 before its
+               // gradient allreduce, as after "Connection reset by peer"
+  kCommSlow,   // the rank's collectives run `factor` times slower from the step on
 };
 
 // "kill", "exit", "hang", "nan", "slow", "log", "kill-agent", "disk-full",
-// "disk-error", "corrupt-t0", "corrupt-t1".
+// "disk-error", "corrupt-t0", "corrupt-t1", "bitflip", "comm-fail", "comm-slow".
 std::string_view FaultKindName(FaultKind kind);
 
 // Whether the controller (through an agent) fires faults of `kind`, rather
@@ -57,16 +64,28 @@ struct Fault {
   int64_t step = -1;           // 1-based step number; -1: not step-keyed
   std::optional<Duration> at;  // time since the job started; nullopt: not time-keyed
   int exit_code = 1;           // kExit
-  double factor = 2.0;         // kSlow
+  double factor = 2.0;         // kSlow, kCommSlow
   std::string line;            // kLog
+  // kBitflip: which bit of which parameter. `tensor` indexes the trainer's
+  // parameters in their named order (taken modulo their count); `element`
+  // is taken modulo the tensor's number of elements and `bit` modulo its
+  // dtype's width in bits (0: the lowest bit of the element's bytes in host
+  // order). The default, bit 30 of element 0 of the first tensor, is the
+  // second-highest exponent bit of a float32: the value changes by a large
+  // factor, so the corruption is not lost in rounding.
+  int tensor = 0;
+  int64_t element = 0;
+  int bit = 30;
 
   bool operator==(const Fault&) const = default;
 };
 
 // Checks one fault. The message starts with "fault 'ID' (KIND): ".
-// kill/exit/hang/nan/slow/log need rank >= 0; kill-agent needs a node or a
-// rank; each needs exactly one of step >= 1 and at >= 0; exit needs
-// exit_code in 1..255, slow a finite factor > 1, log a non-empty line.
+// kill/exit/hang/nan/slow/log/bitflip/comm-fail/comm-slow need rank >= 0;
+// kill-agent needs a node or a rank; each needs exactly one of step >= 1 and
+// at >= 0 (bitflip, comm-fail and comm-slow: a step); exit needs exit_code
+// in 1..255, slow and comm-slow a finite factor > 1, log a non-empty line,
+// bitflip tensor >= 0, element >= 0 and bit in 0..63.
 Status Validate(const Fault& fault);
 
 // Validates every fault and checks that ids are non-empty and unique.
@@ -78,8 +97,10 @@ Status ValidateFaults(const std::vector<Fault>& faults);
 //   {"id":"f3","kind":"slow","rank":1,"step":5,"factor":3.0}
 //   {"id":"f4","kind":"log","rank":0,"step":9,"line":"NVRM: Xid (PCI:0000:3b:00): 79, ..."}
 //   {"id":"f5","kind":"kill-agent","node":"node1","at":"90s"}
+//   {"id":"f6","kind":"bitflip","rank":3,"step":40,"tensor":2,"element":17,"bit":62}
+//   {"id":"f7","kind":"comm-slow","rank":2,"step":10,"factor":4.0}
 // Keys that are not set (rank -1, step -1, no at, no node/line, default
-// exit_code and factor) are left out. "at" is a duration string such as
+// exit_code, factor, tensor, element and bit) are left out. "at" is a duration string such as
 // "90s" or "1500ms" (exact to the nanosecond); a number is read as seconds.
 std::string EncodeFaults(const std::vector<Fault>& faults);
 

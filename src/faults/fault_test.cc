@@ -19,17 +19,38 @@ Fault StepFault(std::string id, FaultKind kind, int rank, int64_t step) {
 }
 
 TEST(FaultKind, NamesRoundTrip) {
-  for (FaultKind k : {FaultKind::kKill, FaultKind::kExit, FaultKind::kHang, FaultKind::kNan,
-                      FaultKind::kSlow, FaultKind::kLog, FaultKind::kKillAgent}) {
+  for (FaultKind k :
+       {FaultKind::kKill, FaultKind::kExit, FaultKind::kHang, FaultKind::kNan, FaultKind::kSlow,
+        FaultKind::kLog, FaultKind::kKillAgent, FaultKind::kDiskFull, FaultKind::kDiskError,
+        FaultKind::kCorruptT0, FaultKind::kCorruptT1, FaultKind::kBitflip, FaultKind::kCommFail,
+        FaultKind::kCommSlow}) {
     Result<FaultKind> parsed = ParseFaultKind(FaultKindName(k));
     ASSERT_TRUE(parsed.ok()) << FaultKindName(k);
     EXPECT_EQ(*parsed, k);
   }
   EXPECT_EQ(FaultKindName(FaultKind::kKillAgent), "kill-agent");
+  EXPECT_EQ(FaultKindName(FaultKind::kBitflip), "bitflip");
+  EXPECT_EQ(FaultKindName(FaultKind::kCommFail), "comm-fail");
+  EXPECT_EQ(FaultKindName(FaultKind::kCommSlow), "comm-slow");
   Result<FaultKind> bad = ParseFaultKind("kil");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("'kil'"), std::string::npos);
   EXPECT_NE(bad.status().message().find("kill-agent"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("comm-slow"), std::string::npos);
+}
+
+// The worker fires its parameter and collective faults itself.
+TEST(FaultKind, BitflipAndCommFaultsAreFiredByTheWorker) {
+  for (FaultKind k : {FaultKind::kBitflip, FaultKind::kCommFail, FaultKind::kCommSlow}) {
+    EXPECT_FALSE(FiredByController(k)) << FaultKindName(k);
+  }
+  std::vector<Fault> all = {StepFault("b", FaultKind::kBitflip, 1, 4),
+                            StepFault("f", FaultKind::kCommFail, 1, 5),
+                            StepFault("s", FaultKind::kCommSlow, 0, 6)};
+  std::vector<Fault> mine = FaultsForRank(all, 1, {});
+  ASSERT_EQ(mine.size(), 2u);
+  EXPECT_EQ(mine[0].id, "b");
+  EXPECT_EQ(mine[1].id, "f");
 }
 
 TEST(Validate, AcceptsWellFormedFaults) {
@@ -74,6 +95,26 @@ TEST(Validate, RefusesEachBadCombinationWithAReason) {
   cases.push_back({StepFault("g", FaultKind::kLog, 0, 2), "needs a non-empty line"});
   Fault agent = StepFault("h", FaultKind::kKillAgent, -1, 4);
   cases.push_back({agent, "(kill-agent): needs the node"});
+  Fault flip = StepFault("i", FaultKind::kBitflip, 0, 3);
+  flip.bit = 64;
+  cases.push_back({flip, "(bitflip): bit must be in 0..63"});
+  flip.bit = -1;
+  cases.push_back({flip, "bit must be in 0..63"});
+  flip.bit = 30;
+  flip.element = -1;
+  cases.push_back({flip, "element must be >= 0"});
+  flip.element = 0;
+  flip.tensor = -2;
+  cases.push_back({flip, "tensor must be >= 0"});
+  cases.push_back({StepFault("j", FaultKind::kCommFail, -1, 3), "(comm-fail): needs rank >= 0"});
+  Fault timed_fail = StepFault("k", FaultKind::kCommFail, 0, -1);
+  timed_fail.at = 5s;
+  cases.push_back({timed_fail, "needs a step, not at"});
+  Fault comm_slow = StepFault("l", FaultKind::kCommSlow, 0, 2);
+  comm_slow.factor = 0.5;
+  cases.push_back({comm_slow, "(comm-slow): factor must be a number > 1"});
+  comm_slow.factor = INFINITY;
+  cases.push_back({comm_slow, "factor must be a number > 1"});
   for (const Case& c : cases) {
     Status st = Validate(c.fault);
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << c.expected;
@@ -114,10 +155,31 @@ TEST(Json, RoundTripsEveryField) {
   Fault ms = StepFault("m", FaultKind::kHang, 2, -1);
   ms.at = 1500ms;
   faults.push_back(ms);
+  Fault flip = StepFault("b", FaultKind::kBitflip, 3, 40);
+  flip.tensor = 2;
+  flip.element = 17;
+  flip.bit = 62;
+  faults.push_back(flip);
+  faults.push_back(StepFault("b0", FaultKind::kBitflip, 0, 8));
+  faults.push_back(StepFault("cf", FaultKind::kCommFail, 1, 12));
+  Fault comm_slow = StepFault("cs", FaultKind::kCommSlow, 2, 10);
+  comm_slow.factor = 4.0;
+  faults.push_back(comm_slow);
 
   const std::string json = EncodeFaults(faults);
   EXPECT_NE(json.find(R"({"id":"k","kind":"kill","rank":1,"step":40})"), std::string::npos) << json;
   EXPECT_NE(json.find(R"("at":"1500ms")"), std::string::npos) << json;
+  // Keys in sorted order, as nlohmann::json writes an object.
+  EXPECT_NE(json.find(R"({"bit":62,"element":17,"id":"b","kind":"bitflip","rank":3,"step":40,)"
+                      R"("tensor":2})"),
+            std::string::npos)
+      << json;
+  // The defaults are left out.
+  EXPECT_NE(json.find(R"({"id":"b0","kind":"bitflip","rank":0,"step":8})"), std::string::npos)
+      << json;
+  EXPECT_NE(json.find(R"({"factor":4.0,"id":"cs","kind":"comm-slow","rank":2,"step":10})"),
+            std::string::npos)
+      << json;
   Result<std::vector<Fault>> back = DecodeFaults(json);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(*back, faults);
@@ -153,6 +215,10 @@ TEST(Json, ErrorsNameTheField) {
       {R"([{"id":"a","kind":"slow","factor":"x"}])", "faults[0].factor: expected a number"},
       {R"([{"id":"a","kind":"kill","stpe":3}])", "faults[0]: unknown key 'stpe'"},
       {R"([{"id":7,"kind":"kill"}])", "faults[0].id: expected a string"},
+      {R"([{"id":"a","kind":"bitflip","bit":"30"}])", "faults[0].bit: expected an integer"},
+      {R"([{"id":"a","kind":"bitflip","element":1.5}])", "faults[0].element: expected an integer"},
+      {R"([{"id":"a","kind":"bitflip","tensor":4294967296}])",
+       "faults[0].tensor: 4294967296 is out of range"},
       // Wrapped around to rank -1 ("no rank") before.
       {R"([{"id":"a","kind":"kill-agent","rank":18446744073709551615,"at":"1s"}])",
        "faults[0].rank: 18446744073709551615 is out of range"},

@@ -109,6 +109,13 @@ Summary RunExperiment(const SimConfig& config, int max_incidents) {
     s.restarts += r.restarts;
     s.replacements += r.replacements;
     s.stragglers += r.stragglers;
+    s.stragglers_flagged += r.stragglers_flagged;
+    s.straggler_moves += r.straggler_moves;
+    s.sdc_events += r.sdc_events;
+    s.sdc_detected += r.sdc_detected;
+    s.sdc_undetected += r.sdc_undetected;
+    s.quarantines += r.quarantines;
+    s.health_check_refusals += r.health_check_refusals;
     s.wall_s += Seconds(r.wall);
     for (int c = 0; c < core::kNumLedgerCategories; ++c) s.ledger_s[c] += Seconds(r.ledger[c]);
     for (size_t c = 0; c < r.failures_by_cause.size(); ++c) {
@@ -123,6 +130,10 @@ Summary RunExperiment(const SimConfig& config, int max_incidents) {
   s.restarts /= n;
   s.replacements /= n;
   s.stragglers /= n;
+  for (double* v : {&s.stragglers_flagged, &s.straggler_moves, &s.sdc_events, &s.sdc_detected,
+                    &s.sdc_undetected, &s.quarantines, &s.health_check_refusals}) {
+    *v /= n;
+  }
   s.wall_s /= n;
   for (double& v : s.ledger_s) v /= n;
   for (double& v : s.failures_by_cause) v /= n;
@@ -138,7 +149,81 @@ Summary RunExperiment(const SimConfig& config, int max_incidents) {
   double half = StudentT95(config.runs - 1) * s.ettr_stderr;
   s.ci95_low = s.ettr - half;
   s.ci95_high = s.ettr + half;
+  s.run_ettrs = std::move(ettrs);
   return s;
+}
+
+std::string_view MechanismName(Mechanism m) {
+  switch (m) {
+    case Mechanism::kStragglerMitigation:
+      return "straggler mitigation";
+    case Mechanism::kSdcCheck:
+      return "SDC check";
+    case Mechanism::kMultiStrike:
+      return "multi-strike quarantine";
+    case Mechanism::kHealthCheck:
+      return "health check";
+  }
+  return "?";
+}
+
+std::string_view MechanismKnob(Mechanism m) {
+  switch (m) {
+    case Mechanism::kStragglerMitigation:
+      return "straggler-mitigation";
+    case Mechanism::kSdcCheck:
+      return "sdc-check-every";
+    case Mechanism::kMultiStrike:
+      return "multi-strike";
+    case Mechanism::kHealthCheck:
+      return "health-check";
+  }
+  return "?";
+}
+
+SimConfig WithMechanism(SimConfig c, Mechanism m, bool on) {
+  switch (m) {
+    case Mechanism::kStragglerMitigation:
+      c.straggler_mitigation = on;
+      break;
+    case Mechanism::kSdcCheck:
+      c.sdc_check_every =
+          on ? (c.sdc_check_every > 0 ? c.sdc_check_every : kDefaultSdcCheckEvery) : 0;
+      break;
+    case Mechanism::kMultiStrike:
+      c.multi_strike = on;
+      break;
+    case Mechanism::kHealthCheck:
+      c.health_check = on;
+      break;
+  }
+  return c;
+}
+
+std::vector<MechanismRow> CompareMechanisms(const SimConfig& config) {
+  std::vector<MechanismRow> rows;
+  for (Mechanism m : kMechanisms) {
+    MechanismRow row;
+    row.mechanism = m;
+    row.on = RunExperiment(WithMechanism(config, m, true));
+    row.off = RunExperiment(WithMechanism(config, m, false));
+    const double n = static_cast<double>(config.runs);
+    std::vector<double> d;
+    for (int64_t i = 0; i < config.runs; ++i)
+      d.push_back(row.on.run_ettrs[i] - row.off.run_ettrs[i]);
+    for (double x : d) row.diff += x;
+    row.diff /= n;
+    double half = 0;
+    if (config.runs > 1) {
+      double ss = 0;
+      for (double x : d) ss += (x - row.diff) * (x - row.diff);
+      half = StudentT95(config.runs - 1) * std::sqrt(ss / (n - 1)) / std::sqrt(n);
+    }
+    row.diff_ci95_low = row.diff - half;
+    row.diff_ci95_high = row.diff + half;
+    rows.push_back(std::move(row));
+  }
+  return rows;
 }
 
 AnalyticSummary Analyze(const SimConfig& c) {

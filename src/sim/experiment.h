@@ -28,6 +28,13 @@ struct Summary {
   double restarts = 0;
   double replacements = 0;  // nodes swapped into the job
   double stragglers = 0;
+  double stragglers_flagged = 0;
+  double straggler_moves = 0;
+  double sdc_events = 0;
+  double sdc_detected = 0;
+  double sdc_undetected = 0;
+  double quarantines = 0;
+  double health_check_refusals = 0;
   double wall_s = 0;  // mean per run
   double productive_s = 0;
   std::array<double, core::kNumLedgerCategories> ledger_s{};  // mean seconds per category
@@ -36,11 +43,35 @@ struct Summary {
   std::string first_stop_reason;
   int64_t events = 0;               // over all runs
   std::vector<Incident> incidents;  // of the first run
+  std::vector<double> run_ettrs;    // by run index
 };
 
 // Runs config.runs simulations seeded RunSeed(config.seed, i). `config` must
 // have passed Finalize().
 Summary RunExperiment(const SimConfig& config, int max_incidents = 0);
+
+// The mechanisms of issue 12 that `endure sim --compare-mechanisms` weighs.
+enum class Mechanism { kStragglerMitigation, kSdcCheck, kMultiStrike, kHealthCheck };
+inline constexpr Mechanism kMechanisms[] = {Mechanism::kStragglerMitigation, Mechanism::kSdcCheck,
+                                            Mechanism::kMultiStrike, Mechanism::kHealthCheck};
+// "straggler mitigation", "SDC check", "multi-strike quarantine", "health check".
+std::string_view MechanismName(Mechanism m);
+// The knob that switches it ("straggler-mitigation", "sdc-check-every", ...).
+std::string_view MechanismKnob(Mechanism m);
+// `config` with the mechanism on or off. The SDC check on is
+// config.sdc_check_every, or kDefaultSdcCheckEvery steps where that is 0.
+inline constexpr int64_t kDefaultSdcCheckEvery = 100;
+SimConfig WithMechanism(SimConfig config, Mechanism m, bool on);
+
+struct MechanismRow {
+  Mechanism mechanism;
+  Summary on, off;
+  // Paired over the same seeds: mean of (on - off) per run, its 95% CI.
+  double diff = 0, diff_ci95_low = 0, diff_ci95_high = 0;
+};
+// Runs the experiment with each mechanism on and off, the others as
+// configured, over the same seeds. `config` must have passed Finalize().
+std::vector<MechanismRow> CompareMechanisms(const SimConfig& config);
 
 // Two-sided 95% quantile of Student's t with `dof` degrees of freedom.
 double StudentT95(int64_t dof);

@@ -35,6 +35,8 @@ SimConfig ModelConfig(double rate, Duration interval, Duration write, Duration d
   c.policy.evict_node_after = 0;
   c.policy.max_restarts_in_window = 0;
   c.policy.structural_repeats = 0;
+  c.multi_strike = false;
+  c.health_check = false;
   Status s = Finalize(c);
   EXPECT_TRUE(s.ok()) << s.ToString();
   return c;
@@ -151,6 +153,32 @@ TEST(Sweep, RunsAndRenders) {
   ASSERT_TRUE(bad.ok());
   EXPECT_THAT(RunSweep(c, *bad).status().message(),
               HasSubstr("--sweep: 1.0s is shorter than the checkpoint write cost"));
+}
+
+TEST(Experiment, CompareMechanismsPairsTheSeeds) {
+  SimConfig c;
+  c.nodes = 500;
+  c.duration = hours(24 * 10);
+  c.runs = 4;
+  c.seed = 5;
+  c.straggler_share = 0.01;
+  c.straggler_factor = 1.3;
+  c.sdc_rate = 2;
+  c.spares = 10;
+  ASSERT_TRUE(Finalize(c).ok());
+  std::vector<MechanismRow> rows = CompareMechanisms(c);
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0].mechanism, Mechanism::kStragglerMitigation);
+  EXPECT_GT(rows[0].diff, 0);
+  EXPECT_EQ(rows[1].mechanism, Mechanism::kSdcCheck);
+  EXPECT_GT(rows[1].diff, 0);
+  EXPECT_GT(rows[1].on.sdc_detected, 0);
+  EXPECT_EQ(rows[1].off.sdc_detected, 0);
+  for (const MechanismRow& r : rows) {
+    EXPECT_LE(r.diff_ci95_low, r.diff);
+    EXPECT_GE(r.diff_ci95_high, r.diff);
+    EXPECT_NEAR(r.diff, r.on.ettr - r.off.ettr, 1e-12);
+  }
 }
 
 }  // namespace

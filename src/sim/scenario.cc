@@ -49,7 +49,13 @@ Result<Duration> ParseDurationAt(std::string_view text, std::string_view where) 
   return d;
 }
 
-enum class Kind { kInt, kDouble, kDuration, kString };
+Result<bool> ParseBool(std::string_view text, std::string_view where) {
+  if (text == "true") return true;
+  if (text == "false") return false;
+  return Bad(where, "expected true or false, got '" + std::string(text) + "'");
+}
+
+enum class Kind { kInt, kDouble, kDuration, kString, kBool };
 
 struct Knob {
   KnobInfo info;
@@ -71,6 +77,13 @@ struct Knob {
   {                                                                                 \
     {NAME, HELP, "DURATION"}, Kind::kDuration,                                      \
         [](SimConfig& c, int64_t, double, Duration v, const std::string&) { EXPR; } \
+  }
+
+// Booleans travel in the int: 1 true, 0 false.
+#define KNOB_BOOL(NAME, HELP, EXPR)                                                 \
+  {                                                                                 \
+    {NAME, HELP, "BOOL"}, Kind::kBool,                                              \
+        [](SimConfig& c, int64_t v, double, Duration, const std::string&) { EXPR; } \
   }
 
 const std::vector<Knob>& KnobTable() {
@@ -102,8 +115,44 @@ const std::vector<Knob>& KnobTable() {
                   c.straggler_share = v),
       KNOB_DOUBLE("straggler-factor", "how many times slower a straggler makes the job (1.5)",
                   c.straggler_factor = v),
-      KNOB_DURATION("straggler-detect", "time until a straggler is detected (default 10m)",
-                    c.straggler_detect = v),
+      KNOB_DOUBLE("straggler-factor-max",
+                  "stragglers' factors are uniform in [--straggler-factor, this] (default: equal)",
+                  c.straggler_factor_max = v),
+      KNOB_INT("straggler-window",
+               "steps (at the slowed step time) until a straggler is flagged (default 20)",
+               c.straggler_window = v),
+      KNOB_DOUBLE("straggler-theta",
+                  "a node slower than 1+theta is flagged; below, never (default 0.1)",
+                  c.straggler_theta = v),
+      KNOB_BOOL("straggler-mitigation",
+                "act on flagged stragglers as core::DecideStraggler says (default true)",
+                c.straggler_mitigation = v != 0),
+      KNOB_DOUBLE("sdc-rate", "silent data corruptions per 1000 node-days (default 0)",
+                  c.sdc_rate = v),
+      KNOB_INT("sdc-check-every",
+               "steps between cross-replica fingerprint checks, 0 = no check (default 0)",
+               c.sdc_check_every = v),
+      KNOB_DURATION("sdc-undetected-cost",
+                    "training wasted by an SDC no check finds, until a loss spike (default 6h)",
+                    c.sdc_undetected_cost = v),
+      KNOB_BOOL("multi-strike",
+                "keep strikes per node and quarantine as core::JudgeNode says (default true)",
+                c.multi_strike = v != 0),
+      KNOB_INT("soft-strikes", "soft strikes within --soft-window that quarantine (default 3)",
+               c.soft_strikes = v),
+      KNOB_DURATION("soft-window", "window of the soft strikes (default 24h)", c.soft_window = v),
+      KNOB_DOUBLE("flaky-share",
+                  "share of nodes (0..1) failing --flaky-factor x as often, softly (default 0)",
+                  c.flaky_share = v),
+      KNOB_DOUBLE("flaky-factor", "how much more often a flaky node fails softly (default 20)",
+                  c.flaky_factor = v),
+      KNOB_BOOL("health-check", "check every node before it joins or rejoins (default true)",
+                c.health_check = v != 0),
+      KNOB_DURATION("health-check-time", "time the health check adds to a join (default 60s)",
+                    c.health_check_time = v),
+      KNOB_DOUBLE("health-check-recall",
+                  "probability (0..1) that the health check refuses a flaky node (default 0.7)",
+                  c.health_check_recall = v),
       KNOB_DURATION("step-time", "duration of one training step (default 10s)", c.step_time = v),
       KNOB_INT("max-restarts", "retry budget: restarts per --restart-window, 0 = unlimited (30)",
                c.policy.max_restarts_in_window = static_cast<int>(v)),
@@ -124,6 +173,7 @@ const std::vector<Knob>& KnobTable() {
   return table;
 }
 
+#undef KNOB_BOOL
 #undef KNOB_INT
 #undef KNOB_DOUBLE
 #undef KNOB_DURATION
@@ -182,6 +232,7 @@ std::string TomlWhere(const std::string& file, const toml::source_region& src,
 // TOML scalars as the text a flag would carry.
 Result<std::string> ScalarText(const toml::node& node, const std::string& where) {
   if (auto s = node.value<std::string>(); s && node.is_string()) return *s;
+  if (node.is_boolean()) return std::string(*node.value<bool>() ? "true" : "false");
   if (node.is_integer()) return std::to_string(*node.value<int64_t>());
   if (node.is_floating_point()) {
     std::ostringstream out;
@@ -189,7 +240,7 @@ Result<std::string> ScalarText(const toml::node& node, const std::string& where)
     out << *node.value<double>();
     return out.str();
   }
-  return Bad(where, "expected a string or a number");
+  return Bad(where, "expected a string, a number or a boolean");
 }
 
 Status LoadCauseTable(const toml::table& causes, const std::string& file, SimConfig& config) {
@@ -263,6 +314,11 @@ Status SetKnob(SimConfig& config, std::string_view name, std::string_view text,
     }
     case Kind::kDuration: {
       ENDURE_ASSIGN_OR_RETURN(dur, ParseDurationAt(text, where));
+      break;
+    }
+    case Kind::kBool: {
+      ENDURE_ASSIGN_OR_RETURN(bool b, ParseBool(text, where));
+      i = b ? 1 : 0;
       break;
     }
     case Kind::kString:
@@ -344,6 +400,35 @@ Status Finalize(SimConfig& c) {
     return Bad(c.Where("stragglers"), "a share between 0 and 1");
   }
   if (c.straggler_factor < 1) return Bad(c.Where("straggler-factor"), "must be at least 1");
+  if (c.StragglerFactorMax() < c.straggler_factor) {
+    return Bad(c.Where("straggler-factor-max"), "must be at least " + c.Where("straggler-factor") +
+                                                    " (" + std::to_string(c.straggler_factor) +
+                                                    ")");
+  }
+  if (c.straggler_window < 1 || c.straggler_window > 1000000) {
+    return Bad(c.Where("straggler-window"),
+               "must be between 1 and 1000000 steps, got " + std::to_string(c.straggler_window));
+  }
+  if (!(c.straggler_theta > 0 && c.straggler_theta <= 10)) {
+    return Bad(c.Where("straggler-theta"), "must be in (0, 10]");
+  }
+  if (c.sdc_rate < 0) return Bad(c.Where("sdc-rate"), "must not be negative");
+  if (c.sdc_check_every < 0) {
+    return Bad(c.Where("sdc-check-every"),
+               "must be >= 0 (0: no check), got " + std::to_string(c.sdc_check_every));
+  }
+  if (c.soft_strikes < 1 || c.soft_strikes > 1000) {
+    return Bad(c.Where("soft-strikes"),
+               "must be between 1 and 1000, got " + std::to_string(c.soft_strikes));
+  }
+  ENDURE_RETURN_IF_ERROR(positive(c.soft_window, "soft-window"));
+  if (c.flaky_share < 0 || c.flaky_share > 1) {
+    return Bad(c.Where("flaky-share"), "a share between 0 and 1");
+  }
+  if (c.flaky_factor < 1) return Bad(c.Where("flaky-factor"), "must be at least 1");
+  if (c.health_check_recall < 0 || c.health_check_recall > 1) {
+    return Bad(c.Where("health-check-recall"), "a probability between 0 and 1");
+  }
   if (c.policy.max_restarts_in_window < 0) return Bad(c.Where("max-restarts"), "must be >= 0");
   ENDURE_RETURN_IF_ERROR(positive(c.policy.restart_window, "restart-window"));
   if (c.policy.backoff_max < c.policy.backoff_initial) {
@@ -387,6 +472,19 @@ Status Finalize(SimConfig& c) {
       if (s.name == cause) s.path = *p;
     }
   }
+  for (const ScriptedEvent& e : c.script) {
+    if (e.node.value < 0 || e.node.value >= c.nodes + c.spares) {
+      return Bad("script", "node " + std::to_string(e.node.value) + " is not in the cluster");
+    }
+    if (e.kind == ScriptedEvent::Kind::kFailure &&
+        std::none_of(c.causes.begin(), c.causes.end(),
+                     [&](const CauseSpec& s) { return s.name == e.cause; })) {
+      return Bad("script",
+                 "unknown cause '" + e.cause + "' (known: " + KnownCauses(c.causes) + ")");
+    }
+  }
+  std::stable_sort(c.script.begin(), c.script.end(),
+                   [](const ScriptedEvent& a, const ScriptedEvent& b) { return a.at < b.at; });
   Status policy = c.policy.Validate();
   if (!policy.ok()) return Bad("recovery policy", policy.message());
   return Status::Ok();

@@ -1,7 +1,10 @@
 // What `endure sim` simulates: the job (nodes, duration), its failures (a
 // Poisson rate per node and a table of causes, each with a detection latency,
 // a recovery path and a repair time), checkpointing, restart costs, warm
-// spares, stragglers and the recovery policy's knobs. A SimConfig is built
+// spares, the implicit failures of issue 12 (stragglers, silent data
+// corruption, intermittently bad nodes) with the mechanisms against them
+// (straggler mitigation, the SDC check, multi-strike quarantine, the health
+// check) and the recovery policy's knobs. A SimConfig is built
 // from defaults, then a TOML scenario file, then command-line flags; every
 // knob has one name, used both as the flag (`--ckpt-interval`) and as the
 // TOML key (`ckpt-interval = "30m"`). Errors name the flag, or the file, line
@@ -17,6 +20,7 @@
 
 #include "common/duration.h"
 #include "common/status.h"
+#include "core/ids.h"
 #include "core/recovery_policy.h"
 
 namespace endure::sim {
@@ -30,8 +34,28 @@ struct CauseSpec {
   std::optional<Duration> repair;  // unset: SimConfig::repair
 };
 
-// The cause name stragglers are reported under.
+// The cause names stragglers, detected silent data corruption and refused
+// health checks are reported under (core/node_health.h classes them).
 inline constexpr std::string_view kStragglerCause = "straggler";
+inline constexpr std::string_view kSdcCause = "sdc";
+inline constexpr std::string_view kHealthCheckCause = "health_check_failed";
+
+// One event of a scripted failure sequence, at a fixed time of the run (for
+// tests that compare the simulator's decisions with the core's). Scripted
+// events come on top of the random ones (set the rates to 0 for a pure
+// script); an event on a node that is not in the job then is dropped.
+struct ScriptedEvent {
+  enum class Kind {
+    kFailure,    // `node` fails with `cause` (a cause of the mix)
+    kStraggler,  // `node` turns `factor` times slower
+    kSdc,        // `node` corrupts its replica's parameters
+  };
+  Kind kind = Kind::kFailure;
+  Duration at{0};
+  core::NodeId node;
+  std::string cause;
+  double factor = 1;
+};
 
 struct SimConfig {
   // The job. `duration` is wall-clock (calendar) time: ETTR is the share of it
@@ -60,11 +84,52 @@ struct SimConfig {
   int64_t spares = 0;
 
   // Stragglers: each node that joins the job is slow with probability
-  // `straggler_share`, slowing the whole job by `straggler_factor` until it
-  // is detected `straggler_detect` after joining and replaced.
+  // `straggler_share`, by a factor drawn uniformly from [straggler_factor,
+  // straggler_factor_max]; the job runs at the slowest node's pace. One
+  // slower than (1 + straggler_theta) is flagged `straggler_window` steps
+  // (at the slowed step time) into each generation it is in; one below it
+  // never is. core::DecideStraggler then keeps it, swaps in a spare or
+  // evicts it and waits. Mitigation off: never flagged, it stays until it
+  // fails for another reason.
   double straggler_share = 0;
   double straggler_factor = 1.5;
-  Duration straggler_detect = std::chrono::minutes(10);
+  std::optional<double> straggler_factor_max;  // unset: straggler_factor
+  int64_t straggler_window = 20;
+  double straggler_theta = 0.10;
+  bool straggler_mitigation = true;
+
+  // Silent data corruption: per-node events per 1000 node-days while the job
+  // trains. With `sdc_check_every` > 0 steps the next check finds it, the
+  // job rolls back to the newest checkpoint at or before the last agreed
+  // check and the node is struck hard (quarantined). With 0 it stays
+  // undetected until a loss spike shows it `sdc_undetected_cost` of training
+  // later; then the job rolls back to before it and the node stays.
+  double sdc_rate = 0;
+  int64_t sdc_check_every = 0;
+  Duration sdc_undetected_cost = std::chrono::hours(6);
+
+  // Strikes and quarantine (core::JudgeNode): every failure of a cause that
+  // is not software strikes its node (class core::StrikeClassOf); a
+  // quarantined node leaves the job like an evicted one and comes back
+  // repaired (strikes cleared) after `repair`. Off: no strikes are kept.
+  bool multi_strike = true;
+  int64_t soft_strikes = 3;
+  Duration soft_window = std::chrono::hours(24);
+  // Intermittently bad nodes: this share of the nodes fails with the soft,
+  // non-software causes `flaky_factor` times as often; a repair cures it.
+  double flaky_share = 0;
+  double flaky_factor = 20;
+
+  // The health check before a node joins or rejoins: `health_check_time`
+  // is added to the start-up and to every restart that admits a new node; a
+  // flaky node fails it with probability `health_check_recall` and goes to
+  // repair instead (struck hard: health_check_failed).
+  bool health_check = true;
+  Duration health_check_time = std::chrono::seconds(60);
+  double health_check_recall = 0.7;
+
+  // A scripted failure sequence (tests), ordered by time by Finalize().
+  std::vector<ScriptedEvent> script;
 
   // Length of one training step, to report step numbers to the policy.
   Duration step_time = std::chrono::seconds(10);
@@ -93,6 +158,7 @@ struct SimConfig {
   Duration startup_or_restart() const { return startup.value_or(restart); }
   Duration DetectFor(const CauseSpec& c) const { return c.detect.value_or(detect); }
   Duration RepairFor(const CauseSpec& c) const { return c.repair.value_or(repair); }
+  double StragglerFactorMax() const { return straggler_factor_max.value_or(straggler_factor); }
   // "--name", or the file, line and key that set it.
   std::string Where(std::string_view knob) const;
 };
@@ -101,7 +167,7 @@ struct SimConfig {
 struct KnobInfo {
   const char* name;
   const char* help;
-  const char* value_name;  // for --help: N, X, DURATION, NAME
+  const char* value_name;  // for --help: N, X, DURATION, NAME, BOOL
 };
 const std::vector<KnobInfo>& Knobs();
 

@@ -109,6 +109,61 @@ TEST(Scenario, InvalidFlagsNameTheFlag) {
               HasSubstr("--duration: must be positive"));
 }
 
+TEST(Scenario, IsolationKnobsParseAndCheck) {
+  SimConfig c;
+  ASSERT_TRUE(LoadScenarioString(R"(
+straggler-mitigation = false
+health-check = false
+sdc-rate = 0.05
+sdc-check-every = 200
+soft-window = "12h"
+)",
+                                 "iso.toml", c)
+                  .ok());
+  ASSERT_TRUE(Finalize(c).ok());
+  EXPECT_FALSE(c.straggler_mitigation);
+  EXPECT_FALSE(c.health_check);
+  EXPECT_EQ(c.sdc_check_every, 200);
+  EXPECT_EQ(c.soft_window, std::chrono::hours(12));
+
+  SimConfig b;
+  EXPECT_EQ(Error(SetKnob(b, "health-check", "maybe", "--health-check")),
+            "--health-check: expected true or false, got 'maybe'");
+  EXPECT_EQ(Error(LoadScenarioString("\nmulti-strike = 1\n", "m.toml", b)),
+            "m.toml:2: multi-strike: expected true or false, got '1'");
+
+  auto finalize_error = [](std::string_view knob, std::string_view value) {
+    SimConfig c;
+    Status s = SetKnob(c, knob, value, "--" + std::string(knob));
+    if (!s.ok()) return Error(s);
+    return Error(Finalize(c));
+  };
+  EXPECT_THAT(finalize_error("straggler-window", "0"),
+              HasSubstr("--straggler-window: must be between 1 and 1000000 steps, got 0"));
+  EXPECT_THAT(finalize_error("straggler-theta", "0"),
+              HasSubstr("--straggler-theta: must be in (0, 10]"));
+  EXPECT_THAT(finalize_error("straggler-factor-max", "1.2"),
+              HasSubstr("--straggler-factor-max: must be at least --straggler-factor"));
+  EXPECT_THAT(finalize_error("sdc-rate", "-1"), HasSubstr("--sdc-rate: must not be negative"));
+  EXPECT_THAT(finalize_error("sdc-check-every", "-5"),
+              HasSubstr("--sdc-check-every: must be >= 0 (0: no check), got -5"));
+  EXPECT_THAT(finalize_error("sdc-undetected-cost", "-1h"),
+              HasSubstr("--sdc-undetected-cost: invalid duration"));
+  EXPECT_THAT(finalize_error("soft-strikes", "0"),
+              HasSubstr("--soft-strikes: must be between 1 and 1000, got 0"));
+  EXPECT_THAT(finalize_error("soft-window", "0s"), HasSubstr("--soft-window: must be positive"));
+  EXPECT_THAT(finalize_error("flaky-share", "1.5"), HasSubstr("--flaky-share: a share"));
+  EXPECT_THAT(finalize_error("flaky-factor", "0.5"),
+              HasSubstr("--flaky-factor: must be at least 1"));
+  EXPECT_THAT(finalize_error("health-check-recall", "2"),
+              HasSubstr("--health-check-recall: a probability"));
+  EXPECT_THAT(finalize_error("straggler-detect", "10m"), HasSubstr("--straggler-detect: unknown"));
+
+  SimConfig file;
+  ASSERT_TRUE(LoadScenarioString("nodes = 10\nflaky-share = 3\n", "f.toml", file).ok());
+  EXPECT_THAT(Error(Finalize(file)), HasSubstr("f.toml:2: flaky-share: a share between 0 and 1"));
+}
+
 TEST(Scenario, PathOverridesReachThePolicy) {
   SimConfig c;
   c.cause_mix = "llama3";

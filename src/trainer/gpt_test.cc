@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
+#include "endure/client.h"
+#include "trainer/trainer.h"
+
 namespace endure::trainer {
 namespace {
 
@@ -65,6 +70,57 @@ TEST(GPT, LossFallsOnATinyCorpus) {
     last = loss.item<double>();
   }
   EXPECT_LT(last, 0.3 * first);
+}
+
+// A run of a few steps of the tiny model on the default corpus.
+TrainerOptions TinyRun() {
+  TrainerOptions o;
+  o.model = Tiny();
+  o.steps = 6;
+  o.global_batch = 4;
+  o.micro_batch = 2;
+  o.warmup_steps = 2;
+  o.eval_batches = 0;
+  o.sample_tokens = 0;
+  o.log_every = 100;
+  o.threads = 1;
+  return o;
+}
+
+Result<TrainSummary> RunWith(const TrainerOptions& o,
+                             const std::map<std::string, std::string>& env) {
+  Result<std::unique_ptr<Session>> session =
+      Session::FromEnvironment([&](const char* name) -> const char* {
+        auto it = env.find(name);
+        return it == env.end() ? nullptr : it->second.c_str();
+      });
+  if (!session.ok()) return session.status();
+  return Train(o, DistEnv{}, session->get());
+}
+
+// Evaluation reads the model and nothing else: the parameters after a run
+// with an evaluation every other step are those of a run without.
+TEST(Train, PeriodicEvaluationLeavesTheParametersAsTheyWere) {
+  Result<TrainSummary> plain = RunWith(TinyRun(), {});
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  TrainerOptions with_eval = TinyRun();
+  with_eval.eval_every = 2;
+  with_eval.eval_steps = 3;
+  Result<TrainSummary> evaluated = RunWith(with_eval, {});
+  ASSERT_TRUE(evaluated.ok()) << evaluated.status().ToString();
+  EXPECT_EQ(evaluated->fingerprint, plain->fingerprint);
+  EXPECT_EQ(evaluated->final_loss, plain->final_loss);
+}
+
+// An injected bitflip corrupts the parameters of this replica for good.
+TEST(Train, BitflipChangesTheParameters) {
+  Result<TrainSummary> plain = RunWith(TinyRun(), {});
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  Result<TrainSummary> flipped =
+      RunWith(TinyRun(), {{"ENDURE_FAULTS", R"([{"id":"b","kind":"bitflip","rank":0,"step":3}])"},
+                          {"ENDURE_SDC_CHECK_EVERY", "1"}});
+  ASSERT_TRUE(flipped.ok()) << flipped.status().ToString();
+  EXPECT_NE(flipped->fingerprint, plain->fingerprint);
 }
 
 }  // namespace

@@ -39,6 +39,14 @@ Status TrainerOptions::Validate(int world_size) const {
                               "--resume needs --ckpt-dir (where to look for checkpoints)"));
   ENDURE_RETURN_IF_ERROR(Need(log_every >= 1, "--log-every must be at least 1"));
   ENDURE_RETURN_IF_ERROR(Need(eval_batches >= 0, "--eval-batches must not be negative"));
+  ENDURE_RETURN_IF_ERROR(Need(eval_every >= 0, "--eval-every must not be negative"));
+  ENDURE_RETURN_IF_ERROR(Need(eval_steps >= 0, "--eval-steps must not be negative"));
+  ENDURE_RETURN_IF_ERROR(Need(eval_every == 0 || eval_steps >= 1,
+                              "--eval-every needs --eval-steps K >= 1 (forward passes per "
+                              "evaluation)"));
+  ENDURE_RETURN_IF_ERROR(Need(eval_steps == 0 || eval_every >= 1,
+                              "--eval-steps needs --eval-every N >= 1 (steps between "
+                              "evaluations)"));
   ENDURE_RETURN_IF_ERROR(Need(sample_tokens >= 0, "--sample-tokens must not be negative"));
   ENDURE_RETURN_IF_ERROR(Need(threads >= 0, "--threads must not be negative"));
   ENDURE_RETURN_IF_ERROR(Need(bucket_mb > 0, "--bucket-mb must be positive"));

@@ -44,6 +44,11 @@ struct TrainerOptions {
   int64_t log_every = 10;
   std::string metrics_file;
   int eval_batches = 8;
+  // Every eval_every-th step (0: never), eval_steps forward passes on held-
+  // out batches in the client phase "eval", without touching the parameters
+  // or the training data order.
+  int64_t eval_every = 0;
+  int eval_steps = 0;
   int sample_tokens = 200;
   std::string sample_prompt = "The ";
 

@@ -29,5 +29,27 @@ TEST(TrainerOptions, BadCombinationsNameTheFlag) {
   EXPECT_NE(resume.Validate(1).message().find("--resume needs --ckpt-dir"), std::string::npos);
 }
 
+TEST(TrainerOptions, PeriodicEvaluationNeedsBothFlags) {
+  TrainerOptions o;
+  EXPECT_EQ(o.eval_every, 0);  // off by default
+  o.eval_every = 10;
+  o.eval_steps = 30;
+  EXPECT_TRUE(o.Validate(1).ok());
+  const std::pair<std::pair<int64_t, int>, const char*> bad[] = {
+      {{-1, 1}, "--eval-every must not be negative"},
+      {{10, -1}, "--eval-steps must not be negative"},
+      {{10, 0}, "--eval-every needs --eval-steps"},
+      {{0, 5}, "--eval-steps needs --eval-every"},
+  };
+  for (const auto& [values, expected] : bad) {
+    TrainerOptions b;
+    b.eval_every = values.first;
+    b.eval_steps = values.second;
+    Status st = b.Validate(1);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << expected;
+    EXPECT_NE(st.message().find(expected), std::string::npos) << st.message();
+  }
+}
+
 }  // namespace
 }  // namespace endure::trainer

@@ -27,7 +27,6 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "checkpoint/checkpoint_dir.h"
-#include "common/hash.h"
 #include "endure/client.h"
 #include "trainer/corpus.h"
 #include "trainer/gpt.h"
@@ -295,14 +294,36 @@ Status RestoreState(const TrainingState& state, GPT& model, torch::optim::AdamW*
   return Status::Ok();
 }
 
-std::string Fingerprint(GPT& model) {
-  Xxh3Hasher h;
+// The parameters' fingerprint (endure::Fingerprint, in their named order):
+// the printed param_fingerprint and what the SDC check compares.
+std::string ParamFingerprint(GPT& model) {
+  std::vector<torch::Tensor> keep;  // contiguous copies, where a parameter is not
+  std::vector<TensorRef> refs;
   for (const auto& p : model->named_parameters()) {
     torch::Tensor c = p.value().detach().contiguous();
-    h.Update(p.key());
-    h.Update(c.data_ptr(), c.nbytes());
+    refs.push_back(TensorRef{p.key(), DTypeName(c.scalar_type()),
+                             std::vector<int64_t>(c.sizes().begin(), c.sizes().end()), c.data_ptr(),
+                             c.nbytes()});
+    keep.push_back(std::move(c));
   }
-  return HexU64(h.Digest());
+  return endure::Fingerprint(refs);
+}
+
+// Applies an injected bitflip to this replica's parameters, in their raw
+// bytes and outside autograd: the corruption a faulty GPU or memory would
+// leave, invisible to the optimizer.
+void ApplyBitFlip(GPT& model, const BitFlip& flip, int rank) {
+  auto named = model->named_parameters();
+  if (named.size() == 0) return;
+  const size_t index = static_cast<size_t>(flip.tensor) % named.size();
+  torch::Tensor t = named[index].value().detach();
+  ENDURE_CHECK(t.is_contiguous() && t.device().is_cpu());
+  const bool flipped = FlipBit(flip, t.data_ptr(), t.numel(), t.element_size());
+  std::fprintf(stderr, "endure-train: rank %d: %s bit %d of element %lld of %s\n", rank,
+               flipped ? "flipped" : "could not flip", flip.bit,
+               static_cast<long long>(flip.element % std::max<int64_t>(1, t.numel())),
+               named[index].key().c_str());
+  std::fflush(stderr);
 }
 
 // ---- Data ----
@@ -321,18 +342,21 @@ std::pair<torch::Tensor, torch::Tensor> MakeBatch(const std::string& text,
   return {tokens.slice(1, 0, context), tokens.slice(1, 1, context + 1)};
 }
 
-double ValidationLoss(GPT& model, const std::string& val, const TrainerOptions& options) {
-  if (options.eval_batches == 0) return std::nan("");
+// The mean loss over `batches` held-out micro-batches. Changes nothing: no
+// gradients, no random numbers (the batches are a pure function of the seed),
+// so training after it is bit for bit training without it.
+double HeldOutLoss(GPT& model, const std::string& val, const TrainerOptions& options, int batches) {
+  if (batches == 0) return std::nan("");
   torch::NoGradGuard no_grad;
   double total = 0;
-  for (int b = 0; b < options.eval_batches; ++b) {
+  for (int b = 0; b < batches; ++b) {
     // A fixed held-out set: "step" -1 - b never occurs in training.
     auto offsets = SequenceOffsets(options.seed, -1 - b, 0, options.micro_batch,
                                    options.model.context, val.size());
     auto [x, y] = MakeBatch(val, offsets, options.model.context);
     total += model->Loss(x, y).item<double>();
   }
-  return total / options.eval_batches;
+  return total / batches;
 }
 
 std::string Generate(GPT& model, const std::string& prompt, int tokens, double temperature,
@@ -715,10 +739,23 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
       }
       compute_s = SecondsSince(step_start);
       const auto comm_start = Clock::now();
+      // Injected comm-fail and comm-slow act here, inside the communication
+      // time; also in a world of one, so that a fault behaves the same at any
+      // world size.
+      session.BeforeCollective(step);
       loss = reducer ? reducer->AllReduce(local_loss, dist.world_size) : local_loss;
       comm_s = SecondsSince(comm_start);
       if (options.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, options.grad_clip);
       optimizer.step();
+    }
+
+    // Silent data corruption, when injected, lands after the update and
+    // before the fingerprint, as a faulty device's would.
+    if (std::optional<BitFlip> flip = session.BitflipDue(step)) {
+      ApplyBitFlip(model, *flip, dist.rank);
+    }
+    if (session.FingerprintDue(step)) {
+      ENDURE_RETURN_IF_ERROR(session.ReportFingerprint(step, ParamFingerprint(model)));
     }
 
     const int64_t done = step + 1;
@@ -728,14 +765,19 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
     int64_t checkpoint_step = -1;
     if (due && session.memory_checkpoints()) {
       // Every rank copies its shard into node memory; the agent does the rest.
+      ENDURE_RETURN_IF_ERROR(session.Phase("checkpoint"));
       const auto ckpt_start = Clock::now();
       Result<bool> saved = SaveShard(session, model, optimizer, done, options, dist);
       if (!saved.ok())
         return saved.status().WithContext("checkpoint at step " + std::to_string(done));
       ckpt_stall_s = SecondsSince(ckpt_start);
       if (*saved) checkpoint_step = done;
+      ENDURE_RETURN_IF_ERROR(session.Phase("train"));
     } else if (due && !options.ckpt_dir.empty() && leader) {
       // Data-parallel replicas are identical: rank 0 writes the whole state.
+      // Only it is in the checkpoint phase; the others wait for it in the
+      // next allreduce.
+      ENDURE_RETURN_IF_ERROR(session.Phase("checkpoint"));
       const auto ckpt_start = Clock::now();
       Result<checkpoint::CommitStats> stats =
           ckpt.Commit(CaptureState(model, optimizer, done, options));
@@ -744,25 +786,40 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
       ENDURE_RETURN_IF_ERROR(ckpt.Retain(options.ckpt_keep));
       ckpt_stall_s = SecondsSince(ckpt_start);
       checkpoint_step = done;
+      ENDURE_RETURN_IF_ERROR(session.Phase("train"));
     }
     if (skip) {
       session.EndSkippedStep(step, ckpt_stall_s, checkpoint_step);
-      continue;
+    } else {
+      // The loss as logged: an injected `nan` fault shows here, while the
+      // model itself is untouched.
+      const double logged_loss =
+          session.EndStep(step, loss, compute_s, comm_s, ckpt_stall_s, checkpoint_step).value();
+      if (leader)
+        progress.Step(step, logged_loss, lr, SecondsSince(step_start), compute_s, comm_s,
+                      ckpt_stall_s);
     }
-    // The loss as logged: an injected `nan` fault shows here, while the
-    // model itself is untouched.
-    const double logged_loss =
-        session.EndStep(step, loss, compute_s, comm_s, ckpt_stall_s, checkpoint_step).value();
-    if (leader)
-      progress.Step(step, logged_loss, lr, SecondsSince(step_start), compute_s, comm_s,
-                    ckpt_stall_s);
+    if (options.eval_every > 0 && done % options.eval_every == 0) {
+      // Every rank evaluates (the same held-out batches), each in its own
+      // "eval" phase, after the step was reported: its time is no step's.
+      ENDURE_RETURN_IF_ERROR(session.Phase("eval"));
+      const auto eval_start = Clock::now();
+      const double eval_loss = HeldOutLoss(model, corpus.val, options, options.eval_steps);
+      ENDURE_RETURN_IF_ERROR(session.Phase("train"));
+      if (leader) {
+        std::printf("eval after step %lld/%lld | loss %.4f | %d batches in %.1f ms\n",
+                    static_cast<long long>(done), static_cast<long long>(options.steps), eval_loss,
+                    options.eval_steps, 1e3 * SecondsSince(eval_start));
+        std::fflush(stdout);
+      }
+    }
   }
 
   summary.steps = options.steps;
   summary.final_loss = loss;
-  summary.fingerprint = Fingerprint(model);
+  summary.fingerprint = ParamFingerprint(model);
   if (leader) {
-    summary.val_loss = ValidationLoss(model, corpus.val, options);
+    summary.val_loss = HeldOutLoss(model, corpus.val, options, options.eval_batches);
     std::printf("validation loss %.4f\n", summary.val_loss);
     if (options.sample_tokens > 0) {
       summary.sample =

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <set>
 #include <string>
 
 #include "agent/agent.h"
@@ -145,12 +147,17 @@ Verb AddAgentVerb(CLI::App& root) {
   cmd->add_flag("--standby", o->standby,
                 "Keep a warm standby worker per rank (the program must call "
                 "endure::AwaitStandbyAssignment, as endure-train does)");
+  auto no_health = std::make_shared<bool>(false);
+  cmd->add_flag("--no-health-check", *no_health,
+                "Register without the node's health check (known-answer matmul, memory, disk, "
+                "loopback collective); ENDURE_HEALTH_FAULT=matmul,memory,disk,loopback forces "
+                "probes to fail, for tests");
   auto grace = std::make_shared<std::string>("5m");
   cmd->add_option("--controller-grace", *grace,
                   "How long the workers keep training while the controller cannot be reached "
                   "(the agent reconnects meanwhile); past it they are stopped and the agent exits")
       ->capture_default_str();
-  return {cmd, [o, token_file, grace] {
+  return {cmd, [o, token_file, grace, no_health] {
             Result<Duration> controller_grace = ParseDuration(*grace);
             if (!controller_grace.ok()) {
               return Fail("agent", InvalidArgument("--controller-grace: " +
@@ -167,6 +174,15 @@ Verb AddAgentVerb(CLI::App& root) {
             }
             opts.token = *token;
             opts.controller_grace = *controller_grace;
+            opts.health_check = !*no_health;
+            if (const char* fault = std::getenv("ENDURE_HEALTH_FAULT"); fault && *fault) {
+              Result<std::set<agent::HealthProbe>> probes = agent::ParseHealthFault(fault);
+              if (!probes.ok()) {
+                return Fail("agent",
+                            InvalidArgument("ENDURE_HEALTH_FAULT: " + probes.status().message()));
+              }
+              opts.health_faults = *probes;
+            }
             if (opts.work_dir.empty()) opts.work_dir = "endure-" + opts.node_id;
             if (opts.log_rules.empty()) {
               Result<std::string> rules = FindShippedConfig("log_rules.toml", "--log-rules FILE");

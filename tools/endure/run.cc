@@ -275,6 +275,7 @@ Status EmbeddedRun::StartAgent() {
              "--token-file", token_file_, "--work-dir",   work,
              "--log-rules",  rules_};
   if (spec_.recovery.warm_standby) ps.argv.push_back("--standby");
+  if (!spec_.isolation.health_check) ps.argv.push_back("--no-health-check");
   // In milliseconds: exact, where FormatDuration rounds.
   const auto grace_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(spec_.control_plane.controller_grace);

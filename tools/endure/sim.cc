@@ -2,7 +2,8 @@
 // failures with Endure's own recovery policy and prints ETTR with its
 // confidence interval, the ETTR ledger and the analytic models; `--analytic`
 // prints only the models, `--sweep` compares simulation and models over a
-// range of one parameter and writes CSV and SVG. The work is in src/sim;
+// range of one parameter and writes CSV and SVG; `--compare-mechanisms`
+// prints what each mechanism of issue 12 is worth (ETTR on and off). The work is in src/sim;
 // this file parses flags and formats output.
 #include <chrono>
 #include <cmath>
@@ -37,6 +38,7 @@ struct SimFlags {
   std::string csv = "sim_sweep.csv";
   std::string svg = "sim_sweep.svg";
   int incidents = 0;
+  bool compare = false;
 };
 
 std::string Fmt(const char* format, double v) {
@@ -92,9 +94,34 @@ void PrintHeader(const SimConfig& c) {
       FormatDuration(c.ckpt_interval).c_str(), FormatDuration(c.ckpt_write).c_str(),
       FormatDuration(c.restart).c_str(), FormatDuration(c.detect).c_str(),
       FormatDuration(c.repair).c_str(), static_cast<long long>(c.spares));
+  std::printf("\n");
   if (c.straggler_share > 0) {
-    std::printf(", stragglers %.3g%% at %.2gx detected after %s", 100 * c.straggler_share,
-                c.straggler_factor, FormatDuration(c.straggler_detect).c_str());
+    std::printf(
+        "  stragglers %.3g%% of joining nodes at %.3g-%.3gx, flagged above %.3gx after %lld "
+        "steps, mitigation %s\n",
+        100 * c.straggler_share, c.straggler_factor, c.StragglerFactorMax(), 1 + c.straggler_theta,
+        static_cast<long long>(c.straggler_window), c.straggler_mitigation ? "on" : "off");
+  }
+  if (c.sdc_rate > 0) {
+    if (c.sdc_check_every > 0) {
+      std::printf("  SDC %.3g per 1000 node-days, checked every %lld steps\n", c.sdc_rate,
+                  static_cast<long long>(c.sdc_check_every));
+    } else {
+      std::printf("  SDC %.3g per 1000 node-days, no check (a loss spike shows it after %s)\n",
+                  c.sdc_rate, FormatDuration(c.sdc_undetected_cost).c_str());
+    }
+  }
+  std::printf("  multi-strike quarantine %s (%lld soft strikes in %s)",
+              c.multi_strike ? "on" : "off", static_cast<long long>(c.soft_strikes),
+              FormatDuration(c.soft_window).c_str());
+  if (c.flaky_share > 0) {
+    std::printf(", flaky nodes %.3g%% (%.3gx soft failures)", 100 * c.flaky_share, c.flaky_factor);
+  }
+  if (c.health_check) {
+    std::printf(", health check %s (recall %.2g)", FormatDuration(c.health_check_time).c_str(),
+                c.health_check_recall);
+  } else {
+    std::printf(", no health check");
   }
   std::printf("\n\n");
 }
@@ -138,6 +165,22 @@ Json ConfigJson(const SimConfig& c) {
               {"repair_s", Seconds(c.repair)},
               {"spares", c.spares},
               {"stragglers", c.straggler_share},
+              {"straggler_factor", c.straggler_factor},
+              {"straggler_factor_max", c.StragglerFactorMax()},
+              {"straggler_window", c.straggler_window},
+              {"straggler_theta", c.straggler_theta},
+              {"straggler_mitigation", c.straggler_mitigation},
+              {"sdc_rate_per_1000_node_days", c.sdc_rate},
+              {"sdc_check_every", c.sdc_check_every},
+              {"sdc_undetected_cost_s", Seconds(c.sdc_undetected_cost)},
+              {"multi_strike", c.multi_strike},
+              {"soft_strikes", c.soft_strikes},
+              {"soft_window_s", Seconds(c.soft_window)},
+              {"flaky_share", c.flaky_share},
+              {"flaky_factor", c.flaky_factor},
+              {"health_check", c.health_check},
+              {"health_check_time_s", Seconds(c.health_check_time)},
+              {"health_check_recall", c.health_check_recall},
               {"runs", c.runs},
               {"seed", c.seed}};
 }
@@ -181,6 +224,13 @@ int RunSimulation(const SimConfig& c, const SimFlags& flags) {
              {"restarts", s.restarts},
              {"replacements", s.replacements},
              {"stragglers", s.stragglers},
+             {"stragglers_flagged", s.stragglers_flagged},
+             {"straggler_moves", s.straggler_moves},
+             {"sdc_events", s.sdc_events},
+             {"sdc_detected", s.sdc_detected},
+             {"sdc_undetected", s.sdc_undetected},
+             {"quarantines", s.quarantines},
+             {"health_check_refusals", s.health_check_refusals},
              {"gave_up_runs", s.gave_up},
              {"stop_reason", s.first_stop_reason},
              {"runs", s.runs},
@@ -203,8 +253,20 @@ int RunSimulation(const SimConfig& c, const SimFlags& flags) {
   }
   std::printf("failures    %.1f per run (restarts %.1f, nodes replaced %.1f", s.failures,
               s.restarts, s.replacements);
-  if (c.straggler_share > 0) std::printf(", stragglers %.1f", s.stragglers);
-  std::printf(")\nproductive  %s of %s wall per run\n",
+  std::printf(")\n");
+  if (c.straggler_share > 0) {
+    std::printf("stragglers  %.1f per run joined, %.1f flags, %.1f swapped or evicted\n",
+                s.stragglers, s.stragglers_flagged, s.straggler_moves);
+  }
+  if (c.sdc_rate > 0) {
+    std::printf("SDC         %.1f per run: %.1f found by the check, %.1f by a loss spike\n",
+                s.sdc_events, s.sdc_detected, s.sdc_undetected);
+  }
+  if (s.quarantines > 0 || s.health_check_refusals > 0 || c.flaky_share > 0) {
+    std::printf("isolation   %.1f quarantines per run, %.1f nodes refused by the health check\n",
+                s.quarantines, s.health_check_refusals);
+  }
+  std::printf("productive  %s of %s wall per run\n",
               FormatDuration(FromSeconds(s.productive_s)).c_str(),
               FormatDuration(FromSeconds(s.wall_s)).c_str());
   if (s.gave_up > 0) {
@@ -228,7 +290,9 @@ int RunSimulation(const SimConfig& c, const SimFlags& flags) {
   if (!s.incidents.empty()) {
     std::printf("\nfirst %zu decisions of run 0\n", s.incidents.size());
     for (const sim::Incident& in : s.incidents) {
-      std::printf("  %9s  %s\n", FormatDuration(in.time).c_str(), in.reason.c_str());
+      std::printf("  %9s  %s %s: %s\n", FormatDuration(in.time).c_str(),
+                  std::string(sim::IncidentKindName(in.kind)).c_str(), in.action.c_str(),
+                  in.reason.c_str());
     }
   }
   std::printf("\n");
@@ -289,6 +353,56 @@ int RunSweep(const SimConfig& c, const SimFlags& flags) {
   return kExitOk;
 }
 
+int RunCompare(const SimConfig& c, const SimFlags& flags) {
+  auto start = std::chrono::steady_clock::now();
+  std::vector<sim::MechanismRow> rows = sim::CompareMechanisms(c);
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (flags.json) {
+    Json out = Json::array();
+    for (const sim::MechanismRow& r : rows) {
+      out.push_back(Json{{"mechanism", std::string(sim::MechanismName(r.mechanism))},
+                         {"knob", std::string(sim::MechanismKnob(r.mechanism))},
+                         {"ettr_on", r.on.ettr},
+                         {"ettr_on_ci95", Json::array({r.on.ci95_low, r.on.ci95_high})},
+                         {"ettr_off", r.off.ettr},
+                         {"ettr_off_ci95", Json::array({r.off.ci95_low, r.off.ci95_high})},
+                         {"difference", r.diff},
+                         {"difference_ci95", Json::array({r.diff_ci95_low, r.diff_ci95_high})},
+                         {"gave_up_runs_on", r.on.gave_up},
+                         {"gave_up_runs_off", r.off.gave_up}});
+    }
+    std::printf("%s\n", Json{{"seed", c.seed},
+                             {"runs", c.runs},
+                             {"config", ConfigJson(c)},
+                             {"mechanisms", out},
+                             {"elapsed_s", elapsed}}
+                            .dump()
+                            .c_str());
+    return kExitOk;
+  }
+  PrintHeader(c);
+  std::printf(
+      "what each mechanism is worth: ETTR with it on and off, the others as set, same %lld "
+      "seeds (95%% CI; the difference is paired)\n",
+      static_cast<long long>(c.runs));
+  std::printf("  %-24s %-25s %-25s %s\n", "mechanism", "ETTR on", "ETTR off", "difference");
+  auto cell = [](const sim::Summary& s) {
+    return Fmt("%.4f", s.ettr) + " [" + Fmt("%.4f", s.ci95_low) + ", " + Fmt("%.4f", s.ci95_high) +
+           "]";
+  };
+  for (const sim::MechanismRow& r : rows) {
+    std::printf("  %-24s %-25s %-25s %+.4f [%+.4f, %+.4f]\n",
+                std::string(sim::MechanismName(r.mechanism)).c_str(), cell(r.on).c_str(),
+                cell(r.off).c_str(), r.diff, r.diff_ci95_low, r.diff_ci95_high);
+  }
+  if (c.sdc_check_every == 0) {
+    std::printf("  (SDC check on: every %lld steps, as --sdc-check-every is 0)\n",
+                static_cast<long long>(sim::kDefaultSdcCheckEvery));
+  }
+  std::printf("\nsimulated %zu x 2 experiments in %.2f s\n", rows.size(), elapsed);
+  return kExitOk;
+}
+
 int Run(const SimFlags& flags) {
   Result<SimConfig> config = BuildConfig(flags);
   if (!config.ok()) {
@@ -297,6 +411,7 @@ int Run(const SimFlags& flags) {
   }
   if (flags.analytic) return RunAnalytic(*config, flags.json);
   if (!flags.sweep.empty()) return RunSweep(*config, flags);
+  if (flags.compare) return RunCompare(*config, flags);
   return RunSimulation(*config, flags);
 }
 
@@ -337,6 +452,9 @@ Verb AddSimVerb(CLI::App& root) {
   cmd->add_option("--incidents", flags->incidents,
                   "print the first N recovery decisions of run 0 with their reasons")
       ->type_name("N");
+  cmd->add_flag("--compare-mechanisms", flags->compare,
+                "simulate with each mechanism (straggler mitigation, SDC check, multi-strike "
+                "quarantine, health check) on and off: ETTR and the difference, 95% CI");
   Verb verb;
   verb.command = cmd;
   verb.run = [cmd, flags, knob_values] {

@@ -51,6 +51,9 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", o.log_every, "Progress line every N steps");
   app.add_option("--metrics-file", o.metrics_file, "Append progress as JSON lines to this file");
   app.add_option("--eval-batches", o.eval_batches, "Validation micro-batches at the end");
+  app.add_option("--eval-every", o.eval_every,
+                 "Evaluate every N steps, in the client phase \"eval\" (0: never)");
+  app.add_option("--eval-steps", o.eval_steps, "Forward passes on held-out batches per evaluation");
   app.add_option("--sample-tokens", o.sample_tokens, "Bytes of text generated at the end");
   app.add_option("--sample-prompt", o.sample_prompt, "Prompt of the final sample");
   app.add_option("--threads", o.threads, "Threads per rank (0: OMP_NUM_THREADS, else 1)");
