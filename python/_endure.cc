@@ -161,6 +161,7 @@ PYBIND11_MODULE(_endure, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("should_skip", &Session::ShouldSkip)
       .def("set_tokens_per_step", &Session::SetTokensPerStep)
+      .def("set_total_steps", &Session::SetTotalSteps)
       .def("announce_stack_signal",
            [](Session& s, int signal) {
              endure::Status st = s.AnnounceStackSignal(signal);

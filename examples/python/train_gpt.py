@@ -261,6 +261,7 @@ def main(argv) -> int:
     except ValueError as e:
         print(f"train_gpt.py: {e}", file=sys.stderr)
         return 2
+    session.set_total_steps(args.steps)
     if session.checkpoint_every is not None:
         args.ckpt_every = session.checkpoint_every
     world = int(os.environ.get("WORLD_SIZE", "1") or "1")

@@ -57,7 +57,7 @@
 //   {"type":"ready","start_step":N,"restore_s":x,"init_s":y}
 //   {"type":"heartbeat","step":N}   N: steps completed (-1 before Ready)
 //   {"type":"step","step":N,"loss":x|null,"compute_s":a,"comm_s":b,"ckpt_stall_s":c,
-//    "checkpoint_step":k[,"tokens":T]}
+//    "checkpoint_step":k[,"tokens":T][,"total_steps":S]}
 //       N: steps completed, i.e. step index + 1; k: the step a checkpoint was
 //       committed at during this step, or -1. A non-finite loss is sent as
 //       the string "nan", "inf" or "-inf" (JSON has no such numbers). T:
@@ -305,6 +305,11 @@ class Session {
   // Tokens the whole job processes per step, sent as "tokens" in each
   // "step" datagram from now on (0: not sent).
   void SetTokensPerStep(int64_t tokens);
+
+  // The steps this run will train in all, sent as "total_steps" in each
+  // "step" datagram from now on (0: not sent): the controller weighs what a
+  // straggler costs over the remaining ones.
+  void SetTotalSteps(int64_t steps);
 
   // Datagrams dropped so far because the agent could not take them.
   int64_t dropped() const;

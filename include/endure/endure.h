@@ -71,6 +71,8 @@ int endure_should_skip(const endure_session* session, int64_t step);
 void endure_end_skipped_step(endure_session* session, int64_t step, double ckpt_stall_s,
                              int64_t checkpoint_step);
 void endure_set_tokens_per_step(endure_session* session, int64_t tokens);
+// The steps the run trains in all (Session::SetTotalSteps); 0: unknown.
+void endure_set_total_steps(endure_session* session, int64_t steps);
 /* Seconds since the process (or a warm standby's assignment) started. */
 double endure_seconds_since_process_start(void);
 

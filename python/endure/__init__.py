@@ -264,6 +264,12 @@ class Session:
         self._step_started = time.monotonic()
         self._impl.begin_step(int(step))
 
+    def set_total_steps(self, steps: int) -> None:
+        """The steps this run trains in all, sent with every step from now
+        on: the controller weighs what a straggler costs over the remaining
+        ones (0: unknown)."""
+        self._impl.set_total_steps(int(steps))
+
     def end_step(self, step: int, loss=None, compute_s: Optional[float] = None,
                  comm_s: Optional[float] = None, tokens: Optional[int] = None):
         """Step index `step` finished. Returns the loss to log: NaN when an

@@ -369,6 +369,7 @@ void Agent::HandleDatagram(std::string_view bytes) {
     const bool no_loss = m->skipped || !m->loss.has_value();
     s->set_skipped(no_loss);
     s->set_tokens(m->tokens);
+    s->set_total_steps(m->total_steps);
     s->set_loss(no_loss ? 0.0 : *m->loss);
     s->set_compute_s(m->compute_s);
     s->set_comm_s(m->comm_s);

@@ -177,6 +177,7 @@ Result<DatagramMessage> ParseMessage(const std::string& type, const Json& j, int
       ENDURE_ASSIGN_OR_RETURN(m.loss, Loss(j));
     }
     ENDURE_ASSIGN_OR_RETURN(m.tokens, Int(j, "tokens", 0, kMaxCount, 0));
+    ENDURE_ASSIGN_OR_RETURN(m.total_steps, Int(j, "total_steps", 0, kMaxCount, 0));
     ENDURE_ASSIGN_OR_RETURN(m.compute_s, Real(j, "compute_s", 0, kMaxSeconds, 0.0));
     ENDURE_ASSIGN_OR_RETURN(m.comm_s, Real(j, "comm_s", 0, kMaxSeconds, 0.0));
     ENDURE_ASSIGN_OR_RETURN(m.ckpt_stall_s, Real(j, "ckpt_stall_s", 0, kMaxSeconds, 0.0));

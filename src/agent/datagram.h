@@ -51,7 +51,8 @@ struct StepMessage {
   // nullopt: none reported (absent or null). NaN and +-infinity arrive as
   // the strings "nan", "inf" and "-inf" (JSON has no such numbers).
   std::optional<double> loss;
-  int64_t tokens = 0;  // 0: unknown
+  int64_t tokens = 0;       // 0: unknown
+  int64_t total_steps = 0;  // the steps the run trains in all; 0: unknown
   double compute_s = 0;
   double comm_s = 0;
   double ckpt_stall_s = 0;

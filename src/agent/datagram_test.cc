@@ -41,7 +41,8 @@ TEST(ParseDatagram, ReadsAStepAsTheClientSendsIt) {
             {"comm_s", 0.01},
             {"ckpt_stall_s", 0.0},
             {"checkpoint_step", 10},
-            {"tokens", 4096}});
+            {"tokens", 4096},
+            {"total_steps", 500}});
   Result<Datagram> d = Parse(j);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d->token, "c0ffee");
@@ -54,6 +55,7 @@ TEST(ParseDatagram, ReadsAStepAsTheClientSendsIt) {
   EXPECT_EQ(m.step, 12);
   EXPECT_EQ(m.loss, 2.5);
   EXPECT_EQ(m.tokens, 4096);
+  EXPECT_EQ(m.total_steps, 500);
   EXPECT_DOUBLE_EQ(m.compute_s, 0.05);
   EXPECT_DOUBLE_EQ(m.comm_s, 0.01);
   EXPECT_EQ(m.checkpoint_step, 10);

@@ -145,6 +145,10 @@ void endure_set_tokens_per_step(endure_session* s, int64_t tokens) {
   if (s) s->session->SetTokensPerStep(tokens);
 }
 
+void endure_set_total_steps(endure_session* s, int64_t steps) {
+  if (s) s->session->SetTotalSteps(steps);
+}
+
 double endure_seconds_since_process_start(void) { return endure::SecondsSinceProcessStart(); }
 
 endure_status endure_phase(endure_session* s, const char* name) {

@@ -158,6 +158,7 @@ struct Session::Impl {
   std::vector<PendingFault> faults;  // only touched by the training thread
   double slow_factor = 1.0;          // active slow fault; training thread only
   int64_t tokens_per_step = 0;       // training thread only
+  int64_t total_steps = 0;           // training thread only
   std::string phase = "train";       // training thread only
   int64_t sdc_check_every = 0;
   // comm-slow (training thread only): the active factor, the last step's
@@ -396,6 +397,8 @@ bool Session::memory_checkpoints() const { return !impl_->t0_dir.empty(); }
 const std::string& Session::stacks_file() const { return impl_->stacks_file; }
 const std::vector<int64_t>& Session::skip_steps() const { return impl_->skip_steps; }
 void Session::SetTokensPerStep(int64_t tokens) { impl_->tokens_per_step = tokens; }
+
+void Session::SetTotalSteps(int64_t steps) { impl_->total_steps = std::max<int64_t>(0, steps); }
 int64_t Session::dropped() const { return impl_->dropped.load(); }
 const std::string& Session::current_phase() const { return impl_->phase; }
 int64_t Session::sdc_check_every() const { return impl_->sdc_check_every; }
@@ -653,6 +656,7 @@ std::optional<double> Session::EndStep(int64_t step_index, std::optional<double>
     j["ckpt_stall_s"] = ckpt_stall_s;
     j["checkpoint_step"] = checkpoint_step;
     if (s.tokens_per_step > 0) j["tokens"] = s.tokens_per_step;
+    if (s.total_steps > 0) j["total_steps"] = s.total_steps;
     s.Send(j.dump(), /*retry=*/false);
   }
   return logged;

@@ -274,14 +274,17 @@ TEST(Session, SendsReadyStepAndHeartbeatDatagrams) {
   s->SetTokensPerStep(4096);
   s->EndStep(12, 2.4, 0.1, 0.02, 0, -1);
   EXPECT_EQ(r.NextReport()["tokens"], 4096);
+  s->SetTotalSteps(500);
+  s->EndStep(13, 2.4, 0.1, 0.02, 0, -1);
+  EXPECT_EQ(r.NextReport()["total_steps"], 500);
 
   // Heartbeats carry the steps completed.
   const auto deadline = Clock::now() + std::chrono::seconds(5);
   while (true) {
     Json j = r.Next();
     ASSERT_FALSE(j.is_discarded());
-    ASSERT_LT(Clock::now(), deadline) << "no heartbeat with step 13";
-    if (j["type"] == "heartbeat" && j["step"] == 13) break;
+    ASSERT_LT(Clock::now(), deadline) << "no heartbeat with step 14";
+    if (j["type"] == "heartbeat" && j["step"] == 14) break;
   }
   EXPECT_EQ(s->dropped(), 0);
 }

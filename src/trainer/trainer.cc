@@ -706,6 +706,7 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
   const int per_rank = options.global_batch / dist.world_size;
   model->train();
   session.SetTokensPerStep(int64_t{options.global_batch} * options.model.context);
+  session.SetTotalSteps(options.steps);
   session.Ready(summary.start_step, restore_s, SecondsSinceProcessStart());
   double loss = std::nan("");
   for (int64_t step = summary.start_step; step < options.steps; ++step) {
