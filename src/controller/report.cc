@@ -59,6 +59,7 @@ Json IncidentJson(const core::Incident& inc, core::TimePoint start) {
   j["restore"] = inc.restore;
   j["log_line"] = inc.log_line;
   j["stacks"] = inc.stacks;
+  j["suspects"] = inc.suspects;
   return j;
 }
 
@@ -188,6 +189,10 @@ Json BuildReport(const ReportInputs& in) {
   report["generations"] = m.generations_started();
   report["checkpoints"] = m.checkpoints().size();
   report["nodes"] = in.nodes;
+  // Nodes that registered but may not run the job, and why.
+  Json refused = Json::object();
+  for (const auto& [name, why] : in.machine.RefusedNodes()) refused[name] = why;
+  report["refused_nodes"] = refused;
   AddAccounting(report, ledger_s, wall_s, m.incidents(), in.start);
   return report;
 }
@@ -353,6 +358,11 @@ std::string RenderRunReport(const Json& r) {
     for (const Json& n : r["nodes"]) nodes += (nodes.empty() ? "" : ",") + Str(n);
     facts.push_back("nodes " + nodes);
   }
+  if (r.contains("refused_nodes") && r["refused_nodes"].is_object()) {
+    for (const auto& [name, why] : r["refused_nodes"].items()) {
+      facts.push_back("refused " + name + " (" + Str(why) + ")");
+    }
+  }
   if (!facts.empty()) {
     std::string joined;
     for (const std::string& f : facts) joined += (joined.empty() ? "" : "; ") + f;
@@ -429,6 +439,11 @@ std::string RenderRunReport(const Json& r) {
       if (!text.empty() && text != "-") out << pad << label << ": " << text << "\n";
     };
     detail("reason", Str(inc.value("reason", Json())));
+    std::string suspects;
+    for (const Json& s : inc.value("suspects", Json::array())) {
+      suspects += (suspects.empty() ? "" : ", ") + Str(s);
+    }
+    detail("suspects", suspects);
     detail("restore", Str(inc.value("restore", Json())));
     std::string phases;
     for (const char* key : {"teardown_s", "wait_s", "relaunch_s", "restore_s"}) {

@@ -13,9 +13,10 @@ namespace endure::controller {
 namespace {
 
 // Version 1 held one job; version 2 holds runs (see state_store.h); version
-// 3 adds each run's journal and spec digest. Bump it with every change to
-// kSchema, and add the step from the version before to Migrate.
-constexpr int kSchemaVersion = 3;
+// 3 adds each run's journal and spec digest; 4 each incident's suspects.
+// Bump it with every change, and add the step from the version before to
+// Migrate.
+constexpr int kSchemaVersion = 4;
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE runs (
@@ -86,6 +87,12 @@ CREATE TABLE journal (
   event TEXT NOT NULL,
   PRIMARY KEY (run, seq)
 );
+)sql";
+
+// Version 3 -> 4 (and the last step of every database's schema): the nodes
+// an incident's localization named, a JSON array of names.
+constexpr char kIncidentSuspects[] = R"sql(
+ALTER TABLE incidents ADD COLUMN suspects TEXT NOT NULL DEFAULT '[]';
 )sql";
 
 // Version 2 -> 3, with kJournalTable.
@@ -233,10 +240,11 @@ Status StateStore::Init() {
   if (!version) {
     if (Status st = Exec(kSchema); !st.ok()) return rollback(st);
     if (Status st = Exec(kJournalTable); !st.ok()) return rollback(st);
+    if (Status st = Exec(kIncidentSuspects); !st.ok()) return rollback(st);
     Statement ins(db_.get(), "INSERT INTO schema_version (version) VALUES (?)");
     ins.Bind(1, int64_t{kSchemaVersion});
     if (ins.Step() != SQLITE_DONE) return rollback(Error("writing the schema version"));
-  } else if (*version == 1 || *version == 2) {
+  } else if (*version >= 1 && *version < kSchemaVersion) {
     if (Status st = Migrate(static_cast<int>(*version)); !st.ok()) return rollback(st);
   } else if (*version != kSchemaVersion) {
     return rollback(DataLoss(path_ + ": controller database of schema version " +
@@ -251,9 +259,10 @@ Status StateStore::Init() {
 Status StateStore::Migrate(int from) {
   // Inside Init's transaction: a failure leaves the older database as it was.
   const std::string what = "migrating from schema version " + std::to_string(from);
-  const std::vector<const char*> steps =
-      from == 1 ? std::vector<const char*>{kRenameVersion1, kSchema, kJournalTable, kMigrateFrom1}
-                : std::vector<const char*>{kMigrateFrom2, kJournalTable};
+  std::vector<const char*> steps;
+  if (from == 1) steps = {kRenameVersion1, kSchema, kJournalTable, kMigrateFrom1};
+  if (from == 2) steps = {kMigrateFrom2, kJournalTable};
+  steps.push_back(kIncidentSuspects);  // 3 -> 4, the last step of each
   for (const char* sql : steps) {
     if (sqlite3_exec(db_.get(), sql, nullptr, nullptr, nullptr) != SQLITE_OK) {
       return Error(what);
@@ -422,8 +431,8 @@ Status StateStore::SaveIncident(const core::Incident& inc, core::TimePoint job_s
   Statement s(db_.get(), R"sql(
     INSERT OR REPLACE INTO incidents (id, generation, cause, rank, node, node_name, injected_at,
       fault_at, detected_at, stopped_at, relaunched_at, ready_at, recovered_at, restore_s,
-      failed_at_step, restored_step, action, reason, log_line, stacks, run)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?))sql");
+      failed_at_step, restored_step, action, reason, log_line, stacks, run, suspects)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?))sql");
   if (!s.prepared()) return Error("saving an incident");
   s.Bind(21, int64_t{run_});
   s.Bind(1, int64_t{inc.id});
@@ -447,6 +456,7 @@ Status StateStore::SaveIncident(const core::Incident& inc, core::TimePoint job_s
   s.Bind(19, inc.log_line);
   // A JSON array keeps each rank's multi-line stack intact.
   s.Bind(20, nlohmann::json(inc.stacks).dump());
+  s.Bind(22, nlohmann::json(inc.suspects).dump());
   if (s.Step() != SQLITE_DONE) return Error("saving incident " + std::to_string(inc.id));
   return Status::Ok();
 }
@@ -455,7 +465,7 @@ Result<std::vector<core::Incident>> StateStore::LoadIncidents(core::TimePoint jo
   Statement q(db_.get(), R"sql(
     SELECT id, generation, cause, rank, node, node_name, injected_at, fault_at, detected_at,
       stopped_at, relaunched_at, ready_at, recovered_at, restore_s, failed_at_step,
-      restored_step, action, reason, log_line, stacks FROM incidents WHERE run = ?
+      restored_step, action, reason, log_line, stacks, suspects FROM incidents WHERE run = ?
     ORDER BY id)sql");
   if (!q.prepared()) return Error("loading the incidents");
   q.Bind(1, int64_t{RunOrCurrent(run)});
@@ -489,6 +499,13 @@ Result<std::vector<core::Incident>> StateStore::LoadIncidents(core::TimePoint jo
     }
     for (const nlohmann::json& s : stacks) {
       if (s.is_string()) inc.stacks.push_back(s.get<std::string>());
+    }
+    // Names only; anything else in a damaged row is dropped.
+    nlohmann::json suspects = nlohmann::json::parse(q.Text(20), nullptr, false);
+    if (suspects.is_array()) {
+      for (const nlohmann::json& s : suspects) {
+        if (s.is_string()) inc.suspects.push_back(s.get<std::string>());
+      }
     }
     out.push_back(std::move(inc));
   }

@@ -115,6 +115,14 @@ std::vector<NodeId> JobMachine::NodesUp() const {
   return out;
 }
 
+std::map<std::string, std::string> JobMachine::RefusedNodes() const {
+  std::map<std::string, std::string> out;
+  for (const auto& [id, node] : nodes_) {
+    if (!node.refused.empty()) out[node.name] = node.refused;
+  }
+  return out;
+}
+
 std::vector<NodeId> JobMachine::HealthyNodes() const {
   // Previous members first, in their order, so that ranks stay where they were.
   std::vector<NodeId> out;

@@ -369,6 +369,9 @@ class JobMachine {
   NodeId NodeOfRank(Rank rank) const;
   // The nodes registered and not lost or evicted, ascending.
   std::vector<NodeId> NodesUp() const;
+  // The nodes that may not run the job (a failed health check, the ledger's
+  // quarantine), by name, with why.
+  std::map<std::string, std::string> RefusedNodes() const;
 
  private:
   struct Node {

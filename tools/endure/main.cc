@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
       endure::cli::AddSimVerb(app),        endure::cli::AddClassifyVerb(app),
       endure::cli::AddReportVerb(app),     endure::cli::AddRunVerb(app),
       endure::cli::AddControllerVerb(app), endure::cli::AddAgentVerb(app),
-      endure::cli::AddCertsVerb(app),
+      endure::cli::AddCertsVerb(app),      endure::cli::AddNodesVerb(app),
   };
 
   try {

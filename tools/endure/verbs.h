@@ -42,4 +42,7 @@ Verb AddRunVerb(CLI::App& root);
 // `endure certs`: the job's CA and mutual-TLS certificates (certs.cc).
 Verb AddCertsVerb(CLI::App& root);
 
+// `endure nodes`: the node health ledger, and releasing a node (nodes.cc).
+Verb AddNodesVerb(CLI::App& root);
+
 }  // namespace endure::cli
