@@ -411,4 +411,19 @@ HealthReport RunHealthCheck(const HealthCheckOptions& options) {
   return report;
 }
 
+std::string HealthFaultFor(std::string_view value, std::string_view node) {
+  if (value.find('=') == std::string_view::npos) return std::string(value);
+  while (!value.empty()) {
+    const size_t semi = value.find(';');
+    const std::string_view entry = value.substr(0, semi);
+    const size_t eq = entry.find('=');
+    if (eq != std::string_view::npos && entry.substr(0, eq) == node) {
+      return std::string(entry.substr(eq + 1));
+    }
+    if (semi == std::string_view::npos) break;
+    value.remove_prefix(semi + 1);
+  }
+  return "";
+}
+
 }  // namespace endure::agent

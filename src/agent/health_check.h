@@ -32,6 +32,12 @@ Result<HealthProbe> ParseHealthProbe(std::string_view name);
 // bad entry and listing the valid names.
 Result<std::set<HealthProbe>> ParseHealthFault(std::string_view text);
 
+// The part of an ENDURE_HEALTH_FAULT value for node `node`: the whole value
+// when it names no node ("matmul,disk"), else the probes after "NODE=" in
+// "node1=matmul;node2=disk" ("" when `node` is not named). For tests that
+// run every agent from one environment (`endure run`).
+std::string HealthFaultFor(std::string_view value, std::string_view node);
+
 struct HealthCheckOptions {
   // Where the disk probe writes its file: the node's checkpoint root or work
   // dir. Must be an existing, writable directory ("" fails the probe).

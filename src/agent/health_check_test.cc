@@ -170,6 +170,14 @@ TEST(HealthCheck, ProbeNamesRoundTrip) {
   }
 }
 
+TEST(HealthCheck, HealthFaultForPicksTheNodesEntry) {
+  EXPECT_EQ(HealthFaultFor("matmul,disk", "node1"), "matmul,disk");
+  EXPECT_EQ(HealthFaultFor("node1=matmul;node2=disk,memory", "node2"), "disk,memory");
+  EXPECT_EQ(HealthFaultFor("node1=matmul;node2=disk", "node1"), "matmul");
+  EXPECT_EQ(HealthFaultFor("node1=matmul", "node10"), "");
+  EXPECT_EQ(HealthFaultFor("node1=matmul;", "node3"), "");
+}
+
 TEST(HealthCheck, ParseHealthFault) {
   Result<std::set<HealthProbe>> none = ParseHealthFault("");
   ASSERT_TRUE(none.ok());

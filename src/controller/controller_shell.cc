@@ -874,6 +874,14 @@ void ControllerShell::RunOnce(bool block) {
   last_step_at_ = std::max(last_step_at_, std::min(item.at, now));
   const std::vector<core::JobAction> actions = Input(*item.event, last_step_at_);
   Execute(actions, now);
+  if (const auto* up = std::get_if<core::NodeUp>(&*item.event); up && !up->refused.empty()) {
+    // It may not run the job: its agent goes (a scheduler, or `endure run`,
+    // brings another node in its place).
+    proto::AgentCommand cmd;
+    cmd.set_generation(machine_.generation().value);
+    cmd.mutable_shutdown()->set_reason("refused: " + up->name + " " + up->refused);
+    Send(up->node, std::move(cmd));
+  }
   WriteStatus(now, !actions.empty() || machine_.incidents().size() != incidents_before);
 }
 

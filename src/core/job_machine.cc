@@ -645,6 +645,12 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     // The log says the node itself is bad (an Xid, an uncorrectable ECC
     // error); the policy isolates the node unless the cause is software.
     fe.node_fault_evidence = failure.log_action == LogAction::kEvictNode;
+    // Healthy registered nodes outside this generation: a replacement now.
+    for (NodeId n : HealthyNodes()) {
+      if (std::find(members_.begin(), members_.end(), n) == members_.end()) {
+        ++fe.spares_available;
+      }
+    }
     RecoveryDecision d = recovery_.Step(fe, now);
     inc.action = std::string(RecoveryActionName(d.action));
     reason += "; " + d.reason;
@@ -670,7 +676,9 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
       Strike(failure.node, failure.cause.name, failure.extra_reason, out);
       if (hard && evict.empty() && !stop) {
         evict.push_back(failure.node);
-        inc.action = std::string(RecoveryActionName(RecoveryAction::kEvictAndWaitForRepair));
+        inc.action = std::string(RecoveryActionName(fe.spares_available > 0
+                                                        ? RecoveryAction::kReplaceWithSpare
+                                                        : RecoveryAction::kEvictAndWaitForRepair));
         reason += "; " + failure.cause.name + " is a hard cause: the node is quarantined";
       }
     }

@@ -47,7 +47,7 @@ constexpr double kStep = 10;
 constexpr int64_t kCkptEvery = 40;  // steps: ckpt_interval 400 s
 constexpr double kCkptWrite = 10;
 constexpr double kRestart = 120;  // the start-up, and every restart
-constexpr double kDetect = 30;    // node_failure's detection latency
+constexpr double kDetect = 30;    // node_failure's detection latency: the exit is reported then
 constexpr double kRepair = 7200;
 constexpr int64_t kSdcEvery = 25;
 constexpr int kWindow = 20;  // the straggler detector's window, in steps
@@ -109,9 +109,9 @@ SimConfig Config() {
   c.repair = FromSeconds(kRepair);
   c.straggler_window = kWindow;
   c.sdc_check_every = kSdcEvery;
-  // The controller runs the health check in the agent before a node joins,
-  // at no cost to the decisions; the simulator would add its time to the
-  // straggler's restart cost.
+  // Off: the simulator would add the health check's time to the
+  // straggler's restart cost; the controller's estimate of it
+  // (isolation.restart_cost) leaves the check out.
   c.health_check = false;
   c.script = Script();
   Status s = Finalize(c);
@@ -119,7 +119,9 @@ SimConfig Config() {
   return c;
 }
 
-// One decision, as either path records it.
+// One decision, as either path records it. Equal: the same time, cause,
+// node and action; the reasons are compared apart, where the two paths'
+// words are the core's.
 struct Decision {
   double at = 0;
   std::string cause;
@@ -342,7 +344,7 @@ class ControllerPath {
       } else if (std::holds_alternative<core::StopGenerationAction>(a)) {
         stopped = true;
         running_ = false;
-        corrupt_.reset();  // every restart here restores a checkpoint before it
+        corrupt_.reset();  // the only stop after it is its own rollback
       } else if (const auto* s = std::get_if<core::StartGenerationAction>(&a)) {
         Start(*s);
       } else if (const auto* f = std::get_if<core::FinishAction>(&a)) {
@@ -496,19 +498,22 @@ TEST(CrossCheck, TheControllersCoreAndTheSimulatorDecideTheSameForOneScript) {
             (std::vector<std::string>{"2 straggler soft", "1 sdc hard", "3 node_failure soft",
                                       "3 node_failure soft", "3 node_failure soft"}));
 
-  // Where each generation ran and restored from: the spare replaces the
-  // straggler, the repaired node 2 replaces node 1, the repaired node 1
-  // replaces the quarantined node 3. Three replacements, as in the
-  // simulator.
-  using N = std::vector<NodeId>;
-  std::vector<N> nodes;
-  for (const core::StartGenerationAction& s : controller.starts) nodes.push_back(s.nodes);
-  EXPECT_EQ(nodes, (std::vector<N>{{NodeId{0}, NodeId{1}, NodeId{2}, NodeId{3}},
-                                   {NodeId{0}, NodeId{1}, NodeId{3}, NodeId{4}},
-                                   {NodeId{0}, NodeId{2}, NodeId{3}, NodeId{4}},
-                                   {NodeId{0}, NodeId{2}, NodeId{3}, NodeId{4}},
-                                   {NodeId{0}, NodeId{2}, NodeId{3}, NodeId{4}},
-                                   {NodeId{0}, NodeId{1}, NodeId{2}, NodeId{4}}}));
+  // Which nodes each generation ran on (as sets: the rank order is the
+  // machine's, the simulator's slots are its own) and where it restored
+  // from: the spare replaces the straggler, the repaired node 2 replaces
+  // node 1, the repaired node 1 replaces the quarantined node 3. Three
+  // replacements, as in the simulator.
+  std::vector<std::vector<int>> nodes;
+  for (const core::StartGenerationAction& s : controller.starts) {
+    std::vector<int> ids;
+    for (NodeId n : s.nodes) ids.push_back(n.value);
+    std::sort(ids.begin(), ids.end());
+    nodes.push_back(ids);
+  }
+  EXPECT_EQ(
+      nodes,
+      (std::vector<std::vector<int>>{
+          {0, 1, 2, 3}, {0, 1, 3, 4}, {0, 2, 3, 4}, {0, 2, 3, 4}, {0, 2, 3, 4}, {0, 1, 2, 4}}));
   EXPECT_EQ(controller.restored, (std::vector<int64_t>{0, 40, 1000, 1640, 2040, 2440}));
   EXPECT_EQ(sim.replacements, 3);
   EXPECT_EQ(sim.quarantines, 1);

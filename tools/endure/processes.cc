@@ -151,7 +151,7 @@ Verb AddAgentVerb(CLI::App& root) {
   cmd->add_flag("--no-health-check", *no_health,
                 "Register without the node's health check (known-answer matmul, memory, disk, "
                 "loopback collective); ENDURE_HEALTH_FAULT=matmul,memory,disk,loopback forces "
-                "probes to fail, for tests");
+                "probes to fail, for tests (NODE=PROBES;NODE=PROBES: only on the nodes named)");
   auto grace = std::make_shared<std::string>("5m");
   cmd->add_option("--controller-grace", *grace,
                   "How long the workers keep training while the controller cannot be reached "
@@ -176,7 +176,8 @@ Verb AddAgentVerb(CLI::App& root) {
             opts.controller_grace = *controller_grace;
             opts.health_check = !*no_health;
             if (const char* fault = std::getenv("ENDURE_HEALTH_FAULT"); fault && *fault) {
-              Result<std::set<agent::HealthProbe>> probes = agent::ParseHealthFault(fault);
+              Result<std::set<agent::HealthProbe>> probes =
+                  agent::ParseHealthFault(agent::HealthFaultFor(fault, opts.node_id));
               if (!probes.ok()) {
                 return Fail("agent",
                             InvalidArgument("ENDURE_HEALTH_FAULT: " + probes.status().message()));
