@@ -45,19 +45,30 @@ class ControlPlaneTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // A 2-node job of 30 steps with checkpoints every 5 (or the `checkpoint`
-  // section given), plus `extra` TOML.
-  std::string Spec(const std::string& name, const std::string& extra,
-                   const std::string& recovery = "",
-                   const std::string& checkpoint = "every_steps = 5\n") {
+  // The shape of a test job: `nodes` x `ranks_per_node` ranks of the small
+  // trainer for `steps` steps (with `trainer` flags more), then the
+  // [checkpoint] and [recovery] sections and `extra` TOML.
+  struct Shape {
+    int nodes = 2;
+    int ranks_per_node = 1;
+    int steps = 30;
+    std::string trainer;  // more trainer flags, TOML-quoted: "\"--eval-every\", \"10\", "
+  };
+  std::string SpecWith(const std::string& name, const Shape& shape, const std::string& extra,
+                       const std::string& recovery = "",
+                       const std::string& checkpoint = "every_steps = 5\n") {
     std::ostringstream s;
     s << "[job]\nname = \"" << name << "\"\n"
-      << "command = [\"" << ENDURE_TRAIN_BIN << "\", \"--steps\", \"30\", \"--layers\", \"2\", "
+      << "command = [\"" << ENDURE_TRAIN_BIN << "\", \"--steps\", \"" << shape.steps << "\", "
+      << "\"--layers\", \"2\", "
       << "\"--d-model\", \"64\", \"--context\", \"64\", \"--global-batch\", \"16\", "
-      << "\"--micro-batch\", \"8\", \"--threads\", \"1\", \"--log-every\", \"5\", "
-      << "\"--eval-batches\", \"1\", \"--sample-tokens\", \"16\", "
+      // The global batch of 16 split among the ranks (8 each for two).
+      << "\"--micro-batch\", \"" << std::max(1, 16 / (shape.nodes * shape.ranks_per_node))
+      << "\", \"--threads\", \"1\", \"--log-every\", \"5\", "
+      << "\"--eval-batches\", \"1\", \"--sample-tokens\", \"16\", " << shape.trainer
       << "\"--data\", \"" << data_ << "\"]\n"
-      << "nodes = 2\nranks_per_node = 1\nstate_dir = \"" << (dir_ / name).string() << "\"\n"
+      << "nodes = " << shape.nodes << "\nranks_per_node = " << shape.ranks_per_node
+      << "\nstate_dir = \"" << (dir_ / name).string() << "\"\n"
       << "[checkpoint]\n"
       << checkpoint << "[recovery]\nrepair_delay = \"1s\"\nbackoff_initial = \"0s\"\n"
       << recovery << extra;
@@ -65,7 +76,13 @@ class ControlPlaneTest : public ::testing::Test {
     std::ofstream(path) << s.str();
     return path.string();
   }
-
+  // A 2-node job of 30 steps with checkpoints every 5 (or the `checkpoint`
+  // section given), plus `extra` TOML.
+  std::string Spec(const std::string& name, const std::string& extra,
+                   const std::string& recovery = "",
+                   const std::string& checkpoint = "every_steps = 5\n") {
+    return SpecWith(name, Shape{}, extra, recovery, checkpoint);
+  }
   // `endure run SPEC --quiet` while it runs; its output goes to DIR/NAME.out.
   // Interrupted (SIGINT) if it still runs when this goes away.
   struct Running {
@@ -90,11 +107,13 @@ class ControlPlaneTest : public ::testing::Test {
     std::optional<ExitStatus> exit;
   };
 
-  std::unique_ptr<Running> StartRun(const std::string& spec_path) {
+  std::unique_ptr<Running> StartRun(const std::string& spec_path,
+                                    std::vector<std::pair<std::string, std::string>> env = {}) {
     const fs::path out = dir_ / (fs::path(spec_path).stem().string() + ".out");
     return std::make_unique<Running>(
-        Subprocess::Start(
-            {.argv = {ENDURE_BIN, "run", spec_path, "--quiet"}, .output_path = out.string()})
+        Subprocess::Start({.argv = {ENDURE_BIN, "run", spec_path, "--quiet"},
+                           .env = std::move(env),
+                           .output_path = out.string()})
             .value());
   }
 
@@ -1692,6 +1711,251 @@ TEST_F(ControlPlaneTest, WithAStandbyAKilledLeaderIsTakenOverWithinTheLeaseBitEx
   const size_t first = log.find("leading job 'takeover'");
   ASSERT_NE(first, std::string::npos) << log;
   EXPECT_NE(log.find("leading job 'takeover'", first + 1), std::string::npos) << log;
+}
+
+// ---- Implicit failures and isolation (issue 12) ----
+
+class IsolationTest : public ControlPlaneTest {
+ protected:
+  // A failure-free run of `shape`'s parameters, computed once per name.
+  std::string ReferenceFor(const std::string& name, const Shape& shape) {
+    static std::map<std::string, std::string> fingerprints;
+    std::string& f = fingerprints[name];
+    if (f.empty()) {
+      JobResult r = Run(SpecWith(name, shape, ""));
+      EXPECT_TRUE(r.exit.Success()) << r.output;
+      f = r.report.value("param_fingerprint", "");
+      EXPECT_EQ(f.size(), 16u) << r.output;
+    }
+    return f;
+  }
+  // `endure nodes DIR --json`.
+  nlohmann::json Ledger(const fs::path& dir) {
+    testing_support::CommandOutcome out =
+        testing_support::RunCommand({ENDURE_BIN, "nodes", dir.string(), "--json"});
+    EXPECT_EQ(out.code, 0) << out.output;
+    return nlohmann::json::parse(out.output, nullptr, false);
+  }
+  // Whether `node` ran any rank of generation `generation` of job `name`.
+  bool Ran(const std::string& name, int generation, const std::string& node) {
+    const int world = 16;  // more than any test job has
+    for (int rank = 0; rank < world; ++rank) {
+      for (const std::string& n : NodesThatRan(name, generation, rank)) {
+        if (n == node) return true;
+      }
+    }
+    return false;
+  }
+  // The ledger's entry for `node` (null when it has none).
+  static nlohmann::json NodeIn(const nlohmann::json& ledger, const std::string& node) {
+    for (const nlohmann::json& n : ledger.value("nodes", nlohmann::json::array())) {
+      if (n.value("node", "") == node) return n;
+    }
+    return nullptr;
+  }
+};
+
+// A rank slowed 1.5x and 3x is flagged with its node within the detector's
+// window (20 steps) of the slowdown; kept (60 steps leave little to gain),
+// reported, and struck (soft) in the ledger.
+TEST_F(IsolationTest, ASlowRankIsFlaggedWithItsNodeWithinTheWindow) {
+  for (const char* factor : {"1.5", "3.0"}) {
+    SCOPED_TRACE(std::string("factor ") + factor);
+    const std::string name = std::string("slow") + (factor[0] == '1' ? "15" : "30");
+    Shape shape;
+    shape.steps = 60;
+    JobResult r = Run(SpecWith(name, shape,
+                               std::string("[[faults]]\nkind = \"slow\"\nrank = 1\nstep = 10\n"
+                                           "factor = ") +
+                                   factor + "\n"));
+    ASSERT_TRUE(r.exit.Success()) << r.output;
+    EXPECT_EQ(r.report.value("steps", 0), 60);
+    const nlohmann::json& incidents = r.report["incidents"];
+    ASSERT_EQ(incidents.size(), 1u) << incidents.dump(2);
+    const nlohmann::json& inc = incidents[0];
+    EXPECT_EQ(inc.value("cause", ""), "straggler");
+    EXPECT_EQ(inc.value("node", ""), "node1");
+    EXPECT_EQ(inc.value("rank", -1), 1);
+    EXPECT_EQ(inc.value("action", ""), "keep") << inc.dump(2);
+    EXPECT_GE(inc.value("failed_at_step", 0), 10) << inc.dump(2);
+    EXPECT_LE(inc.value("failed_at_step", 99), 10 + 20) << inc.dump(2);
+    EXPECT_EQ(inc["suspects"], nlohmann::json::array({"node1"}));
+    EXPECT_NE(inc.value("reason", "").find("keeping it costs"), std::string::npos);
+    EXPECT_EQ(r.report.value("generations", 0), 1);
+    const nlohmann::json node1 = NodeIn(Ledger(dir_ / name), "node1");
+    ASSERT_TRUE(node1.is_object());
+    EXPECT_EQ(node1.value("state", ""), "suspect");
+    EXPECT_EQ(node1["strikes"][0].value("cause", ""), "straggler");
+  }
+}
+
+// 500 steps of 4 ranks with nothing injected: no straggler, no hang, no
+// incident of any kind, no strike.
+TEST_F(IsolationTest, ACleanRunOf500StepsRaisesNoIncident) {
+  Shape shape;
+  shape.ranks_per_node = 2;
+  shape.steps = 500;
+  JobResult r = Run(SpecWith("clean500", shape, "", "", "every_steps = 50\n"));
+  ASSERT_TRUE(r.exit.Success()) << r.output;
+  EXPECT_EQ(r.report.value("steps", 0), 500);
+  EXPECT_TRUE(r.report["incidents"].empty()) << r.report["incidents"].dump(2);
+  EXPECT_TRUE(Ledger(dir_ / "clean500")["nodes"].empty());
+}
+
+// A flipped bit in rank 1's parameters (node0) after step 12 is caught at
+// the check of step 15: the job rolls back to the checkpoint of step 10,
+// node0 is struck (sdc, hard) and replaced, and the final parameters are a
+// failure-free run's.
+TEST_F(IsolationTest, ABitflipIsCaughtAtTheNextCheckAndTheJobEndsBitExact) {
+  Shape shape;
+  shape.ranks_per_node = 2;
+  const std::string reference = ReferenceFor("ref2x2", shape);
+  JobResult r = Run(SpecWith("bitflip", shape,
+                             "[detection]\nsdc_check_every = 5\n"
+                             "[[faults]]\nkind = \"bitflip\"\nrank = 1\nstep = 12\n"));
+  ASSERT_TRUE(r.exit.Success()) << r.output;
+  EXPECT_EQ(r.report.value("param_fingerprint", ""), reference) << r.output;
+  const nlohmann::json& incidents = r.report["incidents"];
+  ASSERT_EQ(incidents.size(), 1u) << incidents.dump(2);
+  const nlohmann::json& inc = incidents[0];
+  EXPECT_EQ(inc.value("cause", ""), "sdc");
+  EXPECT_EQ(inc.value("rank", -1), 1);
+  EXPECT_EQ(inc.value("node", ""), "node0");
+  EXPECT_EQ(inc["suspects"], nlohmann::json::array({"node0"}));
+  EXPECT_EQ(inc.value("action", ""), "rollback_and_evict");
+  // Detected at the check after the flip, restored from before it.
+  EXPECT_EQ(inc.value("failed_at_step", 0), 15) << inc.dump(2);
+  EXPECT_EQ(inc.value("restored_step", -1), 10) << inc.dump(2);
+  EXPECT_NE(inc.value("reason", "").find("step 15: rank 1's fingerprint"), std::string::npos)
+      << inc.dump(2);
+  const nlohmann::json node0 = NodeIn(Ledger(dir_ / "bitflip"), "node0");
+  ASSERT_TRUE(node0.is_object());
+  EXPECT_EQ(node0.value("state", ""), "quarantined");
+  EXPECT_EQ(node0["strikes"][0].value("cause", ""), "sdc");
+  EXPECT_EQ(node0["strikes"][0].value("class", ""), "hard");
+}
+
+// A hang of rank 1 of 2 nodes x 2 ranks: its stack (asleep in the client)
+// differs from the three others' (waiting in the allreduce), so its node is
+// the suspect, over-evicted and replaced; the job ends bit-exact.
+TEST_F(IsolationTest, AHangOnOneOfFourRanksNamesItsNode) {
+  Shape shape;
+  shape.ranks_per_node = 2;
+  const std::string reference = ReferenceFor("ref2x2", shape);
+  JobResult r = Run(SpecWith("hang4", shape, "[[faults]]\nkind = \"hang\"\nrank = 1\nstep = 14\n"));
+  ASSERT_TRUE(r.exit.Success()) << r.output;
+  EXPECT_EQ(r.report.value("param_fingerprint", ""), reference) << r.output;
+  const nlohmann::json& incidents = r.report["incidents"];
+  ASSERT_EQ(incidents.size(), 1u) << incidents.dump(2);
+  const nlohmann::json& inc = incidents[0];
+  EXPECT_EQ(inc.value("cause", ""), "hang");
+  EXPECT_EQ(inc["suspects"], nlohmann::json::array({"node0"})) << inc.dump(2);
+  EXPECT_EQ(inc.value("action", ""), "evict_suspects") << inc.dump(2);
+  EXPECT_NE(inc.value("reason", "").find("rank 1 differs"), std::string::npos) << inc.dump(2);
+  EXPECT_EQ(inc["stacks"].size(), 4u);
+}
+
+// An evaluation ten times longer than a step, every 10 steps, raises
+// nothing, and changes no parameter.
+TEST_F(IsolationTest, AnEvaluationTenTimesAStepRaisesNothing) {
+  const std::string reference = Reference(this);
+  Shape shape;
+  shape.trainer = "\"--eval-every\", \"10\", \"--eval-steps\", \"30\", ";
+  JobResult r = Run(SpecWith("eval", shape, ""));
+  ASSERT_TRUE(r.exit.Success()) << r.output;
+  EXPECT_TRUE(r.report["incidents"].empty()) << r.report["incidents"].dump(2);
+  EXPECT_EQ(r.report.value("param_fingerprint", ""), reference);
+  // The evaluations did run, and took longer than the 2 s hang floor's
+  // share of a step would allow.
+  const std::string log = WorkerLogs("eval", 0, 0);
+  EXPECT_NE(log.find("eval after step 10/30"), std::string::npos) << log;
+}
+
+// Rank 2's collectives fail (comm-fail): every rank's allreduce breaks, so
+// which node is at fault is ambiguous; the pairwise test names node2, which
+// is evicted and replaced.
+TEST_F(IsolationTest, ThePairwiseTestNamesTheNodeWithTheCollectiveFault) {
+  Shape shape;
+  shape.nodes = 4;
+  JobResult r =
+      Run(SpecWith("pairwise", shape, "[[faults]]\nkind = \"comm-fail\"\nrank = 2\nstep = 12\n"));
+  ASSERT_TRUE(r.exit.Success()) << r.output;
+  EXPECT_EQ(r.report.value("steps", 0), 30);
+  const nlohmann::json& incidents = r.report["incidents"];
+  ASSERT_EQ(incidents.size(), 1u) << incidents.dump(2);
+  const nlohmann::json& inc = incidents[0];
+  EXPECT_TRUE(inc.value("cause", "") == "comm_error" || inc.value("cause", "") == "gloo_error")
+      << inc.dump(2);
+  // The node that ran rank 2 (agents register in any order).
+  const std::vector<std::string> ran = NodesThatRan("pairwise", 0, 2);
+  ASSERT_EQ(ran.size(), 1u);
+  EXPECT_EQ(inc["suspects"], nlohmann::json::array({ran[0]})) << inc.dump(2);
+  EXPECT_EQ(inc.value("action", ""), "evict_suspects") << inc.dump(2);
+  EXPECT_NE(inc.value("reason", "").find(ran[0] + " is faulty"), std::string::npos) << inc.dump(2);
+  // Generation 1 ran on the replacement, not on the faulty node.
+  EXPECT_TRUE(Ran("pairwise", 1, "node4"));
+  EXPECT_FALSE(Ran("pairwise", 1, ran[0]));
+}
+
+// The ledger is the cluster's: a node struck hard in one job is refused by
+// the next job on the same [cluster] state_dir until an operator releases it.
+TEST_F(IsolationTest, AQuarantinedNodeIsNotUsedUntilReleased) {
+  const fs::path cluster = dir_ / "cluster";
+  const std::string shared = "[cluster]\nstate_dir = \"" + cluster.string() + "\"\n";
+  JobResult first =
+      Run(Spec("xid", shared + "[[faults]]\nkind = \"log\"\nrank = 1\nstep = 11\n"
+                               "line = \"NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has "
+                               "fallen off the bus.\"\n"));
+  ASSERT_TRUE(first.exit.Success()) << first.output;
+  // The node that ran rank 1 (agents register in any order).
+  const std::vector<std::string> ran = NodesThatRan("xid", 0, 1);
+  ASSERT_EQ(ran.size(), 1u);
+  const std::string bad = ran[0];
+  nlohmann::json struck = NodeIn(Ledger(cluster), bad);
+  ASSERT_TRUE(struck.is_object()) << Ledger(cluster).dump(2);
+  EXPECT_EQ(struck.value("state", ""), "quarantined");
+  EXPECT_EQ(struck["strikes"][0].value("cause", ""), "xid_79");
+  EXPECT_EQ(struck["strikes"][0].value("class", ""), "hard");
+
+  // Another job, the same cluster: the node registers and is refused.
+  JobResult second = Run(Spec("after", shared));
+  ASSERT_TRUE(second.exit.Success()) << second.output;
+  EXPECT_TRUE(second.report["incidents"].empty()) << second.report["incidents"].dump(2);
+  ASSERT_TRUE(second.report["refused_nodes"].contains(bad)) << second.report.dump(2);
+  EXPECT_NE(second.report["refused_nodes"][bad].get<std::string>().find("quarantined"),
+            std::string::npos);
+  EXPECT_FALSE(Ran("after", 0, bad));
+  EXPECT_TRUE(Ran("after", 0, "node2"));
+
+  // Released, it runs again.
+  testing_support::CommandOutcome release =
+      testing_support::RunCommand({ENDURE_BIN, "nodes", "release", bad, "--state-dir",
+                                   cluster.string(), "--note", "GPU replaced"});
+  ASSERT_EQ(release.code, 0) << release.output;
+  EXPECT_EQ(NodeIn(Ledger(cluster), bad).value("state", ""), "healthy");
+  JobResult third = Run(Spec("released", shared));
+  ASSERT_TRUE(third.exit.Success()) << third.output;
+  EXPECT_TRUE(third.report["refused_nodes"].empty()) << third.report.dump(2);
+  EXPECT_TRUE(Ran("released", 0, bad));
+}
+
+// A node whose health check fails (its matmul gives a wrong answer) is
+// refused before it runs anything, struck hard, and replaced.
+TEST_F(IsolationTest, TheHealthCheckRefusesANodeThatFailsIt) {
+  const std::string spec = Spec("health", "");
+  JobResult r = Finish(*StartRun(spec, {{"ENDURE_HEALTH_FAULT", "node1=matmul"}}), spec);
+  ASSERT_TRUE(r.exit.Success()) << r.output;
+  EXPECT_EQ(r.report.value("steps", 0), 30);
+  ASSERT_TRUE(r.report["refused_nodes"].contains("node1")) << r.report.dump(2);
+  EXPECT_NE(r.report["refused_nodes"]["node1"].get<std::string>().find("matmul FAILED"),
+            std::string::npos)
+      << r.report["refused_nodes"].dump(2);
+  EXPECT_FALSE(Ran("health", 0, "node1"));
+  EXPECT_TRUE(Ran("health", 0, "node2"));
+  const nlohmann::json node1 = NodeIn(Ledger(dir_ / "health"), "node1");
+  ASSERT_TRUE(node1.is_object());
+  EXPECT_EQ(node1["strikes"][0].value("cause", ""), "health_check_failed");
+  EXPECT_EQ(node1.value("state", ""), "quarantined");
 }
 
 }  // namespace

@@ -965,7 +965,9 @@ bool JobMachine::Localize(TimePoint now, std::vector<JobAction>& out) {
     if (it != nodes_.end() && it->second.up) nodes.push_back(n);
   }
   if (nodes.size() < 2) return false;
-  pairwise_.emplace(nodes, options_.isolation.pairwise);
+  std::map<NodeId, std::string> names;
+  for (NodeId n : nodes) names[n] = NodeName(n);
+  pairwise_.emplace(nodes, options_.isolation.pairwise, std::move(names));
   pairs_asked_ = pairwise_->FirstRound();
   pair_results_.clear();
   pairwise_deadline_ = now + options_.isolation.pairwise_timeout;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <set>
 
 namespace endure::core {
@@ -15,7 +16,11 @@ std::string Number(double x) {
   return buf;
 }
 
-std::string NodeName(NodeId node) { return "node " + std::to_string(node.value); }
+// "node0" where the caller named it, else "node 2".
+std::string NodeName(NodeId node, const std::map<NodeId, std::string>& names) {
+  auto it = names.find(node);
+  return it != names.end() ? it->second : "node " + std::to_string(node.value);
+}
 
 std::string Secs(double s) {
   char buf[32];
@@ -23,9 +28,9 @@ std::string Secs(double s) {
   return buf;
 }
 
-std::string Nodes(const std::vector<NodeId>& nodes) {
+std::string Nodes(const std::vector<NodeId>& nodes, const std::map<NodeId, std::string>& names) {
   std::string out;
-  for (NodeId n : nodes) out += (out.empty() ? "" : ", ") + NodeName(n);
+  for (NodeId n : nodes) out += (out.empty() ? "" : ", ") + NodeName(n, names);
   return out;
 }
 
@@ -41,8 +46,9 @@ double LowerMedian(std::vector<double> times) {
 // "node 2 + node 3 failed after 0.012s (Connection reset by peer)", "... slow:
 // 0.900s (9.0x 0.100s)", "... passed in 0.101s".
 std::string Describe(NodeId a, NodeId b, bool ok, bool slow, double seconds,
-                     const std::string& error, double reference) {
-  std::string s = NodeName(a) + " + " + NodeName(b);
+                     const std::string& error, double reference,
+                     const std::map<NodeId, std::string>& names) {
+  std::string s = NodeName(a, names) + " + " + NodeName(b, names);
   if (!ok) {
     s += " failed";
     if (seconds > 0) s += " after " + Secs(seconds);
@@ -69,8 +75,9 @@ Status PairwiseOptions::Validate() const {
   return Status::Ok();
 }
 
-PairwiseTest::PairwiseTest(std::vector<NodeId> nodes, PairwiseOptions options)
-    : nodes_(std::move(nodes)), options_(options) {
+PairwiseTest::PairwiseTest(std::vector<NodeId> nodes, PairwiseOptions options,
+                           std::map<NodeId, std::string> names)
+    : nodes_(std::move(nodes)), options_(options), names_(std::move(names)) {
   ENDURE_CHECK(nodes_.size() >= 2);
   ENDURE_CHECK(options_.Validate().ok());
   ENDURE_CHECK(std::set<NodeId>(nodes_.begin(), nodes_.end()).size() == nodes_.size());
@@ -142,7 +149,7 @@ std::variant<PairwiseTest::Pairs, PairwiseVerdict> PairwiseTest::FinishRound1(
     }
     suspect[IndexOf(o.a)] = suspect[IndexOf(o.b)] = true;
     findings += (findings.empty() ? "" : "; ") +
-                Describe(o.a, o.b, o.ok, o.slow, o.seconds, o.error, median);
+                Describe(o.a, o.b, o.ok, o.slow, o.seconds, o.error, median, names_);
   }
   std::vector<NodeId> partners;
   for (size_t i = 0; i < nodes_.size(); ++i) {
@@ -164,7 +171,7 @@ std::variant<PairwiseTest::Pairs, PairwiseVerdict> PairwiseTest::FinishRound1(
   if (partners.empty()) {
     PairwiseVerdict v;
     v.reason = round1_reason_ + "; no pair passed, so there is no healthy node to re-pair " +
-               Nodes(suspects_) + " with: unresolved";
+               Nodes(suspects_, names_) + " with: unresolved";
     return Done(std::move(v));
   }
   reference_s_ = LowerMedian(healthy_times);
@@ -186,7 +193,7 @@ PairwiseVerdict PairwiseTest::FinishRound2(std::vector<Outcome> outcomes) {
     if (!o.ok) v.faulty.push_back(o.a);
     if (o.slow) v.slow.push_back(o.a);
     findings += (findings.empty() ? "" : "; ") +
-                Describe(o.a, o.b, o.ok, o.slow, o.seconds, o.error, reference_s_);
+                Describe(o.a, o.b, o.ok, o.slow, o.seconds, o.error, reference_s_, names_);
   }
   v.reason = round1_reason_ + "; round 2 (reference " + Secs(reference_s_) + "): " + findings;
   v.resolved = !v.faulty.empty() || !v.slow.empty();
@@ -194,13 +201,14 @@ PairwiseVerdict PairwiseTest::FinishRound2(std::vector<Outcome> outcomes) {
     v.reason +=
         ": round 1's failures did not recur with healthy partners (a transient, or the "
         "link between the pair): unresolved among " +
-        Nodes(suspects_);
+        Nodes(suspects_, names_);
   } else {
     if (!v.faulty.empty()) {
-      v.reason += ": " + Nodes(v.faulty) + (v.faulty.size() == 1 ? " is" : " are") + " faulty";
+      v.reason +=
+          ": " + Nodes(v.faulty, names_) + (v.faulty.size() == 1 ? " is" : " are") + " faulty";
     }
     if (!v.slow.empty()) {
-      v.reason += (v.faulty.empty() ? ": " : ", ") + Nodes(v.slow) +
+      v.reason += (v.faulty.empty() ? ": " : ", ") + Nodes(v.slow, names_) +
                   (v.slow.size() == 1 ? " is" : " are") + " slow";
     }
   }

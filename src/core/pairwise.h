@@ -16,6 +16,7 @@
 // passes their results. Not thread-safe: one event loop owns an instance.
 #pragma once
 
+#include <map>
 #include <string>
 #include <utility>
 #include <variant>
@@ -76,7 +77,9 @@ class PairwiseTest {
   // `nodes`: at least two distinct nodes (ENDURE_CHECK), in the order that
   // decides round 1's neighbours (the caller's: rack order, say). `options`
   // must be valid (ENDURE_CHECK).
-  PairwiseTest(std::vector<NodeId> nodes, PairwiseOptions options);
+  // `names`: how reasons call the nodes ("node0"); "node N" for the others.
+  PairwiseTest(std::vector<NodeId> nodes, PairwiseOptions options,
+               std::map<NodeId, std::string> names = {});
 
   // Round 1's pairs. With an odd count the first node is in two pairs: the
   // caller runs those one after the other, or accepts that they share it.
@@ -115,6 +118,7 @@ class PairwiseTest {
 
   std::vector<NodeId> nodes_;
   PairwiseOptions options_;
+  std::map<NodeId, std::string> names_;
   int round_ = 1;
   bool done_ = false;
   Pairs pairs_;

@@ -357,6 +357,11 @@ std::string SignatureOf(const ParsedDump& d) {
   return sig;
 }
 
+// The main thread's line: where the training loop is.
+std::string MainSignatureOf(const ParsedDump& d) {
+  return d.main_thread < 0 ? "" : ThreadLine(d.threads[d.main_thread]);
+}
+
 }  // namespace
 
 std::string StackSignature(std::string_view dump) { return SignatureOf(Parse(dump)); }
@@ -372,7 +377,10 @@ StackGroups GroupStacks(const std::vector<std::pair<Rank, std::string>>& dumps) 
   for (const auto& [rank, dump] : dumps) {
     if (!seen.insert(rank).second) continue;
     ParsedDump parsed = Parse(dump);
-    std::string signature = SignatureOf(parsed);
+    // By the main thread: a communication library's send and receive
+    // threads, a data loader's workers, are caught in whatever state they
+    // happened to be in, and would split ranks stuck in the same place.
+    std::string signature = MainSignatureOf(parsed);
     entries.push_back(Entry{rank, std::move(signature), std::move(parsed)});
   }
   std::sort(entries.begin(), entries.end(),

@@ -47,6 +47,11 @@ namespace endure::core {
 // out, an empty dump).
 std::string StackSignature(std::string_view dump);
 
+// The ranks are grouped by their main thread's signature (the training
+// loop's thread: gdb's "Thread 1", faulthandler's oldest thread): the other
+// threads of a process (a communication library's send and receive threads,
+// data loader workers) are caught in whatever state they happened to be in,
+// and would split ranks that are stuck in the same place.
 struct StackGroups {
   // Ranks by signature, ascending within a group: the groups of ranks with a
   // stack, largest first (ties: the group with the lowest rank first), then,

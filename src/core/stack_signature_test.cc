@@ -391,6 +391,42 @@ TEST(GroupStacks, NamesTheMinorityRankOfFour) {
             "sleep_for)");
 }
 
+// Found by the 2 x 2 hang test: rank 2's main thread waited in the
+// allreduce like ranks 0 and 3, but one of Gloo's own threads was caught
+// sending. Ranks are grouped by their main thread, so only the sleeping
+// rank stands out.
+TEST(GroupStacks, OtherThreadsCaughtElsewhereDoNotSplitAGroup) {
+  const std::string allreduce =
+      "Thread 1 (Thread 0x7f01 (LWP 11)):\n"
+      "#0  0x1 in syscall () from /lib/libc.so.6\n"
+      "#1  0x2 in gloo::transport::tcp::UnboundBuffer::waitRecv(int*, long) ()\n"
+      "#2  0x3 in c10d::ProcessGroupGloo::AllreduceWork::run() ()\n"
+      "#3  0x4 in Trainer::Step(long) ()\n"
+      "#4  0x5 in main ()\n";
+  const std::string gloo_idle =
+      "Thread 2 (Thread 0x7f02 (LWP 12)):\n"
+      "#0  0x6 in epoll_wait () from /lib/libc.so.6\n"
+      "#1  0x7 in gloo::transport::tcp::Loop::run() ()\n";
+  const std::string gloo_sending =
+      "Thread 2 (Thread 0x7f03 (LWP 13)):\n"
+      "#0  0x8 in send () from /lib/libc.so.6\n"
+      "#1  0x9 in gloo::transport::tcp::Pair::waitSend(gloo::transport::tcp::UnboundBuffer*) ()\n"
+      "#2  0xa in gloo::transport::tcp::Loop::run() ()\n";
+  const std::string sleeping =
+      "Thread 1 (Thread 0x7f04 (LWP 14)):\n"
+      "#0  0xb in clock_nanosleep () from /lib/libc.so.6\n"
+      "#1  0xc in endure::Session::BeginStep(long) ()\n"
+      "#2  0x4 in Trainer::Step(long) ()\n"
+      "#3  0x5 in main ()\n";
+  const StackGroups g = GroupStacks({{Rank{0}, allreduce + gloo_idle},
+                                     {Rank{1}, sleeping + gloo_idle},
+                                     {Rank{2}, allreduce + gloo_sending},
+                                     {Rank{3}, allreduce + gloo_idle}});
+  EXPECT_TRUE(g.resolved) << g.reason;
+  EXPECT_THAT(g.suspects, ElementsAre(Rank{1}));
+  EXPECT_THAT(g.groups[0], ElementsAre(Rank{0}, Rank{2}, Rank{3}));
+}
+
 TEST(GroupStacks, NamesTheMinorityOfPythonRanks) {
   std::vector<std::pair<Rank, std::string>> dumps;
   for (int r = 0; r < 4; ++r) {

@@ -113,6 +113,9 @@ std::vector<StragglerFlag> StragglerDetector::Judge(StepNumber step,
   const double median = MedianOfSorted(sorted);
   if (median < options_.min_compute_s || median <= 0) return {};
 
+  // What the peers do at their worst one step in ten, from the steps before
+  // this one.
+  const std::vector<double> noise = PeerNoise();
   std::vector<StragglerFlag> flags;
   for (size_t r = 0; r < compute_s.size(); ++r) {
     const size_t pos =
@@ -122,7 +125,8 @@ std::vector<StragglerFlag> StragglerDetector::Judge(StepNumber step,
     if (peers <= 0) continue;
 
     RankState& state = ranks_[r];
-    const Judged judged{compute_s[r] > (1 + options_.theta) * peers, compute_s[r], peers};
+    const double threshold = std::max(1 + options_.theta, noise[r]);
+    const Judged judged{compute_s[r] > threshold * peers, compute_s[r], peers, threshold};
     state.window.push_back(judged);
     state.slow_in_window += judged.slow;
     if (static_cast<int>(state.window.size()) > options_.window) {
@@ -137,10 +141,43 @@ std::vector<StragglerFlag> StragglerDetector::Judge(StepNumber step,
   return flags;
 }
 
+std::vector<double> StragglerDetector::PeerNoise() const {
+  const size_t world = ranks_.size();
+  auto p90 = [](std::vector<double>& v) {
+    if (v.empty()) return 0.0;
+    const size_t k = static_cast<size_t>(0.9 * static_cast<double>(v.size() - 1) + 0.5);
+    std::nth_element(v.begin(), v.begin() + k, v.end());
+    return v[k];
+  };
+  auto ratios_of = [&](size_t r, std::vector<double>& out) {
+    for (const Judged& j : ranks_[r].window) out.push_back(j.rank_s / j.peers_s);
+  };
+  // Leave-one-out in small worlds, where a straggler is a large share of
+  // the pool (with two ranks, all of the other's ratios are the inverse of
+  // its own); in large ones its share is too small to move the percentile,
+  // and one pooled figure serves every rank.
+  constexpr size_t kLeaveOneOutUpTo = 16;
+  if (world > kLeaveOneOutUpTo) {
+    std::vector<double> pool;
+    for (size_t r = 0; r < world; ++r) ratios_of(r, pool);
+    return std::vector<double>(world, p90(pool));
+  }
+  std::vector<double> out(world, 0.0);
+  for (size_t r = 0; r < world; ++r) {
+    std::vector<double> pool;
+    for (size_t q = 0; q < world; ++q) {
+      if (q != r) ratios_of(q, pool);
+    }
+    out[r] = p90(pool);
+  }
+  return out;
+}
+
 StragglerFlag StragglerDetector::MakeFlag(Rank rank, StepNumber step,
                                           const RankState& state) const {
-  std::vector<double> ratios, rank_s, peers_s;
+  std::vector<double> ratios, rank_s, peers_s, thresholds;
   for (const Judged& j : state.window) {
+    thresholds.push_back(j.threshold);
     ratios.push_back(j.rank_s / j.peers_s);
     rank_s.push_back(j.rank_s);
     peers_s.push_back(j.peers_s);
@@ -158,6 +195,11 @@ StragglerFlag StragglerDetector::MakeFlag(Rank rank, StepNumber step,
                 Secs(flag.peers_compute_s) + "); slower than " + Ratio(1 + options_.theta) +
                 " of it in " + std::to_string(flag.slow_steps) + " of the last " +
                 std::to_string(flag.window) + " steps";
+  // Where the peers' own jitter set the bar higher than theta, say so.
+  const double bar = MedianOf(std::move(thresholds));
+  if (bar > 1 + options_.theta + 1e-9) {
+    flag.reason += " (and than " + Ratio(bar) + ", what the peers reach one step in ten)";
+  }
   return flag;
 }
 

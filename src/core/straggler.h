@@ -10,6 +10,15 @@
 // when it is slow in M of its last N judged steps, so that single-step spikes
 // (a page fault, a garbage collection) never raise an incident.
 //
+// "Slow" is relative to the job's own noise, too: a rank is slow in a step
+// when its compute exceeds (1 + theta) x its peers' median *and* the 90th
+// percentile of the ratios its peers showed over their last N steps. On a
+// quiet cluster (ratios within a few percent) theta decides; where every
+// rank's step time wanders by more (oversubscribed cores, a noisy
+// neighbour), a rank must stand out from what its peers do at their worst
+// one step in ten, so that the shared noise raises nothing while a rank that
+// is persistently slower than that still is flagged.
+//
 // Both parts are sans-I/O and deterministic: the detector keeps counts, the
 // decision is a pure function. Not thread-safe: one event loop owns a detector.
 #pragma once
@@ -30,7 +39,8 @@ namespace endure::core {
 struct StragglerOptions {
   bool enabled = true;
   // A rank is slow in a step when its compute > (1 + theta) x the median of
-  // its peers' compute in that step. "Peers" are all the other ranks of the
+  // its peers' compute in that step (and above the peers' own 90th
+  // percentile ratio: see above). "Peers" are all the other ranks of the
   // world: the rank's own time does not pull the reference towards itself,
   // which matters in small worlds (with 2 ranks, the other one's time).
   double theta = 0.10;
@@ -99,6 +109,7 @@ class StragglerDetector {
     bool slow = false;
     double rank_s = 0;
     double peers_s = 0;
+    double threshold = 0;  // the ratio above which the step counted as slow
   };
   struct RankState {
     std::deque<Judged> window;  // oldest first, at most options_.window
@@ -112,6 +123,9 @@ class StragglerDetector {
   };
 
   std::vector<StragglerFlag> Judge(StepNumber step, const std::vector<double>& compute_s);
+  // Per rank, the 90th percentile of the other ranks' ratios (compute /
+  // their peers' median) over their windows; 0 where there are none yet.
+  std::vector<double> PeerNoise() const;
   StragglerFlag MakeFlag(Rank rank, StepNumber step, const RankState& state) const;
   int64_t PendingBound() const { return 2 * static_cast<int64_t>(options_.window); }
 
