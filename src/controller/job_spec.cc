@@ -788,6 +788,24 @@ Status SpecParser::ParseFault(const toml::table& t, int index, JobSpec& spec) {
           ENDURE_ASSIGN_OR_RETURN(f.line, String(v, key));
           return Status::Ok();
         }},
+       // bitflip: which parameter tensor, element and bit.
+       {"tensor",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 0, 1 << 30));
+          f.tensor = static_cast<int>(n);
+          return Status::Ok();
+        }},
+       {"element",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(f.element, Integer(v, key, 0, int64_t{1} << 53));
+          return Status::Ok();
+        }},
+       {"bit",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 0, 63));
+          f.bit = static_cast<int>(n);
+          return Status::Ok();
+        }},
        {"id", [&](const toml::node& v, const std::string& key) -> Status {
           lines_[key] = LineOf(v.source());
           ENDURE_ASSIGN_OR_RETURN(f.id, String(v, key));
@@ -799,7 +817,7 @@ Status SpecParser::ParseFault(const toml::table& t, int index, JobSpec& spec) {
     return Error(
         line, prefix + ".kind",
         "missing: say which fault (kill, exit, hang, nan, slow, log, kill-agent, disk-full, "
-        "disk-error, corrupt-t0 or corrupt-t1)");
+        "disk-error, corrupt-t0, corrupt-t1, bitflip, comm-fail or comm-slow)");
   }
   if (f.kind == faults::FaultKind::kKillAgent && !f.node.empty() && f.rank >= 0 &&
       f.rank / spec.ranks_per_node != NodeIndex(f.node)) {

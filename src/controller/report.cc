@@ -193,6 +193,18 @@ Json BuildReport(const ReportInputs& in) {
   Json refused = Json::object();
   for (const auto& [name, why] : in.machine.RefusedNodes()) refused[name] = why;
   report["refused_nodes"] = refused;
+  // Stragglers flagged and kept (moved ones are incidents).
+  Json stragglers = Json::array();
+  for (const core::StragglerReport& s : m.stragglers()) {
+    stragglers.push_back({{"generation", s.generation.value},
+                          {"rank", s.rank.value},
+                          {"node", s.node_name},
+                          {"step", s.step.value},
+                          {"at_s", Seconds(s.at - in.start)},
+                          {"slowdown", s.slowdown},
+                          {"reason", s.reason}});
+  }
+  report["stragglers"] = std::move(stragglers);
   AddAccounting(report, ledger_s, wall_s, m.incidents(), in.start);
   return report;
 }
@@ -410,6 +422,14 @@ std::string RenderRunReport(const Json& r) {
   out << Table(rows, {false, true, true}, "  ");
   out << "  ETTR " << Fixed(r.value("ettr", 0.0), 3) << " (productive / wall)\n";
 
+  const Json stragglers = r.value("stragglers", Json::array());
+  if (!stragglers.empty()) {
+    out << "\nStragglers kept (training went on): " << stragglers.size() << "\n";
+    for (const Json& s : stragglers) {
+      out << "  step " << Str(s.value("step", Json())) << ": " << Str(s.value("reason", Json()))
+          << "\n";
+    }
+  }
   const Json incidents = r.value("incidents", Json::array());
   out << "\nIncidents: " << incidents.size() << "\n";
   if (incidents.empty()) return out.str();

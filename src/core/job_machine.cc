@@ -843,20 +843,9 @@ void JobMachine::OnStragglers(const std::vector<StragglerFlag>& flags, TimePoint
     const std::string reason = "rank " + std::to_string(flag.rank.value) + " on " + NodeName(node) +
                                ": " + flag.reason + "; " + d.reason;
     if (d.move == StragglerMove::kKeep) {
-      // Keep running and report: an incident that costs nothing now.
-      Incident inc;
-      inc.id = static_cast<int>(incidents_.size()) + 1;
-      inc.generation = generation_;
-      inc.cause = FixedCause(Cause::kStraggler);
-      inc.rank = flag.rank;
-      inc.node = node;
-      inc.node_name = NodeName(node);
-      inc.fault_at = inc.detected_at = now;
-      inc.failed_at_step = job_step_;
-      inc.action = std::string(StragglerMoveName(d.move));
-      inc.reason = reason;
-      inc.suspects = {NodeName(node)};
-      incidents_.push_back(std::move(inc));
+      // Keep running and report: nothing stops, so no incident.
+      stragglers_kept_.push_back(StragglerReport{generation_, flag.rank, node, NodeName(node),
+                                                 job_step_, now, flag.slowdown, reason});
       continue;
     }
     Failure f;

@@ -334,6 +334,20 @@ struct Incident {
 
 // kTesting: stopped after an ambiguous collective failure, running the
 // pairwise test before the restart.
+// A straggler the machine flagged and kept (moving it would cost more than
+// it does): training goes on, so it is no incident; the report lists it,
+// and the node is struck (soft) in the health ledger.
+struct StragglerReport {
+  Generation generation;
+  Rank rank;
+  NodeId node;
+  std::string node_name;
+  StepNumber step;  // when it was flagged
+  TimePoint at;
+  double slowdown = 1;  // its compute against its peers' median
+  std::string reason;   // the detector's and the decision's numbers
+};
+
 enum class JobPhase { kWaitingForNodes, kRunning, kStopping, kTesting, kWaiting, kDone };
 std::string_view JobPhaseName(JobPhase phase);
 
@@ -361,6 +375,7 @@ class JobMachine {
   StepNumber step() const { return job_step_; }  // highest step every rank completed
   double last_loss() const { return last_loss_; }
   const std::vector<Incident>& incidents() const { return incidents_; }
+  const std::vector<StragglerReport>& stragglers() const { return stragglers_kept_; }
   const EttrLedger& ledger() const { return ledger_; }
   const std::vector<StepNumber>& checkpoints() const { return checkpoints_; }
   const std::set<std::string>& fired_faults() const { return fired_; }
@@ -506,6 +521,7 @@ class JobMachine {
   bool hang_held_ = false;  // CheckHang found a member quiet: no verdict until it is heard
 
   StragglerDetector stragglers_;
+  std::vector<StragglerReport> stragglers_kept_;
   SdcChecker sdc_;
   std::vector<std::pair<Rank, std::string>> stacks_;  // of the current generation's hang
   std::deque<Duration> step_times_;                   // the job's recent step intervals
