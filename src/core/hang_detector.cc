@@ -6,24 +6,6 @@
 #include <sstream>
 
 namespace endure::core {
-namespace {
-
-// "rank 3", "ranks 0-3, 7".
-std::string FormatRankList(const std::vector<int>& ranks) {
-  std::ostringstream out;
-  out << (ranks.size() == 1 ? "rank " : "ranks ");
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (i > 0) out << ", ";
-    out << ranks[i];
-    if (j > i) out << "-" << ranks[j];
-    i = j + 1;
-  }
-  return out.str();
-}
-
-}  // namespace
 
 Status HangDetectorOptions::Validate() const {
   if (floor <= Duration::zero()) {
@@ -292,8 +274,8 @@ std::optional<HangVerdict> HangDetector::Check(TimePoint now) {
       if (ranks_[r].phase == v.phase) in_phase.push_back(r);
     }
     v.behind_ranks = in_phase;
-    reason << "no progress from " << FormatRankList(in_phase) << " in phase '" << v.phase
-           << "' for " << FormatDuration(now - v.stalled_since) << " (phase timeout "
+    reason << "no progress from " << FormatRanks(in_phase) << " in phase '" << v.phase << "' for "
+           << FormatDuration(now - v.stalled_since) << " (phase timeout "
            << FormatDuration(PhaseTimeout(v.phase));
     auto it = phases_.find(v.phase);
     if (it == phases_.end() || it->second.samples.empty()) {
@@ -307,20 +289,19 @@ std::optional<HangVerdict> HangDetector::Check(TimePoint now) {
   } else if (!never_stepped.empty()) {
     v.lowest_step.reset();
     v.behind_ranks = never_stepped;
-    reason << "no first step from " << FormatRankList(never_stepped) << " within "
-           << DescribeTimeout() << " of generation " << generation_ << " (started "
+    reason << "no first step from " << FormatRanks(never_stepped) << " within " << DescribeTimeout()
+           << " of generation " << generation_ << " (started "
            << FormatDuration(now - generation_start_) << " ago)";
     if (highest.has_value()) reason << "; other ranks reached step " << highest->value;
   } else {
-    reason << "no step progress from " << FormatRankList(v.stalled_ranks) << " for "
+    reason << "no step progress from " << FormatRanks(v.stalled_ranks) << " for "
            << FormatDuration(now - v.stalled_since) << " (timeout ";
     if (v.timeout == StepTimeout()) {
       reason << DescribeTimeout();
     } else {
       reason << FormatDuration(v.timeout) << " = " << options_.k << " x the rank's own last step";
     }
-    reason << "); behind: " << FormatRankList(v.behind_ranks) << " at step "
-           << v.lowest_step->value;
+    reason << "); behind: " << FormatRanks(v.behind_ranks) << " at step " << v.lowest_step->value;
     if (*highest != *v.lowest_step) reason << " (highest step " << highest->value << ")";
   }
   v.reason = reason.str();

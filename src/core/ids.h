@@ -9,6 +9,8 @@
 #include <compare>
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "common/duration.h"
 
@@ -55,6 +57,11 @@ struct Generation {
   Generation Next() const { return Generation{value + 1}; }
   friend auto operator<=>(Generation, Generation) = default;
 };
+
+// "rank 3", "ranks 0-3, 7": ascending ranks as an incident's reason names
+// them, runs of consecutive ranks joined.
+std::string FormatRanks(const std::vector<Rank>& ranks);
+std::string FormatRanks(const std::vector<int>& ranks);
 
 }  // namespace endure::core
 

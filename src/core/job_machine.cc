@@ -821,10 +821,12 @@ void JobMachine::OnStragglers(const std::vector<StragglerFlag>& flags, TimePoint
     const double step_s = Seconds(step);
     const double extra_s = std::max(0.0, flag.rank_compute_s - flag.peers_compute_s);
     c.slowdown = step_s > extra_s ? step_s / (step_s - extra_s) : flag.slowdown;
-    c.remaining =
-        total_steps_ > job_step_.value
-            ? std::chrono::duration_cast<Duration>(step * (total_steps_ - job_step_.value))
-            : options_.isolation.straggler_horizon;
+    // What the workers said they will train (nothing is left at the last
+    // step), else the configured horizon.
+    c.remaining = total_steps_ > 0
+                      ? std::chrono::duration_cast<Duration>(
+                            step * std::max<int64_t>(0, total_steps_ - job_step_.value))
+                      : options_.isolation.straggler_horizon;
     // The job's own last recovery, when it had one, else the estimate.
     c.restart_cost = options_.isolation.restart_cost;
     for (auto it = incidents_.rbegin(); it != incidents_.rend(); ++it) {
@@ -872,7 +874,18 @@ void JobMachine::OnStragglers(const std::vector<StragglerFlag>& flags, TimePoint
 // replicas, or no strict majority, every replica is a suspect: each gets a
 // soft strike, and the multi-strike rule decides if it happens again.
 void JobMachine::OnSdcVerdict(const SdcVerdict& v, TimePoint now, std::vector<JobAction>& out) {
-  if (v.agreed) return;
+  if (v.agreed) {
+    // The recomputation without the node swapped out agreed: it was the
+    // corrupt one.
+    if (sdc_recompute_ && generation_ > sdc_recompute_->generation) {
+      Strike(sdc_recompute_->swapped, CauseName(Cause::kSdc),
+             "the replicas agreed at step " + std::to_string(v.step.value) +
+                 " once it was swapped out after " + sdc_recompute_->reason,
+             out);
+      sdc_recompute_.reset();
+    }
+    return;
+  }
   std::vector<NodeId> nodes;
   std::vector<std::string> names;
   for (Rank r : v.suspects) {
@@ -895,6 +908,41 @@ void JobMachine::OnSdcVerdict(const SdcVerdict& v, TimePoint now, std::vector<Jo
                           ? "the newest checkpoint at or before step " +
                                 std::to_string(agreed.value) + ", the last check that agreed"
                           : "a fresh start: no check agreed yet";
+  std::string joined;
+  for (const std::string& n : names) joined += (joined.empty() ? "" : ", ") + n;
+  f.suspects = names;
+  // Two replicas (or no majority): a recomputation decides. The first time,
+  // one suspect node is swapped for a spare and the steps are recomputed;
+  // if the replicas then agree, the node swapped out was the corrupt one,
+  // and if they disagree again, the one that stayed is.
+  if (!v.decided && sdc_recompute_ && generation_ > sdc_recompute_->generation &&
+      std::find(nodes.begin(), nodes.end(), sdc_recompute_->kept) != nodes.end()) {
+    const NodeId culprit = sdc_recompute_->kept;
+    const std::string name = NodeName(culprit);
+    sdc_recompute_.reset();
+    Strike(culprit, CauseName(Cause::kSdc), v.reason, out);
+    f.decided_action = "rollback_and_evict";
+    f.evict_nodes = {culprit};
+    f.node = culprit;
+    f.suspects = {name};
+    f.extra_reason =
+        v.reason + "; again after the recomputation without the other suspect: " + name +
+        " is the corrupt replica, struck (sdc, hard) and evicted; rolling " + "back to " + where;
+    OnFailure(f, now, out);
+    return;
+  }
+  const int spares = std::max<int>(0, static_cast<int>(HealthyNodes().size()) - options_.nodes);
+  if (!v.decided && nodes.size() == 2 && spares > 0) {
+    sdc_recompute_ = SdcRecompute{generation_, nodes[0], nodes[1], v.reason};
+    for (NodeId n : nodes) Strike(n, "sdc_suspect", v.reason, out);
+    f.decided_action = "rollback_and_recompute";
+    f.evict_nodes = {nodes[1]};
+    f.extra_reason = v.reason + "; suspects " + joined + " (sdc_suspect, soft); rolling back to " +
+                     where + " and recomputing with " + names[1] +
+                     " swapped for a spare: whichever the replicas then disagree with is corrupt";
+    OnFailure(f, now, out);
+    return;
+  }
   // Evicting every node would leave no replica to trust.
   const bool evict = v.decided && nodes.size() < members_.size();
   f.decided_action = evict ? "rollback_and_evict" : "rollback";
@@ -902,14 +950,11 @@ void JobMachine::OnSdcVerdict(const SdcVerdict& v, TimePoint now, std::vector<Jo
   for (NodeId n : nodes) {
     Strike(n, evict ? "sdc" : "sdc_suspect", v.reason, out);
   }
-  std::string joined;
-  for (const std::string& n : names) joined += (joined.empty() ? "" : ", ") + n;
   f.extra_reason = v.reason + "; rolling back to " + where +
                    (evict ? "; " + joined + " struck (sdc, hard) and evicted"
                           : "; suspects " + joined +
-                                " struck (sdc_suspect, soft): a repeat "
-                                "decides");
-  f.suspects = names;
+                                " struck (sdc_suspect, soft): with no spare to recompute "
+                                "on, a repeat decides");
   OnFailure(f, now, out);
 }
 

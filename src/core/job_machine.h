@@ -520,6 +520,14 @@ class JobMachine {
   bool persist_failure_reported_ = false;  // the first persistence failure is an incident
   bool hang_held_ = false;  // CheckHang found a member quiet: no verdict until it is heard
 
+  // Two replicas disagreed and one suspect node was swapped for a spare: the
+  // next check of a later generation decides which was corrupt.
+  struct SdcRecompute {
+    Generation generation;  // the one that disagreed
+    NodeId kept, swapped;
+    std::string reason;
+  };
+  std::optional<SdcRecompute> sdc_recompute_;
   StragglerDetector stragglers_;
   std::vector<StragglerReport> stragglers_kept_;
   SdcChecker sdc_;

@@ -149,6 +149,24 @@ TEST(JobMachineStragglers, ASpareIsSwappedInWhenTheRemainingRunIsLong) {
   EXPECT_EQ(start[0].nodes, (std::vector<NodeId>{NodeId{0}, NodeId{2}, NodeId{3}, NodeId{4}}));
 }
 
+// Found by an end-to-end run: a straggler flagged at the job's last step
+// was weighed over the default horizon (an hour) and evicted; with nothing
+// left to train, keeping it costs nothing.
+TEST(JobMachineStragglers, AtTheLastStepNothingIsLeftToGainByMovingIt) {
+  Cluster c(Options(2, 1), 3);  // a spare, so that a swap would be possible
+  c.Ready(0);
+  for (int s = 1; s <= 30; ++s) {
+    c.now += 0.1;
+    c.Step(
+        s, [&](int r) { return r == 0 && s > 18 ? 0.2 : 0.1; }, /*total_steps=*/30);
+  }
+  EXPECT_TRUE(c.m.incidents().empty());
+  ASSERT_EQ(c.m.stragglers().size(), 1u);
+  EXPECT_EQ(c.m.stragglers()[0].step, StepNumber{30});
+  EXPECT_NE(c.m.stragglers()[0].reason.find("keep it running"), std::string::npos)
+      << c.m.stragglers()[0].reason;
+}
+
 TEST(JobMachineStragglers, ACleanRunWithNaturalJitterRaisesNothing) {
   Cluster c(Options(2, 4), 2);
   c.Ready(0);
@@ -238,6 +256,59 @@ TEST(JobMachineSdc, TwoReplicasThatDisagreeAreBothSuspectsAndNeitherIsEvicted) {
   auto start = Find<StartGenerationAction>(c.StopAll());
   ASSERT_EQ(start.size(), 1u);
   EXPECT_EQ(start[0].restore_step, StepNumber{5});
+}
+
+// With two replicas and a spare, a recomputation decides: one suspect is
+// swapped out and the steps recomputed; agreement convicts the one swapped
+// out, a second disagreement the one that stayed.
+TEST(JobMachineSdc, TwoReplicasAreDecidedByARecomputationOnASpare) {
+  for (bool agree_after : {true, false}) {
+    SCOPED_TRACE(agree_after ? "agrees after the swap" : "disagrees again");
+    JobMachineOptions o = Options(2, 1);
+    o.isolation.sdc_check_every = 5;
+    Cluster c(o, 3);  // node2: the spare
+    c.Ready(0);
+    for (int s = 1; s <= 10; ++s) {
+      c.now += 0.1;
+      c.Step(s, [](int) { return 0.05; });
+      if (s % 5 == 0) {
+        Fingerprints(c, 2, s, "0123456789abcdef",
+                     s == 10 ? std::map<int, std::string>{{1, "fedcba9876543210"}}
+                             : std::map<int, std::string>{});
+      }
+    }
+    ASSERT_EQ(c.m.incidents().size(), 1u);
+    EXPECT_EQ(c.m.incidents()[0].action, "rollback_and_recompute");
+    auto evict = Find<EvictNodeAction>(c.log);
+    ASSERT_EQ(evict.size(), 1u);
+    EXPECT_EQ(evict[0].node, NodeId{1});
+    auto start = Find<StartGenerationAction>(c.StopAll());
+    ASSERT_EQ(start.size(), 1u);
+    EXPECT_EQ(start[0].nodes, (std::vector<NodeId>{NodeId{0}, NodeId{2}}));
+    EXPECT_EQ(start[0].restore_step, StepNumber{5});
+    c.log.clear();
+    c.Ready(5);
+    for (int s = 6; s <= 10; ++s) {
+      c.now += 0.1;
+      c.Step(s, [](int) { return 0.05; });
+    }
+    Fingerprints(c, 2, 10, "0123456789abcdef",
+                 agree_after ? std::map<int, std::string>{}
+                             : std::map<int, std::string>{{0, "fedcba9876543210"}});
+    auto strikes = Find<StrikeNodeAction>(c.log);
+    ASSERT_EQ(strikes.size(), 1u);
+    EXPECT_EQ(strikes[0].cause, "sdc");
+    EXPECT_TRUE(strikes[0].hard);
+    if (agree_after) {
+      EXPECT_EQ(strikes[0].node, NodeId{1});  // the one swapped out
+      EXPECT_EQ(c.m.incidents().size(), 1u);
+    } else {
+      EXPECT_EQ(strikes[0].node, NodeId{0});  // the one that stayed
+      ASSERT_EQ(c.m.incidents().size(), 2u);
+      EXPECT_EQ(c.m.incidents()[1].action, "rollback_and_evict");
+      EXPECT_EQ(c.m.incidents()[1].suspects, std::vector<std::string>{"node0"});
+    }
+  }
 }
 
 // ---- Hangs: stacks, then pairs ----

@@ -337,20 +337,6 @@ std::string DivergentLocation(const ParsedDump& d, const ParsedDump& ref) {
   return InnermostLocation(d);
 }
 
-// "rank 3", "ranks 0-3, 7".
-std::string FormatRanks(const std::vector<Rank>& ranks) {
-  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1].value == ranks[j].value + 1) ++j;
-    if (i > 0) out += ", ";
-    out += std::to_string(ranks[i].value);
-    if (j > i) out += "-" + std::to_string(ranks[j].value);
-    i = j + 1;
-  }
-  return out;
-}
-
 std::string SignatureOf(const ParsedDump& d) {
   std::string sig;
   for (const std::string& line : ThreadLines(d)) sig += (sig.empty() ? "" : "\n") + line;
