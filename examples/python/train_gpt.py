@@ -379,6 +379,9 @@ def main(argv) -> int:
                       flush=True)
 
     if leader:
+        # The final evaluation takes longer than a step: a phase of its own,
+        # with its own timeout, and no hang.
+        session.phase("eval")
         model.eval()
         if args.eval_batches > 0:
             print(f"validation loss {held_out_loss(model, val_text, args, args.eval_batches):.4f}")

@@ -49,6 +49,7 @@ void HangDetector::OnGenerationStart(int generation, int world_size, TimePoint n
   reported_ = false;
   frontier_step_ = StepNumber{0};
   frontier_time_ = now;
+  phases_taken_out_until_ = now;
 }
 
 Status HangDetector::CheckRank(int rank, std::string_view what) const {
@@ -86,10 +87,23 @@ void HangDetector::EndPhase(RankProgress& p, TimePoint now) {
   }
   stats.next = (stats.next + 1) % options_.window;
   p.phase = std::string(kTrainPhase);
-  // The others waited for it at their next collective: their step clocks,
-  // and the step-time frontier, restart now.
-  for (RankProgress& r : ranks_) r.last_progress = std::max(r.last_progress, now);
-  frontier_time_ = std::max(frontier_time_, now);
+  // The time spent in phases is no step time: every rank's step clock (the
+  // others waited for this one at their next collective) and the step-time
+  // frontier move forward by it. Only by the part not already taken out
+  // for another rank's phase at the same time (all ranks checkpoint
+  // together), and never past now. A phase inside every step (a checkpoint
+  // copy) then shortens the step samples by its length, no more.
+  const TimePoint from = std::max(p.phase_since, phases_taken_out_until_);
+  const Duration uncovered = now > from ? now - from : Duration::zero();
+  phases_taken_out_until_ = std::max(phases_taken_out_until_, now);
+  for (RankProgress& r : ranks_) r.last_progress = std::min(now, r.last_progress + uncovered);
+  frontier_time_ = std::min(now, frontier_time_ + uncovered);
+}
+
+Status HangDetector::OnRankFinished(int rank) {
+  ENDURE_RETURN_IF_ERROR(CheckRank(rank, "a rank's end"));
+  ranks_[rank].finished = true;
+  return Status::Ok();
 }
 
 Duration HangDetector::PhaseTimeout(std::string_view phase) const {
@@ -108,7 +122,7 @@ TimePoint HangDetector::PhaseDeadlineOf(const RankProgress& p) const {
 std::optional<TimePoint> HangDetector::LatestPhaseDeadline() const {
   std::optional<TimePoint> latest;
   for (const RankProgress& r : ranks_) {
-    if (!InOtherPhase(r)) continue;
+    if (!InOtherPhase(r) || r.finished) continue;
     const TimePoint d = PhaseDeadlineOf(r);
     if (!latest || d > *latest) latest = d;
   }
@@ -230,7 +244,7 @@ std::optional<HangVerdict> HangDetector::Check(TimePoint now) {
   // A rank stalled inside a phase of its own is the verdict's subject: the
   // ranks in "train" that stall with it are waiting for it.
   for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) {
-    if (DeadlineOf(ranks_[r]) > now) continue;
+    if (ranks_[r].finished || DeadlineOf(ranks_[r]) > now) continue;
     v.stalled_ranks.push_back(r);
     if (InOtherPhase(ranks_[r]) && v.phase == kTrainPhase) v.phase = ranks_[r].phase;
   }
@@ -312,6 +326,7 @@ std::optional<TimePoint> HangDetector::NextDeadline() const {
   if (!active_ || reported_) return std::nullopt;
   std::optional<TimePoint> earliest;
   for (const RankProgress& p : ranks_) {
+    if (p.finished) continue;
     const TimePoint d = DeadlineOf(p);
     if (!earliest.has_value() || d < *earliest) earliest = d;
   }

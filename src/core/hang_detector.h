@@ -113,6 +113,10 @@ class HangDetector {
   // phase, and it counts as progress. Same errors as OnStepEnd.
   Status OnPhase(int rank, std::string_view phase, TimePoint now);
 
+  // `rank` finished training (its process ended with code 0): it is no
+  // longer watched, and nobody waits for it. Same errors as OnStepEnd.
+  Status OnRankFinished(int rank);
+
   // The timeout for phase `phase` (not "train") now: the first-time one, or
   // the learned one.
   Duration PhaseTimeout(std::string_view phase) const;
@@ -149,6 +153,7 @@ class HangDetector {
     // going gets k times that, even when it is slower than the job's p99.
     std::optional<Duration> last_duration;
     std::string phase = std::string(kTrainPhase);  // the rank's current phase
+    bool finished = false;                         // ended with code 0: not watched
     TimePoint phase_since{};                       // when it entered it
   };
   struct PhaseStats {
@@ -189,6 +194,8 @@ class HangDetector {
   int64_t total_samples_ = 0;
   Duration cached_p99_{};
   std::map<std::string, PhaseStats, std::less<>> phases_;  // durations per phase
+  // Phase time up to here has been taken out of the step clocks (EndPhase).
+  TimePoint phases_taken_out_until_{};
 };
 
 }  // namespace endure::core

@@ -366,6 +366,44 @@ TEST(HangDetectorPhases, RanksWaitingForOneInAPhaseAreNotHung) {
   EXPECT_FALSE(d.detector().OnPhase(2, "eval", At(t)).ok());
 }
 
+// Found by the demo: a checkpoint phase inside every step (a copy into node
+// memory) restarted the step clocks at its end, so the learned step time was
+// the few milliseconds from there to the step's report, and a slow step
+// after a restart was taken for a hang. The phase's time comes out of the
+// step samples, no more.
+TEST(HangDetectorPhases, APhaseInsideEveryStepShortensTheStepSamplesByItsLengthOnly) {
+  Driver d;
+  constexpr int kWorld = 2;
+  d.StartGeneration(0, kWorld, Duration::zero());
+  Duration t = seconds(5);
+  for (int64_t s = 1; s <= 60; ++s) {
+    t += Ms(490);
+    for (int r = 0; r < kWorld; ++r) d.Phase(r, "checkpoint", t + Ms(r));
+    for (int r = 0; r < kWorld; ++r) d.Phase(r, "train", t + Ms(10 + r));
+    t += Ms(10);
+    for (int r = 0; r < kWorld; ++r) d.StepEnd(r, s, t + Ms(r));
+  }
+  EXPECT_TRUE(d.verdicts().empty());
+  ASSERT_TRUE(d.detector().P99StepDuration().has_value());
+  EXPECT_GE(*d.detector().P99StepDuration(), Ms(480));
+  EXPECT_LE(*d.detector().P99StepDuration(), Ms(500));
+}
+
+// Found by the demo: after the last step rank 1 ended while rank 0 ran its
+// final evaluation; rank 1, finished, was still watched and declared hung.
+TEST(HangDetectorPhases, AFinishedRankIsNotWatched) {
+  Driver d;
+  d.StartGeneration(0, 2, Duration::zero());
+  const Duration t = RunSteps(d, 2, 1, 30, seconds(5), Ms(200));
+  ASSERT_TRUE(d.detector().OnRankFinished(1).ok());
+  d.Phase(0, "eval", t + Ms(5));
+  d.AdvanceTo(t + seconds(60));
+  EXPECT_TRUE(d.verdicts().empty());
+  ASSERT_TRUE(d.detector().OnRankFinished(0).ok());
+  EXPECT_FALSE(d.NextDeadline().has_value());
+  EXPECT_FALSE(d.detector().OnRankFinished(2).ok());
+}
+
 // A phase that never ends is judged by the first-time timeout.
 TEST(HangDetectorPhases, AFirstPhaseThatNeverEndsTimesOut) {
   HangDetectorOptions o;

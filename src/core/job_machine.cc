@@ -428,6 +428,9 @@ void JobMachine::OnWorkerExit(const WorkerExitEvent& e, TimePoint now,
                               std::vector<JobAction>& out) {
   if (e.exit_code == 0) {
     rank_done_[e.rank.value] = true;
+    // Done training: no step is to be expected from it any more.
+    const Status watched = hang_.OnRankFinished(e.rank.value);
+    ENDURE_CHECK(watched.ok());  // a rank of the world the detector was started with
     if (std::all_of(rank_done_.begin(), rank_done_.end(), [](bool b) { return b; })) {
       Finish(0, "training completed", now, out);
     }

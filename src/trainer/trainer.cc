@@ -820,6 +820,9 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
   summary.final_loss = loss;
   summary.fingerprint = ParamFingerprint(model);
   if (leader) {
+    // The final evaluation and sample take longer than a step: they are a
+    // phase of their own, with its own timeout, and no hang.
+    ENDURE_RETURN_IF_ERROR(session.Phase("eval"));
     summary.val_loss = HeldOutLoss(model, corpus.val, options, options.eval_batches);
     std::printf("validation loss %.4f\n", summary.val_loss);
     if (options.sample_tokens > 0) {
