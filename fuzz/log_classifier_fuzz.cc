@@ -1,6 +1,6 @@
 // Fuzz target: what the log classifier does with worker output — any bytes,
 // not necessarily UTF-8, and lines far longer than a terminal's — under the
-// shipped config/log_rules.toml: SplitExcerpts, SplitNonBlankLines, Classify
+// shipped config/log_rules/: SplitExcerpts, SplitNonBlankLines, Classify
 // and ClassifyAll. An input whose first byte is 0xff is the rest repeated
 // into one line of 128 KiB, without a newline: twice the longest line an
 // agent passes on (agent::kMaxLineBytes), as an excerpt of several lines is.
@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "common/config_files.h"
 #include "common/env.h"
 #include "core/log_classifier.h"
 #include "fuzz/fuzz_util.h"
@@ -20,9 +21,9 @@ namespace {
 
 const LogClassifier& Shipped() {
   static const LogClassifier* const classifier = [] {
-    Result<std::string> text = Env::Default()->ReadFile(ENDURE_LOG_RULES_PATH);
-    FUZZ_CHECK(text.ok());
-    Result<LogClassifier> c = LogClassifier::FromToml(*text, ENDURE_LOG_RULES_PATH);
+    Result<std::vector<TextFile>> files = ReadConfigFiles(ENDURE_LOG_RULES_PATH, ".toml");
+    FUZZ_CHECK(files.ok());
+    Result<LogClassifier> c = LogClassifier::FromTomlFiles(*files, ENDURE_LOG_RULES_PATH);
     if (!c.ok()) std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
     FUZZ_CHECK(c.ok());
     return new LogClassifier(std::move(c).value());

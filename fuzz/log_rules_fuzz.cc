@@ -1,5 +1,5 @@
 // Fuzz target: core::LogClassifier::FromToml, the parser of rules files
-// such as config/log_rules.toml, on any text. Rules it accepts compile, keep
+// such as those of config/log_rules/, on any text. Rules it accepts compile, keep
 // their names unique, come back from rules() in priority order, and rebuild
 // (Create) into a classifier that classifies every example the same way.
 #include <cstddef>

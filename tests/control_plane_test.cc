@@ -1967,5 +1967,86 @@ TEST_F(IsolationTest, TheHealthCheckRefusesANodeThatFailsIt) {
   EXPECT_EQ(node1.value("state", ""), "quarantined");
 }
 
+// ---- The incident knowledge base (issue 13) ----
+
+// A failure no rule knows, in two jobs that share a [cluster] state_dir: the
+// second occurrence is recognized as the first, whose operator's resolution
+// it is proposed; `endure classify --suggest` turns that resolution into a
+// rule that classifies the failure from then on.
+TEST_F(ControlPlaneTest, TheKnowledgeBaseRecognizesARecurrenceAcrossJobs) {
+  const fs::path cluster = dir_ / "cluster";
+  const std::string shared = "[cluster]\nstate_dir = \"" + cluster.string() + "\"\n";
+  auto fault = [](int rank, int step, const std::string& pid) {
+    return "[[faults]]\nkind = \"log\"\nrank = " + std::to_string(rank) +
+           "\nstep = " + std::to_string(step) + "\nline = \"fabricd[" + pid +
+           "]: mlx5_3: firmware assert 0x1f2a at 0x7f33aa10 "
+           "(syndrome 0x8b)\"\n";
+  };
+  JobResult first = Run(Spec("kb1", shared + fault(1, 11, "4242")));
+  ASSERT_TRUE(first.exit.Success()) << first.output;
+  ASSERT_EQ(first.report["incidents"].size(), 1u) << first.report.dump(2);
+  const nlohmann::json& inc1 = first.report["incidents"][0];
+  ASSERT_TRUE(inc1.contains("recurrence")) << inc1.dump(2);
+  const int64_t kb_id = inc1["recurrence"].value("kb_id", int64_t{0});
+  EXPECT_GT(kb_id, 0);
+  EXPECT_TRUE(inc1["recurrence"]["similar"].empty()) << inc1.dump(2);  // the first of its kind
+
+  // The knowledge base has it, with what the worker printed.
+  testing_support::CommandOutcome list =
+      testing_support::RunCommand({ENDURE_BIN, "incidents", "--json", cluster.string()});
+  ASSERT_EQ(list.code, 0) << list.output;
+  const nlohmann::json kb = nlohmann::json::parse(list.output, nullptr, false);
+  ASSERT_TRUE(kb.is_array() && kb.size() == 1u) << list.output;
+  EXPECT_EQ(kb[0].value("job", ""), "kb1");
+  EXPECT_TRUE(kb[0]["log_rule"].is_null()) << kb[0].dump(2);  // no rule knew it
+  EXPECT_NE(kb[0].value("excerpt", "").find("firmware assert"), std::string::npos);
+
+  // An operator finds the HCA broken.
+  testing_support::CommandOutcome resolve = testing_support::RunCommand(
+      {ENDURE_BIN, "incidents", "resolve", std::to_string(kb_id), "--action", "evict_node",
+       "--cause", "hca_firmware", "--note", "HCA replaced", "--state-dir", cluster.string()});
+  ASSERT_EQ(resolve.code, 0) << resolve.output;
+
+  // The same fault in another job, another rank, another pid: recognized.
+  JobResult second = Run(Spec("kb2", shared + fault(0, 7, "9913")));
+  ASSERT_TRUE(second.exit.Success()) << second.output;
+  ASSERT_EQ(second.report["incidents"].size(), 1u) << second.report.dump(2);
+  const nlohmann::json& similar = second.report["incidents"][0]["recurrence"]["similar"];
+  ASSERT_FALSE(similar.empty())
+      << second.report["incidents"][0].dump(2)
+      << testing_support::RunCommand({ENDURE_BIN, "incidents", "--json", cluster.string()}).output;
+  EXPECT_EQ(similar[0].value("kb_id", int64_t{0}), kb_id);
+  EXPECT_EQ(similar[0].value("job", ""), "kb1");
+  EXPECT_GE(similar[0].value("score", 0.0), 0.6);
+  EXPECT_EQ(similar[0].value("resolution", ""), "evict_node");
+  EXPECT_TRUE(similar[0].value("resolved_by_operator", false));
+  EXPECT_EQ(similar[0].value("note", ""), "HCA replaced");
+  testing_support::CommandOutcome like = testing_support::RunCommand(
+      {ENDURE_BIN, "incidents", "--similar", std::to_string(kb_id + 1), cluster.string()});
+  ASSERT_EQ(like.code, 0) << like.output;
+  EXPECT_NE(like.output.find("HCA replaced"), std::string::npos) << like.output;
+
+  // The resolution as a rule: it classifies the line as the operator did.
+  testing_support::CommandOutcome suggest =
+      testing_support::RunCommand({ENDURE_BIN, "classify", "--suggest", cluster.string()});
+  ASSERT_EQ(suggest.code, 0) << suggest.output;
+  const size_t toml_at = suggest.output.find("# Rule candidates");
+  ASSERT_NE(toml_at, std::string::npos) << suggest.output;
+  const fs::path rules = dir_ / "rules";
+  fs::create_directories(rules);
+  fs::copy(fs::path(ENDURE_SOURCE_DIR) / "config" / "log_rules", rules,
+           fs::copy_options::recursive);
+  std::ofstream(rules / "90_site.toml") << suggest.output.substr(toml_at);
+  const fs::path excerpt = dir_ / "excerpt.txt";
+  std::ofstream(excerpt) << "fabricd[777]: mlx5_3: firmware assert 0x1f2a at 0x7f00beef "
+                            "(syndrome 0x8b)\n";
+  testing_support::CommandOutcome classified = testing_support::RunCommand(
+      {ENDURE_BIN, "classify", "--json", "--rules", rules.string(), excerpt.string()});
+  ASSERT_EQ(classified.code, 0) << classified.output;
+  const nlohmann::json c = nlohmann::json::parse(classified.output, nullptr, false);
+  EXPECT_EQ(c.value("action", ""), "evict_node") << classified.output << suggest.output;
+  EXPECT_EQ(c.value("cause", ""), "hca_firmware") << classified.output;
+}
+
 }  // namespace
 }  // namespace endure

@@ -36,11 +36,13 @@
 #include "agent/grpc_transport.h"
 #include "agent/process_launcher.h"
 #include "checkpoint/restore_plan.h"
+#include "common/config_files.h"
 #include "common/hash.h"
 #include "common/names.h"
 #include "common/net.h"
 #include "common/secret.h"
 #include "common/tls.h"
+#include "core/incident_match.h"
 #include "faults/fault.h"
 
 namespace endure::agent {
@@ -462,16 +464,19 @@ void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
   if (end.status.Success()) tiers_->PersistNewest(end.rank);
   std::vector<proto::AgentEvent> words;
   if (!end.status.Success()) {
+    // What the worker said last, matched by a rule or not: the controller
+    // keeps it with the incident, to recognize the failure when it recurs.
+    proto::AgentEvent e;
+    auto* lm = e.mutable_log_match();
+    lm->set_rank(end.rank);
+    lm->set_excerpt(core::BoundedExcerpt(end.tail));
     if (std::optional<core::LogMatch> m = classifier_.Classify(end.tail)) {
-      proto::AgentEvent e;
-      auto* lm = e.mutable_log_match();
-      lm->set_rank(end.rank);
       lm->set_cause(m->cause);
       lm->set_action(std::string(core::LogActionName(m->action)));
       lm->set_rule(m->rule);
       lm->set_line(m->line);
-      words.push_back(std::move(e));
     }
+    words.push_back(std::move(e));
   }
   proto::AgentEvent e;
   auto* x = e.mutable_worker_exited();
@@ -1287,10 +1292,10 @@ Status RunAgent(const AgentOptions& options) {
   // for the next one (about 3 ms per MB on a VM).
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
-  Result<std::string> rules_text = Env::Default()->ReadFile(options.log_rules);
-  if (!rules_text.ok()) return InvalidArgument("--log-rules: " + rules_text.status().message());
+  Result<std::vector<TextFile>> rules_files = ReadConfigFiles(options.log_rules, ".toml");
+  if (!rules_files.ok()) return InvalidArgument("--log-rules: " + rules_files.status().message());
   ENDURE_ASSIGN_OR_RETURN(core::LogClassifier classifier,
-                          core::LogClassifier::FromToml(*rules_text, options.log_rules));
+                          core::LogClassifier::FromTomlFiles(*rules_files, options.log_rules));
   std::optional<tls::Identity> identity;
   std::shared_ptr<const tls::Context> tls;
   if (!options.tls_dir.empty()) {

@@ -27,7 +27,7 @@ struct AgentOptions {
   std::string token;               // the job token (ENDURE_TOKEN or --token-file)
   std::string host = "127.0.0.1";  // address this node's workers are reachable at
   std::string work_dir;            // logs/ and the worker socket go here
-  std::string log_rules;           // the log classification rules file
+  std::string log_rules;           // the log rules: a file or a directory of them
   // Where a relative [checkpoint] dir of the job (T2) is, on this host: the
   // controller sends the spec's directory as written, and the agent resolves
   // it here (--checkpoint-root); empty: the agent's working directory.

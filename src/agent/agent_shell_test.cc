@@ -25,6 +25,7 @@
 #include "agent/fake_transport.h"
 #include "checkpoint/restore_plan.h"
 #include "checkpoint/snapshot_file.h"
+#include "common/config_files.h"
 #include "common/hash.h"
 
 namespace endure::agent {
@@ -121,12 +122,12 @@ class AgentShellTest : public ::testing::Test {
     options_.work_dir = (root_ / "work").string();
   }
 
-  // config/log_rules.toml, as RunAgent loads it.
+  // config/log_rules/, as RunAgent loads it.
   static core::LogClassifier Rules() {
-    Result<std::string> text = Env::Default()->ReadFile(ENDURE_LOG_RULES_PATH);
-    EXPECT_TRUE(text.ok()) << text.status().ToString();
-    Result<core::LogClassifier> rules =
-        core::LogClassifier::FromToml(text.ok() ? *text : "", ENDURE_LOG_RULES_PATH);
+    Result<std::vector<TextFile>> files = ReadConfigFiles(ENDURE_LOG_RULES_PATH, ".toml");
+    EXPECT_TRUE(files.ok()) << files.status().ToString();
+    Result<core::LogClassifier> rules = core::LogClassifier::FromTomlFiles(
+        files.ok() ? *files : std::vector<TextFile>{}, ENDURE_LOG_RULES_PATH);
     EXPECT_TRUE(rules.ok()) << rules.status().ToString();
     if (!rules.ok()) return std::move(core::LogClassifier::Create({})).value();
     return std::move(rules).value();
@@ -410,11 +411,19 @@ TEST_F(AgentShellTest, StopUsesTheControllersGraceAndReportsStopped) {
   EXPECT_EQ(stopped.stopped().workers(), 2);
   EXPECT_DOUBLE_EQ(stopped.stopped().teardown_s(), 3.5);  // the fake stop took its grace
   EXPECT_EQ(stopped.stopped().inventory_size(), 0);
-  for (size_t i = events.size() - 3; i < events.size() - 1; ++i) {
-    ASSERT_TRUE(events[i].has_worker_exited());
+  // Each exit comes after its last words (the output's tail, for the
+  // incident knowledge base).
+  int exits = 0;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    if (!events[i].has_worker_exited()) continue;
+    ++exits;
     EXPECT_EQ(events[i].generation(), 2);
     EXPECT_EQ(events[i].worker_exited().signal(), SIGTERM);
+    ASSERT_GE(i, 1u);
+    EXPECT_TRUE(events[i - 1].has_log_match());
+    EXPECT_EQ(events[i - 1].log_match().rank(), events[i].worker_exited().rank());
   }
+  EXPECT_EQ(exits, 2);
 }
 
 TEST_F(AgentShellTest, StopBoundsTheGrace) {
@@ -596,14 +605,16 @@ TEST_F(AgentShellTest, ABreakWithinTheGraceKeepsTheWorkersAndResumesWithWhatHapp
                       std::to_string(e.step().step()));
     } else if (e.has_worker_exited()) {
       after.push_back("exit " + std::to_string(e.worker_exited().rank()));
+    } else if (e.has_log_match()) {
+      after.push_back("words " + std::to_string(e.log_match().rank()));
     } else {
       after.push_back("other");
     }
   }
   // Then rank 1's last words once more: the controller may be a new one
   // that never heard them (the first copy may have died in flight).
-  EXPECT_EQ(after, (std::vector<std::string>{"step 0:5", "step 1:5", "exit 1", "step 0:6",
-                                             "step 1:6", "exit 1"}));
+  EXPECT_EQ(after, (std::vector<std::string>{"step 0:5", "step 1:5", "words 1", "exit 1",
+                                             "step 0:6", "step 1:6", "words 1", "exit 1"}));
   // The workers never stopped, and the node goes on with the controller.
   EXPECT_TRUE(launcher_.stops().empty());
   EXPECT_EQ(launcher_.kill_alls(), 0);

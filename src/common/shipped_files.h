@@ -1,4 +1,4 @@
-// Where the files Endure ships (config/log_rules.toml, ...) are found at run
+// Where the files Endure ships (config/log_rules/, ...) are found at run
 // time: next to the running binary. build/bin/endure uses the source tree's
 // config/; an installed PREFIX/bin/endure uses PREFIX/share/endure/.
 #pragma once

@@ -17,7 +17,9 @@
 #include "common/secret.h"
 #include "common/utf8.h"
 #include "controller/report.h"
+#include "core/incident_match.h"
 #include "core/job_codec.h"
+#include "core/stack_signature.h"
 
 namespace endure::controller {
 namespace {
@@ -606,6 +608,10 @@ Status ControllerShell::Start() {
   Result<NodeLedger> ledger = NodeLedger::Open(NodeLedger::PathIn(ledger_dir_));
   if (!ledger.ok()) return ledger.status();
   nodes_.emplace(std::move(ledger).value());
+  // The incident knowledge base lives beside it: recurrences across jobs.
+  Result<IncidentKb> kb = IncidentKb::Open(IncidentKb::PathIn(ledger_dir_));
+  if (!kb.ok()) return kb.status();
+  kb_.emplace(std::move(kb).value());
   ENDURE_RETURN_IF_ERROR(nodes_->SetPolicy(MachineOptions(o_.spec).isolation.health));
   job_.name = o_.spec.name;
   job_.spec_path = o_.spec.path;
@@ -901,6 +907,9 @@ Result<int> ControllerShell::Finish() {
                   machine_.last_loss(),
                   {}};
   in.stopped_by = stopped_by_;
+  for (const auto& [id, entry] : kb_entries_) {
+    in.recurrences[id] = {{"kb_id", entry.id}, {"similar", entry.recurrence}};
+  }
   {
     std::lock_guard<std::mutex> lock(conns_mu_);
     in.nodes = node_names_;
@@ -1244,6 +1253,67 @@ void ControllerShell::Persist() {
   }
   saved_incidents_ = incidents.size();
   Journal("the ledger", store_->SaveLedger(machine_.ledger()));
+  RecordInKnowledgeBase();
+}
+
+void ControllerShell::RecordInKnowledgeBase() {
+  if (!kb_ || !store_) return;
+  for (const core::Incident& inc : machine_.incidents()) {
+    auto known = kb_entries_.find(inc.id);
+    if (known != kb_entries_.end()) {
+      if (known->second.action != inc.action) {
+        Journal("an incident's action", kb_->UpdateAction(known->second.id, inc.action));
+        known->second.action = inc.action;
+      }
+      continue;
+    }
+    KbIncident k;
+    k.job = o_.spec.name;
+    k.job_dir = o_.state_dir;
+    k.run = store_->run();
+    k.job_incident = inc.id;
+    k.at_unix_ms = static_cast<int64_t>((start_unix_ + Seconds(inc.detected_at - start_)) * 1000);
+    k.node = inc.node_name;
+    k.rank = inc.rank.value;
+    k.cause = inc.cause.name;
+    k.action = inc.action;
+    if (auto it = last_log_.find({inc.generation.value, inc.rank.value}); it != last_log_.end()) {
+      k.log_rule = it->second.rule();
+      k.log_action = it->second.action();
+      k.excerpt = SanitizeUtf8(it->second.excerpt());  // bytes: a worker's output
+    }
+    k.normalized = core::NormalizeExcerpt(k.excerpt);
+    // A hang's signature: the stuck rank's main thread ("rank N:\n<stack>").
+    const std::string prefix = "rank " + std::to_string(inc.rank.value) + ":\n";
+    for (const std::string& stack : inc.stacks) {
+      if (stack.rfind(prefix, 0) == 0)
+        k.stack_signature = core::StackSignature(stack.substr(prefix.size()));
+    }
+    // The earlier incidents like it, before it joins them.
+    nlohmann::json recurrence = nlohmann::json::array();
+    Result<std::vector<Recurrence>> similar =
+        kb_->Similar(k, 3, core::kRecurrenceScore, /*earlier_only=*/true);
+    if (similar.ok()) {
+      for (const Recurrence& r : *similar) {
+        recurrence.push_back({{"kb_id", r.id},
+                              {"score", std::round(r.score * 1000) / 1000},
+                              {"job", r.job},
+                              {"incident", r.job_incident},
+                              {"cause", r.cause},
+                              {"resolution", r.action},
+                              {"resolved_by_operator", r.resolved},
+                              {"note", r.note}});
+      }
+    } else {
+      Journal("similar incidents", similar.status());
+    }
+    Result<int64_t> id = kb_->Record(k);
+    if (!id.ok()) {
+      Journal("the incident knowledge base", id.status());
+      continue;
+    }
+    kb_entries_[inc.id] = {*id, inc.action, std::move(recurrence)};
+  }
 }
 
 }  // namespace endure::controller

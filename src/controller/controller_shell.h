@@ -37,6 +37,7 @@
 #include "controller/checkpoint_coordinator.h"
 #include "controller/controller.h"
 #include "controller/event_queue.h"
+#include "controller/incident_kb.h"
 #include "controller/node_ledger.h"
 #include "controller/state_store.h"
 #include "controller/transport.h"
@@ -194,6 +195,9 @@ class ControllerShell final : public TransportSink {
   void OnResume(const Queued& item);
   // Logs a failure to journal to the state store; the job goes on.
   void Journal(const std::string& what, const Status& st) const;
+  // Records the incidents new since the last call in the knowledge base,
+  // with the earlier ones like them, and updates the actions that changed.
+  void RecordInKnowledgeBase();
   // Every input of the machine goes through here: journaled (before it is
   // acted on), stepped, and what it changed saved, in one transaction.
   std::vector<core::JobAction> Input(const core::JobEvent& event, core::TimePoint at);
@@ -246,7 +250,16 @@ class ControllerShell final : public TransportSink {
   std::optional<StateStore> store_;    // owned by the loop thread
   std::optional<NodeLedger> nodes_;    // the node health ledger; owned by the loop thread
   JobRecord job_;                      // owned by the loop thread
-  std::string ledger_dir_;             // where nodes.db is
+  std::string ledger_dir_;             // where nodes.db and incidents.db are
+  std::optional<IncidentKb> kb_;       // the incident knowledge base; owned by the loop thread
+  // The incidents of this run recorded in kb_, by incident id: their id
+  // there, the action last recorded, and the earlier incidents like them.
+  struct KbEntry {
+    int64_t id = 0;
+    std::string action;
+    nlohmann::json recurrence;
+  };
+  std::map<int, KbEntry> kb_entries_;  // owned by the loop thread
 
   mutable std::mutex conns_mu_;
   std::map<ConnectionId, PendingHello> hellos_;      // GUARDED_BY(conns_mu_)

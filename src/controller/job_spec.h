@@ -70,7 +70,7 @@ struct DetectionSpec {
   double loss_spike_z = 6.0;
   int loss_window = 50;
   core::AnomalyRecurrence on_recurrence = core::AnomalyRecurrence::kSkipStep;
-  std::string log_rules;  // empty: the shipped config/log_rules.toml
+  std::string log_rules;  // a file or directory; empty: the shipped config/log_rules/
   Duration stack_timeout = std::chrono::seconds(10);
   // Step progress read from worker output, for programs without the client
   // library: an RE2 pattern with a named group `step` (steps completed) and

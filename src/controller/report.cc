@@ -206,6 +206,10 @@ Json BuildReport(const ReportInputs& in) {
   }
   report["stragglers"] = std::move(stragglers);
   AddAccounting(report, ledger_s, wall_s, m.incidents(), in.start);
+  for (Json& inc : report["incidents"]) {
+    auto it = in.recurrences.find(inc.value("id", -1));
+    if (it != in.recurrences.end()) inc["recurrence"] = it->second;
+  }
   return report;
 }
 
@@ -464,6 +468,20 @@ std::string RenderRunReport(const Json& r) {
       suspects += (suspects.empty() ? "" : ", ") + Str(s);
     }
     detail("suspects", suspects);
+    // The earlier incident most like it, and what resolved that one.
+    const Json& similar = inc.contains("recurrence")
+                              ? inc["recurrence"].value("similar", Json::array())
+                              : Json::array();
+    if (!similar.empty()) {
+      const Json& s = similar[0];
+      char score[16];
+      std::snprintf(score, sizeof score, "%.2f", s.value("score", 0.0));
+      detail("seen before", "like " + Str(s["job"]) + " incident " +
+                                std::to_string(s.value("incident", 0)) + " (score " + score +
+                                "): " + Str(s["resolution"]) +
+                                (s.value("resolved_by_operator", false) ? " by an operator" : "") +
+                                (Str(s["note"]).empty() ? "" : ": " + Str(s["note"])));
+    }
     detail("restore", Str(inc.value("restore", Json())));
     std::string phases;
     for (const char* key : {"teardown_s", "wait_s", "relaunch_s", "restore_s"}) {

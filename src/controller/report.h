@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -39,6 +40,9 @@ struct ReportInputs {
   double last_loss = 0;
   std::vector<std::string> nodes;  // names of the nodes that took part
   std::string stopped_by;          // "SIGTERM" when a signal stopped the job; empty otherwise
+  // By incident id: its id in the incident knowledge base and the earlier
+  // incidents like it ({"kb_id", "similar": [...]}), as the controller found.
+  std::map<int, nlohmann::json> recurrences;
 };
 
 // The report as JSON; keys in docs/report.md. "final" is true; "completed"

@@ -6,8 +6,11 @@
 #include <sqlite3.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+
+#include "common/status.h"
 
 namespace endure::controller {
 
@@ -56,5 +59,42 @@ class Statement {
   sqlite3_stmt* stmt_ = nullptr;
   int rc_ = SQLITE_ERROR;
 };
+
+struct SqliteCloser {
+  void operator()(sqlite3* db) const { sqlite3_close_v2(db); }
+};
+using SqliteHandle = std::unique_ptr<sqlite3, SqliteCloser>;
+
+// "PATH: what: SQLite's message", DataLoss for a file that is no database
+// (or a damaged one), IOError otherwise.
+inline Status SqliteError(sqlite3* db, const std::string& path, const std::string& what) {
+  const int code = sqlite3_errcode(db);
+  const std::string message = path + ": " + what + ": " + sqlite3_errmsg(db);
+  if (code == SQLITE_NOTADB || code == SQLITE_CORRUPT) return DataLoss(message);
+  return IOError(message);
+}
+
+// Opens `path` for one owner thread, with a busy timeout for the other
+// processes that share the file, in WAL mode, and runs `schema` (CREATE ...
+// IF NOT EXISTS). `what` names the database in errors.
+inline Result<SqliteHandle> OpenSqlite(const std::string& path, int flags, const char* schema,
+                                       const std::string& what) {
+  sqlite3* raw = nullptr;
+  const int rc = sqlite3_open_v2(path.c_str(), &raw, flags | SQLITE_OPEN_NOMUTEX, nullptr);
+  SqliteHandle db(raw);
+  if (rc != SQLITE_OK) {
+    return IOError(path + ": cannot open the " + what + ": " +
+                   (raw != nullptr ? sqlite3_errmsg(raw) : sqlite3_errstr(rc)));
+  }
+  sqlite3_busy_timeout(db.get(), 10000);
+  if (sqlite3_exec(db.get(), "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", nullptr,
+                   nullptr, nullptr) != SQLITE_OK) {
+    return SqliteError(db.get(), path, "not a usable SQLite database");
+  }
+  if (sqlite3_exec(db.get(), schema, nullptr, nullptr, nullptr) != SQLITE_OK) {
+    return SqliteError(db.get(), path, "creating the " + what + "'s tables");
+  }
+  return db;
+}
 
 }  // namespace endure::controller

@@ -14,6 +14,7 @@ namespace endure::core {
 struct LogClassifier::Compiled {
   LogRule rule;
   std::unique_ptr<RE2> re;
+  std::unique_ptr<RE2> context;          // null: the rule has none
   std::vector<std::string> group_names;  // by group index - 1; "" when unnamed
   // The cause, cut at its placeholders: literal text, or a group index.
   struct Piece {
@@ -25,7 +26,8 @@ struct LogClassifier::Compiled {
 
 namespace {
 
-constexpr const char* kRuleKeys = "name, pattern, cause, action, priority, description, examples";
+constexpr const char* kRuleKeys =
+    "name, pattern, cause, action, priority, description, examples, context";
 
 std::string Where(std::string_view source, int line) {
   if (source.empty()) return "";
@@ -122,30 +124,45 @@ LogClassifier::~LogClassifier() = default;
 Result<LogClassifier> LogClassifier::Create(std::vector<LogRule> rules, std::string_view source) {
   std::vector<Compiled> compiled;
   compiled.reserve(rules.size());
-  std::set<std::string> names;
-  for (LogRule& rule : rules) {
-    const std::string at = Where(source, rule.line) + RuleLabel(rule) + ": ";
-    const std::string pattern_at =
-        Where(source, rule.pattern_line > 0 ? rule.pattern_line : rule.line) + RuleLabel(rule) +
-        ": ";
-    const std::string cause_at =
-        Where(source, rule.cause_line > 0 ? rule.cause_line : rule.line) + RuleLabel(rule) + ": ";
-    if (rule.name.empty()) return InvalidArgument(at + "the rule needs a non-empty name");
-    if (!names.insert(rule.name).second) {
-      return InvalidArgument(at + "another rule has the same name; give each rule its own");
-    }
-    if (rule.pattern.empty()) return InvalidArgument(pattern_at + "the pattern is empty");
-
-    RE2::Options options;
-    options.set_log_errors(false);
-    auto re = std::make_unique<RE2>(rule.pattern, options);
+  std::map<std::string, std::string> names;  // name -> where it is defined
+  RE2::Options options;
+  options.set_log_errors(false);
+  auto compile = [&](const std::string& pattern, std::string_view what,
+                     const std::string& at) -> Result<std::unique_ptr<RE2>> {
+    auto re = std::make_unique<RE2>(pattern, options);
     if (!re->ok()) {
-      return InvalidArgument(pattern_at + "the pattern does not compile: " + re->error() +
+      return InvalidArgument(at + "the " + std::string(what) + " does not compile: " + re->error() +
                              "; patterns use RE2 syntax, see "
                              "https://github.com/google/re2/wiki/Syntax");
     }
+    return re;
+  };
+  for (LogRule& rule : rules) {
+    const std::string_view file = rule.file.empty() ? source : std::string_view(rule.file);
+    auto at_line = [&](int line) {
+      return Where(file, line > 0 ? line : rule.line) + RuleLabel(rule) + ": ";
+    };
+    const std::string at = at_line(rule.line);
+    const std::string cause_at = at_line(rule.cause_line);
+    if (rule.name.empty()) return InvalidArgument(at + "the rule needs a non-empty name");
+    const std::string place = Where(file, rule.line);
+    if (auto [it, fresh] = names.emplace(rule.name, place); !fresh) {
+      return InvalidArgument(at + "another rule has the same name" +
+                             (it->second.empty()
+                                  ? std::string()
+                                  : " (" + it->second.substr(0, it->second.size() - 2) + ")") +
+                             "; give each rule its own");
+    }
+    if (rule.pattern.empty())
+      return InvalidArgument(at_line(rule.pattern_line) + "the pattern is empty");
+    ENDURE_ASSIGN_OR_RETURN(std::unique_ptr<RE2> re,
+                            compile(rule.pattern, "pattern", at_line(rule.pattern_line)));
 
     Compiled c;
+    if (!rule.context.empty()) {
+      ENDURE_ASSIGN_OR_RETURN(c.context,
+                              compile(rule.context, "context", at_line(rule.context_line)));
+    }
     c.group_names.assign(re->NumberOfCapturingGroups(), "");
     for (const auto& [name, index] : re->NamedCapturingGroups()) c.group_names[index - 1] = name;
 
@@ -185,7 +202,10 @@ Result<LogClassifier> LogClassifier::Create(std::vector<LogRule> rules, std::str
   return LogClassifier(std::move(compiled), std::string(source));
 }
 
-Result<LogClassifier> LogClassifier::FromToml(std::string_view text, std::string_view path) {
+namespace {
+
+// The rules of one file, each knowing where it is.
+Result<std::vector<LogRule>> ParseRulesToml(std::string_view text, std::string_view path) {
   toml::table doc;
   try {
     doc = toml::parse(text, std::string_view(path));
@@ -220,6 +240,7 @@ Result<LogClassifier> LogClassifier::FromToml(std::string_view text, std::string
                              "each rule must be a table: write it as [[rule]]");
     }
     LogRule rule;
+    rule.file = std::string(path);
     rule.line = element_line;
     if (const toml::node* name = table->get("name"); name != nullptr && name->is_string()) {
       rule.name = name->as_string()->get();
@@ -246,6 +267,14 @@ Result<LogClassifier> LogClassifier::FromToml(std::string_view text, std::string
       } else if (k == "cause") {
         ENDURE_RETURN_IF_ERROR(string_of(value, k, &rule.cause));
         rule.cause_line = line;
+      } else if (k == "context") {
+        ENDURE_RETURN_IF_ERROR(string_of(value, k, &rule.context));
+        rule.context_line = line;
+        if (rule.context.empty()) {
+          return InvalidArgument(Where(path, line) + label +
+                                 ": \"context\" is empty; leave it out, or give a pattern that "
+                                 "some line of the excerpt must match");
+        }
       } else if (k == "description") {
         ENDURE_RETURN_IF_ERROR(string_of(value, k, &rule.description));
       } else if (k == "action") {
@@ -287,15 +316,51 @@ Result<LogClassifier> LogClassifier::FromToml(std::string_view text, std::string
     }
     rules.push_back(std::move(rule));
   }
+  return rules;
+}
+
+}  // namespace
+
+Result<LogClassifier> LogClassifier::FromToml(std::string_view text, std::string_view path) {
+  ENDURE_ASSIGN_OR_RETURN(std::vector<LogRule> rules, ParseRulesToml(text, path));
   return Create(std::move(rules), path);
+}
+
+Result<LogClassifier> LogClassifier::FromTomlFiles(const std::vector<TextFile>& files,
+                                                   std::string_view source) {
+  std::vector<LogRule> all;
+  for (const TextFile& f : files) {
+    ENDURE_ASSIGN_OR_RETURN(std::vector<LogRule> rules, ParseRulesToml(f.text, f.path));
+    for (LogRule& r : rules) all.push_back(std::move(r));
+  }
+  if (all.empty()) return InvalidArgument(Where(source, 0) + "no rules: add [[rule]] tables");
+  return Create(std::move(all), source);
 }
 
 std::vector<LogMatch> LogClassifier::Match(std::string_view excerpt, bool first_only) const {
   std::vector<std::string> lines;
-  for (std::string_view line : Lines(excerpt)) lines.push_back(StripAnsi(line));
+  // Which part of a chained traceback each line is in: 0 before the first
+  // chain line (the root cause), 1 after it.
+  std::vector<int> part;
+  bool chained = false;
+  for (std::string_view line : Lines(excerpt)) {
+    lines.push_back(StripAnsi(line));
+    chained = chained || IsChainLine(lines.back());
+    part.push_back(chained ? 1 : 0);
+  }
 
-  std::vector<LogMatch> matches;
+  // Each rule's first matching line, in rule order (priority, then file).
+  struct Found {
+    LogMatch match;
+    bool root = true;  // counts as the root cause
+  };
+  std::vector<Found> found;
   for (const Compiled& c : rules_) {
+    if (c.context != nullptr && std::none_of(lines.begin(), lines.end(), [&](const std::string& l) {
+          return RE2::PartialMatch(l, *c.context);
+        })) {
+      continue;
+    }
     const int n = static_cast<int>(c.group_names.size());
     std::vector<std::string> groups(n);
     std::vector<RE2::Arg> args(n);
@@ -317,10 +382,19 @@ std::vector<LogMatch> LogClassifier::Match(std::string_view excerpt, bool first_
       for (int g = 0; g < n; ++g) {
         if (!c.group_names[g].empty()) m.captures[c.group_names[g]] = groups[g];
       }
-      matches.push_back(std::move(m));
+      found.push_back({std::move(m), part[i] == 0 || c.rule.action == LogAction::kEvictNode});
       break;
     }
-    if (first_only && !matches.empty()) break;
+    // Without a chain every match counts: the first is the winner.
+    if (first_only && !chained && !found.empty()) break;
+  }
+  // Matches that count as the root cause go first, each group in rule order;
+  // when none does (nothing matched before the chain), all count.
+  std::stable_partition(found.begin(), found.end(), [](const Found& f) { return f.root; });
+  std::vector<LogMatch> matches;
+  for (Found& f : found) {
+    matches.push_back(std::move(f.match));
+    if (first_only) break;
   }
   return matches;
 }
@@ -345,8 +419,8 @@ Status LogClassifier::CheckExamples() const {
       ++count;
       std::string shown = example.substr(0, 120);
       std::replace(shown.begin(), shown.end(), '\n', ' ');
-      problems += "\n  " + Where(source_, c.rule.line) + RuleLabel(c.rule) + ": example \"" +
-                  shown + "\" is ";
+      problems += "\n  " + Where(c.rule.file.empty() ? source_ : c.rule.file, c.rule.line) +
+                  RuleLabel(c.rule) + ": example \"" + shown + "\" is ";
       problems += m.has_value() ? "classified by rule \"" + m->rule + "\" (cause " + m->cause +
                                       ", priority wins)"
                                 : "matched by no rule";

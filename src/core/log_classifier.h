@@ -1,17 +1,27 @@
 // LogClassifier: names the cause of a failure from what the worker printed.
 //
 // A rule maps a regular expression (RE2 syntax) on one line of worker output
-// to a cause ("xid_79", "nccl_timeout", "user_exception", ...) and an action
+// to a cause ("xid_79", "nccl_timeout", "user_error", ...) and an action
 // (restart, evict_node, stop, investigate). An excerpt — a line, or several
-// lines such as the tail of a worker's output or a whole Python traceback — is
-// classified by the rule of highest priority that matches any of its lines
-// (ties: the rule listed first); within that rule the first matching line is
-// the one recorded. A cause may name capture groups of its pattern, as in
-// `cause = "xid_{xid}"`.
+// lines such as the tail of a worker's output, a whole Python traceback, an
+// nvidia-smi table or a dmesg record — is classified as one piece of evidence
+// by its root cause:
+// - the rule of highest priority that matches any of its lines wins (ties:
+//   the rule listed first); within that rule the first matching line is the
+//   one recorded;
+// - a rule with a `context` pattern matches only where some line of the same
+//   excerpt matches that pattern too (evidence that spans lines);
+// - in a chained Python traceback ("During handling of the above exception",
+//   "The above exception was the direct cause"), the first exception is the
+//   root cause: matches after the first chain line count only when no rule
+//   matches before it, except evict_node rules (broken hardware behind a
+//   cascade of errors), which count anywhere.
+// A cause may name capture groups of its pattern, as in `cause = "xid_{xid}"`.
 //
-// The rules live in config/log_rules.toml; docs/log_rules.md describes the
-// format. This file does no I/O: the caller reads the rules file and passes
-// its text. A LogClassifier is immutable once built; Classify is thread-safe.
+// The rules live in config/log_rules/ (one file per family of causes);
+// docs/log_rules.md describes the format and the policy. This file does no
+// I/O: the caller reads the rules files and passes their text. A
+// LogClassifier is immutable once built; Classify is thread-safe.
 #pragma once
 
 #include <map>
@@ -21,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/config_files.h"
 #include "common/status.h"
 
 namespace re2 {
@@ -44,6 +55,7 @@ Result<LogAction> ParseLogAction(std::string_view name);
 struct LogRule {
   std::string name;     // unique, e.g. "xid_hardware"
   std::string pattern;  // RE2 syntax, searched for in each line
+  std::string context;  // RE2, optional: some line of the excerpt must match it
   std::string cause;    // may contain {group} placeholders for named groups
   LogAction action = LogAction::kInvestigate;
   int priority = 0;  // higher wins
@@ -51,10 +63,12 @@ struct LogRule {
   // Lines or excerpts this rule must classify; checked by CheckExamples.
   std::vector<std::string> examples;
   // Where the rule, its pattern and its cause are in their file, for error
-  // messages (0: not from a file).
+  // messages (file empty, lines 0: not from a file).
+  std::string file;
   int line = 0;
   int pattern_line = 0;
   int cause_line = 0;
+  int context_line = 0;
 };
 
 struct LogMatch {
@@ -78,6 +92,13 @@ class LogClassifier {
   // fix it": TOML syntax, unknown keys, wrong types, missing keys, and the
   // errors of Create.
   static Result<LogClassifier> FromToml(std::string_view text, std::string_view path);
+
+  // The rules of several files (a rules directory, in name order), tried as
+  // one list: priority first, then file order. A rule name used twice, in one
+  // file or two, is an error naming both places. `source` names the whole
+  // (the directory) in source().
+  static Result<LogClassifier> FromTomlFiles(const std::vector<TextFile>& files,
+                                             std::string_view source);
 
   LogClassifier(LogClassifier&&) noexcept;
   LogClassifier& operator=(LogClassifier&&) noexcept;

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/config_files.h"
+
 namespace endure::core {
 namespace {
 
@@ -37,7 +39,7 @@ TEST(LogClassifierLoad, SyntaxErrorNamesFileAndLine) {
 TEST(LogClassifierLoad, UnknownKeyNamesLineRuleAndTheValidKeys) {
   EXPECT_EQ(LoadError("[[rule]]\nname = \"a\"\npattern = 'x'\ncause = \"c\"\nacton = \"stop\"\n"),
             "rules.toml:5: rule \"a\": unknown key \"acton\"; the keys of a rule are name, "
-            "pattern, cause, action, priority, description, examples");
+            "pattern, cause, action, priority, description, examples, context");
   EXPECT_EQ(LoadError("rules = 1\n"),
             "rules.toml:1: unknown top-level key \"rules\"; the file holds [[rule]] tables only");
 }
@@ -84,7 +86,34 @@ TEST(LogClassifierLoad, DuplicateNames) {
   EXPECT_THAT(
       LoadError("[[rule]]\nname = \"a\"\npattern = 'x'\ncause = \"c\"\naction = \"stop\"\n"
                 "[[rule]]\nname = \"a\"\npattern = 'y'\ncause = \"c\"\naction = \"stop\"\n"),
-      "rules.toml:6: rule \"a\": another rule has the same name; give each rule its own");
+      "rules.toml:6: rule \"a\": another rule has the same name (rules.toml:1); give each "
+      "rule its own");
+}
+
+TEST(LogClassifierLoad, SeveralFilesAreOneListAndErrorsNameTheFile) {
+  const std::string rule_a =
+      "[[rule]]\nname = \"a\"\npattern = 'x'\ncause = \"a\"\naction = \"stop\"\n";
+  const std::string rule_b =
+      "# site rules\n[[rule]]\nname = \"b\"\npattern = 'x'\ncause = \"b\"\naction = \"restart\"\n";
+  Result<LogClassifier> c =
+      LogClassifier::FromTomlFiles({{"d/10_a.toml", rule_a}, {"d/20_b.toml", rule_b}}, "d");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->source(), "d");
+  EXPECT_EQ(c->Classify("x")->rule, "a");  // equal priority: the earlier file first
+  ASSERT_EQ(c->rules().size(), 2u);
+  EXPECT_EQ(c->rules()[1]->file, "d/20_b.toml");
+
+  Result<LogClassifier> dup =
+      LogClassifier::FromTomlFiles({{"d/10_a.toml", rule_a}, {"d/20_a.toml", rule_a}}, "d");
+  ASSERT_FALSE(dup.ok());
+  EXPECT_EQ(dup.status().message(),
+            "d/20_a.toml:1: rule \"a\": another rule has the same name (d/10_a.toml:1); give "
+            "each rule its own");
+  Result<LogClassifier> bad = LogClassifier::FromTomlFiles(
+      {{"d/10_a.toml", rule_a}, {"d/20_b.toml", rule_b + "acton = 1\n"}}, "d");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(),
+              StartsWith("d/20_b.toml:7: rule \"b\": unknown key \"acton\""));
 }
 
 // --- Matching semantics ------------------------------------------------------
@@ -142,6 +171,92 @@ TEST(LogClassifier, FirstMatchingLineIsRecordedAndCarriageReturnsAndColoursAreSt
   EXPECT_EQ(m->cause, "xid_13");
   EXPECT_EQ(m->line, "Xid 13 first");
   EXPECT_EQ(m->line_number, 2);
+}
+
+TEST(LogClassifier, ContextMustMatchSomeLineOfTheExcerpt) {
+  LogClassifier c = MustLoad(R"(
+[[rule]]
+name = "slurm_oom"
+priority = 10
+pattern = 'task \d+: Killed'
+context = 'oom-kill event'
+cause = "slurm_oom"
+action = "restart"
+
+[[rule]]
+name = "killed"
+pattern = 'task \d+: Killed'
+cause = "killed"
+action = "investigate"
+)");
+  EXPECT_EQ(c.Classify("srun: error: n1: task 3: Killed\n")->rule, "killed");
+  auto m = c.Classify(
+      "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=42.0.\n"
+      "srun: error: n1: task 3: Killed\n");
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->rule, "slurm_oom");
+  EXPECT_EQ(m->line_number, 2);  // the pattern's line is recorded, not the context's
+  EXPECT_THAT(LoadError("[[rule]]\nname = \"a\"\npattern = 'x'\ncontext = '(y'\ncause = "
+                        "\"c\"\naction = \"stop\"\n"),
+              StartsWith("rules.toml:4: rule \"a\": the context does not compile: "));
+}
+
+TEST(LogClassifier, AChainedTracebackIsClassifiedByItsFirstExceptionUnlessHardwareFollows) {
+  LogClassifier c = MustLoad(R"(
+[[rule]]
+name = "gpu"
+priority = 100
+pattern = 'uncorrectable ECC'
+cause = "ecc"
+action = "evict_node"
+
+[[rule]]
+name = "peer"
+priority = 50
+pattern = 'remote process exited'
+cause = "nccl_error"
+action = "restart"
+
+[[rule]]
+name = "key"
+priority = 20
+pattern = '^KeyError'
+cause = "user_error"
+action = "stop"
+
+[[rule]]
+name = "traceback"
+priority = 5
+pattern = '^Traceback'
+cause = "user_exception"
+action = "investigate"
+)");
+  const std::string first =
+      "Traceback (most recent call last):\n  File \"t.py\", line 3, in <module>\n"
+      "KeyError: 'lr'\n\nDuring handling of the above exception, another exception occurred:\n\n";
+  const std::string second =
+      "Traceback (most recent call last):\n  File \"t.py\", line 9, in <module>\n"
+      "RuntimeError: NCCL error: remote process exited or there was a network error\n";
+  // A peer error of higher priority follows, but the KeyError is the root.
+  auto m = c.Classify(first + second);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->rule, "key");
+  EXPECT_EQ(m->line_number, 3);
+  std::vector<LogMatch> all = c.ClassifyAll(first + second);
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[1].rule, "traceback");
+  EXPECT_EQ(all[2].rule, "peer");  // after the chain: listed last
+  // Without the chain the same lines are weighed by priority alone.
+  EXPECT_EQ(c.Classify("KeyError: 'lr'\nRuntimeError: remote process exited\n")->rule, "peer");
+  // Broken hardware counts wherever it is.
+  EXPECT_EQ(
+      c.Classify(first + "RuntimeError: CUDA error: uncorrectable ECC error encountered\n")->rule,
+      "gpu");
+  // The other phrasing of a chain.
+  EXPECT_EQ(c.Classify("KeyError: 'lr'\n\nThe above exception was the direct cause of the "
+                       "following exception:\n\nRuntimeError: remote process exited\n")
+                ->rule,
+            "key");
 }
 
 TEST(LogClassifier, CheckExamplesReportsMisclassifiedExamples) {
@@ -233,10 +348,10 @@ TEST(SplitNonBlankLines, DropsBlankLines) {
 // --- The shipped rules against real-world output ----------------------------
 
 LogClassifier ShippedRules() {
-  std::ifstream in(ENDURE_LOG_RULES_PATH);
-  std::stringstream text;
-  text << in.rdbuf();
-  Result<LogClassifier> c = LogClassifier::FromToml(text.str(), ENDURE_LOG_RULES_PATH);
+  Result<std::vector<TextFile>> files = ReadConfigFiles(ENDURE_LOG_RULES_PATH, ".toml");
+  EXPECT_TRUE(files.ok()) << files.status().ToString();
+  Result<LogClassifier> c = LogClassifier::FromTomlFiles(
+      files.ok() ? *files : std::vector<TextFile>{}, ENDURE_LOG_RULES_PATH);
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   return std::move(c).value();
 }
@@ -276,31 +391,48 @@ TEST(ShippedLogRules, KernelXidLines) {
   LogClassifier c = ShippedRules();
   const std::vector<Case> cases = {
       {"[ 3342.918213] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
-       "xid_79", LogAction::kEvictNode, "xid_hardware", ""},
+       "xid_79", LogAction::kEvictNode, "xid_restart_bm", ""},
       {"kernel: NVRM: Xid (PCI:0000:b7:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable "
        "double bit error (DBE) has been detected on GPU in the framebuffer at partition 6.",
-       "xid_48", LogAction::kEvictNode, "xid_hardware", ""},
+       "xid_48", LogAction::kEvictNode, "xid_workflow_48", ""},
+      // Catalogue RESTART_APP: a contained memory error ends only the application using it.
       {"NVRM: Xid (PCI:0000:4e:00): 94, pid=30211, name=python, Contained: SM (0x1). RST: No, "
        "D-RST: No",
-       "xid_94", LogAction::kEvictNode, "xid_hardware", ""},
+       "xid_94", LogAction::kRestart, "xid_restart_app", ""},
+      // Catalogue IGNORE: the row remap is recorded; it takes effect at the next reset.
       {"NVRM: Xid (PCI:0000:18:00): 63, pid='<unknown>', name=<unknown>, Row Remapper: New row "
        "(0x00000000003d2c10) Marked for Remapping, reset gpu to activate.",
-       "xid_63", LogAction::kEvictNode, "xid_hardware", ""},
-      // Application Xids: ambiguous, no confident action.
+       "xid_63", LogAction::kRestart, "xid_ignore", ""},
+      // Catalogue RESTART_APP: faults of one application's channel; the GPU stays in service.
       {"NVRM: Xid (PCI:0000:18:00): 31, pid=3517, name=python, Ch 00000008, intr 10000000. MMU "
        "Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f2a_4c000000.",
-       "xid_31", LogAction::kInvestigate, "xid_application", ""},
+       "xid_31", LogAction::kRestart, "xid_restart_app", ""},
       {"NVRM: Xid (PCI:0000:18:00): 13, pid=3517, name=python, Graphics SM Warp Exception on "
        "(GPC 0, TPC 1, SM 0): Out Of Range Address",
-       "xid_13", LogAction::kInvestigate, "xid_application", ""},
+       "xid_13", LogAction::kRestart, "xid_restart_app", ""},
+      // An NVLink5 Xid without the Fatal/Nonfatal word the catalogue's decode needs.
       {"NVRM: Xid (PCI:0000:18:00): 149, pid=1, name=x, something new", "xid_149",
-       LogAction::kInvestigate, "xid_other", ""},
+       LogAction::kInvestigate, "xid_unclassified", ""},
+      // NVLink5 by the severity printed (tests/log_corpus/gpu.toml).
+      {"NVRM: Xid (PCI:0019:01:00): 149, NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x00000000 "
+       "0x00000000 0x00000000 0x00000000 0x00000000)",
+       "xid_149", LogAction::kEvictNode, "xid_nvlink5_fatal", ""},
+      {"NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 "
+       "0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)",
+       "xid_145", LogAction::kRestart, "xid_nvlink5_nonfatal", ""},
+      // Xid 45 follows the Xid it names; alone it is a process's channels torn down.
+      {"kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by "
+       "previous Xid 149",
+       "xid_149", LogAction::kEvictNode, "xid_45_after_hardware", ""},
+      {"Mar 27 17:40:36 kernel: NVRM: Xid (PCI:0000:01:00): 45, pid=12542, name=VLLM::Worker, "
+       "channel 0x00000002",
+       "xid_45", LogAction::kRestart, "xid_45", ""},
       // Xid 79 wins over the NCCL timeout it causes on the same node.
       {"[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, "
        "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600000 milliseconds "
        "before timing out.\n"
        "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
-       "xid_79", LogAction::kEvictNode, "xid_hardware",
+       "xid_79", LogAction::kEvictNode, "xid_restart_bm",
        "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."},
   };
   for (const Case& k : cases) ExpectClassified(c, k);
@@ -338,13 +470,25 @@ TEST(ShippedLogRules, NcclAndGloo) {
        "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or "
        "device error.\nLast error:\nsocketStartConnect: Connect to 10.0.0.2<60123> failed : "
        "Software caused connection abort",
+       // The "Last error" names the cause: the connection to the peer was aborted.
+       "socket_error", LogAction::kRestart, "nccl_peer_socket_closed",
+       "socketStartConnect: Connect to 10.0.0.2<60123> failed : Software caused connection "
+       "abort"},
+      // Without a "Last error" an NCCL system/CUDA error is ambiguous.
+      {"RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:38, unhandled "
+       "cuda error, NCCL version 2.7.8",
        "nccl_error", LogAction::kInvestigate, "nccl_system_error", ""},
       {"RuntimeError: NCCL communicator was aborted on rank 3.  Original reason for failure was: "
        "NCCL error: remote process exited or there was a network error",
-       "nccl_error", LogAction::kRestart, "nccl_remote_error", ""},
+       "nccl_remote_error", LogAction::kRestart, "nccl_remote_error", ""},
       {"host-7:2041:2203 [1] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion from "
        "peer 10.1.4.17<53214> with error 12, opcode 1, len 0, vendor err 129 (Send)",
-       "nccl_error", LogAction::kInvestigate, "nccl_network_error", ""},
+       "ib_error", LogAction::kInvestigate, "ib_completion_error", ""},
+      // NCCL refused the call: the program is wrong on any node.
+      {"torch.distributed.DistBackendError: NCCL error in: "
+       "../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, invalid usage (run with "
+       "NCCL_DEBUG=WARN for details), NCCL version 2.20.5",
+       "user_error", LogAction::kStop, "nccl_invalid_usage", ""},
       {"RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by "
        "peer [127.0.0.1]:31245",
        "gloo_error", LogAction::kRestart, "gloo_peer_lost", ""},
@@ -367,7 +511,7 @@ TEST(ShippedLogRules, MemoryAndDisk) {
        "[rank0]:     loss.backward()\n"
        "[rank0]: torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
        "GPU 0 has a total capacity of 79.15 GiB of which 1.23 GiB is free.",
-       "cuda_oom", LogAction::kRestart, "cuda_oom",
+       "cuda_oom", LogAction::kStop, "cuda_oom",
        "[rank0]: torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU "
        "0 has a total capacity of 79.15 GiB of which 1.23 GiB is free."},
       {"Traceback (most recent call last):\n"
@@ -396,12 +540,12 @@ TEST(ShippedLogRules, CudaErrors) {
       // The same with Xid 48 in the kernel log next to it: hardware.
       {"RuntimeError: CUDA error: an illegal memory access was encountered\n"
        "NVRM: Xid (PCI:0000:3b:00): 48, pid=88, name=python, An uncorrectable double bit error",
-       "xid_48", LogAction::kEvictNode, "xid_hardware", ""},
+       "xid_48", LogAction::kEvictNode, "xid_workflow_48", ""},
       {"RuntimeError: CUDA error: uncorrectable ECC error encountered", "ecc_uncorrectable",
        LogAction::kEvictNode, "ecc_uncorrectable", ""},
       {"RuntimeError: CUDA error: device-side assert triggered\nCompile with "
        "`TORCH_USE_CUDA_DSA` to enable device-side assertions.",
-       "cuda_device_assert", LogAction::kRestart, "cuda_device_assert", ""},
+       "cuda_device_assert", LogAction::kStop, "cuda_device_assert", ""},
   };
   for (const Case& k : cases) ExpectClassified(c, k);
 }
@@ -417,7 +561,7 @@ TEST(ShippedLogRules, PythonTracebacks) {
       "  File \"/workspace/data.py\", line 57, in __next__\n"
       "    raise ValueError(f\"shard {path} is empty\")\n"
       "ValueError: shard /data/shard_00017.bin is empty\n";
-  ExpectClassified(c, {traceback, "user_exception", LogAction::kRestart, "user_exception",
+  ExpectClassified(c, {traceback, "user_error", LogAction::kStop, "python_program_error",
                        "ValueError: shard /data/shard_00017.bin is empty"});
   EXPECT_EQ(c.Classify(traceback)->captures.at("exception"), "ValueError");
 
@@ -435,18 +579,28 @@ TEST(ShippedLogRules, PythonTracebacks) {
       "    load()\n"
       "checkpoint.CheckpointError: cannot restore step 1200\n";
   ASSERT_EQ(SplitExcerpts(chained).size(), 1u);
-  ExpectClassified(c, {chained, "user_exception", LogAction::kRestart, "user_exception",
+  ExpectClassified(c, {chained, "user_error", LogAction::kStop, "python_program_error",
                        "KeyError: 'layers.0.attention.wq.weight'"});
+  EXPECT_EQ(c.Classify(chained)->captures.at("exception"), "KeyError");
 
   const std::vector<Case> cases = {
       {"  File \"/workspace/train.py\", line 88\n    for step in range(steps)\n"
        "                            ^\nSyntaxError: expected ':'",
-       "user_exception", LogAction::kStop, "python_syntax_error", ""},
+       "user_error", LogAction::kStop, "python_syntax_error", ""},
       {"[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 1, in "
        "<module>\n[rank0]: torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:",
        "user_exception", LogAction::kInvestigate, "python_traceback", ""},
-      {"[default3]:AssertionError: grad norm is not finite", "user_exception", LogAction::kRestart,
-       "user_exception", ""},
+      // A non-finite gradient norm: a bad learning rate or data, or silent
+      // data corruption on one GPU; not a deterministic AssertionError.
+      {"[default3]:AssertionError: grad norm is not finite", "loss_nan", LogAction::kInvestigate,
+       "loss_nan", ""},
+      // An exception no rule knows: investigate.
+      {"Traceback (most recent call last):\n  File \"train.py\", line 20, in <module>\n"
+       "    load()\ncheckpoint.CheckpointError: cannot restore step 1200",
+       "user_exception", LogAction::kInvestigate, "user_exception",
+       "checkpoint.CheckpointError: cannot restore step 1200"},
+      {"[stderr]ModuleNotFoundError: No module named 'tensorboard'", "user_error", LogAction::kStop,
+       "python_import_error", ""},
   };
   for (const Case& k : cases) ExpectClassified(c, k);
 }

@@ -8,7 +8,7 @@
 namespace endure::core {
 namespace {
 
-// Exact names of hard causes. Sources: config/log_rules.toml (ecc_uncorrectable,
+// Exact names of hard causes. Sources: config/log_rules/ (ecc_uncorrectable,
 // gpu_lost, gpu_init_failed; the Xids below), the SDC check ("sdc"), the
 // health check, and the simulator's llama3 mix (src/sim/scenario.cc).
 constexpr std::string_view kHardCauses[] = {
@@ -23,13 +23,16 @@ constexpr std::string_view kHardCauses[] = {
     "ecc_uncorrectable",
     "gpu_hbm3",
     "gpu_sram",
-    // Xid 48 double-bit ECC, 79 fallen off the bus, 94/95 contained and
-    // uncontained ECC. The other hardware Xids (62, 63, 64, 74, 92, 119,
-    // 120) often clear with a GPU reset: soft, so that they quarantine on
-    // repetition.
+    // Row remapping failed: NVIDIA's RMA criterion (GPU Memory Error
+    // Management), and a DCGM diagnostic that failed a test.
+    "row_remap_failure",
+    "dcgm_diag_failed",
+    // Xid 48 double-bit ECC, 79 fallen off the bus, 95 uncontained ECC. Xid
+    // 94 (contained ECC) is RESTART_APP in NVIDIA's catalogue: the GPU stays
+    // in service. The other hardware Xids (62, 64, 74, 119, 120, ...) often
+    // clear with a GPU reset: soft, so that they quarantine on repetition.
     "xid_48",
     "xid_79",
-    "xid_94",
     "xid_95",
 };
 

@@ -39,8 +39,9 @@ Result<StrikeClass> ParseStrikeClass(std::string_view name);
 //     the simulator's "faulty_gpu";
 //   - uncorrectable memory errors: "ecc_uncorrectable", the simulator's
 //     "gpu_hbm3" and "gpu_sram";
-//   - Xids 48 (double-bit ECC), 79 (fallen off the bus), 94 and 95
-//     (contained / uncontained ECC): "xid_48", "xid_79", "xid_94", "xid_95".
+//   - Xids 48 (double-bit ECC), 79 (fallen off the bus) and 95
+//     (uncontained ECC): "xid_48", "xid_79", "xid_95"; a failed row remap
+//     ("row_remap_failure") and a failed DCGM diagnostic ("dcgm_diag_failed").
 // Soft: everything else — the hardware or ambiguous causes a node can be
 // blamed for ("straggler", "hang_suspect", "sdc_suspect", "node_lost",
 // "pairwise_failed", the other xids, ...). Software causes never strike: the

@@ -20,8 +20,8 @@ TEST(StrikeClassOf, HardCausesQuarantineAtOnce) {
   for (std::string_view c :
        {"sdc", "silent_data_corruption", "health_check_failed", "health_check_failed matmul",
         "health_check_failed: disk write", "gpu_lost", "gpu_fallen_off", "gpu_init_failed",
-        "faulty_gpu", "ecc_uncorrectable", "gpu_hbm3", "gpu_sram", "xid_48", "xid_79", "xid_94",
-        "xid_95"}) {
+        "faulty_gpu", "ecc_uncorrectable", "gpu_hbm3", "gpu_sram", "xid_48", "xid_79", "xid_95",
+        "row_remap_failure", "dcgm_diag_failed"}) {
     EXPECT_EQ(StrikeClassOf(c), StrikeClass::kHard) << c;
   }
 }
@@ -29,8 +29,8 @@ TEST(StrikeClassOf, HardCausesQuarantineAtOnce) {
 TEST(StrikeClassOf, EverythingElseIsSoft) {
   for (std::string_view c :
        {"straggler", "hang_suspect", "sdc_suspect", "node_lost", "pairwise_failed", "xid_13",
-        "xid_31", "xid_63", "xid_74", "xid_119", "xid_480", "xid_4", "nccl_timeout", "hang",
-        "health_check", "health_check_failedx", "sdcx", "gpu"}) {
+        "xid_31", "xid_63", "xid_74", "xid_94", "xid_119", "xid_480", "xid_4", "nccl_timeout",
+        "hang", "health_check", "health_check_failedx", "sdcx", "gpu"}) {
     EXPECT_EQ(StrikeClassOf(c), StrikeClass::kSoft) << c;
   }
   EXPECT_EQ(StrikeFor("xid_79", 5, "GPU has fallen off the bus").cls, StrikeClass::kHard);

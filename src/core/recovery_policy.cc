@@ -35,9 +35,9 @@ std::string WhereRepeated(const std::vector<std::string>& nodes) {
   return "on " + (nodes.empty() ? std::string("the same node") : nodes[0]) + " each time";
 }
 
-// Exact cause names. Sources: config/log_rules.toml (whose evict_node rules
-// are exactly the hardware ones here), the heartbeat monitor, the job
-// machine, and the simulator's llama3 and none mixes.
+// Exact cause names. Sources: config/log_rules/ (the causes of its
+// evict_node rules are the hardware ones here), the heartbeat monitor, the
+// job machine, and the simulator's llama3 and none mixes.
 constexpr std::pair<std::string_view, CauseClass> kCauseClasses[] = {
     // A component of the node failed.
     {"node_lost", CauseClass::kHardware},
@@ -50,6 +50,11 @@ constexpr std::pair<std::string_view, CauseClass> kCauseClasses[] = {
     {"gpu_system_processor", CauseClass::kHardware},
     {"gpu_thermal_interface_sensor", CauseClass::kHardware},
     {"ecc_uncorrectable", CauseClass::kHardware},
+    {"gpu_reset_required", CauseClass::kHardware},
+    {"row_remap_failure", CauseClass::kHardware},
+    {"nvlink_error", CauseClass::kHardware},
+    {"dcgm_diag_failed", CauseClass::kHardware},
+    {"slurm_node_failure", CauseClass::kHardware},
     {"silent_data_corruption", CauseClass::kHardware},
     {"nic", CauseClass::kHardware},
     {"network_switch_cable", CauseClass::kHardware},
@@ -62,6 +67,9 @@ constexpr std::pair<std::string_view, CauseClass> kCauseClasses[] = {
     {"system_memory", CauseClass::kHardware},
     // The program, its data or its configuration.
     {"user_exception", CauseClass::kSoftware},
+    // A deterministic error of the program, its configuration or its data
+    // (the log rules' stop verdicts).
+    {"user_error", CauseClass::kSoftware},
     {"software_bug", CauseClass::kSoftware},
     {"native_exception", CauseClass::kSoftware},
     {"cuda_device_assert", CauseClass::kSoftware},
@@ -94,9 +102,11 @@ constexpr std::pair<std::string_view, CauseClass> kCauseClasses[] = {
     {"dependency", CauseClass::kAmbiguous},
 };
 
-// The Xids of log rule xid_hardware: the GPU or its links need a reset or a
-// repair. Other Xids are usually the application's (xid_application).
-constexpr int kHardwareXids[] = {48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120};
+// Xids that name the GPU or its links (a reset or a repair): those of
+// config/log_rules/10_gpu.toml's evict_node buckets in NVIDIA's catalogue
+// that GPUs print in practice. The catalogue's RESTART_APP and IGNORE Xids
+// (13, 31, 43, 63, 92, 94, ...) are the application's, or nothing.
+constexpr int kHardwareXids[] = {46, 48, 54, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143};
 
 std::string Ordinal(int n) {
   const char* suffix = (n % 100 >= 11 && n % 100 <= 13) ? "th"

@@ -61,7 +61,7 @@ enum class CauseClass {
 std::string_view CauseClassName(CauseClass cause_class);
 
 // The class of a cause name, from Endure's own vocabulary: the causes of
-// config/log_rules.toml, the crash detector ("worker_exit code N", "signal N
+// config/log_rules/, the crash detector ("worker_exit code N", "signal N
 // NAME"), the heartbeat monitor ("node_lost"), the job machine ("hang",
 // "loss_nan", ...) and the simulator's cause mixes. Unknown names are
 // ambiguous. The one place that decides which causes are hardware; pure.

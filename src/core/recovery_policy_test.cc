@@ -252,17 +252,19 @@ TEST(RecoveryPolicy, ALogRuleSaysEvictOnlyForAHardwareCause) {
 }
 
 TEST(RecoveryPolicy, ClassifiesCauses) {
-  for (std::string_view c : {"faulty_gpu", "gpu_lost", "ecc_uncorrectable", "xid_79", "xid_48",
-                             "node_lost", "nic", "network_switch_cable", "gpu_init_failed"}) {
+  for (std::string_view c :
+       {"faulty_gpu", "gpu_lost", "ecc_uncorrectable", "xid_79", "xid_48", "node_lost", "nic",
+        "network_switch_cable", "gpu_init_failed", "row_remap_failure", "slurm_node_failure"}) {
     EXPECT_EQ(ClassifyCause(c), CauseClass::kHardware) << c;
     EXPECT_TRUE(IsHardwareCause(c)) << c;
   }
   for (std::string_view c : {"user_exception", "worker_exit code 1", "loss_nan", "cuda_oom", "oom",
-                             "software_bug", "cuda_device_assert"}) {
+                             "software_bug", "cuda_device_assert", "user_error"}) {
     EXPECT_EQ(ClassifyCause(c), CauseClass::kSoftware) << c;
   }
-  for (std::string_view c : {"hang", "disk_full", "nccl_timeout", "signal 9 SIGKILL", "xid_31",
-                             "xid_13", "xid_7900", "xid_", "cuda_error", "something_new"}) {
+  for (std::string_view c :
+       {"hang", "disk_full", "nccl_timeout", "signal 9 SIGKILL", "xid_31", "xid_13", "xid_94",
+        "xid_7900", "xid_", "cuda_error", "something_new"}) {
     EXPECT_EQ(ClassifyCause(c), CauseClass::kAmbiguous) << c;
   }
   EXPECT_EQ(CauseClassName(CauseClass::kHardware), "hardware");

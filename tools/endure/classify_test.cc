@@ -100,7 +100,7 @@ TEST(EndureClassifyCli, HumanOutputNamesCauseActionRuleAndLine) {
   Outcome o = Classify("", kExcerpts);
   EXPECT_EQ(o.code, 0) << o.output;
   EXPECT_THAT(o.output,
-              HasSubstr("[1] line 1: cause=xid_79 action=evict_node rule=xid_hardware\n"
+              HasSubstr("[1] line 1: cause=xid_79 action=evict_node rule=xid_restart_bm\n"
                         "    line 1: [ 3342.918213] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, "
                         "GPU has fallen off the bus.\n"));
   EXPECT_THAT(o.output, HasSubstr("[2] lines 3-4: cause=nccl_timeout action=restart "
@@ -108,7 +108,7 @@ TEST(EndureClassifyCli, HumanOutputNamesCauseActionRuleAndLine) {
   EXPECT_THAT(o.output, HasSubstr("    also matched: nccl_async_abort\n"));
   EXPECT_THAT(o.output, HasSubstr("[3] line 6: cause=oom action=restart rule=oom_killer\n"));
   EXPECT_THAT(o.output,
-              HasSubstr("[4] lines 8-13: cause=user_exception action=restart rule=user_exception\n"
+              HasSubstr("[4] lines 8-13: cause=user_error action=stop rule=python_program_error\n"
                         "    line 13: ValueError: shard /data/shard_00017.bin is empty\n"));
   EXPECT_THAT(o.output, HasSubstr("[5] line 15: no rule matched\n"));
 }
@@ -129,9 +129,11 @@ TEST(EndureClassifyCli, JsonIsOneObjectPerExcerpt) {
   EXPECT_EQ(objects[1]["captures"]["op"], "ALLREDUCE");
   EXPECT_EQ(objects[2]["cause"], "oom");
   EXPECT_EQ(objects[2]["captures"]["process"], "python");
-  EXPECT_EQ(objects[3]["cause"], "user_exception");
+  EXPECT_EQ(objects[3]["cause"], "user_error");
+  EXPECT_EQ(objects[3]["action"], "stop");
   EXPECT_EQ(objects[3]["line_number"], 13);
-  EXPECT_EQ(objects[3]["rule"], "user_exception");
+  EXPECT_EQ(objects[3]["rule"], "python_program_error");
+  EXPECT_EQ(objects[3]["captures"]["exception"], "ValueError");
   EXPECT_TRUE(objects[4]["cause"].is_null());
   EXPECT_EQ(objects[4]["input"], 5);
 }
@@ -144,7 +146,7 @@ TEST(EndureClassifyCli, LinesModeClassifiesEachLine) {
   // nothing.
   using Row = std::tuple<int, nlohmann::json, nlohmann::json>;  // line, cause, rule
   const std::vector<Row> expected = {
-      {1, "xid_79", "xid_hardware"},
+      {1, "xid_79", "xid_restart_bm"},
       {3, "nccl_timeout", "nccl_watchdog_timeout"},
       {4, "nccl_error", "nccl_async_abort"},
       {6, "oom", "oom_killer"},
@@ -153,7 +155,7 @@ TEST(EndureClassifyCli, LinesModeClassifiesEachLine) {
       {10, nullptr, nullptr},
       {11, nullptr, nullptr},
       {12, nullptr, nullptr},
-      {13, "user_exception", "user_exception"},
+      {13, "user_error", "python_program_error"},
       {15, nullptr, nullptr},
   };
   std::vector<Row> got;
@@ -172,11 +174,15 @@ TEST(EndureClassifyCli, EachInputGetsTheCauseOfTheRuleItMatches) {
   };
   const std::vector<Case> cases = {
       {"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.", "xid_79", "evict_node",
-       "xid_hardware"},
+       "xid_restart_bm"},
       {"NVRM: Xid (PCI:0000:3b:00): 48, pid=1, An uncorrectable double bit error", "xid_48",
-       "evict_node", "xid_hardware"},
-      {"NVRM: Xid (PCI:0000:3b:00): 13, pid=1, Graphics Exception", "xid_13", "investigate",
-       "xid_application"},
+       "evict_node", "xid_workflow_48"},
+      {"NVRM: Xid (PCI:0000:3b:00): 13, pid=1, Graphics Exception", "xid_13", "restart",
+       "xid_restart_app"},
+      {"RuntimeError: CUDA error: an illegal memory access was encountered", "cuda_error",
+       "investigate", "cuda_illegal_memory_access"},
+      {"RuntimeError: CUDA error: device-side assert triggered", "cuda_device_assert", "stop",
+       "cuda_device_assert"},
       {"Out of memory: Killed process 99 (python) total-vm:1kB", "oom", "restart", "oom_killer"},
       {"step 1200 | loss 2.4312", nullptr, nullptr, nullptr},
   };
@@ -222,8 +228,8 @@ TEST(EndureClassifyCli, ShippedRulesPassTheirOwnCheck) {
   EXPECT_EQ(o.code, 0) << o.output;
   EXPECT_THAT(o.output, HasSubstr("examples are classified by their own rule"));
   // It lists the rules it checked, from the shipped file.
-  EXPECT_THAT(o.output, HasSubstr("log_rules.toml: "));
-  EXPECT_THAT(o.output, HasSubstr("xid_hardware"));
+  EXPECT_THAT(o.output, HasSubstr("config/log_rules: "));
+  EXPECT_THAT(o.output, HasSubstr("xid_restart_bm"));
   EXPECT_THAT(o.output, HasSubstr("oom_killer"));
 }
 

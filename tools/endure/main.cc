@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
       endure::cli::AddReportVerb(app),     endure::cli::AddRunVerb(app),
       endure::cli::AddControllerVerb(app), endure::cli::AddAgentVerb(app),
       endure::cli::AddCertsVerb(app),      endure::cli::AddNodesVerb(app),
+      endure::cli::AddIncidentsVerb(app),
   };
 
   try {

@@ -17,6 +17,7 @@
 #include "common/names.h"
 #include "controller/node_ledger.h"
 #include "core/node_health.h"
+#include "tools/endure/cli_util.h"
 #include "tools/endure/verbs.h"
 
 namespace endure::cli {
@@ -29,41 +30,11 @@ struct NodesFlags {
   std::string note;
 };
 
-int64_t NowMs() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1'000'000;
-}
-
-std::string Utc(int64_t unix_ms) {
-  const time_t t = static_cast<time_t>(unix_ms / 1000);
-  tm utc{};
-  gmtime_r(&t, &utc);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%SZ", &utc);
-  return buf;
-}
-
-// The ledger of `state_dir`, or the exit code and message of why not.
+// The ledger of `state_dir`, or why not.
 Result<controller::NodeLedger> OpenLedger(const std::string& state_dir) {
-  const std::string hint =
-      "pass the [cluster] state_dir the jobs share, or a job's state_dir (e.g. runs/demo)";
-  if (!Env::Default()->Exists(state_dir)) {
-    return InvalidArgument(state_dir + ": no such directory; " + hint);
-  }
-  const std::string path = controller::NodeLedger::PathIn(state_dir);
-  if (!Env::Default()->Exists(path)) {
-    return InvalidArgument(state_dir + ": no node health ledger (" + path +
-                           ") here: no controller has run with it; " + hint);
-  }
+  ENDURE_ASSIGN_OR_RETURN(std::string path,
+                          StateDatabase(state_dir, "nodes.db", "node health ledger"));
   return controller::NodeLedger::OpenExisting(path);
-}
-
-int Fail(const std::string& verb, const Status& st) {
-  std::fprintf(stderr, "endure %s: %s\n", verb.c_str(), st.message().c_str());
-  return st.code() == StatusCode::kInvalidArgument || st.code() == StatusCode::kNotFound
-             ? kExitUsage
-             : kExitInternal;
 }
 
 int List(const NodesFlags& flags) {
@@ -73,7 +44,7 @@ int List(const NodesFlags& flags) {
   if (!nodes.ok()) return Fail("nodes", nodes.status());
   Result<core::NodeHealthOptions> policy = ledger->Policy();
   if (!policy.ok()) return Fail("nodes", policy.status());
-  const int64_t now = NowMs();
+  const int64_t now = NowUnixMs();
   nlohmann::json out = nlohmann::json::array();
   for (const controller::NodeRecord& n : *nodes) {
     const core::NodeVerdict v = core::JudgeNode(n.strikes, now, *policy);
@@ -141,7 +112,7 @@ int Release(const NodesFlags& flags) {
   }
   Result<controller::NodeLedger> ledger = OpenLedger(flags.state_dir);
   if (!ledger.ok()) return Fail("nodes release", ledger.status());
-  if (Status st = ledger->Release(flags.release_node, NowMs(), flags.note); !st.ok()) {
+  if (Status st = ledger->Release(flags.release_node, NowUnixMs(), flags.note); !st.ok()) {
     return Fail("nodes release", st);
   }
   std::printf("%s is back in service: its earlier strikes no longer count\n",

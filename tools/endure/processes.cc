@@ -138,8 +138,9 @@ Verb AddAgentVerb(CLI::App& root) {
   cmd->add_option("--checkpoint-root", o->checkpoint_root,
                   "A relative [checkpoint] dir of the job is under DIR on this host (default: "
                   "the agent's working directory)");
-  cmd->add_option("--log-rules", o->log_rules,
-                  "Log rules (default: the shipped config/log_rules.toml)");
+  cmd->add_option(
+      "--log-rules", o->log_rules,
+      "Log rules: a file, or a directory of *.toml files (default: the shipped config/log_rules/)");
   cmd->add_option("--token-file", *token_file, "File holding the job token (else ENDURE_TOKEN)");
   cmd->add_option("--tls-dir", o->tls_dir,
                   "Mutual TLS: DIR/ca.pem, NODE.pem, NODE.key from `endure certs`; required when "
@@ -186,7 +187,7 @@ Verb AddAgentVerb(CLI::App& root) {
             }
             if (opts.work_dir.empty()) opts.work_dir = "endure-" + opts.node_id;
             if (opts.log_rules.empty()) {
-              Result<std::string> rules = FindShippedConfig("log_rules.toml", "--log-rules FILE");
+              Result<std::string> rules = FindShippedConfig("log_rules", "--log-rules PATH");
               if (!rules.ok()) return Fail("agent", rules.status());
               opts.log_rules = *rules;
             }

@@ -352,7 +352,7 @@ int EmbeddedRun::Run() {
     return kExitUsage;
   }
   Result<std::string> rules = spec_.detection.log_rules.empty()
-                                  ? FindShippedConfig("log_rules.toml", "[detection] log_rules")
+                                  ? FindShippedConfig("log_rules", "[detection] log_rules")
                                   : Result<std::string>(spec_.detection.log_rules);
   if (!rules.ok()) {
     std::fprintf(stderr, "endure run: %s\n", rules.status().message().c_str());

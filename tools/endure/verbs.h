@@ -45,4 +45,8 @@ Verb AddCertsVerb(CLI::App& root);
 // `endure nodes`: the node health ledger, and releasing a node (nodes.cc).
 Verb AddNodesVerb(CLI::App& root);
 
+// `endure incidents`: the incident knowledge base, and resolving an incident
+// (incidents.cc).
+Verb AddIncidentsVerb(CLI::App& root);
+
 }  // namespace endure::cli
