@@ -506,13 +506,13 @@ TEST_F(ControlPlaneTest, ACorruptReplicaIsRefusedAndTheShardComesFromDisk) {
 }
 
 TEST_F(ControlPlaneTest, ACrashLoopGivesUpWithExitThreeAndSaysWhy) {
-  // Every worker dies at start with a user error: the restart budget (1)
-  // runs out before the start-up rule (3 attempts) would stop the job, and
-  // the job gives up instead of looping.
+  // Every worker dies at start, saying something no rule knows: the
+  // restart budget (1) runs out before the start-up rule (3 attempts) would
+  // stop the job, and the job gives up instead of looping.
   const fs::path spec = dir_ / "loop.toml";
   std::ofstream(spec) << "[job]\nname = \"loop\"\n"
                       << "command = [\"/bin/sh\", \"-c\", "
-                      << "\"echo 'ValueError: shard 17 is empty' >&2; exit 1\"]\n"
+                      << "\"echo 'loader: shard 17 is empty' >&2; exit 1\"]\n"
                       << "nodes = 2\nstate_dir = \"" << (dir_ / "loop").string() << "\"\n"
                       << "[recovery]\nmax_restarts = 1\nbackoff_initial = \"0s\"\n";
   JobResult r = Run(spec.string());
@@ -521,8 +521,34 @@ TEST_F(ControlPlaneTest, ACrashLoopGivesUpWithExitThreeAndSaysWhy) {
   EXPECT_NE(r.report.value("verdict", "").find("retry budget exhausted"), std::string::npos)
       << r.report.dump(2);
   ASSERT_FALSE(r.report["incidents"].empty());
-  EXPECT_EQ(r.report["incidents"][0].value("cause", ""), "user_exception");
+  EXPECT_EQ(r.report["incidents"][0].value("cause", ""), "worker_exit code 1");
   EXPECT_NE(r.output.find("the job gave up"), std::string::npos) << r.output;
+}
+
+TEST_F(ControlPlaneTest, ADeterministicUserErrorStopsAtOnceWithTheRulesVerdict) {
+  // A traceback that ends in a KeyError: restarting cannot fix it, so the
+  // first failure stops the job (no second generation, no node evicted),
+  // and the verdict says why and quotes the worker.
+  const fs::path script = dir_ / "keyerror.sh";
+  std::ofstream(script) << "cat >&2 <<'EOF'\nTraceback (most recent call last):\n"
+                        << "  File \"train.py\", line 3, in <module>\n"
+                        << "    lr = config[\"lr\"]\nKeyError: 'lr'\nEOF\nexit 1\n";
+  const fs::path spec = dir_ / "keyerror.toml";
+  std::ofstream(spec) << "[job]\nname = \"keyerror\"\n"
+                      << "command = [\"/bin/sh\", \"" << script.string() << "\"]\n"
+                      << "nodes = 2\nstate_dir = \"" << (dir_ / "keyerror").string() << "\"\n"
+                      << "[recovery]\nbackoff_initial = \"0s\"\n";
+  JobResult r = Run(spec.string());
+  EXPECT_TRUE(r.exit.exited && r.exit.code == 3) << r.exit.ToString() << "\n" << r.output;
+  EXPECT_EQ(r.report.value("generations", 0), 1) << r.report.dump(2);
+  ASSERT_EQ(r.report["incidents"].size(), 1u) << r.report.dump(2);
+  const nlohmann::json& inc = r.report["incidents"][0];
+  EXPECT_EQ(inc.value("cause", ""), "user_error") << inc.dump(2);
+  EXPECT_EQ(inc.value("action", ""), "stop") << inc.dump(2);
+  const std::string verdict = r.report.value("verdict", "");
+  EXPECT_NE(verdict.find("a restart cannot fix this error"), std::string::npos) << verdict;
+  EXPECT_NE(verdict.find("KeyError: 'lr'"), std::string::npos) << verdict;
+  EXPECT_EQ(r.report["nodes"].size(), 2u) << r.report.dump(2);  // no replacement
 }
 
 TEST_F(ControlPlaneTest, MalformedSpecsExitTwoWithFileLineAndKey) {

@@ -1279,7 +1279,10 @@ void ControllerShell::RecordInKnowledgeBase() {
     k.action = inc.action;
     if (auto it = last_log_.find({inc.generation.value, inc.rank.value}); it != last_log_.end()) {
       k.log_rule = it->second.rule();
-      k.log_action = it->second.action();
+      // An action no rule has (a damaged message) is no action.
+      if (Result<core::LogAction> a = core::ParseLogAction(it->second.action()); a.ok()) {
+        k.log_action = *a;
+      }
       k.excerpt = SanitizeUtf8(it->second.excerpt());  // bytes: a worker's output
     }
     k.normalized = core::NormalizeExcerpt(k.excerpt);

@@ -53,7 +53,7 @@ KbIncident Row(const Statement& q) {
   k.cause = q.Text(8);
   k.action = q.Text(9);
   k.log_rule = q.Text(10);
-  k.log_action = q.Text(11);
+  if (Result<core::LogAction> a = core::ParseLogAction(q.Text(11)); a.ok()) k.log_action = *a;
   k.excerpt = q.Text(12);
   k.normalized = q.Text(13);
   k.stack_signature = q.Text(14);
@@ -107,7 +107,7 @@ Result<int64_t> IncidentKb::Record(const KbIncident& k) {
     q.Bind(8, k.cause);
     q.Bind(9, k.action);
     q.Bind(10, k.log_rule);
-    q.Bind(11, k.log_action);
+    q.Bind(11, k.log_action ? std::string(core::LogActionName(*k.log_action)) : std::string());
     q.Bind(12, k.excerpt);
     q.Bind(13, k.normalized);
     q.Bind(14, k.stack_signature);

@@ -38,11 +38,11 @@ struct KbIncident {
   std::string node;
   int rank = -1;
   std::string cause;
-  std::string action;      // what the controller did (restart_in_place, evict_node, ...)
-  std::string log_rule;    // the log rule that matched; empty: none did
-  std::string log_action;  // that rule's action
-  std::string excerpt;     // the worker's last words, as printed (bounded)
-  std::string normalized;  // core::NormalizeExcerpt(excerpt)
+  std::string action;    // what the controller did (restart_in_place, evict_node, ...)
+  std::string log_rule;  // the log rule that matched; empty: none did
+  std::optional<core::LogAction> log_action;  // that rule's action
+  std::string excerpt;                        // the worker's last words, as printed (bounded)
+  std::string normalized;                     // core::NormalizeExcerpt(excerpt)
   std::string stack_signature;
   // An operator's resolution; empty until one is recorded.
   std::optional<core::LogAction> resolution;

@@ -39,8 +39,6 @@ constexpr char kStrikesAfter[] =
 
 }  // namespace
 
-void NodeLedger::Closer::operator()(sqlite3* db) const { sqlite3_close_v2(db); }
-
 std::string NodeLedger::PathIn(const std::string& state_dir) {
   return JoinPath(state_dir, "nodes.db");
 }
@@ -57,42 +55,11 @@ Result<NodeLedger> NodeLedger::OpenExisting(const std::string& path) {
 }
 
 Result<NodeLedger> NodeLedger::OpenWithFlags(const std::string& path, int flags) {
-  sqlite3* raw = nullptr;
-  const int rc = sqlite3_open_v2(path.c_str(), &raw, flags | SQLITE_OPEN_NOMUTEX, nullptr);
-  NodeLedger ledger(path, raw);
-  if (rc != SQLITE_OK) {
-    return IOError(path + ": cannot open the node health ledger: " +
-                   (raw != nullptr ? sqlite3_errmsg(raw) : sqlite3_errstr(rc)));
-  }
-  ENDURE_RETURN_IF_ERROR(ledger.Init());
-  return ledger;
-}
-
-Status NodeLedger::Error(const std::string& what) const {
-  const int code = sqlite3_errcode(db_.get());
-  const std::string message = path_ + ": " + what + ": " + sqlite3_errmsg(db_.get());
-  if (code == SQLITE_NOTADB || code == SQLITE_CORRUPT) return DataLoss(message);
-  return IOError(message);
-}
-
-Status NodeLedger::Exec(const char* sql) {
-  if (sqlite3_exec(db_.get(), sql, nullptr, nullptr, nullptr) != SQLITE_OK) {
-    return Error("SQL failed");
-  }
-  return Status::Ok();
-}
-
-Status NodeLedger::Init() {
-  // Several jobs' controllers share the file: wait for each other's writes.
-  sqlite3_busy_timeout(db_.get(), 10000);
-  if (sqlite3_exec(db_.get(), "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;", nullptr, nullptr,
-                   nullptr) != SQLITE_OK) {
-    return Error("not a usable SQLite database");
-  }
-  if (sqlite3_exec(db_.get(), kSchema, nullptr, nullptr, nullptr) != SQLITE_OK) {
-    return Error("creating the ledger's tables");
-  }
-  return Status::Ok();
+  // Strikes are rare and must survive a crash of the machine: an fsync per
+  // commit.
+  ENDURE_ASSIGN_OR_RETURN(SqliteHandle db,
+                          OpenSqlite(path, flags, kSchema, "node health ledger", Sync::kFull));
+  return NodeLedger(path, std::move(db));
 }
 
 Status NodeLedger::AddStrike(const std::string& node, const core::Strike& strike,

@@ -22,9 +22,8 @@
 #include <vector>
 
 #include "common/status.h"
+#include "controller/sqlite_statement.h"
 #include "core/node_health.h"
-
-struct sqlite3;
 
 namespace endure::controller {
 
@@ -69,17 +68,12 @@ class NodeLedger {
   Result<core::NodeHealthOptions> Policy();
 
  private:
-  struct Closer {
-    void operator()(sqlite3* db) const;
-  };
-  NodeLedger(std::string path, sqlite3* db) : path_(std::move(path)), db_(db) {}
+  NodeLedger(std::string path, SqliteHandle db) : path_(std::move(path)), db_(std::move(db)) {}
   static Result<NodeLedger> OpenWithFlags(const std::string& path, int flags);
-  Status Init();
-  Status Exec(const char* sql);
-  Status Error(const std::string& what) const;
+  Status Error(const std::string& what) const { return SqliteError(db_.get(), path_, what); }
 
   std::string path_;
-  std::unique_ptr<sqlite3, Closer> db_;
+  SqliteHandle db_;
 };
 
 }  // namespace endure::controller

@@ -74,11 +74,15 @@ inline Status SqliteError(sqlite3* db, const std::string& path, const std::strin
   return IOError(message);
 }
 
+// How commits reach the disk: kNormal survives the process's death (WAL),
+// kFull also the machine's (an fsync per commit).
+enum class Sync { kNormal, kFull };
+
 // Opens `path` for one owner thread, with a busy timeout for the other
 // processes that share the file, in WAL mode, and runs `schema` (CREATE ...
 // IF NOT EXISTS). `what` names the database in errors.
 inline Result<SqliteHandle> OpenSqlite(const std::string& path, int flags, const char* schema,
-                                       const std::string& what) {
+                                       const std::string& what, Sync sync = Sync::kNormal) {
   sqlite3* raw = nullptr;
   const int rc = sqlite3_open_v2(path.c_str(), &raw, flags | SQLITE_OPEN_NOMUTEX, nullptr);
   SqliteHandle db(raw);
@@ -87,8 +91,9 @@ inline Result<SqliteHandle> OpenSqlite(const std::string& path, int flags, const
                    (raw != nullptr ? sqlite3_errmsg(raw) : sqlite3_errstr(rc)));
   }
   sqlite3_busy_timeout(db.get(), 10000);
-  if (sqlite3_exec(db.get(), "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", nullptr,
-                   nullptr, nullptr) != SQLITE_OK) {
+  const char* pragmas = sync == Sync::kFull ? "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
+                                            : "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;";
+  if (sqlite3_exec(db.get(), pragmas, nullptr, nullptr, nullptr) != SQLITE_OK) {
     return SqliteError(db.get(), path, "not a usable SQLite database");
   }
   if (sqlite3_exec(db.get(), schema, nullptr, nullptr, nullptr) != SQLITE_OK) {

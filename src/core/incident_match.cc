@@ -9,6 +9,8 @@
 #include <map>
 #include <set>
 
+#include "common/quote.h"
+
 namespace endure::core {
 namespace {
 
@@ -210,32 +212,9 @@ std::string RuleName(std::string_view cause) {
 }
 
 std::string TomlString(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned char>(c));
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
+  std::string out;
+  AppendQuoted(s, ControlEscape::kUnicode, out);
+  return out;
 }
 
 // A literal '...' string where the text allows one (no quote, no control

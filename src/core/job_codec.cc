@@ -7,6 +7,8 @@
 #include <set>
 #include <type_traits>
 
+#include "common/quote.h"
+
 namespace endure::core {
 namespace {
 
@@ -195,34 +197,7 @@ static_assert(std::size(kActionKinds) == std::variant_size_v<JobAction>);
 
 // ---- Writing ----
 
-void Quote(std::string_view s, std::string& out) {
-  out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20 || c == 0x7f) {
-          char hex[5];
-          std::snprintf(hex, sizeof hex, "\\x%02x", c);
-          out += hex;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  out += '"';
-}
+void Quote(std::string_view s, std::string& out) { AppendQuoted(s, ControlEscape::kHexByte, out); }
 
 template <typename T>
 void Number(T v, std::string& out) {

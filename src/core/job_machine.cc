@@ -634,7 +634,14 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     }
   } else if (failure.log_action == LogAction::kStop) {
     inc.action = "stop";
-    reason += "; the matching log rule's action is stop";
+    // A deterministic error: the verdict says so, and what the worker said.
+    reason +=
+        "; the matching log rule's action is stop: a restart cannot fix this error, it "
+        "fails the same way on every node";
+    if (!failure.log_line.empty()) {
+      reason += " (\"" + failure.log_line.substr(0, 200) +
+                (failure.log_line.size() > 200 ? "...\")" : "\")");
+    }
     stop = true;
   } else {
     FailureEvent fe;

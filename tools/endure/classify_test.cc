@@ -247,5 +247,59 @@ TEST(EndureClassifyCli, BrokenRulesFileExitsTwoWithFileAndLine) {
   EXPECT_THAT(o.output, HasSubstr("/nonexistent/rules.toml"));
 }
 
+TEST(EndureClassifyCli, ARulesDirectoryIsOneListAndABadFileInItIsNamed) {
+  ScratchDir dir;
+  const std::string good =
+      "[[rule]]\nname = \"disk\"\npattern = 'No space left'\n"
+      "cause = \"disk_full\"\naction = \"investigate\"\n";
+  const std::string first = dir.Write("10_a.toml", good);
+  dir.Write("README.md", "not rules: ignored\n");
+  const std::string site = dir.Write("90_site.toml",
+                                     "[[rule]]\nname = \"hca\"\npattern = 'firmware assert'\n"
+                                     "cause = \"hca_firmware\"\naction = \"evict_node\"\n");
+  const std::string rules = std::filesystem::path(site).parent_path().string();
+  Outcome o = Classify("--json --rules '" + rules + "'", "mlx5_3: firmware assert 0x1f\n");
+  EXPECT_EQ(o.code, 0) << o.output;
+  EXPECT_THAT(o.output, HasSubstr("\"action\":\"evict_node\""));
+  // A wrong key in one file: that file, its line and the key.
+  dir.Write("90_site.toml",
+            "[[rule]]\nname = \"hca\"\npattern = 'firmware assert'\n"
+            "cause = \"hca_firmware\"\nacton = \"evict_node\"\n");
+  o = Classify("--rules '" + rules + "'", "x\n");
+  EXPECT_EQ(o.code, 2);
+  EXPECT_THAT(o.output, HasSubstr(site + ":5: rule \"hca\": unknown key \"acton\""));
+  // The same name in two files names both.
+  dir.Write("90_site.toml", good);
+  o = Classify("--rules '" + rules + "'", "x\n");
+  EXPECT_EQ(o.code, 2);
+  EXPECT_THAT(o.output, HasSubstr("another rule has the same name (" + first + ":1)"));
+}
+
+TEST(EndureClassifyCli, TheCorpusIsScoredAndAMalformedOneExitsTwo) {
+  ScratchDir dir;
+  const std::string corpus =
+      dir.Write("c.toml",
+                "[[excerpt]]\nsource = \"https://example.org/1\"\ncause = \"xid_79\"\n"
+                "action = \"evict_node\"\n"
+                "text = \"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\"\n"
+                "[[excerpt]]\nsource = \"https://example.org/2\"\ncause = \"gpu_lost\"\n"
+                "action = \"evict_node\"\ntext = \"a line no rule knows\"\n");
+  Outcome o = Classify("--corpus '" + corpus + "'", "");
+  EXPECT_EQ(o.code, 0) << o.output;
+  EXPECT_THAT(o.output, HasSubstr("1/2 (50.0%)"));
+  EXPECT_THAT(o.output, HasSubstr("harmful actions: 1/2 (50.0%)"));
+  EXPECT_THAT(o.output,
+              HasSubstr("c.toml:6: expected evict_node (gpu_lost), got no rule (restart) HARMFUL"));
+  o = Classify("--corpus '" + corpus + "' --min-accuracy 0.9", "");
+  EXPECT_EQ(o.code, 1) << o.output;
+  EXPECT_THAT(o.output, HasSubstr("50.0% of actions right (at least 90.0% wanted)"));
+
+  const std::string bad = dir.Write(
+      "bad.toml", "[[excerpt]]\nsource = \"s\"\ncause = \"c\"\naction = \"evict\"\ntext = \"t\"\n");
+  o = Classify("--corpus '" + bad + "'", "");
+  EXPECT_EQ(o.code, 2);
+  EXPECT_THAT(o.output, HasSubstr(bad + ":1: unknown action \"evict\""));
+}
+
 }  // namespace
 }  // namespace endure

@@ -187,5 +187,42 @@ TEST(EndureCertsCli, BadInputExitsTwoNamingTheFlagOrFile) {
   EXPECT_THAT(o.output, HasSubstr(dir + "/ca.key is not the key of " + dir + "/ca.pem"));
 }
 
+TEST(EndureIncidentsCli, BadInputExitsTwoSayingWhatToFix) {
+  testing_support::ScratchDir scratch("endure_cli_test");
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string empty = scratch.Path("empty");
+  ASSERT_TRUE(Env::Default()->CreateDirs(empty).ok());
+  // An empty database file is a knowledge base with no incidents.
+  const std::string kb = scratch.Path("kb");
+  ASSERT_TRUE(Env::Default()->CreateDirs(kb).ok());
+  ASSERT_TRUE(WriteFileAtomically(Env::Default(), kb + "/incidents.db", "").ok());
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"incidents", scratch.Path("none")}, "no such directory"},
+      {{"incidents", empty}, "no incident knowledge base"},
+      {{"incidents"}, "pass a state directory"},
+      {{"incidents", "--similar", "0", kb}, "--similar"},
+      {{"incidents", "--similar", "9", kb}, "no incident 9"},
+      {{"incidents", "resolve", "9", "--action", "evict_node", "--state-dir", kb}, "no incident 9"},
+      {{"incidents", "resolve", "9", "--action", "reboot", "--state-dir", kb},
+       "--action: unknown action \"reboot\""},
+      {{"incidents", "resolve", "9", "--action", "stop", "--cause", "a b", "--state-dir", kb},
+       "--cause 'a b'"},
+      {{"incidents", "resolve", "9", "--state-dir", kb}, "--action"},
+      {{"classify", "--suggest", empty}, "no incident knowledge base"},
+  };
+  for (const Case& c : cases) {
+    Outcome o = RunEndure(c.args);
+    EXPECT_EQ(o.code, 2) << c.args.back() << ": " << o.output;
+    EXPECT_THAT(o.output, HasSubstr(c.message)) << c.args.back();
+  }
+  Outcome list = RunEndure({"incidents", kb});
+  EXPECT_EQ(list.code, 0) << list.output;
+  EXPECT_THAT(list.output, HasSubstr("0 incidents"));
+}
+
 }  // namespace
 }  // namespace endure
