@@ -311,6 +311,28 @@ TEST_F(ControlPlaneTest, XidLineEvictsTheNode) {
   ExpectReplaced("log", inc, r, 1);
 }
 
+// The worker only dies (SIGKILL); the node's kernel log says its GPU fell off
+// the bus. The agent reads the kernel log (ENDURE_KERNEL_LOG stands in for
+// /dev/kmsg here), so the Xid names the cause and the node is replaced.
+TEST_F(ControlPlaneTest, AnXidInTheKernelLogNamesTheCauseOfAWorkersDeath) {
+  const fs::path kmsg = dir_ / "kernel.log";
+  std::ofstream(kmsg) << "6,1,100,-;Linux version 6.1.0 (old news)\n";
+  const std::string spec = Spec("kmsg", "[[faults]]\nkind = \"kill\"\nrank = 1\nstep = 15\n");
+  std::unique_ptr<Running> run = StartRun(spec, {{"ENDURE_KERNEL_LOG", kmsg.string()}});
+  AwaitStep(*run, "kmsg", 5);
+  std::ofstream(kmsg, std::ios::app)
+      << "3,2,200,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=endure-train, GPU has fallen "
+         "off the bus.\n";
+  JobResult r = Finish(*run, spec);
+  ASSERT_TRUE(r.exit.Success()) << r.output;
+  EXPECT_EQ(r.report.value("steps", 0), 30);
+  ASSERT_EQ(r.report["incidents"].size(), 1u) << r.report["incidents"].dump(2);
+  const nlohmann::json& inc = r.report["incidents"][0];
+  EXPECT_EQ(inc.value("cause", ""), "xid_79") << inc.dump(2);
+  EXPECT_NE(inc.value("log_line", "").find("kernel: NVRM: Xid"), std::string::npos) << inc.dump(2);
+  ExpectReplaced("kmsg", inc, r, 1);
+}
+
 TEST_F(ControlPlaneTest, LostNodeIsReplaced) {
   JobResult r;
   nlohmann::json inc = ExpectRecovered("agent", "kind = \"kill-agent\"\nrank = 1\nstep = 12\n",

@@ -464,13 +464,17 @@ void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
   if (end.status.Success()) tiers_->PersistNewest(end.rank);
   std::vector<proto::AgentEvent> words;
   if (!end.status.Success()) {
-    // What the worker said last, matched by a rule or not: the controller
-    // keeps it with the incident, to recognize the failure when it recurs.
+    // What the worker said last, and the node's kernel records of this
+    // generation (an Xid the worker only saw as a CUDA error): classified as
+    // one excerpt, and kept by the controller with the incident, matched or
+    // not, to recognize the failure when it recurs.
+    const std::string evidence =
+        end.tail + (seams_.kernel_log != nullptr ? seams_.kernel_log->After(kernel_mark_) : "");
     proto::AgentEvent e;
     auto* lm = e.mutable_log_match();
     lm->set_rank(end.rank);
-    lm->set_excerpt(core::BoundedExcerpt(end.tail));
-    if (std::optional<core::LogMatch> m = classifier_.Classify(end.tail)) {
+    lm->set_excerpt(core::BoundedExcerpt(evidence));
+    if (std::optional<core::LogMatch> m = classifier_.Classify(evidence)) {
       lm->set_cause(m->cause);
       lm->set_action(std::string(core::LogActionName(m->action)));
       lm->set_rule(m->rule);
@@ -519,6 +523,7 @@ std::optional<Standby> Agent::TakeStandby(const std::vector<std::string>& argv) 
 void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   if (workers_) workers_->StopAll(std::chrono::milliseconds(0));
   generation_ = generation;
+  if (seams_.kernel_log != nullptr) kernel_mark_ = seams_.kernel_log->Mark();
   // This generation's credential: its workers' ENDURE_TOKEN, and the only
   // one their datagrams are taken with. A failure to make one fails the
   // start of every rank (reported as exits, like a program that will not run).
@@ -1308,7 +1313,18 @@ Status RunAgent(const AgentOptions& options) {
   }
   const std::unique_ptr<Transport> transport = NewGrpcTransport(options, identity);
   const std::unique_ptr<ProcessLauncher> launcher = NewRealProcessLauncher();
+  std::unique_ptr<KernelLog> kernel_log;
+  if (!options.kernel_log.empty() && options.kernel_log != "none") {
+    Result<std::unique_ptr<KernelLog>> opened = KernelLog::Open(options.kernel_log);
+    if (opened.ok()) {
+      kernel_log = std::move(opened).value();
+    } else {
+      std::fprintf(stderr, "endure agent %s: %s; classifying the workers' output only\n",
+                   options.node_id.c_str(), opened.status().message().c_str());
+    }
+  }
   AgentSeams seams;
+  seams.kernel_log = kernel_log.get();
   seams.tls = tls;
   seams.transport = transport.get();
   seams.launcher = launcher.get();

@@ -28,6 +28,10 @@ struct AgentOptions {
   std::string host = "127.0.0.1";  // address this node's workers are reachable at
   std::string work_dir;            // logs/ and the worker socket go here
   std::string log_rules;           // the log rules: a file or a directory of them
+  // The node's kernel log (agent/kernel_log.h): its hardware records join a
+  // failed worker's last lines; "" or "none": not read. Unreadable (a
+  // container without access): the agent says so once and goes on.
+  std::string kernel_log = "/dev/kmsg";
   // Where a relative [checkpoint] dir of the job (T2) is, on this host: the
   // controller sends the spec's directory as written, and the agent resolves
   // it here (--checkpoint-root); empty: the agent's working directory.

@@ -41,6 +41,7 @@
 #include "agent/agent.h"
 #include "agent/datagram.h"
 #include "agent/health_check.h"
+#include "agent/kernel_log.h"
 #include "agent/pair_test.h"
 #include "agent/process_launcher.h"
 #include "agent/progress_pattern.h"
@@ -78,6 +79,8 @@ struct AgentSeams {
   // rank 0 runs here; null: one the kernel hands out for port 0 on any
   // address. A failure reports none.
   std::function<Result<int>()> pick_port;
+  // The node's kernel log; null: only the workers' output is classified.
+  KernelLog* kernel_log = nullptr;
 };
 
 // One agent, run once. Thread-safe as described above.
@@ -180,6 +183,9 @@ class Agent {
   Link link_ = Link::kNone;  // GUARDED_BY(write_mu_)
   OutageBuffer outage_;      // GUARDED_BY(write_mu_)
   std::atomic<int64_t> generation_{-1};
+  // Where the kernel log stood when the generation started: its later
+  // hardware records are this generation's evidence.
+  std::atomic<uint64_t> kernel_mark_{0};
   // Held while a command is carried out, and by the shutdown on a signal.
   std::mutex command_mu_;
   bool signalled_ = false;       // GUARDED_BY(command_mu_): the shutdown on a signal ran

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <map>
@@ -151,6 +152,7 @@ class AgentShellTest : public ::testing::Test {
     seams.launcher = &launcher_;
     seams.shm_parent = (root_ / "shm").string();
     seams.pick_port = pick_port_;
+    seams.kernel_log = kernel_log_.get();
     agent_ = std::make_unique<Agent>(options_, Rules(), std::move(seams));
     std::promise<Status> done;
     result_ = done.get_future();
@@ -201,6 +203,8 @@ class AgentShellTest : public ::testing::Test {
   FakeTransport transport_;
   FakeProcessLauncher launcher_{&clock_};
   std::function<Result<int>()> pick_port_;  // null: the agent's own picker
+  // The node's kernel log; none by default. Outlives the agent (TearDown).
+  std::unique_ptr<KernelLog> kernel_log_;
   // After the fakes: the agent goes first.
   std::unique_ptr<Agent> agent_;
   std::thread run_;
@@ -326,6 +330,37 @@ TEST_F(AgentShellTest, AWorkerThatCannotStartIsReportedAsAnExitWithCode127) {
   EXPECT_TRUE(exit->worker_exited().exited());
   EXPECT_EQ(exit->worker_exited().exit_code(), 127);
   EXPECT_TRUE(transport_.EventsWhere(Is(Case::kWorkerStarted)).empty());
+}
+
+// The worker saw a CUDA error; the kernel log of its generation says why: the
+// Xid behind the cascade decides, and the excerpt holds both.
+TEST_F(AgentShellTest, TheKernelLogsHardwareRecordsOfTheGenerationJoinTheLastWords) {
+  const std::string kmsg = (root_ / "kmsg").string();
+  auto append = [&](const std::string& line) { std::ofstream(kmsg, std::ios::app) << line; };
+  append("3,7,100,-;NVRM: Xid (PCI:0000:3b:00): 13, pid=5, Graphics Exception: old news\n");
+  Result<std::unique_ptr<KernelLog>> log = KernelLog::Open(kmsg);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  kernel_log_ = std::move(log).value();
+  StartAgent();
+  append("3,8,200,-;NVRM: Xid (PCI:0000:3b:00): 63, pid=5, before this generation\n");
+  Do(StartCommand(1, {0}, 1));
+  append(
+      "6,9,300,-;enb2: port 3 entered forwarding state\n"
+      "3,10,400,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus.\n");
+  ASSERT_TRUE(launcher_.Exit(0, ExitStatus{false, 0, SIGABRT},
+                             "step 12\nRuntimeError: CUDA error: unspecified launch failure\n"));
+  std::vector<proto::AgentEvent> words = transport_.WaitForEvents(Is(Case::kLogMatch), 1);
+  ASSERT_EQ(words.size(), 1u);
+  const proto::LogMatch& m = words[0].log_match();
+  EXPECT_EQ(m.cause(), "xid_79");
+  EXPECT_EQ(m.action(), "evict_node");
+  EXPECT_NE(m.excerpt().find("RuntimeError: CUDA error: unspecified launch failure\n"
+                             "kernel: NVRM: Xid (PCI:0000:3b:00): 79"),
+            std::string::npos)
+      << m.excerpt();
+  EXPECT_EQ(m.excerpt().find("old news"), std::string::npos) << m.excerpt();
+  EXPECT_EQ(m.excerpt().find("before this generation"), std::string::npos) << m.excerpt();
+  EXPECT_EQ(m.excerpt().find("forwarding state"), std::string::npos) << m.excerpt();
 }
 
 TEST_F(AgentShellTest, AFailedWorkersLastWordsAreClassified) {

@@ -141,6 +141,11 @@ Verb AddAgentVerb(CLI::App& root) {
   cmd->add_option(
       "--log-rules", o->log_rules,
       "Log rules: a file, or a directory of *.toml files (default: the shipped config/log_rules/)");
+  cmd->add_option("--kernel-log", o->kernel_log,
+                  "The node's kernel log, whose hardware records (NVIDIA Xids, NIC, PCIe AER, "
+                  "machine checks) join a failed worker's output for the log rules; 'none': not "
+                  "read (ENDURE_KERNEL_LOG sets the default)")
+      ->capture_default_str();
   cmd->add_option("--token-file", *token_file, "File holding the job token (else ENDURE_TOKEN)");
   cmd->add_option("--tls-dir", o->tls_dir,
                   "Mutual TLS: DIR/ca.pem, NODE.pem, NODE.key from `endure certs`; required when "
@@ -167,6 +172,11 @@ Verb AddAgentVerb(CLI::App& root) {
             Result<std::string> token = ReadToken(*token_file);
             if (!token.ok()) return Fail("agent", token.status());
             agent::AgentOptions opts = *o;
+            // The environment's kernel log unless the flag named one.
+            if (const char* k = std::getenv("ENDURE_KERNEL_LOG");
+                k != nullptr && *k && opts.kernel_log == agent::AgentOptions{}.kernel_log) {
+              opts.kernel_log = k;
+            }
             if (opts.node_id.empty()) {
               // Named by its host: what Slurm and Kubernetes call the node.
               Result<std::string> host = ShortHostName();
