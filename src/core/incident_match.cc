@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -226,6 +227,22 @@ std::string TomlPattern(std::string_view s) {
   return literal ? "'" + std::string(s) + "'" : TomlString(s);
 }
 
+// Text for a TOML comment: control characters (which TOML forbids there,
+// except a tab) written as \xNN.
+std::string CommentText(std::string_view s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if ((c < 0x20 && c != '\t') || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 std::string Ids(const std::vector<int64_t>& ids) {
   std::string s;
   for (int64_t id : ids) s += (s.empty() ? "" : ", ") + std::to_string(id);
@@ -389,15 +406,25 @@ std::vector<RuleCandidate> SuggestRules(const std::vector<ResolvedIncident>& res
       c.rule.pattern += best_words[k].empty() ? R"(\S+)" : PatternOf(best_words[k]).substr(4);
     }
     c.rule.pattern = "(?i)" + c.rule.pattern;
-    RE2 re(c.rule.pattern, RE2::Quiet);
-    if (!re.ok()) continue;
+    // The pattern as the classifier applies it (lines cleaned of colours
+    // and carriage returns), to pick the examples it will match.
+    LogRule probe;
+    probe.name = "probe";
+    probe.pattern = c.rule.pattern;
+    probe.cause = "probe";
+    Result<LogClassifier> matcher = LogClassifier::Create({probe});
+    if (!matcher.ok()) continue;
+    auto matches = [&](const std::string& line) {
+      // A NUL has no place in a rules file's string.
+      return line.find('\0') == std::string::npos && matcher->Classify(line).has_value();
+    };
     std::set<LogAction> actions;
     std::string notes;
     for (size_t member : g) {
       const ResolvedIncident& r = resolved[member];
       bool matched = false;
       for (const std::string& raw : SplitLines(r.excerpt)) {
-        if (!RE2::PartialMatch(raw, re)) continue;
+        if (!matches(raw)) continue;
         if (std::find(c.rule.examples.begin(), c.rule.examples.end(), raw) ==
             c.rule.examples.end()) {
           c.rule.examples.push_back(raw);
@@ -430,12 +457,7 @@ std::vector<RuleCandidate> SuggestRules(const std::vector<ResolvedIncident>& res
           resolved[i].action == c.rule.action) {
         continue;
       }
-      for (const std::string& raw : SplitLines(resolved[i].excerpt)) {
-        if (RE2::PartialMatch(raw, re)) {
-          c.conflicts.push_back(resolved[i].id);
-          break;
-        }
-      }
+      if (matcher->Classify(resolved[i].excerpt).has_value()) c.conflicts.push_back(resolved[i].id);
     }
     out.push_back(std::move(c));
   }
@@ -446,7 +468,7 @@ std::string RuleCandidatesToToml(const std::vector<RuleCandidate>& candidates) {
   std::string out;
   for (const RuleCandidate& c : candidates) {
     out += "# From incident" + std::string(c.incidents.size() > 1 ? "s " : " ") + Ids(c.incidents) +
-           "; the line they share:\n#   " + c.key_line + "\n";
+           "; the line they share:\n#   " + CommentText(c.key_line) + "\n";
     if (!c.conflicts.empty()) {
       out += "# CONFLICT: it also matches incident" +
              std::string(c.conflicts.size() > 1 ? "s " : " ") + Ids(c.conflicts) +

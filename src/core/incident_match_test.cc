@@ -92,6 +92,16 @@ TEST(SuggestRules, ResolvedRecurrencesBecomeARuleThatClassifiesThem) {
   EXPECT_EQ(m->action, LogAction::kEvictNode);
   EXPECT_FALSE(rules->Classify("step 3\nall good\n").has_value());
 
+  // A worker's control characters (found by fuzz_incidents) do not break the
+  // file: TOML allows none in comments, and they are escaped in strings.
+  std::vector<ResolvedIncident> odd = {
+      {7, "boot\nfabricd: \x01mlx5 firmware\x1b assert 0x1f (syndrome)\n", "hca",
+       LogAction::kEvictNode, ""},
+  };
+  const std::string toml = RuleCandidatesToToml(SuggestRules(odd));
+  Result<LogClassifier> odd_rules = LogClassifier::FromToml(toml, "odd.toml");
+  EXPECT_TRUE(odd_rules.ok()) << odd_rules.status().ToString() << "\n" << toml;
+
   // Two resolutions that disagree give investigate.
   std::vector<ResolvedIncident> split = resolved;
   split[1].action = LogAction::kRestart;
