@@ -49,12 +49,20 @@
 //                              optimizer step (FingerprintDue, ReportFingerprint)
 //   ENDURE_STACKS_FILE         where a worker that dumps its own stacks on a signal
 //                              (the Python client, through faulthandler) writes them
+//   ENDURE_REJOIN_FILE         where the agent offers this live process a later
+//                              generation (in-process restart; see Rejoin below)
+//   ENDURE_PEER_RESTORE        "1": this rank was started fresh into a generation
+//                              whose other ranks kept their state in memory: it
+//                              takes the state from them, not from the tiers
 // A malformed value is a configuration error: FromEnvironment returns
 // kInvalidArgument naming the variable and the value.
 //
 // Datagrams: JSON objects; every one has "type", "token", "generation",
 // "rank" and "t" (wall-clock seconds since the epoch, a double).
-//   {"type":"ready","start_step":N,"restore_s":x,"init_s":y}
+//   {"type":"ready","start_step":N,"restore_s":x,"init_s":y[,"rejoin":true]}
+//       "rejoin": the process can join a later generation in place (it
+//       calls Rejoin when a collective fails), so that the controller may
+//       replace only a failed peer instead of restarting every rank.
 //   {"type":"heartbeat","step":N}   N: steps completed (-1 before Ready)
 //   {"type":"step","step":N,"loss":x|null,"compute_s":a,"comm_s":b,"ckpt_stall_s":c,
 //    "checkpoint_step":k[,"tokens":T][,"total_steps":S]}
@@ -97,6 +105,7 @@
 // called from any thread.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -281,6 +290,35 @@ class Session {
   bool memory_checkpoints() const;
   // ENDURE_STACKS_FILE; empty when not set.
   const std::string& stacks_file() const;
+
+  // ---- In-process restart ----
+  //
+  // When a peer fails, the agent may offer this process (still alive, its
+  // state in memory) the next generation instead of stopping it: it writes
+  // the KEY=VALUE lines of the process's environment for that generation
+  // (as a standby's assignment: RANK, WORLD_SIZE, MASTER_PORT, ENDURE_TOKEN,
+  // ENDURE_GENERATION, ...) to ENDURE_REJOIN_FILE, atomically. The trainer
+  // abandons its broken process group, calls Rejoin, joins the new
+  // generation's group and hands its state to the ranks that start fresh
+  // (peer_restore()).
+
+  // Whether the agent offers rejoins (ENDURE_REJOIN_FILE is set). Call
+  // DeclareRejoin before Ready when the program acts on them.
+  bool rejoin_offered_here() const;
+  // This process rejoins generations: its "ready" datagrams say so.
+  void DeclareRejoin();
+  // Whether the agent has offered a generation later than this session's
+  // (reads the small file; call it while a collective waits, not per step).
+  bool RejoinPending() const;
+  // Waits up to `timeout` for an offer of a later generation, then takes it:
+  // sets its variables in this process's environment and re-reads them, so
+  // that generation(), rank(), the token, the faults and the checkpoint
+  // settings are the new generation's; the heartbeat thread restarts.
+  // kUnavailable when no offer came in time; kInvalidArgument for a
+  // malformed offer, with nothing changed.
+  Status Rejoin(std::chrono::milliseconds timeout);
+  // ENDURE_PEER_RESTORE=1: this rank must take its state from its peers.
+  bool peer_restore() const;
 
   // Saves this rank's shard (`tensors`, with `meta_json`, a JSON object;
   // "step", "shard" and "shards" are set here) of step `step` of a

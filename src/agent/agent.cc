@@ -393,6 +393,7 @@ void Agent::HandleDatagram(std::string_view bytes) {
     r->set_start_step(m->start_step);
     r->set_restore_s(m->restore_s);
     r->set_init_s(m->init_s);
+    r->set_rejoin(m->rejoin);
   } else if (const auto* m = std::get_if<SnapshotMessage>(&d.message)) {
     tiers_->Notify({d.rank, m->step, m->shards, m->path});
     return;
@@ -521,7 +522,20 @@ std::optional<Standby> Agent::TakeStandby(const std::vector<std::string>& argv) 
 }
 
 void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
-  if (workers_) workers_->StopAll(std::chrono::milliseconds(0));
+  // An in-process restart keeps the live workers of the ranks this node
+  // still runs: they are offered the new generation, the others start.
+  const bool rejoin = start.rejoin() && workers_ != nullptr;
+  std::map<int, pid_t> alive;
+  if (rejoin) {
+    alive = workers_->Pids();
+    std::set<int> kept;
+    for (const proto::RankAssignment& r : start.ranks()) kept.insert(r.rank());
+    for (const auto& [rank, pid] : alive) {
+      if (kept.count(rank) == 0) workers_->Signal(rank, SIGKILL);  // no longer this node's
+    }
+  } else if (workers_) {
+    workers_->StopAll(std::chrono::milliseconds(0));
+  }
   generation_ = generation;
   if (seams_.kernel_log != nullptr) kernel_mark_ = seams_.kernel_log->Mark();
   // This generation's credential: its workers' ENDURE_TOKEN, and the only
@@ -548,7 +562,7 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
         if (f.kind == faults::FaultKind::kCommSlow) comm_slow_factors_[f.id] = f.factor;
       }
     }
-    stack_signals_.clear();
+    if (!rejoin) stack_signals_.clear();  // a worker that rejoins announced its own once
     last_steps_.clear();
     last_words_.clear();
     output_.reset();
@@ -567,13 +581,17 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   }
   WorkerSet::LineObserver on_line;
   if (read_progress) {
-    on_line = [this, generation](int rank, std::string_view line) {
-      OnWorkerLine(generation, rank, line);
+    on_line = [this](int rank, std::string_view line) {
+      OnWorkerLine(generation_.load(), rank, line);
     };
   }
-  workers_ = launcher_->NewGroup(
-      [this, generation](const WorkerEnd& end) { OnWorkerExit(generation, end); },
-      std::move(on_line));
+  // A worker reports its exit in the generation it serves when it exits:
+  // one that rejoined serves the newest.
+  if (!rejoin) {
+    workers_ = launcher_->NewGroup(
+        [this](const WorkerEnd& end) { OnWorkerExit(generation_.load(), end); },
+        std::move(on_line));
+  }
   std::vector<std::string> argv(start.command().begin(), start.command().end());
   if (argv.empty()) return;
   argv[0] = ResolveProgram(argv[0]);
@@ -660,10 +678,25 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
       spec.env.emplace_back("ENDURE_T0_DIR", tiers_->t0_dir());
       spec.env.emplace_back("ENDURE_T0_SLOT_BYTES", std::to_string(ckpt.slot_bytes()));
     }
-    if (!plan_path.empty()) spec.env.emplace_back("ENDURE_RESTORE_PLAN_FILE", plan_path);
+    const std::string rejoin_path = JoinPath(logs, "rank" + std::to_string(r.rank()) + ".rejoin");
+    if (start.in_process()) spec.env.emplace_back("ENDURE_REJOIN_FILE", rejoin_path);
+    const bool keep = alive.count(r.rank()) > 0;
+    if (!keep) {
+      // A fresh worker; a stale offer of an earlier generation must not
+      // outlive the process it was meant for.
+      std::error_code ignored;
+      std::filesystem::remove(rejoin_path, ignored);
+    }
+    if (rejoin && !keep) spec.env.emplace_back("ENDURE_PEER_RESTORE", "1");
+    if (!plan_path.empty() && !rejoin) {
+      spec.env.emplace_back("ENDURE_RESTORE_PLAN_FILE", plan_path);
+    }
     Status st = Unavailable("no standby");
     if (!credential.ok()) {
       st = credential.status().WithContext("cannot make this generation's worker credential");
+    } else if (keep) {
+      // The live worker is offered this generation (client.h Rejoin).
+      st = WriteFileAtomically(seams_.env, rejoin_path, AssignmentText(spec.env));
     } else {
       if (std::optional<Standby> standby = TakeStandby(argv)) {
         st = workers_->Adopt(std::move(*standby), spec);
@@ -681,6 +714,9 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
     } else {
       e.mutable_worker_started()->set_rank(r.rank());
       e.mutable_worker_started()->set_pid(workers_->Pids()[r.rank()]);
+      if (start.in_process() && &r == &start.ranks(0)) {
+        e.mutable_worker_started()->set_free_port(FreePort());
+      }
     }
     Send(std::move(e), generation);
   }

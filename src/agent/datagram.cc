@@ -81,6 +81,14 @@ Result<double> Real(const Json& j, const char* name, double lo, double hi,
   return v;
 }
 
+// Boolean field `name`, `fallback` when absent.
+Result<bool> Bool(const Json& j, const char* name, bool fallback) {
+  auto it = j.find(name);
+  if (it == j.end()) return fallback;
+  if (!it->is_boolean()) return Bad(name, "true or false", &*it);
+  return it->get<bool>();
+}
+
 // String field `name` of 1 to `max` bytes.
 Result<std::string> Str(const Json& j, const char* name, size_t max) {
   const std::string expected = "a string of 1 to " + std::to_string(max) + " bytes";
@@ -162,6 +170,7 @@ Result<DatagramMessage> ParseMessage(const std::string& type, const Json& j, int
     ENDURE_ASSIGN_OR_RETURN(m.start_step, Int(j, "start_step", 0, kMaxCount, 0));
     ENDURE_ASSIGN_OR_RETURN(m.restore_s, Real(j, "restore_s", 0, kMaxSeconds, 0.0));
     ENDURE_ASSIGN_OR_RETURN(m.init_s, Real(j, "init_s", 0, kMaxSeconds, 0.0));
+    ENDURE_ASSIGN_OR_RETURN(m.rejoin, Bool(j, "rejoin", false));
     return DatagramMessage(m);
   }
   if (type == "heartbeat") {

@@ -229,14 +229,19 @@ void DiscardStandby(Standby& standby) {
   }
 }
 
+std::string AssignmentText(const std::vector<std::pair<std::string, std::string>>& env) {
+  std::string text;
+  for (const auto& [k, v] : env) text += k + "=" + v + "\n";
+  return text;
+}
+
 Status WorkerSet::Adopt(Standby standby, const WorkerSpec& spec) {
   if (!standby.process || standby.process->WaitFor(std::chrono::milliseconds(0))) {
     standby.process.reset();  // already reaped above
     DiscardStandby(standby);
     return Unavailable("the standby worker had exited");
   }
-  std::string assignment;
-  for (const auto& [k, v] : spec.env) assignment += k + "=" + v + "\n";
+  const std::string assignment = AssignmentText(spec.env);
   // The assignment fits the pipe's buffer (64 KiB); a failed write means the
   // standby is gone.
   const bool written = ::write(standby.input_fd, assignment.data(), assignment.size()) ==

@@ -67,6 +67,10 @@ struct Standby {
   std::string tag;     // its ENDURE_WORKER_TAG
 };
 
+// A worker's environment as the KEY=VALUE lines a standby reads its
+// assignment from (and a live worker a rejoin offer: client.h Rejoin).
+std::string AssignmentText(const std::vector<std::pair<std::string, std::string>>& env);
+
 // Starts a standby for `argv`, whose environment is the agent's with `env`
 // set and `unset_env` removed.
 Result<Standby> StartStandby(const std::vector<std::string>& argv,

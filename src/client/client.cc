@@ -21,6 +21,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -153,6 +154,9 @@ struct Session::Impl {
   std::string t0_dir;
   uint64_t t0_slot_bytes = 0;
   std::string stacks_file;
+  std::string rejoin_file;    // ENDURE_REJOIN_FILE
+  bool peer_restore = false;  // ENDURE_PEER_RESTORE=1
+  bool declares_rejoin = false;
   std::unique_ptr<checkpoint::SnapshotWriter> snapshots;  // training thread only
   std::chrono::nanoseconds heartbeat_interval{500'000'000};
   std::vector<PendingFault> faults;  // only touched by the training thread
@@ -342,6 +346,11 @@ Result<std::unique_ptr<Session>> Session::FromEnvironment(const EnvLookup& looku
     }
   }
   if (auto v = get_set("ENDURE_STACKS_FILE")) s->stacks_file = *v;
+  if (auto v = get_set("ENDURE_REJOIN_FILE")) s->rejoin_file = *v;
+  if (auto v = get_set("ENDURE_PEER_RESTORE")) {
+    if (*v != "0" && *v != "1") return BadVariable("ENDURE_PEER_RESTORE", *v, "expected 0 or 1");
+    s->peer_restore = *v == "1";
+  }
   if (auto v = get_set("ENDURE_SDC_CHECK_EVERY")) {
     ENDURE_ASSIGN_OR_RETURN(s->sdc_check_every,
                             ParseInteger("ENDURE_SDC_CHECK_EVERY", *v, 0, INT64_MAX,
@@ -571,7 +580,90 @@ void Session::Ready(int64_t start_step, double restore_s, double init_s) {
   j["start_step"] = start_step;
   j["restore_s"] = restore_s;
   j["init_s"] = init_s;
+  if (s.declares_rejoin) j["rejoin"] = true;
   s.Send(j.dump(), /*retry=*/false);
+}
+
+bool Session::rejoin_offered_here() const { return !impl_->rejoin_file.empty(); }
+void Session::DeclareRejoin() { impl_->declares_rejoin = !impl_->rejoin_file.empty(); }
+bool Session::peer_restore() const { return impl_->peer_restore; }
+
+namespace {
+
+// The KEY=VALUE lines of a rejoin offer (at most 1 MiB), and the generation
+// it offers; nullopt when the file is missing, or holds no valid generation
+// (a half-written file cannot occur: the agent renames it into place).
+struct RejoinOffer {
+  std::vector<std::pair<std::string, std::string>> variables;
+  int64_t generation = -1;
+};
+
+std::optional<RejoinOffer> ReadRejoinOffer(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return std::nullopt;
+  RejoinOffer offer;
+  size_t bytes = 0;
+  for (std::string line; std::getline(f, line);) {
+    bytes += line.size() + 1;
+    if (bytes > (1 << 20)) return std::nullopt;
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    std::string key = line.substr(0, eq), value = line.substr(eq + 1);
+    if (key == "ENDURE_GENERATION") {
+      Result<int64_t> g = ParseInteger("ENDURE_GENERATION", value, 0, INT64_MAX, "");
+      if (!g.ok()) return std::nullopt;
+      offer.generation = *g;
+    }
+    offer.variables.emplace_back(std::move(key), std::move(value));
+  }
+  if (offer.generation < 0) return std::nullopt;
+  return offer;
+}
+
+}  // namespace
+
+bool Session::RejoinPending() const {
+  if (impl_->rejoin_file.empty()) return false;
+  std::optional<RejoinOffer> offer = ReadRejoinOffer(impl_->rejoin_file);
+  return offer && offer->generation > impl_->generation;
+}
+
+Status Session::Rejoin(std::chrono::milliseconds timeout) {
+  Impl& old = *impl_;
+  if (old.rejoin_file.empty()) {
+    return InvalidArgument("no ENDURE_REJOIN_FILE: the agent does not offer in-process restarts");
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::optional<RejoinOffer> offer;
+  while (true) {
+    offer = ReadRejoinOffer(old.rejoin_file);
+    if (offer && offer->generation > old.generation) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Unavailable("no later generation offered within " +
+                         std::to_string(timeout.count()) + " ms");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  // Checked before anything changes: a malformed offer leaves the session
+  // and the environment as they were.
+  std::map<std::string, std::string> variables(offer->variables.begin(), offer->variables.end());
+  auto lookup = [&](const char* name) -> const char* {
+    auto it = variables.find(name);
+    return it != variables.end() ? it->second.c_str() : std::getenv(name);
+  };
+  ENDURE_ASSIGN_OR_RETURN(std::unique_ptr<Session> fresh, FromEnvironment(lookup));
+  for (const auto& [key, value] : offer->variables) ::setenv(key.c_str(), value.c_str(), 1);
+  Impl& next = *fresh->impl_;
+  next.tokens_per_step = old.tokens_per_step;
+  next.total_steps = old.total_steps;
+  next.phase = old.phase;
+  next.declares_rejoin = old.declares_rejoin;
+  next.peer_restore = false;  // this process holds its state
+  next.steps_done.store(old.steps_done.load());
+  if (next.rank == old.rank && next.t0_dir == old.t0_dir) next.snapshots = std::move(old.snapshots);
+  old.Stop();
+  std::swap(impl_, fresh->impl_);
+  return Status::Ok();
 }
 
 void Session::BeginStep(int64_t step_index) {

@@ -298,6 +298,10 @@ StreamVerdict ControllerShell::OnEvent(ConnectionId id, const proto::AgentEvent&
     if (e.has_stopped() && e.stopped().free_port() > 0 && e.stopped().free_port() <= 65535) {
       agent.free_port = e.stopped().free_port();
     }
+    if (e.has_worker_started() && e.worker_started().free_port() > 0 &&
+        e.worker_started().free_port() <= 65535) {
+      agent.free_port = e.worker_started().free_port();
+    }
   }
   Queued q = Translate(e, node);
   q.at = Now();
@@ -350,7 +354,7 @@ ControllerShell::Queued ControllerShell::Translate(const proto::AgentEvent& e, N
   switch (e.event_case()) {
     case proto::AgentEvent::kWorkerReady:
       q.event = core::WorkerReady{gen, e.worker_ready().rank(), e.worker_ready().start_step(),
-                                  e.worker_ready().restore_s()};
+                                  e.worker_ready().restore_s(), e.worker_ready().rejoin()};
       break;
     case proto::AgentEvent::kStep: {
       const auto& s = e.step();
@@ -970,6 +974,8 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
       }
       *start.mutable_checkpoint() = CheckpointFor(*a);
       start.set_progress_pattern(spec.detection.progress_pattern);
+      start.set_in_process(spec.recovery.in_process);
+      start.set_rejoin(a->rejoin);
       std::string names;
       for (size_t i = 0; i < a->nodes.size(); ++i) {
         proto::AgentCommand cmd;
@@ -1219,6 +1225,17 @@ proto::CheckpointConfig ControllerShell::CheckpointFor(const core::StartGenerati
   c.set_persist_every_steps(spec.persist_every_steps);
   c.set_memory_budget(static_cast<uint64_t>(spec.memory_budget_bytes));
   c.set_slot_bytes(checkpoints_.SlotBytes());
+  if (a.rejoin) {
+    // Nothing is restored from the tiers: the ranks that kept their state
+    // hand it to the others. Snapshots already taken stay.
+    c.set_discard_after(-1);
+    const std::vector<core::JobAction> none =
+        Input(core::RestoreChosen{a.generation, "in process: the state of the ranks that kept it, "
+                                                "broadcast to the ranks that started"},
+              last_step_at_);
+    ENDURE_CHECK(none.empty());
+    return c;
+  }
   std::vector<std::string> members;
   for (NodeId n : a.nodes) members.push_back(NameOf(n));
   checkpoint::RestorePlan plan =

@@ -703,6 +703,11 @@ Status SpecParser::ParseRecovery(const toml::table& t, JobSpec& spec) {
                ENDURE_ASSIGN_OR_RETURN(r.warm_standby, Bool(v, key));
                return Status::Ok();
              }},
+            {"in_process",
+             [&](const toml::node& v, const std::string& key) -> Status {
+               ENDURE_ASSIGN_OR_RETURN(r.in_process, Bool(v, key));
+               return Status::Ok();
+             }},
             {"paths", [&](const toml::node& v, const std::string& key) -> Status {
                const toml::table* paths = v.as_table();
                if (paths == nullptr) {
@@ -1029,6 +1034,7 @@ core::JobMachineOptions MachineOptions(const JobSpec& spec) {
   o.recovery.evict_node_after = r.evict_node_after;
   o.recovery.startup_repeats = r.startup_repeats;
   o.replacement_timeout = r.replacement_timeout;
+  o.in_process = r.in_process;
   o.recovery.paths.clear();
   for (const auto& [cause, path] : r.paths) o.recovery.paths[cause] = path;
   return o;

@@ -131,6 +131,11 @@ struct RecoverySpec {
   // wait for the program to load. The program must call
   // endure::AwaitStandbyAssignment() (endure-train does).
   bool warm_standby = false;
+  // In-process restart (core/recovery_route.h): when a rank fails, the
+  // others keep their process and state and rejoin the next generation;
+  // only the failed ones start, taking the state from a peer. Used when
+  // every other rank said it rejoins (endure-train does).
+  bool in_process = true;
   // Cause -> recovery path, the defaults ("node_lost" -> evict) merged with
   // the spec's [recovery] paths.
   std::map<std::string, core::RecoveryPath> paths;

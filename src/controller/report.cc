@@ -55,6 +55,9 @@ Json IncidentJson(const core::Incident& inc, core::TimePoint start) {
   j["restored_step"] = inc.restored_step.value;
   j["steps_lost"] = inc.steps_lost();
   j["action"] = inc.action;
+  // How the job got back to training (core/recovery_route.h); null: it did not restart.
+  j["route"] = inc.route ? Json(std::string(core::RecoveryRouteName(*inc.route))) : Json();
+  j["route_reason"] = inc.route_reason;
   j["reason"] = inc.reason;
   j["restore"] = inc.restore;
   j["log_line"] = inc.log_line;

@@ -13,10 +13,10 @@ namespace endure::controller {
 namespace {
 
 // Version 1 held one job; version 2 holds runs (see state_store.h); version
-// 3 adds each run's journal and spec digest; 4 each incident's suspects.
-// Bump it with every change, and add the step from the version before to
-// Migrate.
-constexpr int kSchemaVersion = 4;
+// 3 adds each run's journal and spec digest; 4 each incident's suspects; 5
+// each incident's recovery route. Bump it with every change, and add the
+// step from the version before to Migrate.
+constexpr int kSchemaVersion = 5;
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE runs (
@@ -93,6 +93,14 @@ CREATE TABLE journal (
 // an incident's localization named, a JSON array of names.
 constexpr char kIncidentSuspects[] = R"sql(
 ALTER TABLE incidents ADD COLUMN suspects TEXT NOT NULL DEFAULT '[]';
+)sql";
+
+// Version 4 -> 5 (the last step of every database's schema): how an
+// incident's job got back to training (core/recovery_route.h; '' for none),
+// and why.
+constexpr char kIncidentRoute[] = R"sql(
+ALTER TABLE incidents ADD COLUMN route TEXT NOT NULL DEFAULT '';
+ALTER TABLE incidents ADD COLUMN route_reason TEXT NOT NULL DEFAULT '';
 )sql";
 
 // Version 2 -> 3, with kJournalTable.
@@ -241,6 +249,7 @@ Status StateStore::Init() {
     if (Status st = Exec(kSchema); !st.ok()) return rollback(st);
     if (Status st = Exec(kJournalTable); !st.ok()) return rollback(st);
     if (Status st = Exec(kIncidentSuspects); !st.ok()) return rollback(st);
+    if (Status st = Exec(kIncidentRoute); !st.ok()) return rollback(st);
     Statement ins(db_.get(), "INSERT INTO schema_version (version) VALUES (?)");
     ins.Bind(1, int64_t{kSchemaVersion});
     if (ins.Step() != SQLITE_DONE) return rollback(Error("writing the schema version"));
@@ -262,7 +271,8 @@ Status StateStore::Migrate(int from) {
   std::vector<const char*> steps;
   if (from == 1) steps = {kRenameVersion1, kSchema, kJournalTable, kMigrateFrom1};
   if (from == 2) steps = {kMigrateFrom2, kJournalTable};
-  steps.push_back(kIncidentSuspects);  // 3 -> 4, the last step of each
+  if (from <= 3) steps.push_back(kIncidentSuspects);  // 3 -> 4
+  steps.push_back(kIncidentRoute);                     // 4 -> 5, the last step of each
   for (const char* sql : steps) {
     if (sqlite3_exec(db_.get(), sql, nullptr, nullptr, nullptr) != SQLITE_OK) {
       return Error(what);
@@ -431,8 +441,9 @@ Status StateStore::SaveIncident(const core::Incident& inc, core::TimePoint job_s
   Statement s(db_.get(), R"sql(
     INSERT OR REPLACE INTO incidents (id, generation, cause, rank, node, node_name, injected_at,
       fault_at, detected_at, stopped_at, relaunched_at, ready_at, recovered_at, restore_s,
-      failed_at_step, restored_step, action, reason, log_line, stacks, run, suspects)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?))sql");
+      failed_at_step, restored_step, action, reason, log_line, stacks, run, suspects, route,
+      route_reason)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?))sql");
   if (!s.prepared()) return Error("saving an incident");
   s.Bind(21, int64_t{run_});
   s.Bind(1, int64_t{inc.id});
@@ -457,6 +468,8 @@ Status StateStore::SaveIncident(const core::Incident& inc, core::TimePoint job_s
   // A JSON array keeps each rank's multi-line stack intact.
   s.Bind(20, nlohmann::json(inc.stacks).dump());
   s.Bind(22, nlohmann::json(inc.suspects).dump());
+  s.Bind(23, inc.route ? std::string(core::RecoveryRouteName(*inc.route)) : std::string());
+  s.Bind(24, inc.route_reason);
   if (s.Step() != SQLITE_DONE) return Error("saving incident " + std::to_string(inc.id));
   return Status::Ok();
 }
@@ -465,7 +478,8 @@ Result<std::vector<core::Incident>> StateStore::LoadIncidents(core::TimePoint jo
   Statement q(db_.get(), R"sql(
     SELECT id, generation, cause, rank, node, node_name, injected_at, fault_at, detected_at,
       stopped_at, relaunched_at, ready_at, recovered_at, restore_s, failed_at_step,
-      restored_step, action, reason, log_line, stacks, suspects FROM incidents WHERE run = ?
+      restored_step, action, reason, log_line, stacks, suspects, route, route_reason
+    FROM incidents WHERE run = ?
     ORDER BY id)sql");
   if (!q.prepared()) return Error("loading the incidents");
   q.Bind(1, int64_t{RunOrCurrent(run)});
@@ -507,6 +521,11 @@ Result<std::vector<core::Incident>> StateStore::LoadIncidents(core::TimePoint jo
         if (s.is_string()) inc.suspects.push_back(s.get<std::string>());
       }
     }
+    // A name this endure does not know (a damaged row) is no route.
+    if (Result<core::RecoveryRoute> route = core::ParseRecoveryRoute(q.Text(21)); route.ok()) {
+      inc.route = *route;
+    }
+    inc.route_reason = q.Text(22);
     out.push_back(std::move(inc));
   }
   if (rc != SQLITE_DONE) return Error("loading the incidents");

@@ -67,6 +67,8 @@ TEST(StateStore, SavesUpdatesAndReloadsEverything) {
     inc.restore_s = 0.125;
     inc.restored_step = core::StepNumber{40};
     inc.suspects = {"node1", "node3"};
+    inc.route = core::RecoveryRoute::kInProcess;
+    inc.route_reason = "in-process restart: 1 of 2 ranks keep their process";
     ASSERT_TRUE(store->SaveIncident(inc, start).ok());
     ASSERT_TRUE(store->SaveGeneration({0, 0.0, -1, 2, "node0,node1", 15.0}).ok());
     ASSERT_TRUE(store->SaveGeneration({1, 15.0, 40, 2, "node0,node1", {}}).ok());
@@ -131,6 +133,8 @@ TEST(StateStore, SavesUpdatesAndReloadsEverything) {
   EXPECT_EQ(inc.recovered_at, std::optional<core::TimePoint>(new_start + 16500ms));
   EXPECT_DOUBLE_EQ(inc.restore_s, 0.125);
   EXPECT_EQ(inc.suspects, (std::vector<std::string>{"node1", "node3"}));
+  EXPECT_EQ(inc.route, core::RecoveryRoute::kInProcess);
+  EXPECT_EQ(inc.route_reason, "in-process restart: 1 of 2 ranks keep their process");
   EXPECT_EQ(inc.failed_at_step.value, 41);
   EXPECT_EQ(inc.restored_step.value, 40);
   EXPECT_EQ(inc.steps_lost(), 1);
@@ -465,7 +469,7 @@ TEST(StateStore, MigratesAVersion1DatabaseIntoRun1) {
     ASSERT_EQ(store->BeginRun({"demo", "demo.toml", "", 1.7e9 + 100, {}, {}, "", ""}).value(), 2);
     ASSERT_TRUE(store->SaveGeneration({0, 0.0, 40, 2, "node0,node1", {}}).ok());
   }
-  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 4);
+  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 5);
   EXPECT_EQ(RawInt(path, "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '%_v1'"), 0);
 
   Result<StateStore> store = StateStore::OpenExisting(path);  // migrated once only
@@ -582,11 +586,12 @@ TEST(StateStore, MigratesAVersion2DatabaseKeepingItsRuns) {
   )sql"));
   Result<StateStore> store = StateStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
-  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 4);
+  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 5);
   EXPECT_EQ(store->run(), 1);
   EXPECT_EQ(store->LoadJob().value().spec_digest, "");
   ASSERT_EQ(store->LoadIncidents(core::At(0s)).value().size(), 1u);
   EXPECT_TRUE(store->LoadIncidents(core::At(0s)).value()[0].suspects.empty());
+  EXPECT_FALSE(store->LoadIncidents(core::At(0s)).value()[0].route.has_value());
   EXPECT_TRUE(store->LoadJournal().value().empty());
   ASSERT_TRUE(store->AppendJournal({1, 2s, "tick"}).ok());
   EXPECT_EQ(store->LoadJournal().value().size(), 1u);

@@ -50,7 +50,7 @@ void Fields(NodeHeartbeat& e, F& f) {
 template <typename F>
 void Fields(WorkerReady& e, F& f) {
   f("generation", e.generation), f("rank", e.rank), f("start_step", e.start_step),
-      f("restore_s", e.restore_s);
+      f("restore_s", e.restore_s), f("rejoin", e.rejoin);
 }
 template <typename F>
 void Fields(StepEnd& e, F& f) {
@@ -116,7 +116,7 @@ void Fields(Configure& c, F& f) {
       f("recovery.structural_repeats", o.recovery.structural_repeats),
       f("recovery.startup_repeats", o.recovery.startup_repeats),
       f("recovery.evict_node_after", o.recovery.evict_node_after),
-      f("detect_loss_anomalies", o.detect_loss_anomalies),
+      f("detect_loss_anomalies", o.detect_loss_anomalies), f("in_process", o.in_process),
       f("replacement_timeout", o.replacement_timeout), f("first_generation", o.first_generation),
       f("isolation.straggler.enabled", o.isolation.straggler.enabled),
       f("isolation.straggler.theta", o.isolation.straggler.theta),
@@ -140,7 +140,7 @@ template <typename F>
 void Fields(StartGenerationAction& a, F& f) {
   f("generation", a.generation), f("nodes", a.nodes), f("restore_step", a.restore_step),
       f("abandoned_from", a.abandoned_from), f("skip_steps", a.skip_steps),
-      f("fired_faults", a.fired_faults);
+      f("fired_faults", a.fired_faults), f("rejoin", a.rejoin);
 }
 template <typename F>
 void Fields(StopGenerationAction& a, F& f) {
@@ -403,7 +403,9 @@ Result<std::vector<Token>> Tokenize(std::string_view s, size_t i) {
 }
 
 // Fields that lines written before them lack (schema 4, issue 12).
-const std::set<std::string_view> kAddedFields = {"refused",
+const std::set<std::string_view> kAddedFields = {"rejoin",      // issue 14
+                                                 "in_process",  // issue 14
+                                                 "refused",
                                                  "compute_s",
                                                  "total_steps",
                                                  "hang.phase_first_timeout",
@@ -661,7 +663,10 @@ std::string EncodeIncident(const Incident& inc, TimePoint start) {
     return Seconds(*t - start);
   };
   w("id", inc.id), w("generation", inc.generation), w("cause", inc.cause.name), w("rank", inc.rank),
-      w("node", inc.node), w("action", inc.action), w("failed_at_step", inc.failed_at_step),
+      w("node", inc.node), w("action", inc.action),
+      w("route", inc.route ? std::string(RecoveryRouteName(*inc.route)) : std::string()),
+      w("route_reason", inc.route_reason),
+      w("failed_at_step", inc.failed_at_step),
       w("restored_step", inc.restored_step), w("injected_s", since(inc.injected_at)),
       w("fault_s", since(inc.fault_at)), w("detected_s", since(inc.detected_at)),
       w("stopped_s", since(inc.stopped_at)), w("relaunched_s", since(inc.relaunched_at)),

@@ -120,16 +120,19 @@ TEST(JobCodec, ActionsAndIncidentsAreOneLineEach) {
   EXPECT_EQ(EncodeAction(InjectFaultAction{fault, NodeId{1}, 0}),
             "inject_fault fault=\"f2\" kind=\"kill-agent\" rank=1 step=-1 at=5000000000 node=1 "
             "generation=0");
-  EXPECT_EQ(EncodeAction(StartGenerationAction{1, {NodeId{0}, NodeId{2}}, -1, -1, {}, {"a", "b"}}),
-            "start_generation generation=1 nodes=0,2 restore_step=-1 abandoned_from=-1 "
-            "skip_steps=- fired_faults=\"a\",\"b\"");
+  EXPECT_EQ(
+      EncodeAction(StartGenerationAction{1, {NodeId{0}, NodeId{2}}, -1, -1, {}, {"a", "b"}, true}),
+      "start_generation generation=1 nodes=0,2 restore_step=-1 abandoned_from=-1 "
+      "skip_steps=- fired_faults=\"a\",\"b\" rejoin=true");
   Incident inc;
   inc.id = 1;
   inc.cause = ParseIncidentCause("worker_crash");
   inc.fault_at = At(1500ms);
   inc.detected_at = At(1600ms);
   inc.reason = "a\nb";
+  inc.route = RecoveryRoute::kInProcess;
   const std::string line = EncodeIncident(inc, At(0s));
+  EXPECT_NE(line.find("route=\"in_process\""), std::string::npos) << line;
   EXPECT_NE(line.find("fault_s=1.5 detected_s=1.6 stopped_s=-"), std::string::npos) << line;
   EXPECT_NE(line.find("reason=\"a\\nb\""), std::string::npos) << line;
 }

@@ -346,6 +346,7 @@ void JobMachine::Stopped(TimePoint now, std::vector<JobAction>& out) {
 
 void JobMachine::OnWorkerReady(const WorkerReady& e, TimePoint now) {
   rank_ready_[e.rank.value] = true;
+  rank_rejoins_[e.rank.value] = e.rejoin;
   max_restore_s_ = std::max(max_restore_s_, e.restore_s);
   start_step_ = e.start_step;
   if (std::all_of(rank_ready_.begin(), rank_ready_.end(), [](bool b) { return b; })) {
@@ -571,7 +572,6 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     ledger_.Reclassify(std::max(Duration(0), now - failure.fault_at), LedgerCategory::kDetection,
                        now);
   }
-  ledger_.RollBack(now);
   ledger_.Enter(LedgerCategory::kRecovery, now);
 
   Incident inc;
@@ -593,6 +593,8 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
   int exit_code = 3;
   std::vector<NodeId> evict;
   Duration delay{0};
+  // The recovery policy's action, when it decided.
+  std::optional<RecoveryAction> policy_action;
   if (failure.decided_action) {
     // The detector's own policy decided (its reason says why).
     inc.action = *failure.decided_action;
@@ -662,6 +664,7 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
       }
     }
     RecoveryDecision d = recovery_.Step(fe, now);
+    policy_action = d.action;
     inc.action = std::string(RecoveryActionName(d.action));
     reason += "; " + d.reason;
     delay = d.delay;
@@ -686,9 +689,9 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
       Strike(failure.node, failure.cause.name, failure.extra_reason, out);
       if (hard && evict.empty() && !stop) {
         evict.push_back(failure.node);
-        inc.action = std::string(RecoveryActionName(fe.spares_available > 0
-                                                        ? RecoveryAction::kReplaceWithSpare
-                                                        : RecoveryAction::kEvictAndWaitForRepair));
+        policy_action = fe.spares_available > 0 ? RecoveryAction::kReplaceWithSpare
+                                                : RecoveryAction::kEvictAndWaitForRepair;
+        inc.action = std::string(RecoveryActionName(*policy_action));
         reason += "; " + failure.cause.name + " is a hard cause: the node is quarantined";
       }
     }
@@ -699,9 +702,43 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     restore_step_ = StepNumber{-1};
     abandoned_from_ = StepNumber{-1};
   }
+  // How the job gets back to training.
+  std::optional<RouteDecision> route;
+  if (!stop) {
+    RecoveryAction action = policy_action.value_or(evict.empty()
+                                                       ? RecoveryAction::kRestartInPlace
+                                                       : RecoveryAction::kReplaceWithSpare);
+    RouteFacts facts = FactsFor(failure, action, evict);
+    facts.backoff = delay > Duration(0);
+    route = ChooseRoute(facts);
+    inc.route = route->route;
+    inc.route_reason = route->reason;
+  }
   inc.reason = reason;
   incidents_.push_back(std::move(inc));
   incident_open_ = true;
+
+  if (route && route->route != RecoveryRoute::kFullRestart) {
+    // In process: the ranks that kept their state lose nothing but the step
+    // in flight; the failed ones take the state from them.
+    ledger_.Commit(now);
+    std::vector<NodeId> next = members_;
+    std::vector<NodeId> spares;
+    for (NodeId n : HealthyNodes()) {
+      if (std::find(members_.begin(), members_.end(), n) == members_.end()) spares.push_back(n);
+    }
+    for (NodeId n : evict) EvictNode(n, incidents_.back().reason, out);
+    for (NodeId& n : next) {
+      if (nodes_[n].up) continue;
+      ENDURE_CHECK(!spares.empty());  // ChooseRoute chose a spare only with one
+      n = spares.front();
+      spares.erase(spares.begin());
+    }
+    incidents_.back().stopped_at = now;  // nothing to stop
+    StartGeneration(std::move(next), /*rejoin=*/true, now, out);
+    return;
+  }
+  ledger_.RollBack(now);
 
   out.push_back(StopGenerationAction{generation_, failure.cause.kind == Cause::kHang});
   awaiting_stop_.clear();
@@ -749,13 +786,52 @@ void JobMachine::MaybeStart(TimePoint now, std::vector<JobAction>& out) {
     return;
   }
   nodes.resize(options_.nodes);
+  StartGeneration(std::move(nodes), /*rejoin=*/false, now, out);
+}
+
+RouteFacts JobMachine::FactsFor(const Failure& failure, RecoveryAction action,
+                                const std::vector<NodeId>& evict) const {
+  RouteFacts f;
+  f.in_process_enabled = options_.in_process;
+  f.action = action;
+  f.rollback = failure.anomaly || failure.rollback_to.has_value();
+  f.hang = failure.cause.kind == Cause::kHang;
+  f.world_size = world_size();
+  auto leaves = [&](NodeId node) {
+    auto it = nodes_.find(node);
+    return std::find(evict.begin(), evict.end(), node) != evict.end() || it == nodes_.end() ||
+           !it->second.up;
+  };
+  for (NodeId n : members_) f.nodes_to_replace += leaves(n) ? 1 : 0;
+  for (int r = 0; r < world_size(); ++r) {
+    const bool failed = Rank{r} == failure.rank || leaves(members_[r / options_.ranks_per_node]);
+    if (failed) {
+      ++f.failed_ranks;
+    } else if (rank_ready_[r] && rank_rejoins_[r]) {
+      ++f.survivors_rejoining;
+    } else if (f.first_not_rejoining < 0) {
+      f.first_not_rejoining = r;
+    }
+  }
+  for (NodeId n : HealthyNodes()) {
+    if (std::find(members_.begin(), members_.end(), n) == members_.end() &&
+        std::find(evict.begin(), evict.end(), n) == evict.end()) {
+      ++f.spares_available;
+    }
+  }
+  return f;
+}
+
+void JobMachine::StartGeneration(std::vector<NodeId> nodes, bool rejoin, TimePoint now,
+                                 std::vector<JobAction>& out) {
   wait_until_.reset();
   replacement_deadline_.reset();
   generation_ = generation_.Next();
-  members_ = nodes;
+  members_ = std::move(nodes);
   rank_step_.assign(world_size(), StepNumber{0});
   start_step_ = StepNumber{0};
   rank_ready_.assign(world_size(), false);
+  rank_rejoins_.assign(world_size(), false);
   rank_done_.assign(world_size(), false);
   max_restore_s_ = 0;
   productive_ = false;
@@ -769,9 +845,9 @@ void JobMachine::MaybeStart(TimePoint now, std::vector<JobAction>& out) {
   last_job_step_at_.reset();
   if (Incident* inc = OpenIncident()) inc->relaunched_at = now;
   phase_ = JobPhase::kRunning;
-  out.push_back(StartGenerationAction{generation_, members_, first ? StepNumber{-1} : restore_step_,
-                                      first ? StepNumber{-1} : abandoned_from_, skip_steps_,
-                                      fired_});
+  out.push_back(StartGenerationAction{
+      generation_, members_, first || rejoin ? StepNumber{-1} : restore_step_,
+      first || rejoin ? StepNumber{-1} : abandoned_from_, skip_steps_, fired_, rejoin});
   // Removed with this start; a later restart abandons nothing more unless a
   // new anomaly says so.
   abandoned_from_ = StepNumber{-1};

@@ -36,6 +36,7 @@
 #include "core/node_health.h"
 #include "core/pairwise.h"
 #include "core/recovery_policy.h"
+#include "core/recovery_route.h"
 #include "core/sdc_check.h"
 #include "core/stack_signature.h"
 #include "core/straggler.h"
@@ -80,6 +81,10 @@ struct JobMachineOptions {
   RecoveryPolicyOptions recovery;
   IsolationOptions isolation;
   bool detect_loss_anomalies = true;
+  // Restart in process where it can (core/recovery_route.h): the ranks that
+  // did not fail keep their process and state, and only the failed ones
+  // start, taking the state from a peer ([recovery] in_process).
+  bool in_process = true;
   // How long the job waits, after a failure, for enough healthy nodes to
   // start its next generation (a replacement for one it lost or evicted)
   // before it gives up (exit 3, naming the nodes it has). Zero: forever.
@@ -131,6 +136,9 @@ struct WorkerReady {
   Rank rank;
   StepNumber start_step;
   double restore_s = 0;
+  // The worker rejoins later generations in place (an in-process restart
+  // may keep it): client.h Session::Rejoin.
+  bool rejoin = false;
 };
 struct StepEnd {
   Generation generation;
@@ -258,6 +266,10 @@ struct StartGenerationAction {
   StepNumber abandoned_from{-1};
   std::vector<StepNumber> skip_steps;
   std::set<std::string> fired_faults;  // faults the workers must not fire again
+  // An in-process restart (RecoveryRoute kInProcess or kSpare): the workers
+  // alive on their node keep their process and state and rejoin; the others
+  // start and take the state from them. restore_step is then unused.
+  bool rejoin = false;
 };
 struct StopGenerationAction {
   Generation generation;
@@ -318,6 +330,9 @@ struct Incident {
   StepNumber restored_step{-1};  // where the next generation started
   std::string action;
   std::string reason;
+  // How the job got back to training (none for a stop), and why that way.
+  std::optional<RecoveryRoute> route;
+  std::string route_reason;
   std::string log_line;
   std::string restore;              // where the restart restored from, and what it refused
   std::vector<std::string> stacks;  // "rank N:\n<stack>" per rank, for hangs
@@ -475,6 +490,13 @@ class JobMachine {
   // kStopping: every member confirmed the stop; on to kWaiting.
   void Stopped(TimePoint now, std::vector<JobAction>& out);
   void MaybeStart(TimePoint now, std::vector<JobAction>& out);
+  // Starts generation g+1 on `nodes` (the members, in rank order); `rejoin`:
+  // in process (StartGenerationAction::rejoin).
+  void StartGeneration(std::vector<NodeId> nodes, bool rejoin, TimePoint now,
+                       std::vector<JobAction>& out);
+  // The facts of a restart after `failure` for ChooseRoute.
+  RouteFacts FactsFor(const Failure& failure, RecoveryAction action,
+                      const std::vector<NodeId>& evict) const;
   void FireDueFaults(TimePoint now, std::vector<JobAction>& out);
   void Finish(int code, std::string reason, TimePoint now, std::vector<JobAction>& out);
   std::vector<NodeId> HealthyNodes() const;
@@ -499,6 +521,7 @@ class JobMachine {
   std::set<NodeId> awaiting_stop_;
   std::vector<StepNumber> rank_step_;  // by rank
   std::vector<bool> rank_ready_, rank_done_;
+  std::vector<bool> rank_rejoins_;  // ready, and said it rejoins in place
   double max_restore_s_ = 0;
   StepNumber job_step_;
   StepNumber start_step_;    // step the current generation started from

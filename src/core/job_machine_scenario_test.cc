@@ -25,7 +25,8 @@
 // cluster sends, for the current generation (the outputs of steps and ticks
 // are prefixed by the time of the event that produced them):
 //
-//   at T ready START_STEP [restore_s=X]  every rank: worker_ready
+//   at T ready START_STEP [restore_s=X] [rejoin=true|false]
+//                                        every rank: worker_ready
 //   at T stopped [NODES]                 every member node (or NODES, e.g.
 //                                        0,2): generation_stopped
 //   steps A..B every DT [loss=X] [checkpoint_every=N]
@@ -245,6 +246,7 @@ Status ApplyOption(const std::string& key, const std::string& v, JobMachineOptio
       {"first_generation", [&](auto s) { return SetInt(o.first_generation.value, s); }},
       {"replacement_timeout", [&](auto s) { return SetDuration(o.replacement_timeout, s); }},
       {"detect_loss_anomalies", [&](auto s) { return SetBool(o.detect_loss_anomalies, s); }},
+      {"in_process", [&](auto s) { return SetBool(o.in_process, s); }},
       {"hang.floor", [&](auto s) { return SetDuration(o.hang.floor, s); }},
       {"hang.k", [&](auto s) { return SetDouble(o.hang.k, s); }},
       {"hang.min_samples", [&](auto s) { return SetInt(o.hang.min_samples, s); }},
@@ -371,16 +373,24 @@ class Scenario {
   }
 
   Status Ready(const std::vector<std::string>& w) {
-    if (w.size() < 2) return InvalidArgument("expected ready START_STEP [restore_s=X]");
+    if (w.size() < 2) {
+      return InvalidArgument("expected ready START_STEP [restore_s=X] [rejoin=true|false]");
+    }
     Result<int64_t> start = ParseInt(w[1]);
     if (!start.ok()) return start.status();
     Result<std::map<std::string, std::string>> kv = KeyValues(w, 2);
     if (!kv.ok()) return kv.status();
     double restore_s = 0;
     if (kv->count("restore_s")) ENDURE_RETURN_IF_ERROR(SetDouble(restore_s, kv->at("restore_s")));
+    bool rejoin = false;
+    if (kv->count("rejoin")) {
+      const std::string& v = kv->at("rejoin");
+      if (v != "true" && v != "false") return InvalidArgument("rejoin=" + v + ": true or false");
+      rejoin = v == "true";
+    }
     const Generation gen = m().generation();
     for (int r = 0; r < world_; ++r)
-      Feed(WorkerReady{gen, Rank{r}, StepNumber{*start}, restore_s}, false);
+      Feed(WorkerReady{gen, Rank{r}, StepNumber{*start}, restore_s, rejoin}, false);
     return Status::Ok();
   }
 

@@ -375,13 +375,41 @@ std::string Generate(GPT& model, const std::string& prompt, int tokens, double t
 
 // ---- Data parallelism ----
 
+// The agent offered a later generation while a collective waited: the
+// process group is abandoned and the rank rejoins (in-process restart).
+struct RejoinOffered : std::runtime_error {
+  RejoinOffered() : std::runtime_error("the agent offered a later generation") {}
+};
+
+// Waits for `work`. With `session` (the agent offers in-process restarts),
+// the wait is cut short when the agent offers a later generation: a peer
+// failed, and a collective blocked on it (a hung peer, or one whose sockets
+// linger) must not be waited out. A collective that failed rethrows.
+void WaitFor(c10d::Work& work, const Session* session) {
+  if (session == nullptr) {
+    work.wait();
+    return;
+  }
+  constexpr std::chrono::milliseconds kPoll{20};
+  while (true) {
+    try {
+      if (work.wait(kPoll)) return;
+    } catch (const std::exception&) {
+      if (work.isCompleted()) throw;  // the collective itself failed
+    }
+    if (session->RejoinPending()) throw RejoinOffered();
+  }
+}
+
 // Gradient averaging over a ProcessGroupGloo in fixed buckets. The step's
 // loss rides in the last bucket, so every rank logs the same global loss.
 class GradientReducer {
  public:
+  // `session` (may be null): cut a wait short when the agent offers a later
+  // generation (WaitFor).
   GradientReducer(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<torch::Tensor> params,
-                  double bucket_mb)
-      : group_(std::move(group)), params_(std::move(params)) {
+                  double bucket_mb, const Session* session)
+      : group_(std::move(group)), params_(std::move(params)), session_(session) {
     const int64_t limit = static_cast<int64_t>(bucket_mb * 1024 * 1024 / sizeof(float));
     int64_t size = 0;
     buckets_.emplace_back();
@@ -407,7 +435,7 @@ class GradientReducer {
       works.push_back(group_->allreduce(io));
       flats.push_back(io[0]);
     }
-    for (auto& w : works) w->wait();
+    for (auto& w : works) WaitFor(*w, session_);
     double loss = 0;
     torch::NoGradGuard no_grad;
     for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -426,6 +454,7 @@ class GradientReducer {
  private:
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   std::vector<torch::Tensor> params_;
+  const Session* session_;
   std::vector<std::vector<size_t>> buckets_;
 };
 
@@ -491,6 +520,95 @@ Cluster Connect(const DistEnv& dist, const TrainerOptions& options) {
   c.group = c10::make_intrusive<c10d::ProcessGroupGloo>(c.store, dist.rank, dist.world_size,
                                                         gloo_options);
   return c;
+}
+
+// ---- In-process restart: the state from a data-parallel peer ----
+
+// Joins the training state of the ranks of a new generation over `group`:
+// each rank says how many steps it completed (-1: it starts fresh, holding
+// no state), and the lowest rank that completed the most broadcasts its
+// parameters, optimizer moments and RNG state to every rank. Ranks already
+// there keep theirs (they are identical: data-parallel replicas); the ones
+// behind (a fresh replacement, a survivor whose last allreduce failed while
+// a peer's succeeded) take the broadcast. Returns the steps completed, now
+// the same on every rank. kDataLoss when no rank holds any state.
+Result<int64_t> JoinPeerState(c10d::ProcessGroup& group, const DistEnv& dist, int64_t completed,
+                              GPT& model, torch::optim::AdamW& optimizer,
+                              const TrainerOptions& options) {
+  // [steps completed, optimizer steps taken] of every rank.
+  int64_t adam_step = -1;
+  if (completed >= 0) {
+    adam_step = 0;
+    for (const auto& p : model->named_parameters()) {
+      auto it = optimizer.state().find(OptimizerKey(p.value()));
+      if (it != optimizer.state().end()) {
+        adam_step = static_cast<torch::optim::AdamWParamState&>(*it->second).step();
+      }
+    }
+  }
+  std::vector<torch::Tensor> mine = {torch::tensor({completed, adam_step}, torch::kLong)};
+  std::vector<std::vector<torch::Tensor>> all(1);
+  for (int r = 0; r < dist.world_size; ++r) all[0].push_back(torch::empty({2}, torch::kLong));
+  group.allgather(all, mine)->wait();
+  int64_t best = -1, source = -1, best_adam = 0;
+  bool behind = false;
+  for (int r = 0; r < dist.world_size; ++r) {
+    const int64_t steps = all[0][r][0].item<int64_t>();
+    if (steps > best) {
+      best = steps;
+      source = r;
+      best_adam = all[0][r][1].item<int64_t>();
+    }
+  }
+  for (int r = 0; r < dist.world_size; ++r) behind |= all[0][r][0].item<int64_t>() != best;
+  if (best < 0) return DataLoss("no rank of the new generation holds the training state");
+  if (!behind) return best;
+  const bool receive = completed != best;
+  torch::NoGradGuard no_grad;
+  if (receive && best_adam > 0) {
+    // Moments of the right shape to receive into.
+    for (const auto& p : model->named_parameters()) {
+      auto s = std::make_unique<torch::optim::AdamWParamState>();
+      s->exp_avg(torch::zeros_like(p.value()));
+      s->exp_avg_sq(torch::zeros_like(p.value()));
+      optimizer.state()[OptimizerKey(p.value())] = std::move(s);
+    }
+  }
+  if (receive) {
+    for (auto& [key, state] : optimizer.state()) {
+      static_cast<torch::optim::AdamWParamState&>(*state).step(best_adam);
+    }
+  }
+  // Every float tensor of the state in one buffer, then the RNG state.
+  StateParts parts = CollectState(model, optimizer, best, options);
+  std::vector<torch::Tensor> floats;
+  torch::Tensor rng;
+  for (const auto& [name, t] : parts.tensors) {
+    if (name == "rng/cpu") {
+      rng = t;
+    } else {
+      floats.push_back(t);
+    }
+  }
+  std::vector<torch::Tensor> flat;
+  for (const torch::Tensor& t : floats) flat.push_back(t.reshape({-1}));
+  std::vector<torch::Tensor> io = {torch::cat(flat)};
+  std::vector<torch::Tensor> rng_io = {rng.contiguous()};
+  c10d::BroadcastOptions from;
+  from.rootRank = static_cast<int>(source);
+  group.broadcast(io, from)->wait();
+  group.broadcast(rng_io, from)->wait();
+  if (receive) {
+    int64_t offset = 0;
+    for (torch::Tensor& t : floats) {
+      t.copy_(io[0].slice(0, offset, offset + t.numel()).view_as(t));
+      offset += t.numel();
+    }
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng_io[0]);
+  }
+  return best;
 }
 
 // ---- Progress output (rank 0) ----
@@ -592,11 +710,16 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
                                     AdamWOptions(options.lr).betas({0.9, 0.95}).weight_decay(0)));
   torch::optim::AdamW optimizer(std::move(groups), AdamWOptions(options.lr));
 
+  // In-process restart: with the agent offering it, a failed collective is
+  // not the end of this process; it rejoins the next generation.
+  const bool rejoins = dist.world_size > 1 && session.rejoin_offered_here();
+  if (rejoins) session.DeclareRejoin();
   Cluster cluster;
   std::unique_ptr<GradientReducer> reducer;
   if (dist.world_size > 1) {
     cluster = Connect(dist, options);
-    reducer = std::make_unique<GradientReducer>(cluster.group, params, options.bucket_mb);
+    reducer = std::make_unique<GradientReducer>(cluster.group, params, options.bucket_mb,
+                                                rejoins ? &session : nullptr);
   }
 
   TrainSummary summary;
@@ -604,7 +727,15 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
   if (!options.ckpt_dir.empty())
     ENDURE_RETURN_IF_ERROR(Env::Default()->CreateDirs(options.ckpt_dir));
   const auto restore_start = Clock::now();
-  if (const auto& plan = session.restore_plan()) {
+  if (session.peer_restore() && cluster.group) {
+    // Started fresh into a generation whose other ranks kept their state.
+    ENDURE_ASSIGN_OR_RETURN(summary.start_step,
+                            JoinPeerState(*cluster.group, dist, -1, model, optimizer, options));
+    if (leader) {
+      std::printf("restored step %lld from a data-parallel peer\n",
+                  static_cast<long long>(summary.start_step));
+    }
+  } else if (const auto& plan = session.restore_plan()) {
     // The agent chose the restore point across the checkpoint tiers.
     if (plan->step > 0) {
       ENDURE_ASSIGN_OR_RETURN(TrainingState state,
@@ -668,7 +799,8 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
       }
     }
   }
-  if (leader && !options.ckpt_dir.empty() && !session.restore_plan() && session.restore_step() &&
+  if (leader && !options.ckpt_dir.empty() && !session.peer_restore() && !session.restore_plan() &&
+      session.restore_step() &&
       *session.restore_step() != -1) {
     // A rollback (or fresh start) ordered by the agent abandons the steps
     // after its limit: checkpoints taken there must never be restored later,
@@ -709,6 +841,10 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
   session.SetTotalSteps(options.steps);
   session.Ready(summary.start_step, restore_s, SecondsSinceProcessStart());
   double loss = std::nan("");
+  // Abandoned process groups: a collective of theirs may still be blocked
+  // on a dead peer, and destroying a group joins its threads. Never freed.
+  static auto* abandoned = new std::vector<Cluster>();
+  int64_t completed = summary.start_step;  // steps whose update this rank applied
   for (int64_t step = summary.start_step; step < options.steps; ++step) {
     session.BeginStep(step);  // injected kill/exit/hang/log faults fire here
     const auto step_start = Clock::now();
@@ -744,11 +880,49 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
       // time; also in a world of one, so that a fault behaves the same at any
       // world size.
       session.BeforeCollective(step);
-      loss = reducer ? reducer->AllReduce(local_loss, dist.world_size) : local_loss;
+      try {
+        loss = reducer ? reducer->AllReduce(local_loss, dist.world_size) : local_loss;
+      } catch (const std::exception& e) {
+        if (!rejoins) throw;
+        // A peer failed: keep this process and its state, abandon the
+        // group, and join the next generation the agent offers.
+        const auto rejoin_start = Clock::now();
+        std::fprintf(stderr, "endure-train: rank %d: collective of step %lld failed (%s); rejoining\n",
+                     dist.rank, static_cast<long long>(step + 1), e.what());
+        std::fflush(stderr);
+        if (Status st = session.Rejoin(std::chrono::seconds(options.collective_timeout_s));
+            !st.ok()) {
+          return Internal(std::string("collective failed: ") + e.what() + "; " + st.message());
+        }
+        ENDURE_ASSIGN_OR_RETURN(DistEnv next, DistEnvFromEnvironment());
+        if (next.rank != dist.rank || next.world_size != dist.world_size) {
+          return Internal("the next generation moves rank " + std::to_string(dist.rank) +
+                          " of " + std::to_string(dist.world_size) + " to rank " +
+                          std::to_string(next.rank) + " of " + std::to_string(next.world_size) +
+                          ": not supported in place");
+        }
+        abandoned->push_back(std::move(cluster));
+        reducer.reset();
+        cluster = Connect(next, options);
+        reducer = std::make_unique<GradientReducer>(cluster.group, params, options.bucket_mb,
+                                                    &session);
+        ENDURE_ASSIGN_OR_RETURN(completed, JoinPeerState(*cluster.group, next, completed, model,
+                                                         optimizer, options));
+        session.Ready(completed, SecondsSince(rejoin_start), SecondsSinceProcessStart());
+        if (leader) {
+          std::printf("rejoined generation %lld at step %lld\n",
+                      static_cast<long long>(session.generation()),
+                      static_cast<long long>(completed));
+          std::fflush(stdout);
+        }
+        step = completed - 1;  // the loop goes on with step index `completed`
+        continue;
+      }
       comm_s = SecondsSince(comm_start);
       if (options.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, options.grad_clip);
       optimizer.step();
     }
+    completed = step + 1;
 
     // Silent data corruption, when injected, lands after the update and
     // before the fingerprint, as a faulty device's would.

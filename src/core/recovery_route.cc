@@ -1,0 +1,72 @@
+#include "core/recovery_route.h"
+
+#include <array>
+#include <utility>
+
+namespace endure::core {
+namespace {
+
+constexpr std::array<std::pair<RecoveryRoute, std::string_view>, 3> kNames = {{
+    {RecoveryRoute::kInProcess, "in_process"},
+    {RecoveryRoute::kSpare, "spare"},
+    {RecoveryRoute::kFullRestart, "full_restart"},
+}};
+
+RouteDecision Full(std::string why) {
+  return {RecoveryRoute::kFullRestart, "full restart from the checkpoint tiers: " + std::move(why)};
+}
+
+}  // namespace
+
+std::string_view RecoveryRouteName(RecoveryRoute route) {
+  for (const auto& [r, name] : kNames) {
+    if (r == route) return name;
+  }
+  return "full_restart";
+}
+
+Result<RecoveryRoute> ParseRecoveryRoute(std::string_view name) {
+  for (const auto& [r, n] : kNames) {
+    if (n == name) return r;
+  }
+  return InvalidArgument("unknown recovery route '" + std::string(name) +
+                         "' (in_process, spare, full_restart)");
+}
+
+RouteDecision ChooseRoute(const RouteFacts& f) {
+  if (!f.in_process_enabled) return Full("in-process restart is off ([recovery] in_process)");
+  if (f.rollback) return Full("the state in memory is what the rollback undoes");
+  if (f.hang) return Full("a hang stops every rank to capture its stack");
+  if (f.backoff) return Full("the policy backs off before restarting");
+  if (f.action == RecoveryAction::kWaitForRepair) {
+    return Full("the job waits for a repair before it restarts");
+  }
+  const bool moves = f.nodes_to_replace > 0;
+  if (moves && f.spares_available < f.nodes_to_replace) {
+    return Full(std::to_string(f.spares_available) + " spare nodes ready for the " +
+                std::to_string(f.nodes_to_replace) + " that leave");
+  }
+  const int survivors = f.world_size - f.failed_ranks;
+  if (survivors <= 0) return Full("no rank kept its process to hold the state");
+  if (f.survivors_rejoining < survivors) {
+    return Full("rank " + std::to_string(f.first_not_rejoining) +
+                " cannot rejoin in place (not ready, or its program does not rejoin: "
+                "endure::Session::Rejoin)");
+  }
+  const std::string kept = std::to_string(survivors) + " of " + std::to_string(f.world_size) +
+                           " ranks keep their process and state; ";
+  if (moves) {
+    return {RecoveryRoute::kSpare,
+            "spare node: " + kept + "the ranks of the " +
+                (f.nodes_to_replace == 1 ? std::string("node that left start on a spare")
+                                         : "nodes that left start on spares") +
+                " and take the state from a data-parallel peer"};
+  }
+  return {RecoveryRoute::kInProcess,
+          "in-process restart: " + kept + "the failed " +
+              (f.failed_ranks == 1 ? std::string("rank starts from a warm standby and takes")
+                                   : "ranks start from warm standbys and take") +
+              " the state from a data-parallel peer"};
+}
+
+}  // namespace endure::core

@@ -1,0 +1,83 @@
+#include "core/recovery_route.h"
+
+#include <gtest/gtest.h>
+
+namespace endure::core {
+namespace {
+
+// One rank of four failed; the other three are ready and rejoin.
+RouteFacts OneRankKilled() {
+  RouteFacts f;
+  f.world_size = 4;
+  f.failed_ranks = 1;
+  f.survivors_rejoining = 3;
+  return f;
+}
+
+TEST(RecoveryRoute, AKilledRankWhosePeersRejoinIsRestartedInProcess) {
+  RouteDecision d = ChooseRoute(OneRankKilled());
+  EXPECT_EQ(d.route, RecoveryRoute::kInProcess);
+  EXPECT_NE(d.reason.find("3 of 4 ranks keep their process"), std::string::npos) << d.reason;
+}
+
+TEST(RecoveryRoute, AnEvictedNodeMovesToASpareOnlyWhenOneIsReady) {
+  RouteFacts f = OneRankKilled();
+  f.action = RecoveryAction::kReplaceWithSpare;
+  f.failed_ranks = 2;
+  f.nodes_to_replace = 1;
+  f.survivors_rejoining = 2;
+  f.spares_available = 1;
+  EXPECT_EQ(ChooseRoute(f).route, RecoveryRoute::kSpare);
+  f.spares_available = 0;
+  RouteDecision d = ChooseRoute(f);
+  EXPECT_EQ(d.route, RecoveryRoute::kFullRestart);
+  EXPECT_NE(d.reason.find("0 spare nodes ready for the 1 that leave"), std::string::npos)
+      << d.reason;
+}
+
+TEST(RecoveryRoute, EachReasonToRestartFromTheTiersSaysWhy) {
+  struct Case {
+    const char* name;
+    void (*change)(RouteFacts&);
+    const char* says;
+  };
+  const Case cases[] = {
+      {"off", [](RouteFacts& f) { f.in_process_enabled = false; }, "in_process"},
+      {"rollback", [](RouteFacts& f) { f.rollback = true; }, "rollback"},
+      {"hang", [](RouteFacts& f) { f.hang = true; }, "hang"},
+      {"backoff", [](RouteFacts& f) { f.backoff = true; }, "backs off"},
+      {"wait", [](RouteFacts& f) { f.action = RecoveryAction::kWaitForRepair; }, "repair"},
+      {"nobody left",
+       [](RouteFacts& f) {
+         f.failed_ranks = 4;
+         f.survivors_rejoining = 0;
+       },
+       "no rank kept"},
+      {"a survivor that cannot rejoin",
+       [](RouteFacts& f) {
+         f.survivors_rejoining = 2;
+         f.first_not_rejoining = 2;
+       },
+       "rank 2 cannot rejoin"},
+  };
+  for (const Case& c : cases) {
+    RouteFacts f = OneRankKilled();
+    c.change(f);
+    RouteDecision d = ChooseRoute(f);
+    EXPECT_EQ(d.route, RecoveryRoute::kFullRestart) << c.name;
+    EXPECT_NE(d.reason.find(c.says), std::string::npos) << c.name << ": " << d.reason;
+  }
+}
+
+TEST(RecoveryRoute, NamesRoundTrip) {
+  for (RecoveryRoute r :
+       {RecoveryRoute::kInProcess, RecoveryRoute::kSpare, RecoveryRoute::kFullRestart}) {
+    Result<RecoveryRoute> back = ParseRecoveryRoute(RecoveryRouteName(r));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, r);
+  }
+  EXPECT_FALSE(ParseRecoveryRoute("teleport").ok());
+}
+
+}  // namespace
+}  // namespace endure::core
