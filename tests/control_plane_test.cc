@@ -333,6 +333,36 @@ TEST_F(ControlPlaneTest, AnXidInTheKernelLogNamesTheCauseOfAWorkersDeath) {
   ExpectReplaced("kmsg", inc, r, 1);
 }
 
+// ---- Fast recovery (issue 14): in process, from a peer's state ----
+
+// A killed rank's peer keeps its process and its state: generation 1 starts
+// without a stop, only rank 1 starts (from a warm standby) and takes the
+// state from rank 0 over the new group. Nothing is restored from the tiers,
+// no step is recomputed, and the parameters are bit for bit those of the
+// run without a fault.
+TEST_F(ControlPlaneTest, AKilledRankIsRecoveredInProcessFromItsPeerBitExact) {
+  JobResult r;
+  nlohmann::json inc = ExpectRecovered("inproc", "kind = \"kill\"\nrank = 1\nstep = 12\n",
+                                       "signal 9 SIGKILL", "warm_standby = true\n",
+                                       "every_steps = 5\n", &r);
+  EXPECT_EQ(inc.value("route", ""), "in_process") << inc.dump(2);
+  EXPECT_NE(inc.value("route_reason", "").find("1 of 2 ranks keep their process"),
+            std::string::npos)
+      << inc.dump(2);
+  // The survivor had completed step 11 when its allreduce of step 12 failed.
+  EXPECT_EQ(inc.value("failed_at_step", -1), 11) << inc.dump(2);
+  EXPECT_EQ(inc.value("restored_step", -1), 11) << inc.dump(2);
+  EXPECT_EQ(inc.value("steps_lost", -1), 0) << inc.dump(2);
+  EXPECT_EQ(inc.value("restore", "").rfind("in process", 0), 0u) << inc.dump(2);
+  EXPECT_EQ(r.report["ledger_s"].value("recompute", -1.0), 0.0) << r.report.dump(2);
+  // Rank 0 never restarted: no log of generation 1, and its one process
+  // says it rejoined; rank 1 ran anew and took the state from it.
+  EXPECT_TRUE(NodesThatRan("inproc", 1, 0).empty());
+  EXPECT_NE(WorkerLogs("inproc", 0, 0).find("rejoined generation 1 at step 11"), std::string::npos)
+      << WorkerLogs("inproc", 0, 0);
+  EXPECT_EQ(NodesThatRan("inproc", 1, 1).size(), 1u);
+}
+
 TEST_F(ControlPlaneTest, LostNodeIsReplaced) {
   JobResult r;
   nlohmann::json inc = ExpectRecovered("agent", "kind = \"kill-agent\"\nrank = 1\nstep = 12\n",
