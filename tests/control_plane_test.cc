@@ -53,6 +53,7 @@ class ControlPlaneTest : public ::testing::Test {
     int ranks_per_node = 1;
     int steps = 30;
     std::string trainer;  // more trainer flags, TOML-quoted: "\"--eval-every\", \"10\", "
+    int spares = 0;       // [job] spares
   };
   std::string SpecWith(const std::string& name, const Shape& shape, const std::string& extra,
                        const std::string& recovery = "",
@@ -67,7 +68,8 @@ class ControlPlaneTest : public ::testing::Test {
       << "\", \"--threads\", \"1\", \"--log-every\", \"5\", "
       << "\"--eval-batches\", \"1\", \"--sample-tokens\", \"16\", " << shape.trainer
       << "\"--data\", \"" << data_ << "\"]\n"
-      << "nodes = " << shape.nodes << "\nranks_per_node = " << shape.ranks_per_node
+      << "nodes = " << shape.nodes << "\nspares = " << shape.spares
+      << "\nranks_per_node = " << shape.ranks_per_node
       << "\nstate_dir = \"" << (dir_ / name).string() << "\"\n"
       << "[checkpoint]\n"
       << checkpoint << "[recovery]\nrepair_delay = \"1s\"\nbackoff_initial = \"0s\"\n"
@@ -244,9 +246,14 @@ class ControlPlaneTest : public ::testing::Test {
   std::string data_ = "/usr/share/games/fortunes";  // the trainer's --data
 };
 
+// Tests of the checkpoint tiers' restore turn the in-process route off: with
+// it, a killed rank takes its state from its peer and the tiers are not read.
+const std::string kTierPath = "in_process = false\n";
+
 TEST_F(ControlPlaneTest, KilledRankIsRestartedFromItsCheckpoint) {
   nlohmann::json inc =
-      ExpectRecovered("kill", "kind = \"kill\"\nrank = 1\nstep = 12\n", "signal 9 SIGKILL");
+      ExpectRecovered("kill", "kind = \"kill\"\nrank = 1\nstep = 12\n", "signal 9 SIGKILL",
+                      "in_process = false\n");
   EXPECT_EQ(inc.value("rank", -1), 1);
   EXPECT_EQ(inc.value("steps_lost", -1), 1);  // step 11 ran after the step-10 checkpoint
 }
@@ -257,8 +264,8 @@ TEST_F(ControlPlaneTest, WarmStandbyWorkersTakeOverAfterAKill) {
   // have loaded and warmed up the program by then.
   const std::string fault = "kind = \"kill\"\nrank = 0\nstep = 24\n";
   nlohmann::json warm =
-      ExpectRecovered("standby", fault, "signal 9 SIGKILL", "warm_standby = true\n");
-  nlohmann::json cold = ExpectRecovered("standby-cold", fault, "signal 9 SIGKILL");
+      ExpectRecovered("standby", fault, "signal 9 SIGKILL", "warm_standby = true\n" + kTierPath);
+  nlohmann::json cold = ExpectRecovered("standby-cold", fault, "signal 9 SIGKILL", kTierPath);
   for (const nlohmann::json* inc : {&warm, &cold}) {
     EXPECT_EQ(inc->value("restored_step", -1), 20) << inc->dump(2);
     EXPECT_EQ(inc->value("steps_lost", -1), 3) << inc->dump(2);  // 21-23 ran after step 20
@@ -335,6 +342,9 @@ TEST_F(ControlPlaneTest, AnXidInTheKernelLogNamesTheCauseOfAWorkersDeath) {
 
 // ---- Fast recovery (issue 14): in process, from a peer's state ----
 
+// Every step into node memory and replicated to the peer, every 5th durable.
+constexpr char kEveryStepTiers[] = "every_steps = 1\npersist_every_steps = 5\n";
+
 // A killed rank's peer keeps its process and its state: generation 1 starts
 // without a stop, only rank 1 starts (from a warm standby) and takes the
 // state from rank 0 over the new group. Nothing is restored from the tiers,
@@ -363,6 +373,46 @@ TEST_F(ControlPlaneTest, AKilledRankIsRecoveredInProcessFromItsPeerBitExact) {
   EXPECT_EQ(NodesThatRan("inproc", 1, 1).size(), 1u);
 }
 
+// A lost node's rank moves to a warm spare ([job] spares = 1) at once, long
+// before a repaired node would come (repair_delay 60 s), and takes the state
+// from the surviving rank: with every-step checkpoints in the tiers, and
+// with no checkpoint at all (the peer is then the only copy). Bit-exact
+// either way, nothing recomputed.
+TEST_F(ControlPlaneTest, ALostNodesRankMovesToAWarmSpareAndTakesItsPeersState) {
+  const std::string reference = Reference(this);
+  for (const std::string& checkpoint :
+       {std::string(kEveryStepTiers), std::string("every_steps = 0\n")}) {
+    const std::string name = checkpoint.find("every_steps = 0") == 0 ? "spare-notier" : "spare";
+    Shape shape;
+    shape.spares = 1;
+    const std::string path =
+        SpecWith(name, shape, "[[faults]]\nkind = \"kill-agent\"\nrank = 1\nstep = 12\n",
+                 "warm_standby = true\n", checkpoint);
+    std::string text = ReadAll(path);
+    const std::string one_second = "repair_delay = \"1s\"";
+    text.replace(text.find(one_second), one_second.size(), "repair_delay = \"60s\"");
+    std::ofstream(path) << text;
+    JobResult r = Run(path);
+    EXPECT_TRUE(r.exit.Success()) << r.exit.ToString() << "\n" << r.output;
+    EXPECT_EQ(r.report.value("param_fingerprint", ""), reference) << name << "\n" << r.output;
+    const nlohmann::json& incidents = r.report["incidents"];
+    ASSERT_EQ(incidents.size(), 1u) << incidents.dump(2) << "\n" << r.output;
+    const nlohmann::json& inc = incidents[0];
+    EXPECT_EQ(inc.value("cause", ""), "node_lost") << inc.dump(2);
+    EXPECT_EQ(inc.value("route", ""), "spare") << inc.dump(2);
+    EXPECT_EQ(inc.value("steps_lost", -1), 0) << inc.dump(2);
+    EXPECT_LT(inc.value("recovered_after_s", 99.0), 30.0) << inc.dump(2);
+    EXPECT_EQ(inc.value("restore", "").rfind("in process", 0), 0u) << inc.dump(2);
+    // Generation 1 ran rank 1 on the spare (a node that ran nothing in
+    // generation 0), rank 0 where it was (in place: no new log for it).
+    const std::vector<std::string> spare = NodesThatRan(name, 1, 1);
+    ASSERT_EQ(spare.size(), 1u) << name;
+    EXPECT_NE(NodesThatRan(name, 0, 1), spare) << name;
+    EXPECT_NE(NodesThatRan(name, 0, 0), spare) << name;
+    EXPECT_TRUE(NodesThatRan(name, 1, 0).empty()) << name;
+  }
+}
+
 TEST_F(ControlPlaneTest, LostNodeIsReplaced) {
   JobResult r;
   nlohmann::json inc = ExpectRecovered("agent", "kind = \"kill-agent\"\nrank = 1\nstep = 12\n",
@@ -388,7 +438,7 @@ constexpr char kIdleCpu[] = "kind = \"slow\"\nrank = 0\nstep = 1\nfactor = 3\n[[
 TEST_F(ControlPlaneTest, WorkerCrashRestoresFromLocalMemory) {
   JobResult r;
   nlohmann::json inc = ExpectRecovered("t0", "kind = \"kill\"\nrank = 1\nstep = 12\n",
-                                       "signal 9 SIGKILL", "", kEveryStep, &r);
+                                       "signal 9 SIGKILL", kTierPath, kEveryStep, &r);
   // Step 11 was in node memory: nothing but the killed step is recomputed.
   EXPECT_EQ(inc.value("restored_step", -1), 11) << inc.dump(2);
   EXPECT_EQ(inc.value("restore", "").rfind("step 11 from T0 x2", 0), 0u) << inc.dump(2);
@@ -458,7 +508,7 @@ TEST_F(ControlPlaneTest, ACorruptMemoryCopyIsRefusedAndAnotherTierUsed) {
                       std::string(kIdleCpu) +
                           "kind = \"corrupt-t0\"\nrank = 0\nstep = 8\n[[faults]]\nkind = \"kill\"\n"
                           "rank = 0\nstep = 14\n",
-                      "signal 9 SIGKILL", "", kEveryStep);
+                      "signal 9 SIGKILL", kTierPath, kEveryStep);
   const std::string restore = inc.value("restore", "");
   EXPECT_NE(restore.find("T1 x1"), std::string::npos) << inc.dump(2);
   // (rank 0 runs on whichever node registered first)
@@ -503,7 +553,7 @@ TEST_F(ControlPlaneTest, AFailingDiskKeepsTrainingFromMemoryAndSaysSo) {
   JobResult r = Run(Spec("diskerror",
                          "[[faults]]\nkind = \"disk-error\"\nrank = 0\nstep = 3\n"
                          "[[faults]]\nkind = \"kill\"\nrank = 1\nstep = 20\n",
-                         "", "every_steps = 1\npersist_every_steps = 1\n"));
+                         kTierPath, "every_steps = 1\npersist_every_steps = 1\n"));
   EXPECT_TRUE(r.exit.Success()) << r.exit.ToString() << "\n" << r.output;
   EXPECT_EQ(r.report.value("steps", 0), 30) << r.output;
   EXPECT_EQ(r.report.value("param_fingerprint", ""), reference) << r.output;
@@ -729,7 +779,8 @@ constexpr char kSlowRank0[] = "[[faults]]\nkind = \"slow\"\nrank = 0\nstep = 1\n
 
 TEST_F(ControlPlaneTest, TheLedgerOfARealRunAddsUpToItsWallTime) {
   const auto before = std::chrono::steady_clock::now();
-  JobResult r = Run(Spec("ledger", "[[faults]]\nkind = \"kill\"\nrank = 1\nstep = 12\n"));
+  JobResult r =
+      Run(Spec("ledger", "[[faults]]\nkind = \"kill\"\nrank = 1\nstep = 12\n", kTierPath));
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
   ASSERT_TRUE(r.exit.Success()) << r.exit.ToString() << "\n" << r.output;

@@ -166,6 +166,7 @@ bool IsStale(const proto::AgentCommand& cmd, int64_t current) {
   switch (cmd.command_case()) {
     case proto::AgentCommand::kShutdown:
     case proto::AgentCommand::kInject:
+    case proto::AgentCommand::kPrepare:
       return false;
     case proto::AgentCommand::kStart:
       return cmd.generation() <= current;
@@ -521,9 +522,29 @@ std::optional<Standby> Agent::TakeStandby(const std::vector<std::string>& argv) 
   return std::nullopt;
 }
 
+void Agent::Prepare(const proto::Prepare& prepare) {
+  if (!o_.standby || workers_ || prepare.command().empty()) return;  // a member has its own
+  std::vector<std::string> argv(prepare.command().begin(), prepare.command().end());
+  argv[0] = ResolveProgram(argv[0]);
+  {
+    std::lock_guard<std::mutex> lock(standby_mu_);
+    std::erase_if(standbys_, [&](Standby& s) {
+      if (s.argv == argv) return false;
+      launcher_->DiscardStandby(s);
+      return true;
+    });
+    standby_argv_ = argv;
+    standby_count_ = std::clamp(prepare.standbys(), 0, o_.slots);
+    refill_pending_ = true;
+  }
+  RefillStandbys();
+}
+
 void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   // An in-process restart keeps the live workers of the ranks this node
   // still runs: they are offered the new generation, the others start.
+  // (A spare node taking a lost node's ranks has no workers yet: all of
+  // its ranks start, and take the state from the ranks elsewhere.)
   const bool rejoin = start.rejoin() && workers_ != nullptr;
   std::map<int, pid_t> alive;
   if (rejoin) {
@@ -687,8 +708,8 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
       std::error_code ignored;
       std::filesystem::remove(rejoin_path, ignored);
     }
-    if (rejoin && !keep) spec.env.emplace_back("ENDURE_PEER_RESTORE", "1");
-    if (!plan_path.empty() && !rejoin) {
+    if (start.rejoin() && !keep) spec.env.emplace_back("ENDURE_PEER_RESTORE", "1");
+    if (!plan_path.empty() && !start.rejoin()) {
       spec.env.emplace_back("ENDURE_RESTORE_PLAN_FILE", plan_path);
     }
     Status st = Unavailable("no standby");
@@ -1000,6 +1021,9 @@ bool Agent::CarryOutCommands() {
         break;
       case proto::AgentCommand::kPairTest:
         RunPairTest(cmd.generation(), cmd.pair_test());
+        break;
+      case proto::AgentCommand::kPrepare:
+        Prepare(cmd.prepare());
         break;
       case proto::AgentCommand::kShutdown:
         return true;

@@ -142,6 +142,8 @@ class Agent {
   void OnWorkerLine(int64_t generation, int rank, std::string_view line);
   // Waits for SIGTERM/SIGINT (the shutdown thread) and then shuts down.
   void AwaitSignal();
+  // A spare node keeps warm standbys of the job's program (proto Prepare).
+  void Prepare(const proto::Prepare& prepare);
   void Start(int64_t generation, const proto::StartGeneration& start);
   void Stop(int64_t generation, double grace_s);
   void DumpStacks(int64_t generation, double timeout_s);

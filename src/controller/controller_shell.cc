@@ -892,7 +892,29 @@ void ControllerShell::RunOnce(bool block) {
     cmd.mutable_shutdown()->set_reason("refused: " + up->name + " " + up->refused);
     Send(up->node, std::move(cmd));
   }
+  PrepareSpares();
   WriteStatus(now, !actions.empty() || machine_.incidents().size() != incidents_before);
+}
+
+void ControllerShell::PrepareSpares() {
+  const JobSpec& spec = o_.spec;
+  if (!spec.recovery.warm_standby || machine_.phase() != core::JobPhase::kRunning) return;
+  std::set<NodeId> members;
+  for (int r = 0; r < spec.world_size(); r += spec.ranks_per_node) {
+    members.insert(machine_.NodeOfRank(core::Rank{r}));
+  }
+  const std::map<std::string, std::string> refused = machine_.RefusedNodes();
+  for (NodeId n : machine_.NodesUp()) {
+    if (members.count(n) > 0 || prepared_.count(n) > 0 || refused.count(machine_.NodeName(n))) {
+      continue;
+    }
+    prepared_.insert(n);
+    proto::AgentCommand cmd;
+    cmd.set_generation(machine_.generation().value);
+    for (const std::string& arg : spec.command) cmd.mutable_prepare()->add_command(arg);
+    cmd.mutable_prepare()->set_standbys(spec.ranks_per_node);
+    Send(n, std::move(cmd));
+  }
 }
 
 Result<int> ControllerShell::Finish() {
@@ -1217,6 +1239,15 @@ void ControllerShell::OnCheckpointEvent(const Queued& item) {
 proto::CheckpointConfig ControllerShell::CheckpointFor(const core::StartGenerationAction& a) {
   const CheckpointSpec& spec = o_.spec.checkpoint;
   proto::CheckpointConfig c;
+  if (a.rejoin) {
+    // Nothing is restored from the tiers: the ranks that kept their state
+    // hand it to the others.
+    const std::vector<core::JobAction> none =
+        Input(core::RestoreChosen{a.generation, "in process: the state of the ranks that kept it, "
+                                                "broadcast to the ranks that started"},
+              last_step_at_);
+    ENDURE_CHECK(none.empty());
+  }
   if (spec.every_steps <= 0 || !spec.memory) return c;
   c.set_enabled(true);
   // As the spec names it: a relative directory is resolved by each agent on
@@ -1226,14 +1257,7 @@ proto::CheckpointConfig ControllerShell::CheckpointFor(const core::StartGenerati
   c.set_memory_budget(static_cast<uint64_t>(spec.memory_budget_bytes));
   c.set_slot_bytes(checkpoints_.SlotBytes());
   if (a.rejoin) {
-    // Nothing is restored from the tiers: the ranks that kept their state
-    // hand it to the others. Snapshots already taken stay.
-    c.set_discard_after(-1);
-    const std::vector<core::JobAction> none =
-        Input(core::RestoreChosen{a.generation, "in process: the state of the ranks that kept it, "
-                                                "broadcast to the ranks that started"},
-              last_step_at_);
-    ENDURE_CHECK(none.empty());
+    c.set_discard_after(-1);  // the snapshots already taken stay
     return c;
   }
   std::vector<std::string> members;

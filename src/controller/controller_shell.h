@@ -212,6 +212,9 @@ class ControllerShell final : public TransportSink {
   // entry is such a reason: the history stays, the new run starts afresh.
   Result<bool> CarryOn();
   void Execute(const std::vector<core::JobAction>& actions, core::TimePoint now);
+  // With [recovery] warm_standby: each healthy node outside the running
+  // generation (a spare) is told once to keep warm standbys (proto Prepare).
+  void PrepareSpares();
   // Sends `cmd`, with the job's token, to `node`'s agent; dropped when its
   // stream has ended.
   void Send(core::NodeId node, proto::AgentCommand cmd);
@@ -276,6 +279,7 @@ class ControllerShell final : public TransportSink {
 
   // Loop-thread state.
   std::map<std::pair<int64_t, int>, proto::LogMatch> last_log_;  // (generation, rank)
+  std::set<core::NodeId> prepared_;                               // PrepareSpares sent
   std::string fingerprint_;
   std::optional<core::FinishAction> finish_;
   int stop_signal_ = 0;     // the signal that stopped the job, if one did

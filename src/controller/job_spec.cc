@@ -404,6 +404,12 @@ Status SpecParser::ParseJob(const toml::table& t, JobSpec& spec) {
           spec.nodes = static_cast<int>(n);
           return Status::Ok();
         }},
+       {"spares",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 0, kMaxNodes));
+          spec.spares = static_cast<int>(n);
+          return Status::Ok();
+        }},
        {"ranks_per_node",
         [&](const toml::node& v, const std::string& key) -> Status {
           ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1));

@@ -177,6 +177,10 @@ struct JobSpec {
   std::vector<std::string> command;  // argv of every worker, non-empty
   int nodes = 1;
   int ranks_per_node = 1;
+  // Spare nodes: `endure run` starts this many agents beyond `nodes`; they
+  // register, pass the health check and (with warm_standby) keep standby
+  // workers, so that a lost node's ranks move to one at once.
+  int spares = 0;
   std::string state_dir;                   // as written: relative to the current directory
   std::map<std::string, std::string> env;  // extra worker environment
   std::string listen = "127.0.0.1:0";      // controller gRPC address

@@ -796,6 +796,7 @@ RouteFacts JobMachine::FactsFor(const Failure& failure, RecoveryAction action,
   f.action = action;
   f.rollback = failure.anomaly || failure.rollback_to.has_value();
   f.hang = failure.cause.kind == Cause::kHang;
+  f.productive = productive_;
   f.world_size = world_size();
   auto leaves = [&](NodeId node) {
     auto it = nodes_.find(node);

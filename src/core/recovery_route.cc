@@ -38,6 +38,10 @@ RouteDecision ChooseRoute(const RouteFacts& f) {
   if (f.rollback) return Full("the state in memory is what the rollback undoes");
   if (f.hang) return Full("a hang stops every rank to capture its stack");
   if (f.backoff) return Full("the policy backs off before restarting");
+  if (!f.productive) {
+    return Full("the generation had not completed a step: its ranks hold nothing beyond the "
+                "checkpoint they restored");
+  }
   if (f.action == RecoveryAction::kWaitForRepair) {
     return Full("the job waits for a repair before it restarts");
   }

@@ -41,6 +41,10 @@ struct RouteFacts {
   // captured and the pairwise test run.
   bool hang = false;
   bool backoff = false;  // the policy backs off before the restart
+  // The generation completed a step: before that its ranks hold nothing
+  // beyond the checkpoint they restored (and a failure at start-up is
+  // likely to recur: the policy counts such attempts).
+  bool productive = true;
   int world_size = 1;
   int failed_ranks = 0;  // ranks that lose their process (a node's, when it goes)
   // Members of the generation that leave it (lost or evicted): each needs a

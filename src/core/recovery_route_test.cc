@@ -46,6 +46,7 @@ TEST(RecoveryRoute, EachReasonToRestartFromTheTiersSaysWhy) {
       {"rollback", [](RouteFacts& f) { f.rollback = true; }, "rollback"},
       {"hang", [](RouteFacts& f) { f.hang = true; }, "hang"},
       {"backoff", [](RouteFacts& f) { f.backoff = true; }, "backs off"},
+      {"start-up", [](RouteFacts& f) { f.productive = false; }, "had not completed a step"},
       {"wait", [](RouteFacts& f) { f.action = RecoveryAction::kWaitForRepair; }, "repair"},
       {"nobody left",
        [](RouteFacts& f) {

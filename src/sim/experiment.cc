@@ -107,6 +107,7 @@ Summary RunExperiment(const SimConfig& config, int max_incidents) {
     ettrs.push_back(r.ettr());
     s.failures += r.failures;
     s.restarts += r.restarts;
+    s.in_process_restarts += r.in_process_restarts;
     s.replacements += r.replacements;
     s.stragglers += r.stragglers;
     s.stragglers_flagged += r.stragglers_flagged;
@@ -128,6 +129,7 @@ Summary RunExperiment(const SimConfig& config, int max_incidents) {
   double n = static_cast<double>(config.runs);
   s.failures /= n;
   s.restarts /= n;
+  s.in_process_restarts /= n;
   s.replacements /= n;
   s.stragglers /= n;
   for (double* v : {&s.stragglers_flagged, &s.straggler_moves, &s.sdc_events, &s.sdc_detected,

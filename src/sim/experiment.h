@@ -26,6 +26,7 @@ struct Summary {
   double ci95_high = 0;
   double failures = 0;  // mean per run
   double restarts = 0;
+  double in_process_restarts = 0;  // of them, in process
   double replacements = 0;  // nodes swapped into the job
   double stragglers = 0;
   double stragglers_flagged = 0;

@@ -111,6 +111,13 @@ const std::vector<Knob>& KnobTable() {
                     c.repair = v),
       KNOB_INT("spares", "warm spare nodes: replace a node without waiting for repair (default 0)",
                c.spares = v),
+      KNOB_BOOL("in-process",
+                "restart in process where core::ChooseRoute can: the other ranks keep their "
+                "state, no work is lost (default false)",
+                c.in_process = v != 0),
+      KNOB_DURATION("in-process-restart",
+                    "recovery time of an in-process restart: rejoin and peer state (default 30s)",
+                    c.in_process_restart = v),
       KNOB_DOUBLE("stragglers", "share of nodes (0..1) that join slow (default 0)",
                   c.straggler_share = v),
       KNOB_DOUBLE("straggler-factor", "how many times slower a straggler makes the job (1.5)",

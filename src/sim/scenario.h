@@ -82,6 +82,14 @@ struct SimConfig {
   std::optional<Duration> startup;
   Duration repair = std::chrono::hours(4);
   int64_t spares = 0;
+  // In-process restart (core::ChooseRoute, as the controller decides): when
+  // a failure leaves the other ranks running, they keep their state and only
+  // the failed node's ranks restart (on a spare when the node is evicted),
+  // taking the state from a peer: no work since the checkpoint is lost, and
+  // the recovery costs `in_process_restart` instead of `restart`. Off: every
+  // failure restarts from the newest checkpoint.
+  bool in_process = false;
+  Duration in_process_restart = std::chrono::seconds(30);
 
   // Stragglers: each node that joins the job is slow with probability
   // `straggler_share`, by a factor drawn uniformly from [straggler_factor,

@@ -9,6 +9,7 @@
 #include <queue>
 #include <utility>
 
+#include "core/recovery_route.h"
 #include "core/sdc_check.h"
 #include "core/spare_pool.h"
 #include "sim/strikes.h"
@@ -448,7 +449,10 @@ class Run {
   }
 
   void StartTraining(bool new_generation) {
-    segment_done_ = Duration(0);
+    // An in-process restart goes on with the segment it kept in memory.
+    const Duration kept = resume_in_place_ ? segment_done_ : Duration(0);
+    resume_in_place_ = segment_at_stake_ = false;
+    segment_done_ = kept;
     train_since_ = now_;
     segment_started_ = now_;
     if (new_generation) {
@@ -459,7 +463,7 @@ class Run {
         s.milestone = committed_ + WindowLength();
       }
     }
-    Enter(Phase::kTraining, LedgerCategory::kProductive, Scaled(c_.ckpt_interval));
+    Enter(Phase::kTraining, LedgerCategory::kProductive, Scaled(c_.ckpt_interval - kept));
     UpdateSpeed();
   }
 
@@ -516,7 +520,9 @@ class Run {
       SyncProgress();
       f.step = CurrentStep();
       f.during_recovery = false;
-      LoseSegment();
+      // Lost unless the recovery's route keeps the state in memory
+      // (Decide): the segment is at stake until then.
+      segment_at_stake_ = true;
     }
     pending_.push_back(f);
     // The job is down from now on. Any recovery under way starts over once
@@ -549,9 +555,36 @@ class Run {
     return true;
   }
 
+  // The route of a restart after `f` (core::ChooseRoute, as the job
+  // machine asks it): the node's ranks fail, the others kept their state
+  // when the job was training.
+  core::RouteDecision RouteOf(const PendingFailure& f, const core::RecoveryDecision& d,
+                              int32_t spares) const {
+    core::RouteFacts facts;
+    facts.in_process_enabled = c_.in_process;
+    facts.action = d.action;
+    facts.backoff = d.delay > Duration(0);
+    facts.hang = c_.causes[f.cause].name == "hang";
+    facts.world_size = static_cast<int>(std::min<int64_t>(c_.nodes * c_.gpus_per_node, 1 << 30));
+    facts.failed_ranks = static_cast<int>(c_.gpus_per_node);
+    const bool leaves = d.action == RecoveryAction::kReplaceWithSpare ||
+                        d.action == RecoveryAction::kEvictAndWaitForRepair;
+    facts.nodes_to_replace = leaves ? 1 : 0;
+    facts.spares_available = spares;
+    facts.productive = !f.during_recovery;
+    if (f.during_recovery) {
+      facts.first_not_rejoining = 0;  // nobody is training: no state in memory
+    } else {
+      facts.survivors_rejoining = facts.world_size - facts.failed_ranks;
+    }
+    return core::ChooseRoute(facts);
+  }
+
   void Decide() {
     std::vector<PendingFailure> pending;
     pending.swap(pending_);
+    // In process only when every failure detected now allows it.
+    bool in_place = !pending.empty();
     for (const PendingFailure& f : pending) {
       const CauseSpec& cause = c_.causes[f.cause];
       core::FailureEvent event;
@@ -561,14 +594,25 @@ class Run {
       event.during_recovery = f.during_recovery;
       event.spares_available = SparesFree();
       core::RecoveryDecision d = policy_.Step(event, At(now_));
-      Log({now_,
-           c_.DetectFor(cause),
-           d.node,
-           IncidentKind::kFailure,
-           cause.name,
-           std::string(core::RecoveryActionName(d.action)),
-           d.reason,
-           {}});
+      Incident incident{now_,
+                        c_.DetectFor(cause),
+                        d.node,
+                        IncidentKind::kFailure,
+                        cause.name,
+                        std::string(core::RecoveryActionName(d.action)),
+                        d.reason,
+                        {},
+                        {},
+                        {}};
+      if (d.action != RecoveryAction::kStop && d.action != RecoveryAction::kTolerate) {
+        const core::RouteDecision route = RouteOf(f, d, event.spares_available);
+        in_place = in_place && route.route != core::RecoveryRoute::kFullRestart;
+        incident.route = route.route;
+        incident.route_reason = route.reason;
+      } else {
+        in_place = false;
+      }
+      Log(std::move(incident));
       backoff_until_ = std::max(backoff_until_, now_ + d.delay);
       switch (d.action) {
         case RecoveryAction::kRestartInPlace:
@@ -587,6 +631,11 @@ class Run {
           return;
       }
       StrikeAndJudge(f.node, cause.name, cause.name);
+    }
+    resume_in_place_ = in_place && segment_at_stake_;
+    if (!resume_in_place_ && segment_at_stake_) {
+      LoseSegment();
+      segment_at_stake_ = false;
     }
     ProceedWhileDown();
   }
@@ -607,7 +656,12 @@ class Run {
       Duration check =
           c_.health_check && joined_since_restart_ ? c_.health_check_time : Duration(0);
       joined_since_restart_ = false;
-      if (started_) {
+      if (started_ && resume_in_place_) {
+        // The spare (if one joined) was health-checked while it waited.
+        ++result_.restarts;
+        ++result_.in_process_restarts;
+        Enter(Phase::kRestart, LedgerCategory::kRecovery, c_.in_process_restart);
+      } else if (started_) {
         ++result_.restarts;
         Enter(Phase::kRestart, LedgerCategory::kRecovery, c_.restart + check);
       } else {
@@ -800,6 +854,10 @@ class Run {
   size_t script_next_ = 0;
   bool started_ = false;
   bool joined_since_restart_ = false;
+  // A failure hit while training: its segment is lost unless the restart
+  // is in process (Decide), which then resumes it (StartTraining).
+  bool segment_at_stake_ = false;
+  bool resume_in_place_ = false;
 
   // Training progress: committed by checkpoints, and within the segment.
   Duration committed_{0};

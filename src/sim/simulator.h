@@ -21,12 +21,14 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/duration.h"
 #include "core/ettr_ledger.h"
 #include "core/recovery_policy.h"
+#include "core/recovery_route.h"
 #include "core/straggler.h"
 #include "sim/scenario.h"
 
@@ -58,6 +60,10 @@ struct Incident {
   // kStraggler: the inputs DecideStraggler was given, so that a test can
   // recompute the decision.
   core::StragglerCosts straggler_costs;
+  // kFailure that restarts: how the job gets back to training, and why
+  // (core::ChooseRoute, as the controller's job machine decides it).
+  std::optional<core::RecoveryRoute> route;
+  std::string route_reason;
 };
 
 struct RunResult {
@@ -76,6 +82,7 @@ struct RunResult {
   int64_t health_check_refusals = 0;       // nodes refused before joining
   int64_t checkpoints = 0;
   int64_t restarts = 0;
+  int64_t in_process_restarts = 0;  // of them, in process (SimConfig::in_process)
   int64_t replacements = 0;  // nodes swapped into the job (spares, repaired nodes)
   int64_t events = 0;        // discrete events processed
   bool gave_up = false;

@@ -323,3 +323,49 @@ TEST(Simulator, StragglerMitigationIsWorthSomething) {
 
 }  // namespace
 }  // namespace endure::sim
+
+namespace endure::sim {
+namespace {
+
+// In-process restarts (core::ChooseRoute): a failure while training
+// keeps the other ranks' state, so nothing since the checkpoint is lost and
+// the recovery costs in_process_restart; a hang still restarts from the
+// checkpoint (ChooseRoute wants every rank stopped for its stacks).
+TEST(Simulator, InProcessRestartsLoseNoSegmentExceptWhereTheRouteSaysFull) {
+  SimConfig c = Base();  // one cause, node_failure, restarted in place
+  c.failure_rate = 30;
+  c.restart = minutes(5);
+  c.in_process_restart = seconds(30);
+  SimConfig off = Final(c);
+  c.in_process = true;
+  SimConfig on = Final(c);
+  RunResult a = SimulateRun(off, 3, 100), b = SimulateRun(on, 3, 100);
+  ASSERT_GT(b.failures, 20);
+  EXPECT_EQ(LedgerSum(b), b.wall);
+  // Only a failure during a recovery (no rank is training) restarts from
+  // the checkpoint, and loses its segment.
+  EXPECT_GT(b.in_process_restarts, b.restarts * 9 / 10);
+  EXPECT_LT(b.category(LedgerCategory::kRecompute), a.category(LedgerCategory::kRecompute) / 10);
+  EXPECT_GT(b.ettr(), a.ettr());
+  ASSERT_FALSE(b.incidents.empty());
+  EXPECT_EQ(b.incidents[0].route, core::RecoveryRoute::kInProcess);
+  EXPECT_THAT(b.incidents[0].route_reason, ::testing::HasSubstr("in-process restart"));
+  EXPECT_EQ(a.incidents[0].route, core::RecoveryRoute::kFullRestart);
+
+  // The same failures as hangs: every restart is a full one.
+  SimConfig::CauseOverride none, hang;
+  none.spec.name = "node_failure";
+  none.spec.weight = 0;
+  none.has_weight = true;
+  hang.spec.name = "hang";
+  hang.has_weight = true;
+  c.cause_overrides = {none, hang};
+  RunResult h = SimulateRun(Final(c), 3, 100);
+  EXPECT_EQ(h.in_process_restarts, 0);
+  EXPECT_GT(h.category(LedgerCategory::kRecompute), Duration(0));
+  ASSERT_FALSE(h.incidents.empty());
+  EXPECT_THAT(h.incidents[0].route_reason, ::testing::HasSubstr("a hang stops every rank"));
+}
+
+}  // namespace
+}  // namespace endure::sim

@@ -395,7 +395,13 @@ void WaitFor(c10d::Work& work, const Session* session) {
     try {
       if (work.wait(kPoll)) return;
     } catch (const std::exception&) {
-      if (work.isCompleted()) throw;  // the collective itself failed
+      // A timed-out wait throws too; the collective may have completed
+      // right after it looked. A wait without a timeout then returns, or
+      // throws the collective's own error.
+      if (work.isCompleted()) {
+        work.wait();
+        return;
+      }
     }
     if (session->RejoinPending()) throw RejoinOffered();
   }

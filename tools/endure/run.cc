@@ -398,8 +398,10 @@ int EmbeddedRun::Run() {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
-  std::printf("endure run: job '%s', %d node(s) x %d rank(s), state in %s\n", spec_.name.c_str(),
-              spec_.nodes, spec_.ranks_per_node, spec_.state_dir.c_str());
+  std::printf("endure run: job '%s', %d node(s) x %d rank(s)%s, state in %s\n",
+              spec_.name.c_str(), spec_.nodes, spec_.ranks_per_node,
+              spec_.spares > 0 ? (" + " + std::to_string(spec_.spares) + " spare(s)").c_str() : "",
+              spec_.state_dir.c_str());
   std::string listen = spec_.listen;
   if (spec_.control_plane.standby) {
     // Both controllers on fixed addresses: the agents list them before the
@@ -434,7 +436,8 @@ int EmbeddedRun::Run() {
                 address_.c_str(), standby_address_.c_str(), etcd_endpoint_.c_str(),
                 FormatDuration(spec_.control_plane.lease).c_str());
   }
-  for (int i = 0; i < spec_.nodes; ++i) {
+  // The job's nodes, then its spares: the first to register run the job.
+  for (int i = 0; i < spec_.nodes + spec_.spares; ++i) {
     if (Status st = StartAgent(); !st.ok()) {
       std::fprintf(stderr, "endure run: %s\n", st.message().c_str());
       StopAll();

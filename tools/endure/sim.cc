@@ -164,6 +164,8 @@ Json ConfigJson(const SimConfig& c) {
               {"startup_s", Seconds(c.startup_or_restart())},
               {"repair_s", Seconds(c.repair)},
               {"spares", c.spares},
+              {"in_process", c.in_process},
+              {"in_process_restart_s", Seconds(c.in_process_restart)},
               {"stragglers", c.straggler_share},
               {"straggler_factor", c.straggler_factor},
               {"straggler_factor_max", c.StragglerFactorMax()},
@@ -222,6 +224,7 @@ int RunSimulation(const SimConfig& c, const SimFlags& flags) {
              {"ledger_s", ledger},
              {"failures_by_cause", causes},
              {"restarts", s.restarts},
+             {"in_process_restarts", s.in_process_restarts},
              {"replacements", s.replacements},
              {"stragglers", s.stragglers},
              {"stragglers_flagged", s.stragglers_flagged},
@@ -253,6 +256,7 @@ int RunSimulation(const SimConfig& c, const SimFlags& flags) {
   }
   std::printf("failures    %.1f per run (restarts %.1f, nodes replaced %.1f", s.failures,
               s.restarts, s.replacements);
+  if (c.in_process) std::printf(", in process %.1f", s.in_process_restarts);
   std::printf(")\n");
   if (c.straggler_share > 0) {
     std::printf("stragglers  %.1f per run joined, %.1f flags, %.1f swapped or evicted\n",
