@@ -1,20 +1,17 @@
-// Checkpoint stall, recovery and ETTR of `endure run` on the demo job (4
+// Checkpoint stall and controller takeover of `endure run` on the demo job (4
 // layers, d-model 128, 2 nodes x 1 rank), printed as figures:
 //  1. checkpoint stall as a share of step time when saving every step: into
 //     node memory (Endure's tiers, persisted every 20 steps) and, in the same
 //     run, synchronously to disk inside the step (`memory = false`, as
 //     torch.save does);
-//  2. time to recover from a SIGKILLed rank (fault to the first productive
-//     step after it), split into detection, teardown, relaunch and restore
-//     (from T0, node memory), over several runs;
-//  3. ETTR of about five minutes of training under a seeded Poisson schedule
-//     of rank kills with a 60 s MTBF;
-//  4. with [control_plane] standby (needs /usr/bin/etcd), the time from the
+//  2. with [control_plane] standby (needs /usr/bin/etcd), the time from the
 //     leader controller's kill -9 to each agent's attachment to the standby
 //     (the agent's own measure of its outage; its registration follows on
 //     the same stream), for two lease lengths.
+// The recovery of killed ranks and lost nodes, by every route and against
+// torchrun, and ETTR under a Poisson schedule of kills: bench/recovery_bench.py.
 //
-//   build/bin/control_plane_bench [WORK_DIR] [KILL_RUNS] [ETTR_SECONDS]
+//   build/bin/control_plane_bench [WORK_DIR]
 #include <signal.h>
 #include <unistd.h>
 
@@ -129,17 +126,11 @@ std::vector<double> TakeoverAfterLeaderKill(const fs::path& dir, int lease_s) {
   return outages;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const fs::path dir = argc > 1 ? argv[1] : "/tmp/endure_control_plane_bench";
-  const int runs = std::max(1, argc > 2 ? std::atoi(argv[2]) : 3);
-  const double ettr_seconds = argc > 3 ? std::atof(argv[3]) : 300;
   fs::create_directories(dir);
 
   std::printf("== checkpoint stall, saving every step (300 steps, no faults)\n");
@@ -158,43 +149,6 @@ int main(int argc, char** argv) {
   }
   std::printf("stall ratio synchronous / Endure: %.0fx\n\n",
               stall_share[0] > 0 ? stall_share[1] / stall_share[0] : 0.0);
-
-  std::printf("== time to recover from a killed rank (kill at step 50, checkpoints every step)\n");
-  std::printf("%4s %10s %10s %10s %10s %10s %10s %6s\n", "run", "recover_s", "detect_s",
-              "teardown_s", "relaunch_s", "restore_s", "step_ms", "lost");
-  std::vector<double> recover, detect, teardown, relaunch, restore;
-  double step_s = 0;
-  for (int i = 0; i < runs; ++i) {
-    nlohmann::json r = RunJob(dir, "kill" + std::to_string(i), 70,
-                              "[[faults]]\nkind = \"kill\"\nrank = 1\nstep = 50\n");
-    const nlohmann::json& inc = r["incidents"].at(0);
-    recover.push_back(inc["recovered_after_s"]);
-    detect.push_back(inc["detected_after_s"]);
-    teardown.push_back(inc["teardown_s"]);
-    relaunch.push_back(inc["relaunch_s"]);
-    restore.push_back(inc["restore_s"]);
-    step_s = r["ledger_s"]["productive"].get<double>() / r["steps"].get<double>();
-    std::printf("%4d %10.3f %10.3f %10.3f %10.3f %10.3f %10.1f %6d\n", i + 1, recover.back(),
-                detect.back(), teardown.back(), relaunch.back(), restore.back(), step_s * 1e3,
-                inc["steps_lost"].get<int>());
-  }
-  std::printf("%4s %10.3f %10.3f %10.3f %10.3f %10.3f\n", "med", Median(recover), Median(detect),
-              Median(teardown), Median(relaunch), Median(restore));
-
-  const int64_t steps = std::max<int64_t>(100, static_cast<int64_t>(ettr_seconds / step_s));
-  std::printf(
-      "\n== ETTR under a Poisson schedule of rank kills, MTBF 60s, seed 1 "
-      "(%lld steps, about %.0f s)\n",
-      static_cast<long long>(steps), ettr_seconds);
-  nlohmann::json r = RunJob(dir, "poisson", steps,
-                            "[faults_schedule]\nmtbf = \"60s\"\nseed = 1\nkind = \"kill\"\n"
-                            "horizon = \"" +
-                                std::to_string(static_cast<int>(ettr_seconds)) + "s\"\n");
-  std::printf("wall %.1f s, incidents %zu, ETTR %.3f\n", r["wall_s"].get<double>(),
-              r["incidents"].size(), r["ettr"].get<double>());
-  for (const auto& [category, seconds] : r["ledger_s"].items()) {
-    std::printf("  %-17s %8.1f s\n", category.c_str(), seconds.get<double>());
-  }
 
   if (!fs::exists("/usr/bin/etcd")) {
     std::printf("\n== standby takeover: skipped (no /usr/bin/etcd; install etcd-server)\n");

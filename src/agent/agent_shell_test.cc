@@ -45,6 +45,11 @@ FakeTransport::EventMatch Is(Case c) {
 // Everything but heartbeats, which go up on their own schedule.
 bool NotHeartbeat(const proto::AgentEvent& e) { return e.event_case() != Case::kHeartbeat; }
 
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
 std::map<std::string, std::string> EnvOf(const WorkerSpec& spec) {
   std::map<std::string, std::string> env;
   for (const auto& [k, v] : spec.env) env[k] = v;
@@ -505,6 +510,54 @@ TEST_F(AgentShellTest, ANewGenerationEndsTheOldWorkersAtOnceUnderTheirOwnGenerat
   EXPECT_LT(last_exit, first_gen2_start);
 
   ASSERT_TRUE(launcher_.Exit(1, ExitStatus{true, 3, 0}));
+  std::optional<proto::AgentEvent> exit = transport_.WaitForEvent(
+      [](const auto& e) { return e.has_worker_exited() && e.worker_exited().exit_code() == 3; });
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->generation(), 2);
+}
+
+// An in-process restart (StartGeneration.rejoin): the live worker of rank 0
+// is kept and offered generation 2 in its rejoin file; dead rank 1 starts
+// anew with ENDURE_PEER_RESTORE=1; nothing is stopped, and the kept
+// worker's exit from then on is generation 2's.
+TEST_F(AgentShellTest, AnInProcessRestartKeepsTheLiveWorkerAndStartsOnlyTheDeadOne) {
+  StartAgent();
+  proto::AgentCommand first = StartCommand(1, {0, 1}, 2);
+  first.mutable_start()->set_in_process(true);
+  Do(first);
+  ASSERT_TRUE(launcher_.Exit(1, ExitStatus{false, 0, SIGKILL}));
+  ASSERT_TRUE(transport_.WaitForEvent([](const auto& e) { return e.has_worker_exited(); }));
+  proto::AgentCommand second = StartCommand(2, {0, 1}, 2);
+  second.mutable_start()->set_in_process(true);
+  second.mutable_start()->set_rejoin(true);
+  second.mutable_start()->set_master_port(29501);
+  Do(second);
+
+  EXPECT_TRUE(launcher_.stops().empty());
+  EXPECT_EQ(launcher_.groups(), 1);
+  const std::vector<FakeProcessLauncher::Launch> launches = launcher_.launches();
+  ASSERT_EQ(launches.size(), 3u);
+  std::map<std::string, std::string> fresh = EnvOf(launches[2].spec);
+  EXPECT_EQ(launches[2].spec.rank, 1);
+  EXPECT_EQ(fresh["ENDURE_PEER_RESTORE"], "1");
+  EXPECT_EQ(fresh["ENDURE_GENERATION"], "2");
+  EXPECT_EQ(fresh.count("ENDURE_RESTORE_PLAN_FILE"), 0u);
+  // Rank 0's offer: its environment for generation 2, with the new port and
+  // credential, and no peer restore (it holds the state).
+  std::map<std::string, std::string> first_env = EnvOf(launches[0].spec);
+  ASSERT_EQ(first_env.count("ENDURE_REJOIN_FILE"), 1u);
+  const std::string offer = ReadAll(first_env["ENDURE_REJOIN_FILE"]);
+  EXPECT_NE(offer.find("ENDURE_GENERATION=2\n"), std::string::npos) << offer;
+  EXPECT_NE(offer.find("MASTER_PORT=29501\n"), std::string::npos) << offer;
+  EXPECT_NE(offer.find("ENDURE_TOKEN=" + fresh["ENDURE_TOKEN"] + "\n"), std::string::npos);
+  EXPECT_EQ(offer.find("ENDURE_PEER_RESTORE"), std::string::npos) << offer;
+  // Both ranks are reported started in generation 2 (rank 0 with its pid).
+  std::vector<proto::AgentEvent> started = transport_.EventsWhere(Is(Case::kWorkerStarted));
+  ASSERT_EQ(started.size(), 4u);
+  EXPECT_EQ(started[2].generation(), 2);
+  EXPECT_EQ(started[2].worker_started().pid(), started[0].worker_started().pid());
+
+  ASSERT_TRUE(launcher_.Exit(0, ExitStatus{true, 3, 0}));
   std::optional<proto::AgentEvent> exit = transport_.WaitForEvent(
       [](const auto& e) { return e.has_worker_exited() && e.worker_exited().exit_code() == 3; });
   ASSERT_TRUE(exit.has_value());

@@ -63,7 +63,7 @@ TEST(ParseDatagram, ReadsAStepAsTheClientSendsIt) {
 
 TEST(ParseDatagram, ReadsEveryTypeTheClientSends) {
   Json ready = Envelope("ready");
-  ready.update({{"start_step", 10}, {"restore_s", 0.2}, {"init_s", 1.5}});
+  ready.update({{"start_step", 10}, {"restore_s", 0.2}, {"init_s", 1.5}, {"rejoin", true}});
   Json skip = Envelope("skip");
   skip.update({{"step", 7}, {"ckpt_stall_s", 0.0}, {"checkpoint_step", -1}});
   Json beat = Envelope("heartbeat");
@@ -90,6 +90,7 @@ TEST(ParseDatagram, ReadsEveryTypeTheClientSends) {
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(std::get<ReadyMessage>(d->message).start_step, 10);
   EXPECT_DOUBLE_EQ(std::get<ReadyMessage>(d->message).init_s, 1.5);
+  EXPECT_TRUE(std::get<ReadyMessage>(d->message).rejoin);
   d = Parse(skip);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_TRUE(std::get<StepMessage>(d->message).skipped);
@@ -216,6 +217,8 @@ TEST(ParseDatagram, RefusesMalformedInputWithAReasonAndNeverThrows) {
       {"step", "checkpoint_step", -2, "field 'checkpoint_step'"},
       {"ready", "start_step", -1, "field 'start_step'"},
       {"ready", "init_s", "1", "field 'init_s'"},
+      {"ready", "rejoin", "yes", "field 'rejoin'"},
+      {"ready", "rejoin", 1, "field 'rejoin'"},
       {"heartbeat", "step", -2, "field 'step'"},
       {"fault", "id", "../../x", "field 'id'"},
       {"fault", "id", std::string(129, 'a'), "field 'id'"},

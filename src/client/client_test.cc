@@ -289,6 +289,59 @@ TEST(Session, SendsReadyStepAndHeartbeatDatagrams) {
   EXPECT_EQ(s->dropped(), 0);
 }
 
+// In-process restart: the agent offers a later generation in the rejoin
+// file; Rejoin takes it (and only a well-formed, later one).
+TEST(Session, RejoinTakesALaterGenerationsOfferAndNothingElse) {
+  Receiver r;
+  char tmpl[] = "/tmp/endure_rejoin_test.XXXXXX";
+  const fs::path dir = mkdtemp(tmpl);
+  const std::string file = (dir / "rank0.rejoin").string();
+  std::map<std::string, std::string> vars = AgentVars(r);
+  vars["ENDURE_REJOIN_FILE"] = file;
+  std::unique_ptr<Session> s = MustCreate(vars);
+  ASSERT_TRUE(s->rejoin_offered_here());
+  EXPECT_FALSE(s->peer_restore());
+  s->DeclareRejoin();
+  s->Ready(7, 0, 0);
+  Json ready = r.NextReport();
+  ExpectEnvelope(ready, "ready");
+  EXPECT_EQ(ready["rejoin"], true);
+
+  auto offer = [&](const std::string& text) {
+    std::ofstream(file + ".tmp") << text;
+    fs::rename(file + ".tmp", file);
+  };
+  const std::string base = "ENDURE_AGENT_SOCKET=" + r.path() +
+                           "\nRANK=0\nENDURE_HEARTBEAT_INTERVAL=1h\nENDURE_TOKEN=next\n";
+  // No offer, then one of the same generation: nothing to take.
+  EXPECT_FALSE(s->RejoinPending());
+  EXPECT_EQ(s->Rejoin(std::chrono::milliseconds(10)).code(), StatusCode::kUnavailable);
+  offer(base + "ENDURE_GENERATION=3\n");
+  EXPECT_FALSE(s->RejoinPending());
+  // A later one that does not parse changes nothing.
+  offer(base + "ENDURE_GENERATION=4\nENDURE_FAULTS=[{\"kind\":\"teleport\"}]\n");
+  EXPECT_TRUE(s->RejoinPending());
+  EXPECT_EQ(s->Rejoin(std::chrono::milliseconds(10)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->generation(), 3);
+  // A good one: the session is generation 4's, with its token, and still
+  // says it rejoins.
+  offer(base + "ENDURE_GENERATION=4\n");
+  ASSERT_TRUE(s->Rejoin(std::chrono::milliseconds(10)).ok());
+  EXPECT_EQ(s->generation(), 4);
+  EXPECT_FALSE(s->RejoinPending());
+  s->Ready(7, 0.1, 0);
+  Json again = r.NextReport();
+  EXPECT_EQ(again["type"], "ready");
+  EXPECT_EQ(again["generation"], 4);
+  EXPECT_EQ(again["token"], "next");
+  EXPECT_EQ(again["rejoin"], true);
+  for (const char* v : {"ENDURE_AGENT_SOCKET", "RANK", "ENDURE_HEARTBEAT_INTERVAL", "ENDURE_TOKEN",
+                        "ENDURE_GENERATION"}) {
+    ::unsetenv(v);  // set by Rejoin, as a trainer needs them
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Session, NonFiniteLossIsSentAsAString) {
   Receiver r;
   std::unique_ptr<Session> s = MustCreate(AgentVars(r));

@@ -907,8 +907,18 @@ Status SpecParser::ParseSchedule(const toml::table& t, JobSpec& spec) {
                s.kind = *k;
                return Status::Ok();
              }},
-            {"horizon", [&](const toml::node& v, const std::string& key) -> Status {
+            {"horizon",
+             [&](const toml::node& v, const std::string& key) -> Status {
                ENDURE_ASSIGN_OR_RETURN(s.horizon, Dur(v, key, true));
+               return Status::Ok();
+             }},
+            {"node_loss_share", [&](const toml::node& v, const std::string& key) -> Status {
+               std::optional<double> share = v.value<double>();
+               if (!share || !(*share >= 0 && *share <= 1)) {
+                 return Error(v, key, "must be a number from 0 to 1 (the share of the faults "
+                                      "that are node losses, kill-agent)");
+               }
+               s.node_loss_share = *share;
                return Status::Ok();
              }}}));
   const int line = LineOf(t.source());
@@ -921,7 +931,8 @@ Status SpecParser::ParseSchedule(const toml::table& t, JobSpec& spec) {
   const int64_t room =
       std::max<int64_t>(0, faults::kMaxScheduledFaults - static_cast<int64_t>(spec.faults.size()));
   Result<std::vector<faults::Fault>> drawn =
-      faults::PoissonSchedule(s.mtbf, s.seed, s.horizon, spec.world_size(), s.kind, room);
+      faults::PoissonSchedule(s.mtbf, s.seed, s.horizon, spec.world_size(), s.kind, room,
+                              s.node_loss_share);
   if (!drawn.ok()) {
     const std::string key = "faults_schedule.mtbf";
     return Error(lines_.count(key) ? lines_[key] : line, key, drawn.status().message());
@@ -974,11 +985,11 @@ Status ValidateForEmbeddedRun(const JobSpec& spec) {
   const std::string across =
       "; for more, run `endure controller` on one host and `endure agent` on each node "
       "(README, \"How it works\")";
-  if (spec.nodes > kMaxEmbeddedNodes) {
-    return error("job.nodes",
+  if (spec.nodes + spec.spares > kMaxEmbeddedNodes) {
+    return error(spec.spares > 0 ? "job.spares" : "job.nodes",
                  "endure run starts every node as a process on this machine: at most " +
-                     std::to_string(kMaxEmbeddedNodes) + " nodes, got " +
-                     std::to_string(spec.nodes) + across);
+                     std::to_string(kMaxEmbeddedNodes) + " nodes (spares included), got " +
+                     std::to_string(spec.nodes + spec.spares) + across);
   }
   if (spec.world_size() > kMaxEmbeddedWorldSize) {
     auto line = [&](const char* key) {

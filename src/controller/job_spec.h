@@ -164,6 +164,7 @@ struct FaultScheduleSpec {
   uint64_t seed = 1;
   faults::FaultKind kind = faults::FaultKind::kKill;
   Duration horizon = std::chrono::minutes(10);
+  double node_loss_share = 0;  // this share of the faults are kill-agent (a node lost)
 };
 
 struct JobSpec {

@@ -48,6 +48,35 @@ std::string ErrorOf(const std::string& text) {
   return spec.status().message();
 }
 
+// Issue 14: spares, the in-process route and a schedule with node losses.
+TEST(JobSpec, SparesInProcessAndNodeLossShare) {
+  Result<JobSpec> plain = ParseJobSpec(kMinimal, "job.toml");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->spares, 0);
+  EXPECT_TRUE(plain->recovery.in_process);
+  EXPECT_TRUE(MachineOptions(*plain).in_process);
+  Result<JobSpec> set = ParseJobSpec(std::string(kMinimal) +
+                                         "nodes = 2\nspares = 1\n[recovery]\nin_process = false\n"
+                                         "[faults_schedule]\nmtbf = \"10s\"\nhorizon = \"1h\"\n"
+                                         "node_loss_share = 0.5\n",
+                                     "job.toml");
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(set->spares, 1);
+  EXPECT_FALSE(set->recovery.in_process);
+  EXPECT_FALSE(MachineOptions(*set).in_process);
+  int losses = 0;
+  for (const faults::Fault& f : set->faults) losses += f.kind == faults::FaultKind::kKillAgent;
+  EXPECT_GT(losses, 0);
+  EXPECT_LT(losses, static_cast<int>(set->faults.size()));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "spares = -1\n"), HasSubstr("job.toml:5"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "[recovery]\nin_process = \"yes\"\n"),
+              HasSubstr("job.toml:6: key 'recovery.in_process'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) +
+                      "[faults_schedule]\nmtbf = \"1m\"\nnode_loss_share = 1.5\n"),
+              HasSubstr("job.toml:7: key 'faults_schedule.node_loss_share': must be a number "
+                        "from 0 to 1"));
+}
+
 TEST(JobSpec, TlsIsABoolOffByDefault) {
   Result<JobSpec> plain = ParseJobSpec(kMinimal, "job.toml");
   ASSERT_TRUE(plain.ok()) << plain.status().ToString();
@@ -564,7 +593,8 @@ TEST(JobSpec, EmbeddedRunLimitsNameTheKey) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(st.message(),
               AllOf(HasSubstr("job.toml:5: key 'job.nodes': endure run starts every node as a "
-                              "process on this machine: at most 256 nodes, got 100000"),
+                              "process on this machine: at most 256 nodes (spares included), "
+                              "got 100000"),
                     HasSubstr("`endure controller`"), HasSubstr("`endure agent`")));
   Result<JobSpec> wide =
       ParseJobSpec(std::string(kMinimal) + "nodes = 8\nranks_per_node = 256\n", "job.toml");
@@ -573,6 +603,13 @@ TEST(JobSpec, EmbeddedRunLimitsNameTheKey) {
               HasSubstr("job.toml:6: key 'job.ranks_per_node': endure run starts every rank as a "
                         "process on this machine: at most 1024 ranks (nodes x ranks_per_node), "
                         "got 2048"));
+  Result<JobSpec> spares =
+      ParseJobSpec(std::string(kMinimal) + "nodes = 250\nspares = 10\n", "job.toml");
+  ASSERT_TRUE(spares.ok()) << spares.status().ToString();
+  EXPECT_EQ(spares->spares, 10);
+  EXPECT_THAT(ValidateForEmbeddedRun(*spares).message(),
+              HasSubstr("job.toml:6: key 'job.spares': endure run starts every node as a process "
+                        "on this machine: at most 256 nodes (spares included), got 260"));
   Result<JobSpec> fits =
       ParseJobSpec(std::string(kMinimal) + "nodes = 256\nranks_per_node = 4\n", "job.toml");
   ASSERT_TRUE(fits.ok());

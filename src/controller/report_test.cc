@@ -157,6 +157,9 @@ TEST(Report, FiguresOfOneKilledRank) {
   EXPECT_EQ(inc["steps_lost"], 2);
   EXPECT_EQ(inc["action"], "restart_in_place");
   EXPECT_FALSE(inc["reason"].get<std::string>().empty());
+  // The scripted workers never said they rejoin: the route is a full restart, and says why.
+  EXPECT_EQ(inc["route"], "full_restart");
+  EXPECT_THAT(inc["route_reason"].get<std::string>(), HasSubstr("cannot rejoin in place"));
 
   const nlohmann::json& rec = r["recovery_s"];
   EXPECT_NEAR(rec["teardown"].get<double>(), 0.5, 1e-9);
@@ -195,6 +198,7 @@ TEST(Report, RenderShowsTheFigures) {
   EXPECT_THAT(text, HasSubstr("node1"));
   EXPECT_THAT(text, HasSubstr("reason: "));
   EXPECT_THAT(text, HasSubstr("recovery: teardown 0.500s, relaunch 1.700s, restore 0.300s"));
+  EXPECT_THAT(text, HasSubstr("route: full_restart: full restart from the checkpoint tiers"));
 }
 
 TEST(Report, RenderShowsTheCheckpointTiers) {

@@ -796,6 +796,9 @@ RouteFacts JobMachine::FactsFor(const Failure& failure, RecoveryAction action,
   f.action = action;
   f.rollback = failure.anomaly || failure.rollback_to.has_value();
   f.hang = failure.cause.kind == Cause::kHang;
+  // As Localize decides after the stop.
+  f.localize = IsCollectiveCause(failure.cause.name) && options_.isolation.pairwise_test &&
+               members_.size() >= 2;
   f.productive = productive_;
   f.world_size = world_size();
   auto leaves = [&](NodeId node) {

@@ -37,6 +37,9 @@ RouteDecision ChooseRoute(const RouteFacts& f) {
   if (!f.in_process_enabled) return Full("in-process restart is off ([recovery] in_process)");
   if (f.rollback) return Full("the state in memory is what the rollback undoes");
   if (f.hang) return Full("a hang stops every rank to capture its stack");
+  if (f.localize) {
+    return Full("the pairwise test finds who broke the collective with every rank stopped");
+  }
   if (f.backoff) return Full("the policy backs off before restarting");
   if (!f.productive) {
     return Full("the generation had not completed a step: its ranks hold nothing beyond the "

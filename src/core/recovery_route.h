@@ -40,6 +40,9 @@ struct RouteFacts {
   // A hang: the stuck rank's peers are stopped so that every stack can be
   // captured and the pairwise test run.
   bool hang = false;
+  // An ambiguous collective failure whose localization (the pairwise test
+  // between the nodes) needs every rank stopped first.
+  bool localize = false;
   bool backoff = false;  // the policy backs off before the restart
   // The generation completed a step: before that its ranks hold nothing
   // beyond the checkpoint they restored (and a failure at start-up is

@@ -45,6 +45,7 @@ TEST(RecoveryRoute, EachReasonToRestartFromTheTiersSaysWhy) {
       {"off", [](RouteFacts& f) { f.in_process_enabled = false; }, "in_process"},
       {"rollback", [](RouteFacts& f) { f.rollback = true; }, "rollback"},
       {"hang", [](RouteFacts& f) { f.hang = true; }, "hang"},
+      {"localize", [](RouteFacts& f) { f.localize = true; }, "pairwise test"},
       {"backoff", [](RouteFacts& f) { f.backoff = true; }, "backs off"},
       {"start-up", [](RouteFacts& f) { f.productive = false; }, "had not completed a step"},
       {"wait", [](RouteFacts& f) { f.action = RecoveryAction::kWaitForRepair; }, "repair"},

@@ -262,7 +262,8 @@ double ExpectedFaultCount(Duration mtbf, Duration horizon) {
 }
 
 Result<std::vector<Fault>> PoissonSchedule(Duration mtbf, uint64_t seed, Duration horizon,
-                                           int world_size, FaultKind kind, int64_t max_faults) {
+                                           int world_size, FaultKind kind, int64_t max_faults,
+                                           double node_loss_share) {
   ENDURE_CHECK(mtbf.count() > 0 && world_size >= 1);
   auto too_many = [&](const std::string& what) {
     return InvalidArgument(what + " over the horizon " + ExactDuration(horizon) + " with mtbf " +
@@ -294,7 +295,8 @@ Result<std::vector<Fault>> PoissonSchedule(Duration mtbf, uint64_t seed, Duratio
     f.kind = kind;
     f.at = Duration(static_cast<int64_t>(t_ns));
     f.rank = static_cast<int>(UniformBelow(rng, static_cast<uint64_t>(world_size)));
-    if (kind == FaultKind::kLog) f.line = "endure: injected log fault " + f.id;
+    if (node_loss_share > 0 && Unit53(rng) < node_loss_share) f.kind = FaultKind::kKillAgent;
+    if (f.kind == FaultKind::kLog) f.line = "endure: injected log fault " + f.id;
     faults.push_back(std::move(f));
   }
   return faults;

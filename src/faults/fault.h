@@ -132,9 +132,14 @@ double ExpectedFaultCount(Duration mtbf, Duration horizon);
 // the expected count (ExpectedFaultCount) exceeds it, and when the draw
 // itself comes out larger (deterministic for a seed). The message says to
 // raise the mtbf or shorten the horizon.
+//
+// `node_loss_share` (0..1): each fault is a kill-agent (its rank's node is
+// lost) with this probability instead, drawn after its rank; 0 draws
+// nothing more, so schedules without node losses stay as they were.
 Result<std::vector<Fault>> PoissonSchedule(Duration mtbf, uint64_t seed, Duration horizon,
                                            int world_size, FaultKind kind = FaultKind::kKill,
-                                           int64_t max_faults = kMaxScheduledFaults);
+                                           int64_t max_faults = kMaxScheduledFaults,
+                                           double node_loss_share = 0);
 
 // The faults the worker of `rank` fires itself: step-keyed (step >= 1, no
 // `at`) worker faults of that rank whose id is not in `fired`, in input

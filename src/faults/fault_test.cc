@@ -252,6 +252,20 @@ TEST(PoissonSchedule, IsDeterministicForASeed) {
   EXPECT_TRUE(ValidateFaults(a).ok());
 }
 
+TEST(PoissonSchedule, AShareOfNodeLossesKeepsTheTimesAndRanksOfTheSameSeed) {
+  std::vector<Fault> kills = *PoissonSchedule(10s, 5, 36000s, 4);
+  std::vector<Fault> mixed = *PoissonSchedule(10s, 5, 36000s, 4, FaultKind::kKill,
+                                              kMaxScheduledFaults, 0.1);
+  ASSERT_GT(kills.size(), 3000u);
+  int losses = 0;
+  for (const Fault& f : mixed) losses += f.kind == FaultKind::kKillAgent ? 1 : 0;
+  // About a tenth (binomial: 3600 draws, sd about 18).
+  EXPECT_NEAR(losses, 0.1 * static_cast<double>(mixed.size()), 100);
+  EXPECT_TRUE(ValidateFaults(mixed).ok());
+  // Share 0 draws nothing more: the same schedule as without it.
+  EXPECT_EQ(*PoissonSchedule(10s, 5, 36000s, 4, FaultKind::kKill, kMaxScheduledFaults, 0), kills);
+}
+
 // Pinned, so that a change of the draws shows: std::mt19937_64's output is
 // fixed by the standard, and times are compared in whole milliseconds so that
 // a last-bit difference of log1p between C libraries does not matter.

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -384,27 +385,35 @@ struct RejoinOffered : std::runtime_error {
 // Waits for `work`. With `session` (the agent offers in-process restarts),
 // the wait is cut short when the agent offers a later generation: a peer
 // failed, and a collective blocked on it (a hung peer, or one whose sockets
-// linger) must not be waited out. A collective that failed rethrows.
+// linger) must not be waited out. A collective that failed rethrows. The
+// wait sleeps on the work's future (no polling of the work, no timed-out
+// waits, whose exceptions each capture a backtrace) and looks for an offer
+// every 20 ms.
 void WaitFor(c10d::Work& work, const Session* session) {
   if (session == nullptr) {
     work.wait();
     return;
   }
-  constexpr std::chrono::milliseconds kPoll{20};
+  struct Done {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto done = std::make_shared<Done>();
+  work.getFuture()->addCallback([done](c10::ivalue::Future&) {
+    std::lock_guard<std::mutex> lock(done->mu);
+    done->done = true;
+    done->cv.notify_all();
+  });
+  constexpr std::chrono::milliseconds kLook{20};
   while (true) {
-    try {
-      if (work.wait(kPoll)) return;
-    } catch (const std::exception&) {
-      // A timed-out wait throws too; the collective may have completed
-      // right after it looked. A wait without a timeout then returns, or
-      // throws the collective's own error.
-      if (work.isCompleted()) {
-        work.wait();
-        return;
-      }
+    {
+      std::unique_lock<std::mutex> lock(done->mu);
+      if (done->cv.wait_for(lock, kLook, [&] { return done->done; })) break;
     }
     if (session->RejoinPending()) throw RejoinOffered();
   }
+  work.wait();  // done: returns, or throws the collective's error
 }
 
 // Gradient averaging over a ProcessGroupGloo in fixed buckets. The step's

@@ -13,19 +13,36 @@
 # node); every rendezvous port must be one that rank 0's host reported free;
 # no host may have resolved T2 under the directory it was started in.
 #
-# Usage: netns_lost_node_test.sh ENDURE_BIN ENDURE_TRAIN_BIN
+#
+# MODE (third argument):
+#   tiers      [recovery] in_process = false: every recovery restarts from the
+#              tiers, and the spare restores node1's shard from T2 (above);
+#   in_process the default: the kill is recovered in process (rank 0 keeps
+#              its state, rank 1 takes it over the new group) and the lost
+#              node's rank moves to the spare in place (route spare), taking
+#              the state from node0 across the namespaces; nothing restored
+#              from the tiers, no step recomputed.
+#
+# Usage: netns_lost_node_test.sh ENDURE_BIN ENDURE_TRAIN_BIN [MODE]
 # Needs root and iproute2; exits 77 (ctest: skipped) where it cannot.
 set -euo pipefail
 
 endure=$1
 train=$2
+mode=${3:-tiers}
+case $mode in
+  tiers) routes='in_process = false' ;;
+  in_process) routes='' ;;
+  *) echo "unknown mode '$mode' (tiers or in_process)" >&2; exit 2 ;;
+esac
 # shellcheck source=netns_lib.sh
 source "$(dirname "$0")/netns_lib.sh"
 netns_setup c h0 h1 h2
 controller_ip=$(netns_addr 0)
 
 steps=60
-checkpoint='[checkpoint]
+checkpoint="$routes
+"'[checkpoint]
 dir = "shared/ckpt"
 every_steps = 5
 replicas = 0
@@ -80,10 +97,10 @@ echo "cut node1's link at step $(status_step)"
 await_exit "$controller" 200
 [ "$code" = 0 ] || { show controller.log agent0.log agent1.log agent2.log; echo "FAIL: the controller exited with $code"; exit 1; }
 
-PYTHONPATH=$(dirname "$0") /usr/bin/python3 - "$work" "$reference" "$net" <<'PY' || { show controller.log agent0.log agent2.log; exit 1; }
+PYTHONPATH=$(dirname "$0") /usr/bin/python3 - "$work" "$reference" "$net" "$mode" <<'PY' || { show controller.log agent0.log agent2.log; exit 1; }
 import glob, json, os, re, sys
 import netns_checks
-work, reference, net = sys.argv[1], sys.argv[2], sys.argv[3]
+work, reference, net, mode = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 report = netns_checks.report(work)
 fail = netns_checks.completed_bit_exact(report, reference)
 causes = [i.get("cause", "") for i in report.get("incidents", [])]
@@ -101,11 +118,25 @@ for gen, addr, port, origin in lines:
     m = re.fullmatch(r"free on the host of (node\d)", origin)
     if not m or addresses[m.group(1)] != addr:
         fail.append("generation %s: rendezvous at %s:%s (%s)" % (gen, addr, port, origin))
+routes = [i.get("route") for i in report.get("incidents", [])]
+if mode == "in_process":
+    # Both in place: the kill's rank and the lost node's took the state from
+    # a peer; no restore plan went to the spare, nothing was recomputed.
+    if routes != ["in_process", "spare"]:
+        fail.append("expected the routes in_process, spare: " + json.dumps(routes))
+    for i in report.get("incidents", []):
+        if i.get("steps_lost") != 0 or not i.get("restore", "").startswith("in process"):
+            fail.append("incident %s lost %s steps, restore %r" %
+                        (i.get("id"), i.get("steps_lost"), i.get("restore")))
+elif routes != ["full_restart", "full_restart"]:
+    fail.append("expected two full restarts: " + json.dumps(routes))
 # T2 under each agent's root: the spare restored node1's shard from there.
 plans = sorted(glob.glob(os.path.join(work, "hosts", "nodes", "node2", "logs", "*.restore-plan.json")))
 t2 = [s for p in plans for s in json.load(open(p))["sources"] if s["tier"] == "T2"]
-if not t2:
+if mode == "tiers" and not t2:
     fail.append("node2 restored nothing from T2: " + str(plans))
+if mode == "in_process" and t2:
+    fail.append("node2 restored from T2 although its peer held the state: " + str(t2))
 for s in t2:
     if not s["path"].startswith(os.path.join(work, "root2", "shared", "ckpt") + "/"):
         fail.append("node2's T2 source is not under its checkpoint root: " + s["path"])
@@ -117,7 +148,8 @@ if not glob.glob(os.path.join(work, "store", "ckpt", "step-*")):
 if fail:
     print("FAIL: " + "; ".join(fail))
     sys.exit(1)
-print("ok: completed across 4 namespaces, fingerprint %s, incidents %s, rendezvous %s, "
-      "T2 restore on node2 from %s" % (reference, causes,
-      ", ".join("g%s %s:%s" % l[:3] for l in lines), t2[0]["path"]))
+print("ok (%s): completed across 4 namespaces, fingerprint %s, incidents %s, routes %s, "
+      "rendezvous %s, %s" % (mode, reference, causes, routes,
+      ", ".join("g%s %s:%s" % l[:3] for l in lines),
+      "T2 restore on node2 from " + t2[0]["path"] if t2 else "no tier read"))
 PY

@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""Fast recovery (`make bench`, printed figures, one run): the same SIGKILL of
+one rank of the demo job (4 layers, d-model 128, context 128, global batch 32,
+2 nodes x 1 rank) recovered by
+
+  (a) Endure, a full restart from the checkpoint tiers ([recovery] in_process
+      = false; every-step checkpoints in node memory, warm standbys);
+  (b) Endure, in process: the surviving rank keeps its state, the killed one
+      starts from a warm standby and takes the state from it;
+  (c) for a lost node (kill-agent) instead: Endure with a warm spare node
+      ([job] spares = 1);
+  (d) examples/python/train_gpt.py under torchrun 1.13 with --max_restarts and
+      its own disk checkpoints every 20 steps, at torchrun's default
+      --monitor_interval (5 s); the kill is sent from outside, to one worker.
+
+For each: the time from the kill to the first step of the recovered job, and
+the steps lost (computed again). Then ETTR over about ETTR_SECONDS of
+training under a seeded Poisson schedule of kills (MTBF 60 s): Endure (in
+process), Endure with a tenth of the failures node losses (one spare), and
+torchrun under kills at the same times. ETTR here is the report's (Endure's
+ledger) and, for the comparison, work-based for both: final steps x the
+system's own failure-free step time / wall time. Last, the cost of
+checkpointing every step: tokens/s of the demo job with every-step checkpoints
+(replication and persistence included) against the same job without, rounds
+interleaved.
+
+Usage: recovery_bench.py OUT_DIR [RUNS] [ETTR_SECONDS]
+"""
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(SOURCE, "build", "bin")
+TRAINER = os.path.join(SOURCE, "examples", "python", "train_gpt.py")
+PYTHONPATH = os.path.join(SOURCE, "build", "python")
+
+# Every step into node memory (replicated to the peer), every 20th to disk.
+TIERS = "every_steps = 1\npersist_every_steps = 20\n"
+
+
+def endure_run(out, name, steps, extra_job="", recovery="", checkpoint=TIERS, faults=""):
+    state = os.path.join(out, name)
+    shutil.rmtree(state, ignore_errors=True)
+    spec = os.path.join(out, name + ".toml")
+    command = json.dumps([os.path.join(BIN, "endure-train"), "--steps", str(steps),
+                          "--log-every", "20", "--sample-tokens", "0"])
+    with open(spec, "w") as f:
+        f.write(f'[job]\nname = "{name}"\ncommand = {command}\nnodes = 2\nranks_per_node = 1\n'
+                f'state_dir = "{state}"\n{extra_job}'
+                f"[checkpoint]\n{checkpoint}"
+                # Kills hit random ranks of 2 nodes, so the same node fails
+                # again soon; isolating it is for real clusters.
+                f"[recovery]\nwarm_standby = true\nevict_node_after = 0\n{recovery}{faults}")
+    with open(os.path.join(out, name + ".out"), "w") as log:
+        p = subprocess.run([os.path.join(BIN, "endure"), "run", spec, "--quiet"],
+                           stdout=log, stderr=subprocess.STDOUT, timeout=3600)
+    if p.returncode != 0:
+        raise SystemExit(f"recovery_bench: {name} failed ({p.returncode}); see {log.name}")
+    with open(os.path.join(state, "report.json")) as f:
+        return json.load(f)
+
+
+def step_s(report):
+    """Failure-free step time of a run: its productive time (with the
+    checkpoint stalls) per step."""
+    ledger = report["ledger_s"]
+    return (ledger["productive"] + ledger["checkpoint_stall"]) / report["steps"]
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+# ---- torchrun ----
+
+STEP_LINE = re.compile(r"\[default0\]:step\s+(\d+)/\d+ loss")
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def children(pid):
+    out = []
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            for c in f.read().split():
+                out.append(int(c))
+                out += children(int(c))
+    except OSError:
+        pass
+    return out
+
+
+def workers(torchrun_pid):
+    """The training processes under torchrun (its agent's spawned children)."""
+    found = []
+    for pid in children(torchrun_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "spawn_main" in cmd or "train_gpt.py" in cmd:
+            found.append(pid)
+    return found
+
+
+class Torchrun:
+    """train_gpt.py under torchrun with 2 workers; step lines of rank 0 with
+    the time they were read."""
+
+    def __init__(self, out, name, steps):
+        ckpt = os.path.join(out, name + "-ckpt")
+        shutil.rmtree(ckpt, ignore_errors=True)
+        env = dict(os.environ, PYTHONPATH=PYTHONPATH, OMP_NUM_THREADS="1")
+        env.pop("ENDURE_AGENT_SOCKET", None)
+        self.steps = []  # (time, step)
+        self.start = time.monotonic()
+        self.log = open(os.path.join(out, name + ".out"), "w")
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+             "--max_restarts", "1000", "--redirects", "2", "--tee", "2",
+             "--master_addr", "127.0.0.1", "--master_port", str(free_port()), TRAINER,
+             "--steps", str(steps), "--log-every", "1", "--eval-batches", "0",
+             "--ckpt-dir", ckpt, "--ckpt-every", "20"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            self.log.write(line)
+            m = STEP_LINE.search(line)
+            if m:
+                self.steps.append((time.monotonic(), int(m.group(1))))
+
+    def wait(self):
+        self.p.wait(timeout=3600)
+        self.reader.join()
+        self.end = time.monotonic()
+        self.log.close()
+        if self.p.returncode != 0:
+            raise SystemExit(f"recovery_bench: torchrun failed ({self.p.returncode}); "
+                             f"see {self.log.name}")
+
+    def last_step(self):
+        return self.steps[-1][1] if self.steps else 0
+
+    def kill_one(self, rng):
+        pids = workers(self.p.pid)
+        if not pids:
+            return None
+        os.kill(rng.choice(pids), signal.SIGKILL)
+        return time.monotonic()
+
+    def recovered_after(self, killed_at, step_at_kill):
+        """Seconds from the kill to the first step of the restarted workers
+        (a step number not above the one reached), and the steps lost."""
+        for t, step in self.steps:
+            if t > killed_at and step <= step_at_kill:
+                return t - killed_at, step_at_kill - (step - 1)
+        return float("nan"), 0
+
+
+def torchrun_kill(out, name, steps, at_step):
+    run = Torchrun(out, name, steps)
+    while run.last_step() < at_step - 1 and run.p.poll() is None:
+        time.sleep(0.002)
+    step = run.last_step()
+    killed = run.kill_one(random.Random(1))
+    run.wait()
+    return run.recovered_after(killed, step)
+
+
+def torchrun_poisson(out, steps, mtbf_s, seed, horizon_s):
+    rng = random.Random(seed)
+    run = Torchrun(out, "torchrun-poisson", steps)
+    t = run.start
+    kills = 0
+    while True:
+        t += rng.expovariate(1.0 / mtbf_s)
+        if t - run.start >= horizon_s:
+            break
+        while time.monotonic() < t and run.p.poll() is None:
+            time.sleep(0.01)
+        if run.p.poll() is not None:
+            break
+        if run.kill_one(rng) is not None:
+            kills += 1
+    run.wait()
+    return run, kills
+
+
+def torchrun_step_s(out, steps):
+    run = Torchrun(out, "torchrun-clean", steps)
+    run.wait()
+    times = [b[0] - a[0] for a, b in zip(run.steps, run.steps[1:])][5:]
+    return median(times)
+
+
+# ---- the benchmark ----
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "/tmp/endure_recovery_bench"
+    runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    ettr_seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 300
+    os.makedirs(out, exist_ok=True)
+
+    kill = '[[faults]]\nkind = "kill"\nrank = 1\nstep = 50\n'
+    lose = '[[faults]]\nkind = "kill-agent"\nrank = 1\nstep = 50\n'
+    cases = [
+        ("(a) Endure, full restart from the tiers", "full", "", "in_process = false\n", kill),
+        ("(b) Endure, in process, peer state", "inproc", "", "", kill),
+        ("(c) Endure, node lost, warm spare", "spare", "spares = 1\n", "", lose),
+    ]
+    print("== time from a SIGKILL of one rank (step 50 of 70) to the first step of the "
+          f"recovered job, median of {runs}")
+    print(f"{'recovery':44} {'recover_s':>10} {'step_ms':>8} {'lost':>5}  route")
+    figures = {}
+    for title, name, job, recovery, fault in cases:
+        recover, lost, steps_ms, route = [], [], [], ""
+        for i in range(runs):
+            r = endure_run(out, f"{name}{i}", 70, job, recovery, TIERS, fault)
+            inc = r["incidents"][0]
+            recover.append(inc["recovered_after_s"])
+            lost.append(inc["steps_lost"])
+            steps_ms.append(1e3 * step_s(r))
+            route = inc.get("route") or ""
+        figures[name] = (median(recover), median(steps_ms) / 1e3)
+        print(f"{title:44} {median(recover):10.3f} {median(steps_ms):8.1f} "
+              f"{int(median(lost)):5d}  {route}")
+    recover, lost = [], []
+    for i in range(runs):
+        s, n = torchrun_kill(out, f"torchrun-kill{i}", 70, 50)
+        recover.append(s)
+        lost.append(n)
+    figures["torchrun"] = (median(recover), 0)
+    print(f"{'(d) torchrun 1.13, disk checkpoints every 20':44} {median(recover):10.3f} "
+          f"{'':>8} {int(median(lost)):5d}  restart of every worker")
+    full, inproc, spare, torch = (figures[k][0] for k in ("full", "inproc", "spare", "torchrun"))
+    step = figures["inproc"][1]
+    print(f"(a) vs (d): {torch / full:.1f}x faster (target >= 10x)")
+    print(f"(b): {inproc:.3f} s against one step + 50 ms = {step + 0.05:.3f} s "
+          f"({'met' if inproc <= step + 0.05 else 'missed'})")
+    print(f"(c): {spare:.3f} s (target <= 0.5 s: {'met' if spare <= 0.5 else 'missed'})")
+
+    # ETTR under Poisson kills.
+    clean = endure_run(out, "clean", 200)
+    t_endure = step_s(clean)
+    steps = max(200, int(ettr_seconds / t_endure))
+    schedule = (f'[faults_schedule]\nmtbf = "60s"\nseed = 1\nkind = "kill"\n'
+                f'horizon = "{int(ettr_seconds)}s"\n')
+    print()
+    print(f"== ETTR under a Poisson schedule of kills, MTBF 60 s, seed 1 (about "
+          f"{ettr_seconds:.0f} s; Endure {steps} steps)")
+    print(f"{'run':44} {'wall_s':>8} {'failures':>8} {'ETTR':>6} {'work ETTR':>9}")
+    for title, name, job, extra in [
+            ("Endure, in process", "poisson", "", ""),
+            ("Endure, a tenth node losses (1 spare)", "poisson-nodes", "spares = 1\n",
+             "node_loss_share = 0.1\n")]:
+        r = endure_run(out, name, steps, job, "", TIERS, schedule + extra)
+        work = r["steps"] * t_endure / r["wall_s"]
+        print(f"{title:44} {r['wall_s']:8.1f} {len(r['incidents']):8d} {r['ettr']:6.3f} "
+              f"{work:9.3f}")
+        routes = {}
+        for inc in r["incidents"]:
+            routes[inc.get("route") or "none"] = routes.get(inc.get("route") or "none", 0) + 1
+        print(f"{'':44} routes: " + ", ".join(f"{k} {v}" for k, v in sorted(routes.items())))
+    t_torch = torchrun_step_s(out, 60)
+    torch_steps = max(200, int(ettr_seconds / t_torch))
+    run, kills = torchrun_poisson(out, torch_steps, 60, 1, ettr_seconds)
+    wall = run.end - run.start
+    print(f"{'torchrun, kills at the same rate':44} {wall:8.1f} {kills:8d} {'':>6} "
+          f"{torch_steps * t_torch / wall:9.3f}")
+
+    # Every-step checkpoints against none.
+    print()
+    print("== every-step checkpoints (T0 copy, T1 replica, T2 every 20 steps) against none: "
+          "tokens/s, 3 rounds interleaved, 300 steps each")
+    with_ckpt, without = [], []
+    for i in range(3):
+        with_ckpt.append(endure_run(out, f"ckpt-every{i}", 300))
+        without.append(endure_run(out, f"ckpt-none{i}", 300, checkpoint="every_steps = 0\n"))
+    tokens = 32 * 128
+
+    def tps(reports):
+        return median([tokens / step_s(r) for r in reports])
+
+    a, b = tps(with_ckpt), tps(without)
+    stall = median([r["ledger_s"]["checkpoint_stall"] / (r["ledger_s"]["productive"] +
+                                                         r["ledger_s"]["checkpoint_stall"])
+                    for r in with_ckpt])
+    print(f"with every-step checkpoints {a:8.0f} tokens/s (stall {100 * stall:.2f}% of a step)")
+    print(f"without checkpoints         {b:8.0f} tokens/s")
+    print(f"cost {100 * (b - a) / b:+.2f}% of tokens/s (target <= 1%)")
+
+
+if __name__ == "__main__":
+    main()
