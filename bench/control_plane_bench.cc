@@ -126,7 +126,6 @@ std::vector<double> TakeoverAfterLeaderKill(const fs::path& dir, int lease_s) {
   return outages;
 }
 
-
 }  // namespace
 
 int main(int argc, char** argv) {

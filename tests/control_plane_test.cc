@@ -69,8 +69,8 @@ class ControlPlaneTest : public ::testing::Test {
       << "\"--eval-batches\", \"1\", \"--sample-tokens\", \"16\", " << shape.trainer
       << "\"--data\", \"" << data_ << "\"]\n"
       << "nodes = " << shape.nodes << "\nspares = " << shape.spares
-      << "\nranks_per_node = " << shape.ranks_per_node
-      << "\nstate_dir = \"" << (dir_ / name).string() << "\"\n"
+      << "\nranks_per_node = " << shape.ranks_per_node << "\nstate_dir = \""
+      << (dir_ / name).string() << "\"\n"
       << "[checkpoint]\n"
       << checkpoint << "[recovery]\nrepair_delay = \"1s\"\nbackoff_initial = \"0s\"\n"
       << recovery << extra;
@@ -251,9 +251,8 @@ class ControlPlaneTest : public ::testing::Test {
 const std::string kTierPath = "in_process = false\n";
 
 TEST_F(ControlPlaneTest, KilledRankIsRestartedFromItsCheckpoint) {
-  nlohmann::json inc =
-      ExpectRecovered("kill", "kind = \"kill\"\nrank = 1\nstep = 12\n", "signal 9 SIGKILL",
-                      "in_process = false\n");
+  nlohmann::json inc = ExpectRecovered("kill", "kind = \"kill\"\nrank = 1\nstep = 12\n",
+                                       "signal 9 SIGKILL", "in_process = false\n");
   EXPECT_EQ(inc.value("rank", -1), 1);
   EXPECT_EQ(inc.value("steps_lost", -1), 1);  // step 11 ran after the step-10 checkpoint
 }
@@ -352,9 +351,9 @@ constexpr char kEveryStepTiers[] = "every_steps = 1\npersist_every_steps = 5\n";
 // run without a fault.
 TEST_F(ControlPlaneTest, AKilledRankIsRecoveredInProcessFromItsPeerBitExact) {
   JobResult r;
-  nlohmann::json inc = ExpectRecovered("inproc", "kind = \"kill\"\nrank = 1\nstep = 12\n",
-                                       "signal 9 SIGKILL", "warm_standby = true\n",
-                                       "every_steps = 5\n", &r);
+  nlohmann::json inc =
+      ExpectRecovered("inproc", "kind = \"kill\"\nrank = 1\nstep = 12\n", "signal 9 SIGKILL",
+                      "warm_standby = true\n", "every_steps = 5\n", &r);
   EXPECT_EQ(inc.value("route", ""), "in_process") << inc.dump(2);
   EXPECT_NE(inc.value("route_reason", "").find("1 of 2 ranks keep their process"),
             std::string::npos)

@@ -526,18 +526,21 @@ void Agent::Prepare(const proto::Prepare& prepare) {
   if (!o_.standby || workers_ || prepare.command().empty()) return;  // a member has its own
   std::vector<std::string> argv(prepare.command().begin(), prepare.command().end());
   argv[0] = ResolveProgram(argv[0]);
-  {
-    std::lock_guard<std::mutex> lock(standby_mu_);
-    std::erase_if(standbys_, [&](Standby& s) {
-      if (s.argv == argv) return false;
-      launcher_->DiscardStandby(s);
-      return true;
-    });
-    standby_argv_ = argv;
-    standby_count_ = std::clamp(prepare.standbys(), 0, o_.slots);
-    refill_pending_ = true;
-  }
+  KeepStandbys(argv, std::clamp(prepare.standbys(), 0, o_.slots));
   RefillStandbys();
+}
+
+void Agent::KeepStandbys(const std::vector<std::string>& argv, int count) {
+  std::lock_guard<std::mutex> lock(standby_mu_);
+  // Standbys of another program (a changed command) are of no use.
+  std::erase_if(standbys_, [&](Standby& s) {
+    if (s.argv == argv) return false;
+    launcher_->DiscardStandby(s);
+    return true;
+  });
+  standby_argv_ = argv;
+  standby_count_ = count;
+  refill_pending_ = true;
 }
 
 void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
@@ -609,25 +612,14 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   // A worker reports its exit in the generation it serves when it exits:
   // one that rejoined serves the newest.
   if (!rejoin) {
-    workers_ = launcher_->NewGroup(
-        [this](const WorkerEnd& end) { OnWorkerExit(generation_.load(), end); },
-        std::move(on_line));
+    workers_ =
+        launcher_->NewGroup([this](const WorkerEnd& end) { OnWorkerExit(generation_.load(), end); },
+                            std::move(on_line));
   }
   std::vector<std::string> argv(start.command().begin(), start.command().end());
   if (argv.empty()) return;
   argv[0] = ResolveProgram(argv[0]);
-  {
-    std::lock_guard<std::mutex> lock(standby_mu_);
-    // Standbys of another program (a changed command) are of no use.
-    std::erase_if(standbys_, [&](Standby& s) {
-      if (s.argv == argv) return false;
-      launcher_->DiscardStandby(s);
-      return true;
-    });
-    standby_argv_ = argv;
-    standby_count_ = o_.standby ? start.ranks_size() : 0;
-    refill_pending_ = true;
-  }
+  KeepStandbys(argv, o_.standby ? start.ranks_size() : 0);
   const proto::CheckpointConfig& ckpt = start.checkpoint();
   // T2 as this host sees it: the controller sends the spec's directory.
   const std::string durable_dir = ResolveCheckpointDir(ckpt.dir());
@@ -636,7 +628,10 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   tiers.persist_every_steps = ckpt.persist_every_steps();
   tiers.replica_peer = ckpt.replica_peer();
   tiers.memory_budget = ckpt.memory_budget();
-  tiers_->Configure(tiers, ckpt.discard_after());
+  // An in-process restart keeps what the tiers do unless the replica peer
+  // moved (a spare took a node's place): Configure first drains the copies
+  // in flight, which the ranks that kept their state need not wait for.
+  if (!start.rejoin() || tiers_->config() != tiers) tiers_->Configure(tiers, ckpt.discard_after());
   std::string skip;
   for (int64_t s : start.skip_steps()) skip += (skip.empty() ? "" : ",") + std::to_string(s);
   std::error_code ec;
@@ -717,7 +712,7 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
       st = credential.status().WithContext("cannot make this generation's worker credential");
     } else if (keep) {
       // The live worker is offered this generation (client.h Rejoin).
-      st = WriteFileAtomically(seams_.env, rejoin_path, AssignmentText(spec.env));
+      st = PublishFile(seams_.env, rejoin_path, AssignmentText(spec.env));
     } else {
       if (std::optional<Standby> standby = TakeStandby(argv)) {
         st = workers_->Adopt(std::move(*standby), spec);

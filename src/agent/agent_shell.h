@@ -144,6 +144,9 @@ class Agent {
   void AwaitSignal();
   // A spare node keeps warm standbys of the job's program (proto Prepare).
   void Prepare(const proto::Prepare& prepare);
+  // Keeps `count` standbys of `argv` from now on (refilled on the next
+  // step); those of another program are discarded.
+  void KeepStandbys(const std::vector<std::string>& argv, int count);
   void Start(int64_t generation, const proto::StartGeneration& start);
   void Stop(int64_t generation, double grace_s);
   void DumpStacks(int64_t generation, double timeout_s);

@@ -220,6 +220,11 @@ void TierStore::Configure(const TierConfig& config, int64_t discard_after) {
   }
 }
 
+TierConfig TierStore::config() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return config_;
+}
+
 void TierStore::Notify(SnapshotNotice notice) {
   {
     std::lock_guard<std::mutex> lock(mu_);

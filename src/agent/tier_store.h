@@ -59,6 +59,8 @@ struct TierConfig {
   int64_t persist_every_steps = 0;  // persist every N-th step; 0: every snapshot
   std::string replica_peer;         // host:port; empty: no T1 copy of this node
   uint64_t memory_budget = 0;       // T0 + T1 bytes on this node; 0: no limit
+
+  bool operator==(const TierConfig&) const = default;
 };
 
 // The most bytes one replica may claim under `config`: its memory budget
@@ -112,6 +114,8 @@ class TierStore {
   // A new generation: its configuration, and snapshots of steps after
   // `discard_after` (>= 0) are dropped from T0 and T1 (a rollback).
   void Configure(const TierConfig& config, int64_t discard_after);
+  // The configuration of the last Configure.
+  TierConfig config() const;
 
   // Queues a worker's snapshot for replication and persistence. Only the
   // newest notice of each rank is kept: a flood of notices cannot grow the

@@ -639,8 +639,8 @@ Status Session::Rejoin(std::chrono::milliseconds timeout) {
     offer = ReadRejoinOffer(old.rejoin_file);
     if (offer && offer->generation > old.generation) break;
     if (std::chrono::steady_clock::now() >= deadline) {
-      return Unavailable("no later generation offered within " +
-                         std::to_string(timeout.count()) + " ms");
+      return Unavailable("no later generation offered within " + std::to_string(timeout.count()) +
+                         " ms");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }

@@ -166,21 +166,33 @@ std::string JoinPath(const std::string& a, const std::string& b) {
   return a + "/" + b;
 }
 
-Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data) {
+namespace {
+
+Status ReplaceFile(Env* env, const std::string& path, std::string_view data, bool durable) {
   const std::string tmp = path + ".tmp";
   auto write = [&]() -> Status {
     ENDURE_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->NewWritableFile(tmp));
     ENDURE_RETURN_IF_ERROR(file->Append(data));
-    ENDURE_RETURN_IF_ERROR(file->Sync());
+    if (durable) ENDURE_RETURN_IF_ERROR(file->Sync());
     ENDURE_RETURN_IF_ERROR(file->Close());
     ENDURE_RETURN_IF_ERROR(env->RenameFile(tmp, path));
-    return env->SyncDir(DirName(path));
+    return durable ? env->SyncDir(DirName(path)) : Status::Ok();
   };
   Status st = write();
   if (st.ok()) return st;
   // The temporary file would only be in the way; if it stays, say so.
   const Status removed = env->RemoveFile(tmp);
   return removed.ok() ? st : st.WithContext("(and " + tmp + " stays: " + removed.message() + ")");
+}
+
+}  // namespace
+
+Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data) {
+  return ReplaceFile(env, path, data, /*durable=*/true);
+}
+
+Status PublishFile(Env* env, const std::string& path, std::string_view data) {
+  return ReplaceFile(env, path, data, /*durable=*/false);
 }
 
 }  // namespace endure

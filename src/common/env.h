@@ -72,6 +72,10 @@ class EnvWrapper : public Env {
 // whole new one, never a part: data to `path.tmp`, fsync, rename, fsync of
 // the directory. On failure the temporary file is removed where possible.
 Status WriteFileAtomically(Env* env, const std::string& path, std::string_view data);
+// The same without the fsyncs: a reader sees the old file or the whole new
+// one, but a crash of the machine may lose it. For what another process
+// reads right away and nobody needs after a reboot (a rejoin offer).
+Status PublishFile(Env* env, const std::string& path, std::string_view data);
 
 // The directory part of `path` ("." when there is none).
 std::string DirName(const std::string& path);

@@ -1243,8 +1243,9 @@ proto::CheckpointConfig ControllerShell::CheckpointFor(const core::StartGenerati
     // Nothing is restored from the tiers: the ranks that kept their state
     // hand it to the others.
     const std::vector<core::JobAction> none =
-        Input(core::RestoreChosen{a.generation, "in process: the state of the ranks that kept it, "
-                                                "broadcast to the ranks that started"},
+        Input(core::RestoreChosen{a.generation,
+                                  "in process: the state of the ranks that kept it, "
+                                  "broadcast to the ranks that started"},
               last_step_at_);
     ENDURE_CHECK(none.empty());
   }

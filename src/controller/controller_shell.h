@@ -279,7 +279,7 @@ class ControllerShell final : public TransportSink {
 
   // Loop-thread state.
   std::map<std::pair<int64_t, int>, proto::LogMatch> last_log_;  // (generation, rank)
-  std::set<core::NodeId> prepared_;                               // PrepareSpares sent
+  std::set<core::NodeId> prepared_;                              // PrepareSpares sent
   std::string fingerprint_;
   std::optional<core::FinishAction> finish_;
   int stop_signal_ = 0;     // the signal that stopped the job, if one did

@@ -915,8 +915,9 @@ Status SpecParser::ParseSchedule(const toml::table& t, JobSpec& spec) {
             {"node_loss_share", [&](const toml::node& v, const std::string& key) -> Status {
                std::optional<double> share = v.value<double>();
                if (!share || !(*share >= 0 && *share <= 1)) {
-                 return Error(v, key, "must be a number from 0 to 1 (the share of the faults "
-                                      "that are node losses, kill-agent)");
+                 return Error(v, key,
+                              "must be a number from 0 to 1 (the share of the faults "
+                              "that are node losses, kill-agent)");
                }
                s.node_loss_share = *share;
                return Status::Ok();
@@ -930,9 +931,8 @@ Status SpecParser::ParseSchedule(const toml::table& t, JobSpec& spec) {
   // Bounded with the listed faults: the total is what the controller holds.
   const int64_t room =
       std::max<int64_t>(0, faults::kMaxScheduledFaults - static_cast<int64_t>(spec.faults.size()));
-  Result<std::vector<faults::Fault>> drawn =
-      faults::PoissonSchedule(s.mtbf, s.seed, s.horizon, spec.world_size(), s.kind, room,
-                              s.node_loss_share);
+  Result<std::vector<faults::Fault>> drawn = faults::PoissonSchedule(
+      s.mtbf, s.seed, s.horizon, spec.world_size(), s.kind, room, s.node_loss_share);
   if (!drawn.ok()) {
     const std::string key = "faults_schedule.mtbf";
     return Error(lines_.count(key) ? lines_[key] : line, key, drawn.status().message());

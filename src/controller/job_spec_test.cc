@@ -71,10 +71,10 @@ TEST(JobSpec, SparesInProcessAndNodeLossShare) {
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "spares = -1\n"), HasSubstr("job.toml:5"));
   EXPECT_THAT(ErrorOf(std::string(kMinimal) + "[recovery]\nin_process = \"yes\"\n"),
               HasSubstr("job.toml:6: key 'recovery.in_process'"));
-  EXPECT_THAT(ErrorOf(std::string(kMinimal) +
-                      "[faults_schedule]\nmtbf = \"1m\"\nnode_loss_share = 1.5\n"),
-              HasSubstr("job.toml:7: key 'faults_schedule.node_loss_share': must be a number "
-                        "from 0 to 1"));
+  EXPECT_THAT(
+      ErrorOf(std::string(kMinimal) + "[faults_schedule]\nmtbf = \"1m\"\nnode_loss_share = 1.5\n"),
+      HasSubstr("job.toml:7: key 'faults_schedule.node_loss_share': must be a number "
+                "from 0 to 1"));
 }
 
 TEST(JobSpec, TlsIsABoolOffByDefault) {

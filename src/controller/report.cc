@@ -488,8 +488,8 @@ std::string RenderRunReport(const Json& r) {
     // The route back to training, and why that one.
     const std::string route = Str(inc.value("route", Json()));
     const std::string route_reason = Str(inc.value("route_reason", Json()));
-    detail("route", route_reason.empty() || route_reason == "-" ? route
-                                                                  : route + ": " + route_reason);
+    detail("route",
+           route_reason.empty() || route_reason == "-" ? route : route + ": " + route_reason);
     detail("restore", Str(inc.value("restore", Json())));
     std::string phases;
     for (const char* key : {"teardown_s", "wait_s", "relaunch_s", "restore_s"}) {

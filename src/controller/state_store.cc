@@ -272,7 +272,7 @@ Status StateStore::Migrate(int from) {
   if (from == 1) steps = {kRenameVersion1, kSchema, kJournalTable, kMigrateFrom1};
   if (from == 2) steps = {kMigrateFrom2, kJournalTable};
   if (from <= 3) steps.push_back(kIncidentSuspects);  // 3 -> 4
-  steps.push_back(kIncidentRoute);                     // 4 -> 5, the last step of each
+  steps.push_back(kIncidentRoute);                    // 4 -> 5, the last step of each
   for (const char* sql : steps) {
     if (sqlite3_exec(db_.get(), sql, nullptr, nullptr, nullptr) != SQLITE_OK) {
       return Error(what);

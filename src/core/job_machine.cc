@@ -705,9 +705,8 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
   // How the job gets back to training.
   std::optional<RouteDecision> route;
   if (!stop) {
-    RecoveryAction action = policy_action.value_or(evict.empty()
-                                                       ? RecoveryAction::kRestartInPlace
-                                                       : RecoveryAction::kReplaceWithSpare);
+    RecoveryAction action = policy_action.value_or(
+        evict.empty() ? RecoveryAction::kRestartInPlace : RecoveryAction::kReplaceWithSpare);
     RouteFacts facts = FactsFor(failure, action, evict);
     facts.backoff = delay > Duration(0);
     route = ChooseRoute(facts);

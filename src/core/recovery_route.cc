@@ -42,8 +42,9 @@ RouteDecision ChooseRoute(const RouteFacts& f) {
   }
   if (f.backoff) return Full("the policy backs off before restarting");
   if (!f.productive) {
-    return Full("the generation had not completed a step: its ranks hold nothing beyond the "
-                "checkpoint they restored");
+    return Full(
+        "the generation had not completed a step: its ranks hold nothing beyond the "
+        "checkpoint they restored");
   }
   if (f.action == RecoveryAction::kWaitForRepair) {
     return Full("the job waits for a repair before it restarts");

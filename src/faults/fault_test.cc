@@ -254,8 +254,8 @@ TEST(PoissonSchedule, IsDeterministicForASeed) {
 
 TEST(PoissonSchedule, AShareOfNodeLossesKeepsTheTimesAndRanksOfTheSameSeed) {
   std::vector<Fault> kills = *PoissonSchedule(10s, 5, 36000s, 4);
-  std::vector<Fault> mixed = *PoissonSchedule(10s, 5, 36000s, 4, FaultKind::kKill,
-                                              kMaxScheduledFaults, 0.1);
+  std::vector<Fault> mixed =
+      *PoissonSchedule(10s, 5, 36000s, 4, FaultKind::kKill, kMaxScheduledFaults, 0.1);
   ASSERT_GT(kills.size(), 3000u);
   int losses = 0;
   for (const Fault& f : mixed) losses += f.kind == FaultKind::kKillAgent ? 1 : 0;

@@ -27,7 +27,7 @@ struct Summary {
   double failures = 0;  // mean per run
   double restarts = 0;
   double in_process_restarts = 0;  // of them, in process
-  double replacements = 0;  // nodes swapped into the job
+  double replacements = 0;         // nodes swapped into the job
   double stragglers = 0;
   double stragglers_flagged = 0;
   double straggler_moves = 0;

@@ -594,16 +594,11 @@ class Run {
       event.during_recovery = f.during_recovery;
       event.spares_available = SparesFree();
       core::RecoveryDecision d = policy_.Step(event, At(now_));
-      Incident incident{now_,
-                        c_.DetectFor(cause),
-                        d.node,
-                        IncidentKind::kFailure,
-                        cause.name,
-                        std::string(core::RecoveryActionName(d.action)),
-                        d.reason,
-                        {},
-                        {},
-                        {}};
+      Incident incident{now_,       c_.DetectFor(cause),
+                        d.node,     IncidentKind::kFailure,
+                        cause.name, std::string(core::RecoveryActionName(d.action)),
+                        d.reason,   {},
+                        {},         {}};
       if (d.action != RecoveryAction::kStop && d.action != RecoveryAction::kTolerate) {
         const core::RouteDecision route = RouteOf(f, d, event.spares_available);
         in_place = in_place && route.route != core::RecoveryRoute::kFullRestart;

@@ -83,8 +83,8 @@ struct RunResult {
   int64_t checkpoints = 0;
   int64_t restarts = 0;
   int64_t in_process_restarts = 0;  // of them, in process (SimConfig::in_process)
-  int64_t replacements = 0;  // nodes swapped into the job (spares, repaired nodes)
-  int64_t events = 0;        // discrete events processed
+  int64_t replacements = 0;         // nodes swapped into the job (spares, repaired nodes)
+  int64_t events = 0;               // discrete events processed
   bool gave_up = false;
   std::string stop_reason;
   std::vector<Incident> incidents;  // the first `max_incidents`

@@ -626,6 +626,31 @@ Result<int64_t> JoinPeerState(c10d::ProcessGroup& group, const DistEnv& dist, in
   return best;
 }
 
+// The corpus a warm standby loaded ahead of its assignment (WarmUp), for
+// the options it was loaded with.
+struct LoadedCorpus {
+  std::vector<std::string> data;
+  double val_fraction = 0;
+  Corpus corpus;
+};
+std::optional<LoadedCorpus>& PreloadedCorpus() {
+  static std::optional<LoadedCorpus> loaded;
+  return loaded;
+}
+
+// The corpus of `options`: the preloaded one when it matches (once), else
+// read now.
+Result<Corpus> TakeCorpus(const TrainerOptions& options) {
+  std::optional<LoadedCorpus>& pre = PreloadedCorpus();
+  if (pre && pre->data == options.data && pre->val_fraction == options.val_fraction) {
+    Corpus corpus = std::move(pre->corpus);
+    pre.reset();
+    return corpus;
+  }
+  pre.reset();
+  return LoadCorpus(options.data, options.val_fraction);
+}
+
 // ---- Progress output (rank 0) ----
 
 class Progress {
@@ -705,7 +730,7 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
   const TrainerOptions options = ApplySession(flags, session);
   ENDURE_RETURN_IF_ERROR(options.Validate(dist.world_size));
   const bool leader = dist.rank == 0;
-  ENDURE_ASSIGN_OR_RETURN(Corpus corpus, LoadCorpus(options.data, options.val_fraction));
+  ENDURE_ASSIGN_OR_RETURN(Corpus corpus, TakeCorpus(options));
   KeepFreedMemory();
   SetThreads(ThreadsPerRank(options));
 
@@ -815,8 +840,7 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
     }
   }
   if (leader && !options.ckpt_dir.empty() && !session.peer_restore() && !session.restore_plan() &&
-      session.restore_step() &&
-      *session.restore_step() != -1) {
+      session.restore_step() && *session.restore_step() != -1) {
     // A rollback (or fresh start) ordered by the agent abandons the steps
     // after its limit: checkpoints taken there must never be restored later,
     // so they go before this timeline commits its own. Steps at or before
@@ -902,7 +926,8 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
         // A peer failed: keep this process and its state, abandon the
         // group, and join the next generation the agent offers.
         const auto rejoin_start = Clock::now();
-        std::fprintf(stderr, "endure-train: rank %d: collective of step %lld failed (%s); rejoining\n",
+        std::fprintf(stderr,
+                     "endure-train: rank %d: collective of step %lld failed (%s); rejoining\n",
                      dist.rank, static_cast<long long>(step + 1), e.what());
         std::fflush(stderr);
         if (Status st = session.Rejoin(std::chrono::seconds(options.collective_timeout_s));
@@ -911,18 +936,18 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
         }
         ENDURE_ASSIGN_OR_RETURN(DistEnv next, DistEnvFromEnvironment());
         if (next.rank != dist.rank || next.world_size != dist.world_size) {
-          return Internal("the next generation moves rank " + std::to_string(dist.rank) +
-                          " of " + std::to_string(dist.world_size) + " to rank " +
+          return Internal("the next generation moves rank " + std::to_string(dist.rank) + " of " +
+                          std::to_string(dist.world_size) + " to rank " +
                           std::to_string(next.rank) + " of " + std::to_string(next.world_size) +
                           ": not supported in place");
         }
         abandoned->push_back(std::move(cluster));
         reducer.reset();
         cluster = Connect(next, options);
-        reducer = std::make_unique<GradientReducer>(cluster.group, params, options.bucket_mb,
-                                                    &session);
-        ENDURE_ASSIGN_OR_RETURN(completed, JoinPeerState(*cluster.group, next, completed, model,
-                                                         optimizer, options));
+        reducer =
+            std::make_unique<GradientReducer>(cluster.group, params, options.bucket_mb, &session);
+        ENDURE_ASSIGN_OR_RETURN(
+            completed, JoinPeerState(*cluster.group, next, completed, model, optimizer, options));
         session.Ready(completed, SecondsSince(rejoin_start), SecondsSinceProcessStart());
         if (leader) {
           std::printf("rejoined generation %lld at step %lld\n",
@@ -1028,6 +1053,11 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
 }  // namespace
 
 void WarmUp(const TrainerOptions& options) {
+  // A replacement's start reads the corpus: read it now (an error is
+  // reported by the real start, which reads it again).
+  if (Result<Corpus> corpus = LoadCorpus(options.data, options.val_fraction); corpus.ok()) {
+    PreloadedCorpus() = LoadedCorpus{options.data, options.val_fraction, std::move(corpus).value()};
+  }
   try {
     KeepFreedMemory();
     SetThreads(ThreadsPerRank(options));

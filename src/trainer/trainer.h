@@ -47,7 +47,8 @@ struct TrainSummary {
 // the memory and thread policy and runs one forward and backward pass of a
 // throw-away model on a random micro-batch, so that the first real step does
 // not pay for first-touch memory and BLAS set-up (here 1.08 s instead of
-// 0.40 s). For warm standby workers; it leaves no trace in the results.
+// 0.40 s), and reads the corpus, which Train then takes instead of reading
+// it again. For warm standby workers; it leaves no trace in the results.
 void WarmUp(const TrainerOptions& options);
 
 // Trains as configured; progress and the summary go to stdout on rank 0.

@@ -398,8 +398,8 @@ int EmbeddedRun::Run() {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
-  std::printf("endure run: job '%s', %d node(s) x %d rank(s)%s, state in %s\n",
-              spec_.name.c_str(), spec_.nodes, spec_.ranks_per_node,
+  std::printf("endure run: job '%s', %d node(s) x %d rank(s)%s, state in %s\n", spec_.name.c_str(),
+              spec_.nodes, spec_.ranks_per_node,
               spec_.spares > 0 ? (" + " + std::to_string(spec_.spares) + " spare(s)").c_str() : "",
               spec_.state_dir.c_str());
   std::string listen = spec_.listen;
