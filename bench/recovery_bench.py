@@ -25,6 +25,7 @@ checkpointing every step: tokens/s of the demo job with every-step checkpoints
 interleaved.
 
 Usage: recovery_bench.py OUT_DIR [RUNS] [ETTR_SECONDS]
+(BENCH_CKPT_ROUNDS, BENCH_CKPT_STEPS: the checkpoint cost's rounds and steps; 3, 100.)
 """
 
 import json
@@ -236,7 +237,8 @@ def main():
     runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     ettr_seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 300
     os.makedirs(out, exist_ok=True)
-    rounds, ckpt_steps = 3, 100
+    rounds = int(os.environ.get("BENCH_CKPT_ROUNDS", "3"))
+    ckpt_steps = int(os.environ.get("BENCH_CKPT_STEPS", "100"))
 
     kill = '[[faults]]\nkind = "kill"\nrank = 1\nstep = 30\n'
     lose = '[[faults]]\nkind = "kill-agent"\nrank = 1\nstep = 30\n'
