@@ -19,11 +19,15 @@ Status TrainerOptions::Validate(int world_size) const {
   ENDURE_RETURN_IF_ERROR(Need(steps >= 1, "--steps must be at least 1"));
   ENDURE_RETURN_IF_ERROR(Need(micro_batch >= 1, "--micro-batch must be at least 1"));
   ENDURE_RETURN_IF_ERROR(Need(global_batch >= 1, "--global-batch must be at least 1"));
-  ENDURE_RETURN_IF_ERROR(Need(global_batch % (world_size * micro_batch) == 0,
-                              "--global-batch " + std::to_string(global_batch) +
-                                  " must be a multiple of " +
-                                  "WORLD_SIZE x --micro-batch = " + std::to_string(world_size) +
-                                  " x " + std::to_string(micro_batch)));
+  ENDURE_RETURN_IF_ERROR(
+      Need(global_batch % micro_batch == 0, "--global-batch " + std::to_string(global_batch) +
+                                                " must be a multiple of --micro-batch " +
+                                                std::to_string(micro_batch)));
+  ENDURE_RETURN_IF_ERROR(Need(
+      Slots() >= world_size,
+      "--global-batch " + std::to_string(global_batch) + " is " + std::to_string(Slots()) +
+          " micro-batches of --micro-batch " + std::to_string(micro_batch) + ", fewer than the " +
+          std::to_string(world_size) + " ranks (WORLD_SIZE): each rank needs at least one"));
   ENDURE_RETURN_IF_ERROR(Need(lr > 0, "--lr must be positive"));
   ENDURE_RETURN_IF_ERROR(
       Need(min_lr_ratio >= 0 && min_lr_ratio <= 1, "--min-lr-ratio must be in [0, 1]"));

@@ -58,8 +58,10 @@ struct TrainerOptions {
 
   // Checks ranges and the batch arithmetic for `world_size` ranks.
   Status Validate(int world_size) const;
-  // Micro-batches each rank runs per step (gradient accumulation).
-  int AccumulationSteps(int world_size) const { return global_batch / world_size / micro_batch; }
+  // The micro-batches (slots) of a step's global batch, whatever the world
+  // size: each rank runs its share of them (gradient accumulation; a world
+  // that does not divide them gives some ranks one more: exact_sum.h).
+  int Slots() const { return global_batch / micro_batch; }
 };
 
 }  // namespace endure::trainer

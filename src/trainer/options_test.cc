@@ -9,8 +9,19 @@ TEST(TrainerOptions, DefaultsAreValidForOneAndTwoRanks) {
   TrainerOptions o;
   EXPECT_TRUE(o.Validate(1).ok());
   EXPECT_TRUE(o.Validate(2).ok());
-  EXPECT_EQ(o.AccumulationSteps(1), 2);
-  EXPECT_EQ(o.AccumulationSteps(2), 1);
+  EXPECT_EQ(o.Slots(), 2);
+}
+
+TEST(TrainerOptions, AnyWorldUpToTheSlotsIsValid) {
+  TrainerOptions o;
+  o.global_batch = 48;
+  o.micro_batch = 16;
+  EXPECT_TRUE(o.Validate(2).ok());  // 3 slots over 2 ranks: 2 and 1
+  EXPECT_TRUE(o.Validate(3).ok());
+  Status st = o.Validate(4);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("3 micro-batches"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("fewer than the 4 ranks"), std::string::npos) << st.message();
 }
 
 TEST(TrainerOptions, BadCombinationsNameTheFlag) {

@@ -30,6 +30,7 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "endure/client.h"
 #include "trainer/corpus.h"
+#include "trainer/exact_sum.h"
 #include "trainer/gpt.h"
 #include "trainer/schedule.h"
 
@@ -416,12 +417,19 @@ void WaitFor(c10d::Work& work, const Session* session) {
   work.wait();  // done: returns, or throws the collective's error
 }
 
-// Gradient averaging over a ProcessGroupGloo in fixed buckets. The step's
-// loss rides in the last bucket, so every rank logs the same global loss.
+// The global batch's mean gradient, summed exactly over its slots
+// (trainer/exact_sum.h), so that it does not depend on how many ranks there
+// are or which slots each computed: a job that shrinks or grows trains the
+// same parameters bit for bit. Each rank keeps the gradients of its slots
+// (one copy of the parameters' size per slot it computes); one MAX
+// allreduce agrees on each bucket's scale, then one int64 SUM allreduce per
+// bucket adds the fixed-point partial sums. The step's loss rides in the
+// last bucket, so every rank logs the same global loss. A world of one rank
+// has no group and sums alone, by the same arithmetic.
 class GradientReducer {
  public:
-  // `session` (may be null): cut a wait short when the agent offers a later
-  // generation (WaitFor).
+  // `group`: null in a world of one. `session` (may be null): cut a wait
+  // short when the agent offers a later generation (WaitFor).
   GradientReducer(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<torch::Tensor> params,
                   double bucket_mb, const Session* session)
       : group_(std::move(group)), params_(std::move(params)), session_(session) {
@@ -438,30 +446,95 @@ class GradientReducer {
     }
   }
 
-  // Averages gradients across ranks in place; returns the mean loss.
-  double AllReduce(double local_loss, int world_size) {
-    std::vector<torch::Tensor> flats;
+  // The backward pass of one of this rank's slots is done: keeps its
+  // gradients (the parameters' are cleared for the next slot) and its loss,
+  // already divided by the number of slots.
+  void TakeSlot(float loss) {
+    std::vector<torch::Tensor> grads;
+    for (torch::Tensor& p : params_) {
+      grads.push_back(p.grad().defined() ? p.grad().contiguous() : torch::zeros_like(p));
+      p.mutable_grad() = torch::Tensor();
+    }
+    slots_.push_back(std::move(grads));
+    losses_.push_back(loss);
+  }
+
+  // Sums the slots taken on every rank (`total_slots` of them) into each
+  // parameter's gradient; returns the mean loss.
+  double Reduce(int total_slots) {
+    // Taken first: a failed collective leaves nothing behind for the next try.
+    std::vector<std::vector<torch::Tensor>> slots = std::move(slots_);
+    std::vector<float> losses = std::move(losses_);
+    slots_.clear();
+    losses_.clear();
+    ENDURE_CHECK(!slots.empty());
+    const size_t nb = buckets_.size();
+    torch::Tensor maxes = torch::zeros({static_cast<int64_t>(nb + 1)}, torch::kFloat);
+    float* m = maxes.data_ptr<float>();
+    for (const auto& grads : slots) {
+      for (size_t b = 0; b < nb; ++b) {
+        for (size_t i : buckets_[b]) {
+          m[b] = MaxAbs(grads[i].data_ptr<float>(), grads[i].numel(), m[b]);
+        }
+      }
+    }
+    m[nb] = MaxAbs(losses.data(), losses.size(), 0);
+    if (group_) {
+      c10d::AllreduceOptions max;
+      max.reduceOp = c10d::ReduceOp::MAX;
+      std::vector<torch::Tensor> io = {maxes};
+      WaitFor(*group_->allreduce(io, max), session_);
+    }
+    auto exponent = [&](size_t b) {
+      return std::isfinite(m[b]) ? FixedPointExponent(m[b], total_slots) : 0;
+    };
+    std::vector<torch::Tensor> sums;
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      std::vector<torch::Tensor> parts;
-      for (size_t i : buckets_[b]) parts.push_back(params_[i].grad().view({-1}));
-      if (b + 1 == buckets_.size()) parts.push_back(torch::full({1}, local_loss, torch::kFloat));
-      std::vector<torch::Tensor> io = {torch::cat(parts)};
-      works.push_back(group_->allreduce(io));
-      flats.push_back(io[0]);
+    for (size_t b = 0; b < nb; ++b) {
+      int64_t n = b + 1 == nb ? 1 : 0;
+      for (size_t i : buckets_[b]) n += params_[i].numel();
+      torch::Tensor sum = torch::zeros({n}, torch::kLong);
+      int64_t* acc = sum.data_ptr<int64_t>();
+      for (const auto& grads : slots) {
+        int64_t offset = 0;
+        for (size_t i : buckets_[b]) {
+          // A non-finite bucket's sum is NaN on every rank (below).
+          if (std::isfinite(m[b])) {
+            AccumulateFixed(grads[i].data_ptr<float>(), grads[i].numel(), exponent(b),
+                            acc + offset);
+          }
+          offset += grads[i].numel();
+        }
+      }
+      if (b + 1 == nb && std::isfinite(m[nb])) {
+        const int64_t at = n - 1;  // the one element after the gradients
+        for (const float& l : losses) AccumulateFixed(&l, 1, exponent(nb), acc + at);
+      }
+      if (group_) {
+        std::vector<torch::Tensor> io = {sum};
+        works.push_back(group_->allreduce(io));
+      }
+      sums.push_back(sum);
     }
     for (auto& w : works) WaitFor(*w, session_);
     double loss = 0;
-    torch::NoGradGuard no_grad;
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      torch::Tensor flat = flats[b].div_(world_size);
+    for (size_t b = 0; b < nb; ++b) {
+      const int64_t* acc = sums[b].data_ptr<int64_t>();
       int64_t offset = 0;
       for (size_t i : buckets_[b]) {
-        torch::Tensor g = params_[i].grad();
-        g.copy_(flat.slice(0, offset, offset + g.numel()).view_as(g));
+        torch::Tensor g = slots[0][i];  // reused as the result
+        if (std::isfinite(m[b])) {
+          FromFixed(acc + offset, g.numel(), exponent(b), g.data_ptr<float>());
+        } else {
+          g.fill_(std::numeric_limits<float>::quiet_NaN());
+        }
+        params_[i].mutable_grad() = g;
         offset += g.numel();
       }
-      if (b + 1 == buckets_.size()) loss = flat[offset].item<double>();
+      if (b + 1 == nb) {
+        loss = std::isfinite(m[nb]) ? std::ldexp(static_cast<double>(acc[offset]), -exponent(nb))
+                                    : std::numeric_limits<double>::quiet_NaN();
+      }
     }
     return loss;
   }
@@ -471,6 +544,8 @@ class GradientReducer {
   std::vector<torch::Tensor> params_;
   const Session* session_;
   std::vector<std::vector<size_t>> buckets_;
+  std::vector<std::vector<torch::Tensor>> slots_;  // this rank's slots of the step, in order
+  std::vector<float> losses_;
 };
 
 struct Cluster {
@@ -726,10 +801,14 @@ std::optional<int64_t> RestoreLimit(const TrainerOptions& options, const Session
   return step;
 }
 
-Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist, Session& session) {
+Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first_dist,
+                               Session& session) {
   const TrainerOptions options = ApplySession(flags, session);
+  // This rank's place in the world: an in-process restart may change it (a
+  // job that shrinks after a lost node, or grows back).
+  DistEnv dist = first_dist;
   ENDURE_RETURN_IF_ERROR(options.Validate(dist.world_size));
-  const bool leader = dist.rank == 0;
+  bool leader = dist.rank == 0;
   ENDURE_ASSIGN_OR_RETURN(Corpus corpus, TakeCorpus(options));
   KeepFreedMemory();
   SetThreads(ThreadsPerRank(options));
@@ -751,16 +830,14 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
   torch::optim::AdamW optimizer(std::move(groups), AdamWOptions(options.lr));
 
   // In-process restart: with the agent offering it, a failed collective is
-  // not the end of this process; it rejoins the next generation.
-  const bool rejoins = dist.world_size > 1 && session.rejoin_offered_here();
+  // not the end of this process; it rejoins the next generation, which may
+  // have fewer or more ranks (a world of one rejoins when the job grows).
+  const bool rejoins = session.rejoin_offered_here();
   if (rejoins) session.DeclareRejoin();
   Cluster cluster;
-  std::unique_ptr<GradientReducer> reducer;
-  if (dist.world_size > 1) {
-    cluster = Connect(dist, options);
-    reducer = std::make_unique<GradientReducer>(cluster.group, params, options.bucket_mb,
-                                                rejoins ? &session : nullptr);
-  }
+  if (dist.world_size > 1) cluster = Connect(dist, options);
+  auto reducer = std::make_unique<GradientReducer>(cluster.group, params, options.bucket_mb,
+                                                   rejoins ? &session : nullptr);
 
   TrainSummary summary;
   checkpoint::CheckpointDir ckpt(Env::Default(), options.ckpt_dir);
@@ -860,12 +937,11 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
     int64_t n = 0;
     for (const auto& p : params) n += p.numel();
     std::printf(
-        "endure-train: %lld parameters, %d ranks, global batch %d (micro %d x accum %d x %d "
-        "ranks), "
-        "corpus %zu train / %zu val bytes from %d files\n",
-        static_cast<long long>(n), dist.world_size, options.global_batch, options.micro_batch,
-        options.AccumulationSteps(dist.world_size), dist.world_size, corpus.train.size(),
-        corpus.val.size(), corpus.files);
+        "endure-train: %lld parameters, %d ranks, global batch %d (%d micro-batches of %d, "
+        "%d on this rank), corpus %zu train / %zu val bytes from %d files\n",
+        static_cast<long long>(n), dist.world_size, options.global_batch, options.Slots(),
+        options.micro_batch, SlotsOfRank(dist.rank, dist.world_size, options.Slots()).count,
+        corpus.train.size(), corpus.val.size(), corpus.files);
     std::fflush(stdout);
   }
   Progress progress(options);
@@ -873,8 +949,6 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
     return InvalidArgument("--metrics-file: cannot open '" + options.metrics_file + "'");
   }
 
-  const int accum = options.AccumulationSteps(dist.world_size);
-  const int per_rank = options.global_batch / dist.world_size;
   model->train();
   session.SetTokensPerStep(int64_t{options.global_batch} * options.model.context);
   session.SetTotalSteps(options.steps);
@@ -884,7 +958,47 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
   // on a dead peer, and destroying a group joins its threads. Never freed.
   static auto* abandoned = new std::vector<Cluster>();
   int64_t completed = summary.start_step;  // steps whose update this rank applied
+  // Joins the generation the agent offers (in-process restart), keeping this
+  // process and its state: the old group is abandoned, the new one formed
+  // (this rank's place and the world's size may differ: a shrink or a
+  // regrow), and the ranks agree on the state (JoinPeerState).
+  auto rejoin = [&](const std::string& why) -> Status {
+    const auto rejoin_start = Clock::now();
+    std::fprintf(stderr, "endure-train: rank %d: %s; rejoining\n", dist.rank, why.c_str());
+    std::fflush(stderr);
+    if (Status st = session.Rejoin(std::chrono::seconds(options.collective_timeout_s)); !st.ok()) {
+      return Internal(why + "; " + st.message());
+    }
+    ENDURE_ASSIGN_OR_RETURN(DistEnv next, DistEnvFromEnvironment());
+    ENDURE_RETURN_IF_ERROR(options.Validate(next.world_size));
+    abandoned->push_back(std::move(cluster));
+    cluster = Cluster{};
+    reducer.reset();
+    dist = next;
+    leader = dist.rank == 0;
+    if (dist.world_size > 1) cluster = Connect(dist, options);
+    reducer = std::make_unique<GradientReducer>(cluster.group, params, options.bucket_mb, &session);
+    if (cluster.group) {
+      ENDURE_ASSIGN_OR_RETURN(
+          completed, JoinPeerState(*cluster.group, dist, completed, model, optimizer, options));
+    }
+    session.Ready(completed, SecondsSince(rejoin_start), SecondsSinceProcessStart());
+    if (leader) {
+      std::printf("rejoined generation %lld at step %lld as rank %d of %d\n",
+                  static_cast<long long>(session.generation()), static_cast<long long>(completed),
+                  dist.rank, dist.world_size);
+      std::fflush(stdout);
+    }
+    return Status::Ok();
+  };
   for (int64_t step = summary.start_step; step < options.steps; ++step) {
+    if (rejoins && session.RejoinPending()) {
+      // Offered between steps, with no collective failed: the job changes
+      // size (a regrow), or a peer failed while this rank was not waiting.
+      ENDURE_RETURN_IF_ERROR(rejoin("a later generation was offered"));
+      step = completed;
+      if (step >= options.steps) break;
+    }
     session.BeginStep(step);  // injected kill/exit/hang/log faults fire here
     const auto step_start = Clock::now();
     const double lr = LearningRate(options, step);
@@ -903,15 +1017,18 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
         static_cast<AdamWOptions&>(group.options()).lr(lr);
       }
       optimizer.zero_grad();
-      double local_loss = 0;
-      for (int a = 0; a < accum; ++a) {
+      // This rank's slots of the global batch; their gradients are summed
+      // exactly with the other ranks' (GradientReducer).
+      const int slots = options.Slots();
+      const SlotRange mine = SlotsOfRank(dist.rank, dist.world_size, slots);
+      for (int slot = mine.first; slot < mine.first + mine.count; ++slot) {
         auto offsets =
-            SequenceOffsets(options.seed, step, dist.rank * per_rank + a * options.micro_batch,
-                            options.micro_batch, options.model.context, corpus.train.size());
+            SequenceOffsets(options.seed, step, slot * options.micro_batch, options.micro_batch,
+                            options.model.context, corpus.train.size());
         auto [x, y] = MakeBatch(corpus.train, offsets, options.model.context);
-        torch::Tensor l = model->Loss(x, y) / accum;
+        torch::Tensor l = model->Loss(x, y) / slots;
         l.backward();
-        local_loss += l.item<double>();
+        reducer->TakeSlot(l.item<float>());
       }
       compute_s = SecondsSince(step_start);
       const auto comm_start = Clock::now();
@@ -920,41 +1037,13 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& dist,
       // world size.
       session.BeforeCollective(step);
       try {
-        loss = reducer ? reducer->AllReduce(local_loss, dist.world_size) : local_loss;
+        loss = reducer->Reduce(slots);
       } catch (const std::exception& e) {
         if (!rejoins) throw;
-        // A peer failed: keep this process and its state, abandon the
-        // group, and join the next generation the agent offers.
-        const auto rejoin_start = Clock::now();
-        std::fprintf(stderr,
-                     "endure-train: rank %d: collective of step %lld failed (%s); rejoining\n",
-                     dist.rank, static_cast<long long>(step + 1), e.what());
-        std::fflush(stderr);
-        if (Status st = session.Rejoin(std::chrono::seconds(options.collective_timeout_s));
-            !st.ok()) {
-          return Internal(std::string("collective failed: ") + e.what() + "; " + st.message());
-        }
-        ENDURE_ASSIGN_OR_RETURN(DistEnv next, DistEnvFromEnvironment());
-        if (next.rank != dist.rank || next.world_size != dist.world_size) {
-          return Internal("the next generation moves rank " + std::to_string(dist.rank) + " of " +
-                          std::to_string(dist.world_size) + " to rank " +
-                          std::to_string(next.rank) + " of " + std::to_string(next.world_size) +
-                          ": not supported in place");
-        }
-        abandoned->push_back(std::move(cluster));
-        reducer.reset();
-        cluster = Connect(next, options);
-        reducer =
-            std::make_unique<GradientReducer>(cluster.group, params, options.bucket_mb, &session);
-        ENDURE_ASSIGN_OR_RETURN(
-            completed, JoinPeerState(*cluster.group, next, completed, model, optimizer, options));
-        session.Ready(completed, SecondsSince(rejoin_start), SecondsSinceProcessStart());
-        if (leader) {
-          std::printf("rejoined generation %lld at step %lld\n",
-                      static_cast<long long>(session.generation()),
-                      static_cast<long long>(completed));
-          std::fflush(stdout);
-        }
+        // A peer failed (or the job changes size): keep this process and
+        // its state, abandon the group, and join the next generation.
+        ENDURE_RETURN_IF_ERROR(rejoin("collective of step " + std::to_string(step + 1) +
+                                      " failed (" + e.what() + ")"));
         step = completed - 1;  // the loop goes on with step index `completed`
         continue;
       }
