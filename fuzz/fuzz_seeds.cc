@@ -37,8 +37,8 @@ void Write(const std::string& dir, const std::string& target, const std::string&
   }
 }
 
-std::string PlanJson(const std::vector<checkpoint::ShardCopy>& copies, int shards, int64_t limit) {
-  checkpoint::RestorePlan plan = checkpoint::ChooseRestorePoint(copies, shards, limit);
+std::string PlanJson(const std::vector<checkpoint::ShardCopy>& copies, int64_t limit) {
+  checkpoint::RestorePlan plan = checkpoint::ChooseRestorePoint(copies, limit);
   FUZZ_CHECK(checkpoint::AssignLoaders(plan, {{"node0", {0, 1}}, {"node1", {2, 3}}}).ok());
   return checkpoint::RestorePlanToJson(plan).dump();
 }
@@ -76,10 +76,10 @@ int main(int argc, char** argv) {
       Copy(20, 1, 2, Tier::kT0, "node1"), Copy(10, 0, 2, Tier::kT2, ""),
       Copy(10, 1, 2, Tier::kT2, "")};
   copies[2].refused = "checksum mismatch";
-  const std::string memory_plan = PlanJson(copies, 2, 100);
+  const std::string memory_plan = PlanJson(copies, 100);
   Write(dir, "restore_plan", "memory", memory_plan);
-  Write(dir, "restore_plan", "durable", PlanJson(copies, 2, 15));
-  Write(dir, "restore_plan", "fresh", PlanJson(copies, 2, 5));
+  Write(dir, "restore_plan", "durable", PlanJson(copies, 15));
+  Write(dir, "restore_plan", "fresh", PlanJson(copies, 5));
 
   // Manifests of the manifest target's fixture: both shards, and one listed.
   {

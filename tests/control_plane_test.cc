@@ -54,6 +54,7 @@ class ControlPlaneTest : public ::testing::Test {
     int steps = 30;
     std::string trainer;  // more trainer flags, TOML-quoted: "\"--eval-every\", \"10\", "
     int spares = 0;       // [job] spares
+    int min_nodes = 0;    // [job] min_nodes (0: left out)
   };
   std::string SpecWith(const std::string& name, const Shape& shape, const std::string& extra,
                        const std::string& recovery = "",
@@ -69,6 +70,7 @@ class ControlPlaneTest : public ::testing::Test {
       << "\"--eval-batches\", \"1\", \"--sample-tokens\", \"16\", " << shape.trainer
       << "\"--data\", \"" << data_ << "\"]\n"
       << "nodes = " << shape.nodes << "\nspares = " << shape.spares
+      << (shape.min_nodes > 0 ? "\nmin_nodes = " + std::to_string(shape.min_nodes) : "")
       << "\nranks_per_node = " << shape.ranks_per_node << "\nstate_dir = \""
       << (dir_ / name).string() << "\"\n"
       << "[checkpoint]\n"
@@ -410,6 +412,47 @@ TEST_F(ControlPlaneTest, ALostNodesRankMovesToAWarmSpareAndTakesItsPeersState) {
     EXPECT_NE(NodesThatRan(name, 0, 0), spare) << name;
     EXPECT_TRUE(NodesThatRan(name, 1, 0).empty()) << name;
   }
+}
+
+// Elastic shrink and regrow (issue 14): node1 is lost at step 12 and there
+// is no spare. With min_nodes = 1 the job goes on in process with node0
+// alone, the same global batch on one rank (both micro-batches), and grows
+// back to two nodes, in process, once the replacement node registers
+// (repair_delay). Rank 0 is slowed while it trains alone, so that the
+// replacement comes before the end. The parameters are bit for bit those of
+// the failure-free run of two ranks: the gradient sums do not depend on the
+// world size.
+TEST_F(ControlPlaneTest, ALostNodeWithoutASpareShrinksTheJobAndItGrowsBackBitExact) {
+  const std::string reference = Reference(this);
+  Shape shape;
+  shape.min_nodes = 1;
+  const std::string path =
+      SpecWith("shrink", shape,
+               "[detection]\nstragglers = false\n"
+               "[[faults]]\nkind = \"kill-agent\"\nrank = 1\nstep = 12\n"
+               "[[faults]]\nkind = \"slow\"\nrank = 0\nstep = 15\nfactor = 10\n",
+               "warm_standby = true\n", kEveryStepTiers);
+  JobResult r = Run(path);
+  EXPECT_TRUE(r.exit.Success()) << r.exit.ToString() << "\n" << r.output;
+  EXPECT_EQ(r.report.value("param_fingerprint", ""), reference) << r.output;
+  const nlohmann::json& incidents = r.report["incidents"];
+  ASSERT_EQ(incidents.size(), 1u) << incidents.dump(2) << "\n" << r.output;
+  const nlohmann::json& inc = incidents[0];
+  EXPECT_EQ(inc.value("cause", ""), "node_lost") << inc.dump(2);
+  EXPECT_EQ(inc.value("route", ""), "shrink") << inc.dump(2);
+  EXPECT_EQ(inc.value("steps_lost", -1), 0) << inc.dump(2);
+  EXPECT_EQ(inc.value("restore", "").rfind("in process", 0), 0u) << inc.dump(2);
+  const nlohmann::json& resizes = r.report["resizes"];
+  ASSERT_EQ(resizes.size(), 1u) << r.report.dump(2);
+  EXPECT_EQ(resizes[0].value("from_nodes", 0), 1) << resizes.dump(2);
+  EXPECT_EQ(resizes[0].value("to_nodes", 0), 2) << resizes.dump(2);
+  EXPECT_LT(resizes[0].value("step", 99), 30) << resizes.dump(2);
+  // Rank 0 never restarted (no log of it in generations 1 and 2); rank 1
+  // started again only in generation 2, on the node that came back.
+  EXPECT_TRUE(NodesThatRan("shrink", 1, 0).empty());
+  EXPECT_TRUE(NodesThatRan("shrink", 2, 0).empty());
+  EXPECT_TRUE(NodesThatRan("shrink", 1, 1).empty());
+  EXPECT_EQ(NodesThatRan("shrink", 2, 1).size(), 1u);
 }
 
 TEST_F(ControlPlaneTest, LostNodeIsReplaced) {

@@ -549,13 +549,28 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   // (A spare node taking a lost node's ranks has no workers yet: all of
   // its ranks start, and take the state from the ranks elsewhere.)
   const bool rejoin = start.rejoin() && workers_ != nullptr;
-  std::map<int, pid_t> alive;
+  std::map<int, pid_t> alive;   // by the rank each serves in the new generation
+  std::map<int, int> rank_was;  // new rank -> the rank it served before
   if (rejoin) {
-    alive = workers_->Pids();
-    std::set<int> kept;
-    for (const proto::RankAssignment& r : start.ranks()) kept.insert(r.rank());
-    for (const auto& [rank, pid] : alive) {
-      if (kept.count(rank) == 0) workers_->Signal(rank, SIGKILL);  // no longer this node's
+    // A live worker keeps its place on the node (its local rank); its rank
+    // changes when the generation has fewer or more nodes before this one
+    // (an elastic shrink or regrow). Its earlier output is forgotten.
+    std::vector<int> before;
+    {
+      std::lock_guard<std::mutex> lock(reports_mu_);
+      before.assign(gate_.local_ranks.begin(), gate_.local_ranks.end());
+    }
+    std::map<int, int> rank_of_local;
+    for (const proto::RankAssignment& r : start.ranks()) rank_of_local[r.local_rank()] = r.rank();
+    for (const auto& [rank, pid] : workers_->Pids()) {
+      const auto local = std::find(before.begin(), before.end(), rank) - before.begin();
+      auto next = rank_of_local.find(static_cast<int>(local));
+      if (next == rank_of_local.end()) {
+        workers_->Signal(rank, SIGKILL);  // no longer this node's
+      } else if (workers_->Rejoin(rank, next->second)) {
+        alive[next->second] = pid;
+        rank_was[next->second] = rank;
+      }
     }
   } else if (workers_) {
     workers_->StopAll(std::chrono::milliseconds(0));
@@ -694,14 +709,16 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
       spec.env.emplace_back("ENDURE_T0_DIR", tiers_->t0_dir());
       spec.env.emplace_back("ENDURE_T0_SLOT_BYTES", std::to_string(ckpt.slot_bytes()));
     }
-    const std::string rejoin_path = JoinPath(logs, "rank" + std::to_string(r.rank()) + ".rejoin");
-    if (start.in_process()) spec.env.emplace_back("ENDURE_REJOIN_FILE", rejoin_path);
+    const auto rejoin_path = [&](int rank) {
+      return JoinPath(logs, "rank" + std::to_string(rank) + ".rejoin");
+    };
+    if (start.in_process()) spec.env.emplace_back("ENDURE_REJOIN_FILE", rejoin_path(r.rank()));
     const bool keep = alive.count(r.rank()) > 0;
     if (!keep) {
       // A fresh worker; a stale offer of an earlier generation must not
       // outlive the process it was meant for.
       std::error_code ignored;
-      std::filesystem::remove(rejoin_path, ignored);
+      std::filesystem::remove(rejoin_path(r.rank()), ignored);
     }
     if (start.rejoin() && !keep) spec.env.emplace_back("ENDURE_PEER_RESTORE", "1");
     if (!plan_path.empty() && !start.rejoin()) {
@@ -711,8 +728,10 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
     if (!credential.ok()) {
       st = credential.status().WithContext("cannot make this generation's worker credential");
     } else if (keep) {
-      // The live worker is offered this generation (client.h Rejoin).
-      st = PublishFile(seams_.env, rejoin_path, AssignmentText(spec.env));
+      // The live worker is offered this generation (client.h Rejoin) where
+      // it looks: the file of the rank it served; the offer names the file
+      // of its new rank for the next one.
+      st = PublishFile(seams_.env, rejoin_path(rank_was[r.rank()]), AssignmentText(spec.env));
     } else {
       if (std::optional<Standby> standby = TakeStandby(argv)) {
         st = workers_->Adopt(std::move(*standby), spec);

@@ -564,6 +564,42 @@ TEST_F(AgentShellTest, AnInProcessRestartKeepsTheLiveWorkerAndStartsOnlyTheDeadO
   EXPECT_EQ(exit->generation(), 2);
 }
 
+// An elastic shrink: the node ran rank 1 of 2; the other node is lost and
+// the job goes on with this node alone, where the live worker is rank 0 of
+// 1. It keeps its process (nothing starts), is offered its new rank and
+// world where it looks for offers (its old rank's file), and its exit is
+// reported under its new rank, with none of its earlier generation's words.
+TEST_F(AgentShellTest, ARejoinThatMovesTheNodesRanksKeepsTheLiveWorkerUnderItsNewRank) {
+  StartAgent();
+  proto::AgentCommand first = StartCommand(1, {1}, 2);
+  first.mutable_start()->set_in_process(true);
+  Do(first);
+  proto::AgentCommand second = StartCommand(2, {0}, 1);
+  second.mutable_start()->set_in_process(true);
+  second.mutable_start()->set_rejoin(true);
+  Do(second);
+
+  const std::vector<FakeProcessLauncher::Launch> launches = launcher_.launches();
+  ASSERT_EQ(launches.size(), 1u);  // nothing started
+  std::map<std::string, std::string> env = EnvOf(launches[0].spec);
+  const std::string offer = ReadAll(env["ENDURE_REJOIN_FILE"]);
+  EXPECT_NE(offer.find("ENDURE_GENERATION=2\n"), std::string::npos) << offer;
+  EXPECT_NE(offer.find("RANK=0\n"), std::string::npos) << offer;
+  EXPECT_NE(offer.find("WORLD_SIZE=1\n"), std::string::npos) << offer;
+  const std::string next_file =
+      env["ENDURE_REJOIN_FILE"].substr(0, env["ENDURE_REJOIN_FILE"].rfind("rank1.rejoin")) +
+      "rank0.rejoin";
+  EXPECT_NE(offer.find("ENDURE_REJOIN_FILE=" + next_file + "\n"), std::string::npos) << offer;
+  EXPECT_EQ(offer.find("ENDURE_PEER_RESTORE"), std::string::npos) << offer;
+
+  ASSERT_TRUE(launcher_.Exit(0, ExitStatus{true, 3, 0}));
+  std::optional<proto::AgentEvent> exit = transport_.WaitForEvent(
+      [](const auto& e) { return e.has_worker_exited() && e.worker_exited().exit_code() == 3; });
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->generation(), 2);
+  EXPECT_EQ(exit->worker_exited().rank(), 0);
+}
+
 // A stop (or start) naming an older generation than the node runs is stale:
 // it used to stop the current workers while its "stopped" event carried the
 // older number, which the controller drops, so generation 2 died unheard of.

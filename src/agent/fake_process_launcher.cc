@@ -83,6 +83,16 @@ class FakeProcessLauncher::Group : public WorkerGroup {
     return live_;
   }
 
+  bool Rejoin(int rank, int new_rank) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(rank);
+    if (it == live_.end()) return false;
+    const pid_t pid = it->second;
+    live_.erase(it);
+    live_[new_rank] = pid;
+    return true;
+  }
+
   // The test's side (FakeProcessLauncher::Exit and Print).
   bool Exit(int rank, ExitStatus status, std::string tail) {
     {

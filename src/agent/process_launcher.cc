@@ -25,6 +25,7 @@ class RealWorkerGroup : public WorkerGroup {
     return set_.CaptureStacks(timeout, stack_signals);
   }
   std::map<int, pid_t> Pids() const override { return set_.Pids(); }
+  bool Rejoin(int rank, int new_rank) override { return set_.Rejoin(rank, new_rank); }
 
  private:
   WorkerSet set_;

@@ -44,6 +44,9 @@ class WorkerGroup {
   virtual std::map<int, std::string> CaptureStacks(std::chrono::milliseconds timeout,
                                                    const std::map<int, int>& stack_signals) = 0;
   virtual std::map<int, pid_t> Pids() const = 0;
+  // The live worker of `rank` serves a later generation in place as
+  // `new_rank` (see WorkerSet::Rejoin); false if there is none.
+  virtual bool Rejoin(int rank, int new_rank) = 0;
 };
 
 // Thread-safe.

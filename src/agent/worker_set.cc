@@ -300,8 +300,19 @@ void WorkerSet::Watch(Worker* worker, Subprocess process, int out_fd, std::strin
   std::ofstream log(log_path, std::ios::app);
   std::deque<std::string> tail;
   size_t tail_bytes = 0;
+  uint64_t tail_epoch = 0;
+  // A rejoin (WorkerSet::Rejoin) since the last line: what came before is
+  // not this generation's.
+  const auto forget_earlier_generations = [&] {
+    const uint64_t now = worker->tail_epoch.load();
+    if (now == tail_epoch) return;
+    tail_epoch = now;
+    tail.clear();
+    tail_bytes = 0;
+  };
   LineSplitter lines;
   const auto on_line = [&](std::string_view line) {
+    forget_earlier_generations();
     tail.emplace_back(line);
     tail_bytes += line.size();
     while (tail.size() > kTailLines || (tail.size() > 1 && tail_bytes > kTailBytes)) {
@@ -361,6 +372,7 @@ void WorkerSet::Watch(Worker* worker, Subprocess process, int out_fd, std::strin
     process.Exited(/*block=*/true);
     reap();
   }
+  forget_earlier_generations();
   WorkerEnd end;
   end.rank = worker->rank;
   end.status = *status;
@@ -418,6 +430,18 @@ bool WorkerSet::Signal(int rank, int sig) {
   for (auto& w : workers_) {
     if (w->rank == rank && !w->reaped) {
       ::kill(-w->pid, sig);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool WorkerSet::Rejoin(int rank, int new_rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& w : workers_) {
+    if (w->rank == rank && !w->done) {
+      w->rank = new_rank;
+      ++w->tail_epoch;
       return true;
     }
   }

@@ -18,6 +18,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <map>
@@ -133,9 +134,19 @@ class WorkerSet {
 
   std::map<int, pid_t> Pids() const;
 
+  // The live worker of `rank` joins a later generation in place (an
+  // in-process restart) as `new_rank`: its lines and its exit are reported
+  // under `new_rank` from now on, and the last words its exit reports start
+  // afresh, so that what it said in an earlier generation (a collective
+  // that failed when a peer died) never explains how it ends in this one.
+  // False if there is no such worker.
+  bool Rejoin(int rank, int new_rank);
+
  private:
   struct Worker {
-    int rank = 0;
+    std::atomic<int> rank{0};
+    // Bumped by Rejoin: the watcher drops the tail it holds.
+    std::atomic<uint64_t> tail_epoch{0};
     pid_t pid = -1;
     ProcessTree tree;  // its group, session and tagged descendants
     std::string stacks_path;

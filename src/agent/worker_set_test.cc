@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
@@ -173,6 +174,35 @@ TEST_F(WorkerSetTest, TheLastWordsKeptAreBounded) {
   EXPECT_LE(end.tail.size(), kTailBytes + kTailLines + 64 * 1024);
   EXPECT_EQ(end.tail.back(), '\n');
   EXPECT_NE(end.tail.find("yyyy"), std::string::npos);  // the unterminated line, cut
+}
+
+// The regression behind a SIGKILL classified as a Gloo failure: a worker
+// that rejoined a later generation still had its earlier "collective failed
+// (Connection closed by peer)" lines in its last words. A rejoin forgets
+// them, and the worker's exit goes up under its new rank.
+TEST_F(WorkerSetTest, ARejoinedWorkersLastWordsAreOnlyItsNewGenerations) {
+  Exits exits;
+  std::atomic<int> lines{0};
+  WorkerSet set(exits.Observer(), [&](int, std::string_view) { ++lines; });
+  const fs::path go = dir_ / "go";
+  ASSERT_TRUE(set.Start(Spec(1,
+                             "echo 'collective failed: Connection closed by peer'; "
+                             "while [ ! -e " +
+                                 go.string() +
+                                 " ]; do sleep 0.01; done; "
+                                 "echo 'generation 2 line'; exit 4"))
+                  .ok());
+  for (int i = 0; i < 3000 && lines == 0; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(lines, 1);  // its first line is in its last words
+  EXPECT_TRUE(set.Rejoin(1, 0));
+  EXPECT_FALSE(set.Rejoin(1, 0));  // no worker of rank 1 now
+  EXPECT_EQ(set.Pids().count(0), 1u);
+  std::ofstream(go.string()) << "";
+  ASSERT_TRUE(exits.WaitFor(1, 30s));
+  const WorkerEnd end = exits.At(0);
+  EXPECT_EQ(end.rank, 0);
+  EXPECT_EQ(end.status.code, 4);
+  EXPECT_EQ(end.tail, "generation 2 line\n");
 }
 
 TEST_F(WorkerSetTest, AWorkerDoesNotSeeTheVariablesItMustNot) {

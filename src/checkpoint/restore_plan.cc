@@ -50,13 +50,19 @@ std::string RestorePlan::Summary() const {
   return s;
 }
 
-RestorePlan ChooseRestorePoint(const std::vector<ShardCopy>& copies, int shards, int64_t limit) {
+RestorePlan ChooseRestorePoint(const std::vector<ShardCopy>& copies, int64_t limit) {
+  // A copy's shard count comes from an agent's report: bounded before it
+  // sizes anything (no job has more ranks).
+  constexpr int kMaxShards = 1 << 20;
   RestorePlan plan;
-  std::set<int64_t, std::greater<>> steps;
+  // Each step with the world size it was saved with, newest first.
+  std::set<std::pair<int64_t, int>, std::greater<>> steps;
   for (const ShardCopy& c : copies) {
-    if (c.shards == shards && c.step <= limit && c.step > 0) steps.insert(c.step);
+    if (c.shards >= 1 && c.shards <= kMaxShards && c.step <= limit && c.step > 0) {
+      steps.insert({c.step, c.shards});
+    }
   }
-  for (int64_t step : steps) {
+  for (const auto& [step, shards] : steps) {
     // The best verified copy of each shard, and what was refused on the way.
     std::vector<std::optional<ShardCopy>> best(static_cast<size_t>(shards));
     std::vector<std::string> refused;
@@ -91,9 +97,14 @@ RestorePlan ChooseRestorePoint(const std::vector<ShardCopy>& copies, int shards,
 
 Status AssignLoaders(RestorePlan& plan, const std::map<std::string, std::vector<int>>& node_ranks) {
   std::map<std::string, size_t> next;
+  size_t world = 0;
+  for (const auto& [node, ranks] : node_ranks) world += ranks.size();
   for (RestoreSource& s : plan.sources) {
     if (s.copy.tier == Tier::kT2) {
-      s.loader_rank = s.copy.shard;
+      // Spread over the ranks there are: the step may have been saved by a
+      // larger world than the one restoring it.
+      if (world == 0) return Unavailable(s.copy.Describe() + ": no rank to load it");
+      s.loader_rank = static_cast<int>(static_cast<size_t>(s.copy.shard) % world);
       continue;
     }
     auto it = node_ranks.find(s.copy.node);

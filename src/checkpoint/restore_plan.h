@@ -55,9 +55,11 @@ struct RestorePlan {
 };
 
 // The newest step at or before `limit` with a verified copy of each of its
-// `shards` shards, each taken from its fastest tier. Copies saved with
-// another world size are ignored.
-RestorePlan ChooseRestorePoint(const std::vector<ShardCopy>& copies, int shards, int64_t limit);
+// shards, each taken from its fastest tier. A step has the shards of the
+// world that saved it (ShardCopy::shards), whatever the world that restores
+// it: every rank loads every shard (an elastic job saves with fewer ranks
+// after a shrink, and restores them with more after a regrow).
+RestorePlan ChooseRestorePoint(const std::vector<ShardCopy>& copies, int64_t limit);
 
 // Assigns each source a loader: for a memory copy, a rank of the node that
 // holds it (`node_ranks`: node -> its ranks in the new generation; spread

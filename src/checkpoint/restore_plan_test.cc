@@ -26,7 +26,7 @@ TEST(RestorePlanTest, NewestCompleteStepFromTheFastestTier) {
       Copy(43, 0, Tier::kT0, "node0"),  // shard 1 of step 43 was lost with its node
       Copy(40, 0, Tier::kT2, ""),      Copy(40, 1, Tier::kT2, ""),
   };
-  RestorePlan plan = ChooseRestorePoint(copies, 2, INT64_MAX);
+  RestorePlan plan = ChooseRestorePoint(copies, INT64_MAX);
   EXPECT_EQ(plan.step, 42);
   ASSERT_EQ(plan.sources.size(), 2u);
   EXPECT_EQ(plan.sources[0].copy.tier, Tier::kT0);
@@ -35,10 +35,10 @@ TEST(RestorePlanTest, NewestCompleteStepFromTheFastestTier) {
   ASSERT_EQ(plan.notes.size(), 1u);
   EXPECT_EQ(plan.notes[0], "step 43 incomplete: no verified copy of shard 1");
   // A rollback bound.
-  EXPECT_EQ(ChooseRestorePoint(copies, 2, 41).step, 40);
-  EXPECT_EQ(ChooseRestorePoint(copies, 2, 41).Summary(), "step 40 from T2 x2");
-  // Nothing complete: a fresh start; another world size does not count.
-  EXPECT_EQ(ChooseRestorePoint(copies, 3, INT64_MAX).Summary(), "fresh start");
+  EXPECT_EQ(ChooseRestorePoint(copies, 41).step, 40);
+  EXPECT_EQ(ChooseRestorePoint(copies, 41).Summary(), "step 40 from T2 x2");
+  // Nothing complete: a fresh start.
+  EXPECT_EQ(ChooseRestorePoint(copies, 39).Summary(), "fresh start");
 }
 
 TEST(RestorePlanTest, RefusedCopiesFallBackToAnotherTierOrAnOlderStep) {
@@ -47,7 +47,7 @@ TEST(RestorePlanTest, RefusedCopiesFallBackToAnotherTierOrAnOlderStep) {
       Copy(42, 0, Tier::kT1, "node1"),
       Copy(42, 1, Tier::kT0, "node1"),
   };
-  RestorePlan plan = ChooseRestorePoint(copies, 2, INT64_MAX);
+  RestorePlan plan = ChooseRestorePoint(copies, INT64_MAX);
   EXPECT_EQ(plan.step, 42);
   EXPECT_EQ(plan.sources[0].copy.tier, Tier::kT1);
   ASSERT_EQ(plan.notes.size(), 1u);
@@ -56,14 +56,14 @@ TEST(RestorePlanTest, RefusedCopiesFallBackToAnotherTierOrAnOlderStep) {
   copies[1].refused = "truncated";
   copies.push_back(Copy(41, 0, Tier::kT2, ""));
   copies.push_back(Copy(41, 1, Tier::kT2, ""));
-  plan = ChooseRestorePoint(copies, 2, INT64_MAX);
+  plan = ChooseRestorePoint(copies, INT64_MAX);
   EXPECT_EQ(plan.step, 41);
   EXPECT_EQ(plan.notes.back(), "step 42 incomplete: no verified copy of shard 0");
 }
 
 TEST(RestorePlanTest, LoadersAndJsonRoundTrip) {
   std::vector<ShardCopy> copies = {Copy(42, 0, Tier::kT0, "node0"), Copy(42, 1, Tier::kT2, "")};
-  RestorePlan plan = ChooseRestorePoint(copies, 2, INT64_MAX);
+  RestorePlan plan = ChooseRestorePoint(copies, INT64_MAX);
   ASSERT_TRUE(AssignLoaders(plan, {{"node0", {2, 3}}, {"node1", {0, 1}}}).ok());
   EXPECT_EQ(plan.sources[0].loader_rank, 2);
   EXPECT_EQ(plan.sources[1].loader_rank, 1);  // T2: the shard's own rank
@@ -83,12 +83,36 @@ TEST(RestorePlanTest, LoadersAndJsonRoundTrip) {
   }
 }
 
+// An elastic job: a step saved by a world of one (after a shrink) restores
+// into a world of two, and one saved by two into a world of one; each step
+// counts with its own shards, the newest complete one wins.
+TEST(RestorePlanTest, AStepRestoresIntoAWorldOfAnotherSize) {
+  ShardCopy alone = Copy(50, 0, Tier::kT2, "");
+  alone.shards = 1;
+  std::vector<ShardCopy> copies = {Copy(42, 0, Tier::kT2, ""), Copy(42, 1, Tier::kT2, ""), alone};
+  RestorePlan plan = ChooseRestorePoint(copies, INT64_MAX);
+  EXPECT_EQ(plan.Summary(), "step 50 from T2 x1");
+  ASSERT_TRUE(AssignLoaders(plan, {{"node0", {0}}, {"node1", {1}}}).ok());
+  EXPECT_EQ(plan.sources[0].loader_rank, 0);
+
+  plan = ChooseRestorePoint(copies, 49);
+  EXPECT_EQ(plan.Summary(), "step 42 from T2 x2");
+  ASSERT_TRUE(AssignLoaders(plan, {{"node1", {0}}}).ok());  // a world of one
+  EXPECT_EQ(plan.sources[0].loader_rank, 0);
+  EXPECT_EQ(plan.sources[1].loader_rank, 0);  // shard 1, and no rank 1 to load it
+  // A shard count no job has is no step at all.
+  ShardCopy absurd = Copy(60, 0, Tier::kT2, "");
+  absurd.shards = 1 << 30;
+  copies.push_back(absurd);
+  EXPECT_EQ(ChooseRestorePoint(copies, INT64_MAX).step, 50);
+}
+
 // Found by fuzz/client_env_fuzz.cc: a float where an integer belongs (1e22
 // read as bytes) was undefined behaviour; every field is now checked for type
 // and range, and the error names it.
 TEST(RestorePlanTest, MistypedOrOutOfRangeFieldsAreRefused) {
   std::vector<ShardCopy> copies = {Copy(42, 0, Tier::kT0, "node0"), Copy(42, 1, Tier::kT2, "")};
-  RestorePlan plan = ChooseRestorePoint(copies, 2, INT64_MAX);
+  RestorePlan plan = ChooseRestorePoint(copies, INT64_MAX);
   ASSERT_EQ(plan.sources.size(), 2u);
   ASSERT_TRUE(AssignLoaders(plan, {{"node0", {0, 1}}}).ok());
   const nlohmann::json good = RestorePlanToJson(plan);

@@ -35,7 +35,8 @@ void CheckpointCoordinator::OnMemory(uint64_t t0_bytes, uint64_t t1_bytes) {
 
 Status CheckpointCoordinator::OnPersisted(int64_t step, int shard, int shards,
                                           checkpoint::ShardEntry entry) {
-  if (shards != o_.world_size || step <= newest_commit_) return Status::Ok();
+  // A step has the shards of the world that saved it: fewer after a shrink.
+  if (shards < 1 || step <= newest_commit_) return Status::Ok();
   std::map<int, checkpoint::ShardEntry>& got = pending_[step];
   got[shard] = entry;
   if (static_cast<int>(got.size()) < shards) return Status::Ok();
@@ -145,7 +146,7 @@ RestorePlan CheckpointCoordinator::Plan(const std::vector<std::string>& members,
     // Durable copies are verified only once a plan would use them; one that
     // fails is refused and the choice is made again.
     for (;;) {
-      plan = checkpoint::ChooseRestorePoint(copies, o_.world_size, limit);
+      plan = checkpoint::ChooseRestorePoint(copies, limit);
       bool refused = false;
       for (const checkpoint::RestoreSource& s : plan.sources) {
         if (s.copy.tier != Tier::kT2) continue;

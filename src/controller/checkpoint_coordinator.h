@@ -35,7 +35,6 @@ namespace endure::controller {
 struct CoordinatorOptions {
   std::string dir;  // durable directory (T2), absolute
   int keep = 3;
-  int world_size = 1;
   int ranks_per_node = 1;
   uint64_t memory_budget = 0;  // bytes per node; 0: no limit
   int replicas = 1;

@@ -49,7 +49,6 @@ class CheckpointCoordinatorTest : public ::testing::Test {
     CoordinatorOptions o;
     o.dir = root_;
     o.keep = 2;
-    o.world_size = 2;
     o.ranks_per_node = 1;
     o.memory_budget = 1000;
     coordinator_.emplace(Env::Default(), o);
@@ -154,7 +153,6 @@ TEST(CheckpointRollback, AResumedJobRollsBackToTheEarlierRunsCheckpointAndKeepsI
   CoordinatorOptions o;
   o.dir = root;
   o.keep = 3;
-  o.world_size = 2;
   {
     CheckpointCoordinator earlier(Env::Default(), o);
     for (int64_t step : {10, 15, 20, 40}) PersistWith(earlier, root, step);
@@ -276,7 +274,6 @@ TEST_F(CheckpointCoordinatorTest, CommittingReadsNoShardBack) {
   CoordinatorOptions o;
   o.dir = root_;
   o.keep = 2;
-  o.world_size = 2;
   CheckpointCoordinator c(&env, o);
   for (int64_t step : {10, 20, 30}) PersistWith(c, root_, step, 2, 1 << 20);
   EXPECT_EQ(env.shard_reads, 0);  // was 2 per commit: Retain verified the newest step

@@ -46,7 +46,6 @@ CoordinatorOptions CoordinatorFor(const JobSpec& spec) {
   CoordinatorOptions o;
   o.dir = std::filesystem::absolute(spec.checkpoint.dir, ec).string();
   o.keep = spec.checkpoint.keep;
-  o.world_size = spec.world_size();
   o.ranks_per_node = spec.ranks_per_node;
   o.memory_budget = static_cast<uint64_t>(spec.checkpoint.memory_budget_bytes);
   o.replicas = spec.checkpoint.replicas;
@@ -899,10 +898,7 @@ void ControllerShell::RunOnce(bool block) {
 void ControllerShell::PrepareSpares() {
   const JobSpec& spec = o_.spec;
   if (!spec.recovery.warm_standby || machine_.phase() != core::JobPhase::kRunning) return;
-  std::set<NodeId> members;
-  for (int r = 0; r < spec.world_size(); r += spec.ranks_per_node) {
-    members.insert(machine_.NodeOfRank(core::Rank{r}));
-  }
+  const std::set<NodeId> members(machine_.members().begin(), machine_.members().end());
   const std::map<std::string, std::string> refused = machine_.RefusedNodes();
   for (NodeId n : machine_.NodesUp()) {
     if (members.count(n) > 0 || prepared_.count(n) > 0 || refused.count(machine_.NodeName(n))) {
@@ -976,7 +972,9 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
         port_origin = "picked on the controller's host: rank 0's node reported no free port";
       }
       proto::StartGeneration start;
-      start.set_world_size(spec.world_size());
+      // The generation's own: fewer ranks than the spec's when the job shrank.
+      const int world_size = static_cast<int>(a->nodes.size()) * spec.ranks_per_node;
+      start.set_world_size(world_size);
       start.set_master_addr(first ? first->host : "127.0.0.1");
       start.set_master_port(port);
       std::fprintf(stderr, "endure controller: generation %d: rendezvous at %s:%d (%s)\n",
@@ -1024,18 +1022,13 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
       if (store_) {
         Journal("generation " + std::to_string(a->generation.value),
                 store_->SaveGeneration({a->generation.value, Seconds(now - start_),
-                                        a->restore_step.value, spec.world_size(), names,
-                                        std::nullopt}));
+                                        a->restore_step.value, world_size, names, std::nullopt}));
       }
       // Log matches explain exits of their own generation only.
       std::erase_if(last_log_,
                     [&](const auto& entry) { return entry.first.first < a->generation.value; });
     } else if (const auto* a = std::get_if<core::StopGenerationAction>(&action)) {
-      std::vector<NodeId> members;
-      for (int r = 0; r < spec.world_size(); r += spec.ranks_per_node) {
-        members.push_back(machine_.NodeOfRank(core::Rank{r}));
-      }
-      for (NodeId n : members) {
+      for (NodeId n : machine_.members()) {
         if (a->dump_stacks) {
           proto::AgentCommand dump;
           dump.set_generation(a->generation.value);
@@ -1062,7 +1055,7 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
       NodeId target = a->node;
       if (a->fault.kind == faults::FaultKind::kCorruptT1) {
         // The replica of a node's shards lives on the next node of the generation.
-        const int nodes = spec.nodes;
+        const int nodes = static_cast<int>(machine_.members().size());
         const int i = a->fault.rank.value / spec.ranks_per_node;
         target = machine_.NodeOfRank(core::Rank{((i + 1) % nodes) * spec.ranks_per_node});
       }

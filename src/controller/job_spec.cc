@@ -332,6 +332,11 @@ Status SpecParser::Parse(std::string_view text, JobSpec& spec) {
   if (const toml::table* t = root["recovery"].as_table()) {
     ENDURE_RETURN_IF_ERROR(ParseRecovery(*t, spec));
   }
+  if (spec.min_nodes > 0 && !spec.recovery.in_process) {
+    return Error(lines_["job.min_nodes"], "job.min_nodes",
+                 "a job shrinks and grows back in process: it needs [recovery] in_process = "
+                 "true");
+  }
   if (const toml::table* t = root["control_plane"].as_table()) {
     ENDURE_RETURN_IF_ERROR(ParseControlPlane(*t, spec));
   }
@@ -402,6 +407,12 @@ Status SpecParser::ParseJob(const toml::table& t, JobSpec& spec) {
         [&](const toml::node& v, const std::string& key) -> Status {
           ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1, kMaxNodes));
           spec.nodes = static_cast<int>(n);
+          return Status::Ok();
+        }},
+       {"min_nodes",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1, kMaxNodes));
+          spec.min_nodes = static_cast<int>(n);
           return Status::Ok();
         }},
        {"spares",
@@ -482,6 +493,12 @@ Status SpecParser::ParseJob(const toml::table& t, JobSpec& spec) {
                  "the world size nodes x ranks_per_node = " + std::to_string(spec.nodes) + " x " +
                      std::to_string(spec.ranks_per_node) + " = " + std::to_string(world) +
                      " is more than " + std::to_string(kMaxWorldSize) + " ranks");
+  }
+  if (spec.min_nodes > spec.nodes) {
+    return Error(lines_["job.min_nodes"], "job.min_nodes",
+                 "must be at most nodes = " + std::to_string(spec.nodes) + ", got " +
+                     std::to_string(spec.min_nodes) +
+                     " (the fewest nodes the job goes on with after losing some)");
   }
   return Status::Ok();
 }
@@ -1014,6 +1031,7 @@ core::JobMachineOptions MachineOptions(const JobSpec& spec) {
   core::JobMachineOptions o;
   o.nodes = spec.nodes;
   o.ranks_per_node = spec.ranks_per_node;
+  o.min_nodes = spec.min_nodes;
   const DetectionSpec& d = spec.detection;
   o.hang.floor = d.hang_timeout_floor;
   o.heartbeat.timeout = d.heartbeat_timeout;

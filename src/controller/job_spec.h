@@ -182,6 +182,10 @@ struct JobSpec {
   // register, pass the health check and (with warm_standby) keep standby
   // workers, so that a lost node's ranks move to one at once.
   int spares = 0;
+  // Elastic: with nodes lost and no spare for them, the job goes on with as
+  // few as this many nodes (the same global batch, more micro-batches per
+  // rank) and grows back as nodes return. 0: it needs all `nodes`.
+  int min_nodes = 0;
   std::string state_dir;                   // as written: relative to the current directory
   std::map<std::string, std::string> env;  // extra worker environment
   std::string listen = "127.0.0.1:0";      // controller gRPC address

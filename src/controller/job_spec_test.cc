@@ -77,6 +77,23 @@ TEST(JobSpec, SparesInProcessAndNodeLossShare) {
                 "from 0 to 1"));
 }
 
+TEST(JobSpec, MinNodesMakesTheJobElasticDownToIt) {
+  Result<JobSpec> plain = ParseJobSpec(kMinimal, "job.toml");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(MachineOptions(*plain).min_nodes, 0);
+  Result<JobSpec> set =
+      ParseJobSpec(std::string(kMinimal) + "nodes = 4\nmin_nodes = 2\n", "job.toml");
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(MachineOptions(*set).min_nodes, 2);
+  EXPECT_TRUE(MachineOptions(*set).Validate().ok());
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "nodes = 2\nmin_nodes = 3\n"),
+              HasSubstr("job.toml:6: key 'job.min_nodes': must be at most nodes = 2, got 3"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "min_nodes = 0\n"), HasSubstr("key 'job.min_nodes'"));
+  EXPECT_THAT(ErrorOf(std::string(kMinimal) + "nodes = 2\nmin_nodes = 1\n[recovery]\n"
+                                              "in_process = false\n"),
+              HasSubstr("key 'job.min_nodes': a job shrinks and grows back in process"));
+}
+
 TEST(JobSpec, TlsIsABoolOffByDefault) {
   Result<JobSpec> plain = ParseJobSpec(kMinimal, "job.toml");
   ASSERT_TRUE(plain.ok()) << plain.status().ToString();

@@ -208,6 +208,17 @@ Json BuildReport(const ReportInputs& in) {
                           {"reason", s.reason}});
   }
   report["stragglers"] = std::move(stragglers);
+  // A shrunk job growing back (the shrink itself is an incident's route).
+  Json resizes = Json::array();
+  for (const core::Resize& z : m.resizes()) {
+    resizes.push_back({{"generation", z.generation.value},
+                       {"at_s", Seconds(z.at - in.start)},
+                       {"step", z.step.value},
+                       {"from_nodes", z.from_nodes},
+                       {"to_nodes", z.to_nodes},
+                       {"reason", z.reason}});
+  }
+  report["resizes"] = std::move(resizes);
   AddAccounting(report, ledger_s, wall_s, m.incidents(), in.start);
   for (Json& inc : report["incidents"]) {
     auto it = in.recurrences.find(inc.value("id", -1));
@@ -434,6 +445,14 @@ std::string RenderRunReport(const Json& r) {
     out << "\nStragglers kept (training went on): " << stragglers.size() << "\n";
     for (const Json& s : stragglers) {
       out << "  step " << Str(s.value("step", Json())) << ": " << Str(s.value("reason", Json()))
+          << "\n";
+    }
+  }
+  const Json resizes = r.value("resizes", Json::array());
+  if (!resizes.empty()) {
+    out << "\nResized (no failure): " << resizes.size() << "\n";
+    for (const Json& z : resizes) {
+      out << "  at " << Secs(z.value("at_s", Json())) << ": " << Str(z.value("reason", Json()))
           << "\n";
     }
   }

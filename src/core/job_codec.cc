@@ -98,8 +98,8 @@ void Fields(Tick&, F&) {}
 template <typename F>
 void Fields(Configure& c, F& f) {
   JobMachineOptions& o = c.options;
-  f("nodes", o.nodes), f("ranks_per_node", o.ranks_per_node), f("hang.floor", o.hang.floor),
-      f("hang.k", o.hang.k), f("hang.window", o.hang.window),
+  f("nodes", o.nodes), f("ranks_per_node", o.ranks_per_node), f("min_nodes", o.min_nodes),
+      f("hang.floor", o.hang.floor), f("hang.k", o.hang.k), f("hang.window", o.hang.window),
       f("hang.min_samples", o.hang.min_samples), f("hang.startup_timeout", o.hang.startup_timeout),
       f("hang.phase_first_timeout", o.hang.phase_first_timeout),
       f("heartbeat.timeout", o.heartbeat.timeout),
@@ -404,6 +404,7 @@ Result<std::vector<Token>> Tokenize(std::string_view s, size_t i) {
 
 // Fields that lines written before them lack (schema 4, issue 12).
 const std::set<std::string_view> kAddedFields = {"rejoin",      // issue 14
+                                                 "min_nodes",   // issue 14
                                                  "in_process",  // issue 14
                                                  "refused",
                                                  "compute_s",

@@ -51,6 +51,9 @@ Status IsolationOptions::Validate() const {
 Status JobMachineOptions::Validate() const {
   if (nodes < 1) return InvalidArgument("nodes must be at least 1");
   if (ranks_per_node < 1) return InvalidArgument("ranks_per_node must be at least 1");
+  if (min_nodes < 0 || min_nodes > nodes) {
+    return InvalidArgument("min_nodes must be in [0, nodes] (0: no shrink)");
+  }
   if (first_generation.value < 0) {
     return InvalidArgument("first_generation must not be negative");
   }
@@ -423,6 +426,8 @@ void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobActio
     }
   }
   FireDueFaults(now, out);
+  // A step every rank completed: the moment for a shrunk job to grow back.
+  if (e.step == job_step_) MaybeGrow(now, out);
 }
 
 void JobMachine::OnWorkerExit(const WorkerExitEvent& e, TimePoint now,
@@ -729,10 +734,17 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     for (NodeId n : evict) EvictNode(n, incidents_.back().reason, out);
     for (NodeId& n : next) {
       if (nodes_[n].up) continue;
-      ENDURE_CHECK(!spares.empty());  // ChooseRoute chose a spare only with one
+      if (spares.empty()) {
+        // ChooseRoute shrinks only down to min_nodes, and moves to a spare
+        // only with one.
+        ENDURE_CHECK(route->route == RecoveryRoute::kShrink);
+        n = NodeId{};
+        continue;
+      }
       n = spares.front();
       spares.erase(spares.begin());
     }
+    std::erase_if(next, [](NodeId n) { return !n.valid(); });
     incidents_.back().stopped_at = now;  // nothing to stop
     StartGeneration(std::move(next), /*rejoin=*/true, now, out);
     return;
@@ -765,7 +777,11 @@ void JobMachine::MaybeStart(TimePoint now, std::vector<JobAction>& out) {
   if (phase_ != JobPhase::kWaitingForNodes && phase_ != JobPhase::kWaiting) return;
   if (wait_until_ && now < *wait_until_) return;
   std::vector<NodeId> nodes = HealthyNodes();
-  if (static_cast<int>(nodes.size()) < options_.nodes) {
+  // A restart of an elastic job goes on with the nodes it has, down to
+  // min_nodes, and grows back later; its first generation waits for all.
+  const int needed =
+      phase_ == JobPhase::kWaiting && options_.min_nodes > 0 ? options_.min_nodes : options_.nodes;
+  if (static_cast<int>(nodes.size()) < needed) {
     // Waiting for a replacement node (or the first registrations: a job
     // that never had its nodes has lost nothing yet and waits as long as
     // the scheduler makes it).
@@ -784,8 +800,35 @@ void JobMachine::MaybeStart(TimePoint now, std::vector<JobAction>& out) {
            now, out);
     return;
   }
-  nodes.resize(options_.nodes);
+  nodes.resize(std::min<size_t>(nodes.size(), options_.nodes));
   StartGeneration(std::move(nodes), /*rejoin=*/false, now, out);
+}
+
+void JobMachine::MaybeGrow(TimePoint now, std::vector<JobAction>& out) {
+  const int have = static_cast<int>(members_.size());
+  if (phase_ != JobPhase::kRunning || !productive_ || have >= options_.nodes) return;
+  if (!options_.in_process || incident_open_) return;
+  // Every rank must keep its process and state across the change.
+  for (int r = 0; r < world_size(); ++r) {
+    if (!rank_ready_[r] || !rank_rejoins_[r] || rank_done_[r]) return;
+  }
+  std::vector<NodeId> next = members_;
+  std::string added;
+  for (NodeId n : HealthyNodes()) {
+    if (static_cast<int>(next.size()) >= options_.nodes) break;
+    if (std::find(members_.begin(), members_.end(), n) != members_.end()) continue;
+    next.push_back(n);
+    added += (added.empty() ? "" : ", ") + NodeName(n);
+  }
+  if (static_cast<int>(next.size()) == have) return;
+  const int to = static_cast<int>(next.size());
+  resizes_.push_back(Resize{generation_.Next(), now, have, to, job_step_,
+                            "grew from " + std::to_string(have) + " to " + std::to_string(to) +
+                                " of " + std::to_string(options_.nodes) +
+                                " nodes in process at step " + std::to_string(job_step_.value) +
+                                ": " + added + " joined and took the state from a peer"});
+  ledger_.Commit(now);
+  StartGeneration(std::move(next), /*rejoin=*/true, now, out);
 }
 
 RouteFacts JobMachine::FactsFor(const Failure& failure, RecoveryAction action,
@@ -800,6 +843,8 @@ RouteFacts JobMachine::FactsFor(const Failure& failure, RecoveryAction action,
                members_.size() >= 2;
   f.productive = productive_;
   f.world_size = world_size();
+  f.nodes = static_cast<int>(members_.size());
+  f.min_nodes = options_.min_nodes;
   auto leaves = [&](NodeId node) {
     auto it = nodes_.find(node);
     return std::find(evict.begin(), evict.end(), node) != evict.end() || it == nodes_.end() ||

@@ -74,6 +74,11 @@ struct IsolationOptions {
 struct JobMachineOptions {
   int nodes = 1;           // nodes a generation needs
   int ranks_per_node = 1;  // ranks each node runs
+  // Elastic: the fewest nodes the job goes on with when nodes leave and no
+  // spare takes their place (RecoveryRoute kShrink); it grows back to
+  // `nodes`, in process, as healthy nodes register. 0: every generation
+  // needs `nodes` ([job] min_nodes).
+  int min_nodes = 0;
   HangDetectorOptions hang;
   HeartbeatMonitorOptions heartbeat;  // agents silent this long are lost
   LossAnomalyOptions loss;
@@ -310,6 +315,16 @@ using JobAction =
     std::variant<StartGenerationAction, StopGenerationAction, EvictNodeAction, InjectFaultAction,
                  FinishAction, StrikeNodeAction, RunPairTestAction>;
 
+// The job changed size without a failure: a shrunk job grew back, in
+// process, when healthy nodes registered (a shrink is an incident's route).
+struct Resize {
+  Generation generation;  // the generation it started
+  TimePoint at;
+  int from_nodes = 0, to_nodes = 0;
+  StepNumber step;  // the job's step when it grew
+  std::string reason;
+};
+
 // One failure and what was done about it. Times are on the controller clock.
 struct Incident {
   int id = 0;
@@ -391,6 +406,10 @@ class JobMachine {
   double last_loss() const { return last_loss_; }
   const std::vector<Incident>& incidents() const { return incidents_; }
   const std::vector<StragglerReport>& stragglers() const { return stragglers_kept_; }
+  const std::vector<Resize>& resizes() const { return resizes_; }
+  // The nodes of the current generation, in rank order (node i runs ranks
+  // [i * ranks_per_node, (i+1) * ranks_per_node)).
+  const std::vector<NodeId>& members() const { return members_; }
   const EttrLedger& ledger() const { return ledger_; }
   const std::vector<StepNumber>& checkpoints() const { return checkpoints_; }
   const std::set<std::string>& fired_faults() const { return fired_; }
@@ -490,6 +509,9 @@ class JobMachine {
   // kStopping: every member confirmed the stop; on to kWaiting.
   void Stopped(TimePoint now, std::vector<JobAction>& out);
   void MaybeStart(TimePoint now, std::vector<JobAction>& out);
+  // kRunning, at a step every rank completed: a shrunk job grows back onto
+  // healthy nodes outside the generation, in process.
+  void MaybeGrow(TimePoint now, std::vector<JobAction>& out);
   // Starts generation g+1 on `nodes` (the members, in rank order); `rejoin`:
   // in process (StartGenerationAction::rejoin).
   void StartGeneration(std::vector<NodeId> nodes, bool rejoin, TimePoint now,
@@ -501,7 +523,8 @@ class JobMachine {
   void Finish(int code, std::string reason, TimePoint now, std::vector<JobAction>& out);
   std::vector<NodeId> HealthyNodes() const;
   Incident* OpenIncident();
-  int world_size() const { return options_.nodes * options_.ranks_per_node; }
+  // The current generation's ranks (fewer than the job's when it shrank).
+  int world_size() const { return static_cast<int>(members_.size()) * options_.ranks_per_node; }
 
   bool configured_ = false;  // a Configure came: the other inputs count
   JobMachineOptions options_;
@@ -553,6 +576,7 @@ class JobMachine {
   std::optional<SdcRecompute> sdc_recompute_;
   StragglerDetector stragglers_;
   std::vector<StragglerReport> stragglers_kept_;
+  std::vector<Resize> resizes_;
   SdcChecker sdc_;
   std::vector<std::pair<Rank, std::string>> stacks_;  // of the current generation's hang
   std::deque<Duration> step_times_;                   // the job's recent step intervals

@@ -243,6 +243,7 @@ Status ApplyOption(const std::string& key, const std::string& v, JobMachineOptio
   const std::map<std::string, Setter> setters = {
       {"nodes", [&](auto s) { return SetInt(o.nodes, s); }},
       {"ranks_per_node", [&](auto s) { return SetInt(o.ranks_per_node, s); }},
+      {"min_nodes", [&](auto s) { return SetInt(o.min_nodes, s); }},
       {"first_generation", [&](auto s) { return SetInt(o.first_generation.value, s); }},
       {"replacement_timeout", [&](auto s) { return SetDuration(o.replacement_timeout, s); }},
       {"detect_loss_anomalies", [&](auto s) { return SetBool(o.detect_loss_anomalies, s); }},
@@ -318,7 +319,6 @@ class Scenario {
         if (t == "---") {
           if (Status st = options.Validate(); !st.ok()) return fail(st);
           machine_.emplace(options, faults, At(Duration(0)));
-          world_ = options.nodes * options.ranks_per_node;
           ranks_per_node_ = options.ranks_per_node;
           header = false;
           continue;
@@ -366,11 +366,9 @@ class Scenario {
   }
 
   // The nodes of the current generation, in rank order.
-  std::vector<NodeId> Members() {
-    std::vector<NodeId> out;
-    for (int r = 0; r < world_; r += ranks_per_node_) out.push_back(m().NodeOfRank(Rank{r}));
-    return out;
-  }
+  std::vector<NodeId> Members() { return m().members(); }
+  // Its ranks: fewer than the job's after a shrink.
+  int World() { return static_cast<int>(m().members().size()) * ranks_per_node_; }
 
   Status Ready(const std::vector<std::string>& w) {
     if (w.size() < 2) {
@@ -389,7 +387,7 @@ class Scenario {
       rejoin = v == "true";
     }
     const Generation gen = m().generation();
-    for (int r = 0; r < world_; ++r)
+    for (int r = 0; r < World(); ++r)
       Feed(WorkerReady{gen, Rank{r}, StepNumber{*start}, restore_s, rejoin}, false);
     return Status::Ok();
   }
@@ -436,7 +434,7 @@ class Scenario {
       if (m().phase() != JobPhase::kRunning || m().generation() != gen) break;
       now_ns_ += *dt;
       for (NodeId n : Members()) Feed(NodeHeartbeat{n}, true);
-      for (int r = 0; r < world_; ++r) {
+      for (int r = 0; r < World(); ++r) {
         const bool ckpt = r == 0 && every > 0 && s % every == 0;
         Feed(StepEnd{gen, Rank{r}, StepNumber{s}, loss, 0, StepNumber{ckpt ? s : -1}, false}, true);
       }
@@ -518,7 +516,7 @@ class Scenario {
 
   std::optional<JobMachine> machine_;
   int64_t now_ns_ = 0;
-  int world_ = 0, ranks_per_node_ = 1;
+  int ranks_per_node_ = 1;
   std::string out_;
   std::vector<std::string> incident_lines_;
 };

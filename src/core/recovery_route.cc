@@ -1,14 +1,16 @@
 #include "core/recovery_route.h"
 
+#include <algorithm>
 #include <array>
 #include <utility>
 
 namespace endure::core {
 namespace {
 
-constexpr std::array<std::pair<RecoveryRoute, std::string_view>, 3> kNames = {{
+constexpr std::array<std::pair<RecoveryRoute, std::string_view>, 4> kNames = {{
     {RecoveryRoute::kInProcess, "in_process"},
     {RecoveryRoute::kSpare, "spare"},
+    {RecoveryRoute::kShrink, "shrink"},
     {RecoveryRoute::kFullRestart, "full_restart"},
 }};
 
@@ -30,7 +32,7 @@ Result<RecoveryRoute> ParseRecoveryRoute(std::string_view name) {
     if (n == name) return r;
   }
   return InvalidArgument("unknown recovery route '" + std::string(name) +
-                         "' (in_process, spare, full_restart)");
+                         "' (in_process, spare, shrink, full_restart)");
 }
 
 RouteDecision ChooseRoute(const RouteFacts& f) {
@@ -46,13 +48,21 @@ RouteDecision ChooseRoute(const RouteFacts& f) {
         "the generation had not completed a step: its ranks hold nothing beyond the "
         "checkpoint they restored");
   }
-  if (f.action == RecoveryAction::kWaitForRepair) {
+  const bool moves = f.nodes_to_replace > 0;
+  const bool short_of_spares = moves && f.spares_available < f.nodes_to_replace;
+  // Without enough spares, the nodes left (and the spares there are).
+  const int left = f.nodes - f.nodes_to_replace + std::min(f.spares_available, f.nodes_to_replace);
+  const bool shrink = short_of_spares && f.min_nodes > 0 && left >= f.min_nodes;
+  if (f.action == RecoveryAction::kWaitForRepair && !shrink) {
     return Full("the job waits for a repair before it restarts");
   }
-  const bool moves = f.nodes_to_replace > 0;
-  if (moves && f.spares_available < f.nodes_to_replace) {
+  if (short_of_spares && !shrink) {
     return Full(std::to_string(f.spares_available) + " spare nodes ready for the " +
-                std::to_string(f.nodes_to_replace) + " that leave");
+                std::to_string(f.nodes_to_replace) + " that leave" +
+                (f.min_nodes > 0
+                     ? ", and " + std::to_string(left) +
+                           " nodes are fewer than [job] min_nodes = " + std::to_string(f.min_nodes)
+                     : std::string(" (set [job] min_nodes to go on with fewer)")));
   }
   const int survivors = f.world_size - f.failed_ranks;
   if (survivors <= 0) return Full("no rank kept its process to hold the state");
@@ -63,6 +73,14 @@ RouteDecision ChooseRoute(const RouteFacts& f) {
   }
   const std::string kept = std::to_string(survivors) + " of " + std::to_string(f.world_size) +
                            " ranks keep their process and state; ";
+  if (shrink) {
+    return {RecoveryRoute::kShrink,
+            "shrink: " + kept + "the job goes on with " + std::to_string(left) + " of " +
+                std::to_string(f.nodes) +
+                " nodes and the same global batch (more micro-batches per rank), " +
+                (f.spares_available > 0 ? "a spare taking what it can, " : std::string()) +
+                "and grows back when a node returns"};
+  }
   if (moves) {
     return {RecoveryRoute::kSpare,
             "spare node: " + kept + "the ranks of the " +

@@ -9,6 +9,13 @@
 //                 step in flight is lost.
 //   spare         the same, when the failed node is evicted: its ranks move
 //                 to a healthy spare node and take the state from a peer.
+//   shrink        the same, when nodes leave and there are not enough
+//                 spares to take their places: the job goes on with fewer
+//                 data-parallel ranks and the same global batch (each rank
+//                 runs more micro-batches), down to [job] min_nodes; it grows
+//                 back, in process, when a node returns. The gradient sums do
+//                 not depend on the world size (trainer/exact_sum.h), so the
+//                 parameters are those of a run that never shrank.
 //   full_restart  every worker stops; generation g+1 starts all of them
 //                 and restores the newest checkpoint that verifies in the
 //                 tiers (T0/T1/T2).
@@ -25,9 +32,9 @@
 
 namespace endure::core {
 
-enum class RecoveryRoute { kInProcess, kSpare, kFullRestart };
+enum class RecoveryRoute { kInProcess, kSpare, kShrink, kFullRestart };
 
-// "in_process", "spare", "full_restart".
+// "in_process", "spare", "shrink", "full_restart".
 std::string_view RecoveryRouteName(RecoveryRoute route);
 Result<RecoveryRoute> ParseRecoveryRoute(std::string_view name);
 
@@ -58,6 +65,10 @@ struct RouteFacts {
   int survivors_rejoining = 0;
   int first_not_rejoining = -1;
   int spares_available = 0;  // healthy nodes outside the generation
+  int nodes = 1;             // the generation's nodes
+  // The fewest nodes the job may go on with ([job] min_nodes); 0: it needs
+  // every node it was given (no shrink).
+  int min_nodes = 0;
 };
 
 struct RouteDecision {

@@ -35,6 +35,56 @@ TEST(RecoveryRoute, AnEvictedNodeMovesToASpareOnlyWhenOneIsReady) {
       << d.reason;
 }
 
+// Four nodes of one rank each; node 3 is lost and no spare is ready.
+RouteFacts ANodeLostWithoutASpare() {
+  RouteFacts f = OneRankKilled();
+  f.action = RecoveryAction::kWaitForRepair;
+  f.nodes = 4;
+  f.nodes_to_replace = 1;
+  f.spares_available = 0;
+  return f;
+}
+
+TEST(RecoveryRoute, WithoutASpareAnElasticJobShrinksDownToItsMinimum) {
+  RouteFacts f = ANodeLostWithoutASpare();
+  RouteDecision fixed = ChooseRoute(f);  // min_nodes 0: it needs every node
+  EXPECT_EQ(fixed.route, RecoveryRoute::kFullRestart);
+  EXPECT_NE(fixed.reason.find("repair"), std::string::npos) << fixed.reason;
+
+  f.min_nodes = 3;
+  RouteDecision d = ChooseRoute(f);
+  EXPECT_EQ(d.route, RecoveryRoute::kShrink);
+  EXPECT_NE(d.reason.find("goes on with 3 of 4 nodes"), std::string::npos) << d.reason;
+  EXPECT_NE(d.reason.find("grows back"), std::string::npos) << d.reason;
+
+  f.nodes_to_replace = 2;  // two lost: 2 left, below the minimum
+  f.failed_ranks = 2;
+  f.survivors_rejoining = 2;
+  f.action = RecoveryAction::kReplaceWithSpare;
+  d = ChooseRoute(f);
+  EXPECT_EQ(d.route, RecoveryRoute::kFullRestart);
+  EXPECT_NE(d.reason.find("2 nodes are fewer than [job] min_nodes = 3"), std::string::npos)
+      << d.reason;
+  f.spares_available = 1;  // one spare: 3 nodes, one of them the spare
+  d = ChooseRoute(f);
+  EXPECT_EQ(d.route, RecoveryRoute::kShrink);
+  EXPECT_NE(d.reason.find("3 of 4 nodes"), std::string::npos) << d.reason;
+  f.spares_available = 2;  // enough spares: no shrink
+  EXPECT_EQ(ChooseRoute(f).route, RecoveryRoute::kSpare);
+}
+
+TEST(RecoveryRoute, AShrinkStillNeedsEverySurvivorToRejoin) {
+  RouteFacts f = ANodeLostWithoutASpare();
+  f.min_nodes = 1;
+  f.survivors_rejoining = 2;
+  f.first_not_rejoining = 1;
+  RouteDecision d = ChooseRoute(f);
+  EXPECT_EQ(d.route, RecoveryRoute::kFullRestart);
+  EXPECT_NE(d.reason.find("rank 1 cannot rejoin"), std::string::npos) << d.reason;
+  EXPECT_EQ(ParseRecoveryRoute("shrink").value(), RecoveryRoute::kShrink);
+  EXPECT_EQ(RecoveryRouteName(RecoveryRoute::kShrink), "shrink");
+}
+
 TEST(RecoveryRoute, EachReasonToRestartFromTheTiersSaysWhy) {
   struct Case {
     const char* name;
