@@ -567,6 +567,8 @@ class Run {
     facts.hang = c_.causes[f.cause].name == "hang";
     facts.world_size = static_cast<int>(std::min<int64_t>(c_.nodes * c_.gpus_per_node, 1 << 30));
     facts.failed_ranks = static_cast<int>(c_.gpus_per_node);
+    facts.nodes = static_cast<int>(std::min<int64_t>(c_.nodes, 1 << 30));
+    // min_nodes stays 0: the simulator does not model a shrunk job yet.
     const bool leaves = d.action == RecoveryAction::kReplaceWithSpare ||
                         d.action == RecoveryAction::kEvictAndWaitForRepair;
     facts.nodes_to_replace = leaves ? 1 : 0;
