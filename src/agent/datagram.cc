@@ -151,11 +151,11 @@ bool IsFingerprint(std::string_view s) {
          });
 }
 
-// Whether `path` names one of `rank`'s two T0 slots in `t0_dir`.
+// Whether `path` names one of `rank`'s T0 slots in `t0_dir`.
 bool IsOwnSlot(const std::string& path, const std::string& t0_dir, int rank) {
   if (path.find('\0') != std::string::npos) return false;
   const std::filesystem::path p = std::filesystem::path(path).lexically_normal();
-  for (int slot = 0; slot < 2; ++slot) {
+  for (int slot = 0; slot < checkpoint::kT0Slots; ++slot) {
     if (p == std::filesystem::path(checkpoint::SlotPath(t0_dir, rank, slot)).lexically_normal()) {
       return true;
     }

@@ -273,6 +273,7 @@ TEST(ParseDatagram, ASnapshotPathMustBeOneOfTheSendersOwnSlots) {
   const std::string accepted[] = {
       checkpoint::SlotPath(t0, 1, 0),
       checkpoint::SlotPath(t0, 1, 1),
+      checkpoint::SlotPath(t0, 1, checkpoint::kT0Slots - 1),
       t0 + "/./rank-1.slot-0",
       t0 + "/../t0/rank-1.slot-1",
   };
@@ -285,7 +286,7 @@ TEST(ParseDatagram, ASnapshotPathMustBeOneOfTheSendersOwnSlots) {
       "/etc/passwd",
       t0 + "/../../../etc/passwd",
       checkpoint::SlotPath(t0, 0, 0),  // another rank's slot
-      t0 + "/rank-1.slot-2",
+      checkpoint::SlotPath(t0, 1, checkpoint::kT0Slots),  // no such slot
       t0,
       "rank-1.slot-0",
       checkpoint::SlotPath(t0, 1, 0) + std::string("\0x", 2),

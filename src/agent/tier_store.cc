@@ -1,6 +1,7 @@
 // The node's checkpoint tiers: T0 slots, T1 replicas, persistence to T2.
 #include "agent/tier_store.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
@@ -52,14 +53,23 @@ uint64_t FileSize(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
 }
 
-// Checkpoint work yields the CPU to training: the calling thread runs at
-// `nice` (a thread's own priority on Linux). On a node with spare cores that
-// changes nothing; on a busy one training comes first. Nice 10 is about a
-// tenth of a core's share when contended: enough for the copy a worker may
-// wait for, and for replication to keep up (at nice 19 replicas fell several
-// steps behind on 2 busy cores).
-void YieldToTraining(int nice) {
-  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), nice);
+// Checkpoint work runs on CPU that training leaves idle: the calling thread
+// takes SCHED_IDLE, which the kernel runs when nothing else wants the core
+// (and, under full load, at about 0.3% of a core's share, so it is never
+// starved outright). On a node with spare cores, a GPU node's, that changes
+// nothing; on one whose cores training keeps busy, the replica work waits for
+// the gaps training leaves (an allreduce's wait, a step's end). Measured on
+// 2 busy cores (bench/recovery_bench.py): at nice 10 every-step replication
+// cost 4% of tokens/s, in idle time nothing measurable, and it still kept
+// up with every step. Where it falls behind, the worker never waits for it
+// (three T0 slots): a replica is older, and a restore after a node loss may
+// take an older step. Unprivileged, a thread cannot leave SCHED_IDLE again:
+// it is set once, on the store's own threads. Without SCHED_IDLE (a sandbox
+// that refuses it), nice 19.
+void RunOnIdleCpu() {
+  sched_param none{};
+  if (sched_setscheduler(0, SCHED_IDLE, &none) == 0) return;
+  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
 }
 
 // The name TierStore gives its shared memory: "endure-PID-NODE".
@@ -146,12 +156,11 @@ Result<std::unique_ptr<TierStore>> TierStore::Start(TierStoreOptions options,
   ENDURE_ASSIGN_OR_RETURN(s->server_,
                           checkpoint::ReplicaServer::Start(
                               s->o_.host, 0, s->o_.token, ReplicaLimit(TierConfig{}),
-                              [self](const checkpoint::ReplicaHeader& h, std::string payload) {
-                                self->KeepReplica(h, std::move(payload));
+                              [self](const checkpoint::ReplicaHeader& h) {
+                                return self->OpenReplica(h);
                               },
                               s->o_.tls));
-  s->copier_ = std::thread(&TierStore::CopyLoop, self);
-  s->sender_ = std::thread(&TierStore::SendLoop, self);
+  s->replicator_ = std::thread(&TierStore::ReplicateLoop, self);
   return s;
 }
 
@@ -162,8 +171,7 @@ TierStore::~TierStore() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (copier_.joinable()) copier_.join();
-  if (sender_.joinable()) sender_.join();
+  if (replicator_.joinable()) replicator_.join();
   server_.reset();
   if (cancel_fd_ >= 0) ::close(cancel_fd_);
   WarnOnError(o_.node, Env::Default()->RemoveAll(o_.shm_dir));
@@ -211,7 +219,7 @@ void TierStore::Configure(const TierConfig& config, int64_t discard_after) {
     Result<std::unique_ptr<SnapshotFile>> f = SnapshotFile::Open(path);
     if (f.ok() && (*f)->info().step > discard_after) (*f)->Invalidate();
   }
-  // Not under mu_: KeepReplica takes t1_mu_, then mu_.
+  // Not under mu_: OpenReplica takes t1_mu_, then mu_.
   std::lock_guard<std::mutex> t1(t1_mu_);
   for (const std::string& path : SnapshotPaths(JoinPath(o_.shm_dir, "t1"))) {
     Result<std::unique_ptr<SnapshotFile>> f = SnapshotFile::Open(path);
@@ -228,7 +236,7 @@ TierConfig TierStore::config() const {
 void TierStore::Notify(SnapshotNotice notice) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // CopyLoop would skip all but the newest notice of a rank anyway.
+    // ReplicateLoop would skip all but the newest notice of a rank anyway.
     auto same = std::find_if(queue_.begin(), queue_.end(),
                              [&](const SnapshotNotice& q) { return q.rank == notice.rank; });
     if (same == queue_.end()) {
@@ -247,89 +255,56 @@ size_t TierStore::pending_notices() const {
 
 void TierStore::Drain() {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return (queue_.empty() && !copying_ && !job_ && !sending_) || stop_; });
+  cv_.wait(lock, [&] { return (queue_.empty() && !busy_) || stop_; });
 }
 
 bool TierStore::DrainUntil(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_until(
-      lock, deadline, [&] { return (queue_.empty() && !copying_ && !job_ && !sending_) || stop_; });
+  return cv_.wait_until(lock, deadline, [&] { return (queue_.empty() && !busy_) || stop_; });
 }
 
-void TierStore::CopyLoop() {
-  YieldToTraining(10);
+void TierStore::ReplicateLoop() {
+  RunOnIdleCpu();
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    // Copied as soon as it is announced, well before the worker needs the
-    // slot again; a copy the sender has not taken yet is replaced by a newer.
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (stop_) return;
     SnapshotNotice n = std::move(queue_.front());
     queue_.pop_front();
-    // Only the newest snapshot of a rank matters: older queued ones are
-    // skipped when the worker is ahead of replication.
-    bool newer_queued = std::any_of(queue_.begin(), queue_.end(), [&](const SnapshotNotice& q) {
-      return q.rank == n.rank && q.step > n.step;
-    });
-    if (newer_queued) continue;
-    copying_ = true;
+    busy_ = true;
     lock.unlock();
-    std::optional<Job> job = CopyOut(n);
+    Replicate(n);
     lock.lock();
-    copying_ = false;
-    if (job) job_ = std::move(job);
+    busy_ = false;
     cv_.notify_all();
   }
 }
 
-std::optional<TierStore::Job> TierStore::CopyOut(const SnapshotNotice& n) {
-  // Pinned only for this copy, on a thread that training does not starve
-  // (nice 10): the worker may need the slot again one step from now.
+void TierStore::Replicate(const SnapshotNotice& n) {
+  // Read in place, pinned for as long as it takes: the worker writes its
+  // next snapshots into its other slots meanwhile (kT0Slots).
   Result<std::unique_ptr<SnapshotFile>> f = SnapshotFile::Open(n.path);
-  if (!f.ok() || !(*f)->Pin(n.step)) return std::nullopt;  // already overwritten
-  Job job;
-  job.path = n.path;
-  job.info = (*f)->info();
+  if (!f.ok() || !(*f)->Pin(n.step)) return;  // already overwritten by a newer one
+  const checkpoint::SnapshotInfo info = (*f)->info();
   // The worker wrote the header: it may only speak for its own shard, which
   // is what gets replicated and persisted under that number.
-  if (job.info.shard != n.rank || job.info.shards < 1 || job.info.shard >= job.info.shards) {
+  if (info.shard != n.rank || info.shards < 1 || info.shard >= info.shards) {
     (*f)->Unpin();
     std::fprintf(stderr,
                  "endure agent %s: ignored the snapshot of step %lld in %s: its header says "
                  "shard %d of %d, the slot is rank %d's\n",
-                 o_.node.c_str(), static_cast<long long>(n.step), n.path.c_str(), job.info.shard,
-                 job.info.shards, n.rank);
-    return std::nullopt;
+                 o_.node.c_str(), static_cast<long long>(n.step), n.path.c_str(), info.shard,
+                 info.shards, n.rank);
+    return;
   }
   Result<std::string_view> payload = (*f)->payload();
-  if (payload.ok()) job.bytes.assign(payload->data(), payload->size());
+  if (payload.ok()) Send(info, *payload);
   (*f)->Unpin();
-  if (!payload.ok()) return std::nullopt;
-  return job;
 }
 
-void TierStore::SendLoop() {
-  YieldToTraining(10);
-  std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    cv_.wait(lock, [&] { return stop_ || job_.has_value(); });
-    if (stop_) return;
-    Job job = std::move(*job_);
-    job_.reset();
-    sending_ = true;
-    cv_.notify_all();
-    lock.unlock();
-    Send(job);
-    lock.lock();
-    sending_ = false;
-    cv_.notify_all();
-  }
-}
-
-void TierStore::Send(const Job& job) {
-  // The worker's checksum travels with the bytes: the peer checks it before
-  // keeping a replica, and Persist before reporting a shard durable.
-  const checkpoint::SnapshotInfo& info = job.info;
+void TierStore::Send(const checkpoint::SnapshotInfo& info, std::string_view payload) {
+  // The worker's checksum travels with the bytes: the peer checks it as they
+  // arrive, and Persist before reporting a shard durable.
   TierConfig config;
   bool cancelled = false;
   {
@@ -339,7 +314,7 @@ void TierStore::Send(const Job& job) {
   }
   if (!config.replica_peer.empty() && !cancelled) {
     checkpoint::ReplicaHeader h{o_.node, info.shard, info.shards, info.step, info.bytes, info.xxh3};
-    Status st = checkpoint::SendReplica(config.replica_peer, o_.token, h, job.bytes,
+    Status st = checkpoint::SendReplica(config.replica_peer, o_.token, h, payload,
                                         kReplicaTimeout, cancel_fd_, o_.tls);
     if (!st.ok()) {
       std::fprintf(stderr, "endure agent %s: replica of step %lld shard %d to %s failed: %s\n",
@@ -349,7 +324,7 @@ void TierStore::Send(const Job& job) {
   }
   const bool due = !config.durable_dir.empty() &&
                    (config.persist_every_steps <= 0 || info.step % config.persist_every_steps == 0);
-  if (due) Persist(info.shard, info.shards, info.step, job.bytes, info.xxh3);
+  if (due) Persist(info.shard, info.shards, info.step, payload, info.xxh3);
 }
 
 void TierStore::Persist(int shard, int shards, int64_t step, std::string_view payload,
@@ -389,7 +364,7 @@ void TierStore::Persist(int shard, int shards, int64_t step, std::string_view pa
 void TierStore::PersistNewest(int rank) {
   Drain();
   std::unique_ptr<SnapshotFile> newest;
-  for (int slot = 0; slot < 2; ++slot) {
+  for (int slot = 0; slot < checkpoint::kT0Slots; ++slot) {
     Result<std::unique_ptr<SnapshotFile>> f =
         SnapshotFile::Open(checkpoint::SlotPath(t0_dir(), rank, slot));
     if (!f.ok() || !Holds((*f)->info()) || (*f)->info().shard != rank) continue;
@@ -421,7 +396,7 @@ int64_t TierStore::PersistNewestComplete(const std::set<int>& ranks,
   // Each rank's snapshots by step; the newest step all of them hold.
   std::map<int, std::map<int64_t, std::unique_ptr<SnapshotFile>>> held;
   for (int rank : ranks) {
-    for (int slot = 0; slot < 2; ++slot) {
+    for (int slot = 0; slot < checkpoint::kT0Slots; ++slot) {
       Result<std::unique_ptr<SnapshotFile>> f =
           SnapshotFile::Open(checkpoint::SlotPath(t0_dir(), rank, slot));
       if (!f.ok() || !Holds((*f)->info()) || (*f)->info().shard != rank) continue;
@@ -444,27 +419,48 @@ int64_t TierStore::PersistNewestComplete(const std::set<int>& ranks,
   return wrote ? newest : -1;
 }
 
-void TierStore::KeepReplica(const checkpoint::ReplicaHeader& h, std::string payload) {
-  YieldToTraining(10);  // the replica server's thread: a syscall, once a replica
+namespace {
+
+// A peer's replica, written into its T1 slot as the bytes arrive.
+class T1Target : public checkpoint::ReplicaTarget {
+ public:
+  explicit T1Target(std::unique_ptr<checkpoint::SnapshotFileWriter> file)
+      : file_(std::move(file)) {}
+  Status Write(std::string_view chunk) override { return file_->Append(chunk); }
+  Status Commit() override { return file_->Finish(); }
+
+ private:
+  std::unique_ptr<checkpoint::SnapshotFileWriter> file_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<checkpoint::ReplicaTarget>> TierStore::OpenReplica(
+    const checkpoint::ReplicaHeader& h) {
+  RunOnIdleCpu();  // the replica server's thread (a syscall, once a replica)
+  // Every refusal below reaches the sending agent, which logs it.
+  const auto refuse = [&](Status st) {
+    std::fprintf(stderr, "endure agent %s: refused a replica: %s\n", o_.node.c_str(),
+                 st.message().c_str());
+    return st;
+  };
   // The frame decoder checked these already; the file name is built here, so
   // they are checked again where it is.
-  if (Status st = CheckNodeName(h.node, "a replica's node"); !st.ok()) {
-    std::fprintf(stderr, "endure agent %s: dropped a replica: %s\n", o_.node.c_str(),
-                 st.message().c_str());
-    return;
-  }
+  if (Status st = CheckNodeName(h.node, "a replica's node"); !st.ok()) return refuse(st);
   if (h.shards < 1 || h.shard < 0 || h.shard >= h.shards || h.step < 0) {
-    std::fprintf(stderr, "endure agent %s: dropped a replica of shard %d of %d, step %lld\n",
-                 o_.node.c_str(), h.shard, h.shards, static_cast<long long>(h.step));
-    return;
+    return refuse(InvalidArgument("replica of shard " + std::to_string(h.shard) + " of " +
+                                  std::to_string(h.shards) + ", step " + std::to_string(h.step)));
   }
+  // Held while the slot is chosen and opened, not while the bytes arrive: a
+  // rollback (Configure) does not wait for a transfer; a slot it removes
+  // meanwhile takes the rest of the replica with it.
   std::lock_guard<std::mutex> t1(t1_mu_);
   uint64_t budget = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     budget = config_.memory_budget;
   }
-  // Two slots per peer shard, like T0: the new replica replaces the older.
+  // Two slots per peer shard: the new replica replaces the older.
   const std::string dir = JoinPath(o_.shm_dir, "t1");
   std::string slots[2];
   int64_t steps[2] = {-1, -1};
@@ -475,22 +471,20 @@ void TierStore::KeepReplica(const checkpoint::ReplicaHeader& h, std::string payl
     if (f.ok() && Holds((*f)->info())) steps[i] = (*f)->info().step;
   }
   const int target = steps[0] <= steps[1] ? 0 : 1;
+  const std::string what = "replica of step " + std::to_string(h.step) + " shard " +
+                           std::to_string(h.shard) + " from " + h.node;
   // Without a budget, the number of files still bounds what peers can make
   // this node keep: two per peer shard, for at most kMaxT1Files / 2 shards.
   if (!Env::Default()->Exists(slots[0]) && !Env::Default()->Exists(slots[1]) &&
       SnapshotPaths(dir).size() + 2 > kMaxT1Files) {
-    std::fprintf(stderr,
-                 "endure agent %s: replica of step %lld shard %d from %s dropped: this node "
-                 "keeps replicas of at most %zu peer shards\n",
-                 o_.node.c_str(), static_cast<long long>(h.step), h.shard, h.node.c_str(),
-                 kMaxT1Files / 2);
-    return;
+    return refuse(Unavailable(what + " dropped: this node keeps replicas of at most " +
+                              std::to_string(kMaxT1Files / 2) + " peer shards"));
   }
   if (budget > 0) {
     // The target's own bytes are reused; the other copy goes first if need be.
     const MemoryUsage used = Usage();
     uint64_t held = used.t0_bytes + used.t1_bytes - FileSize(slots[target]);
-    const uint64_t need = payload.size() + 64;
+    const uint64_t need = h.bytes + 64;
     if (held + need > budget) {
       WarnOnError(o_.node, Env::Default()->RemoveFile(slots[1 - target]));
       const MemoryUsage now = Usage();
@@ -498,24 +492,21 @@ void TierStore::KeepReplica(const checkpoint::ReplicaHeader& h, std::string payl
     }
     if (held + need > budget) {
       WarnOnError(o_.node, Env::Default()->RemoveFile(slots[target]));
-      std::fprintf(stderr,
-                   "endure agent %s: replica of step %lld shard %d from %s dropped: %llu bytes "
-                   "would exceed the memory budget of %llu\n",
-                   o_.node.c_str(), static_cast<long long>(h.step), h.shard, h.node.c_str(),
-                   static_cast<unsigned long long>(need), static_cast<unsigned long long>(budget));
-      return;
+      return refuse(Unavailable(what + " dropped: " + std::to_string(need) +
+                                " bytes would exceed the memory budget of " +
+                                std::to_string(budget)));
     }
   }
   checkpoint::SnapshotInfo info;
   info.step = h.step;
   info.shard = h.shard;
   info.shards = h.shards;
+  info.bytes = h.bytes;
   info.xxh3 = h.xxh3;
-  Status st = checkpoint::WriteSnapshotFile(slots[target], info, payload);
-  if (!st.ok()) {
-    std::fprintf(stderr, "endure agent %s: cannot keep a replica: %s\n", o_.node.c_str(),
-                 st.message().c_str());
-  }
+  Result<std::unique_ptr<checkpoint::SnapshotFileWriter>> file =
+      checkpoint::SnapshotFileWriter::Begin(slots[target], info);
+  if (!file.ok()) return refuse(IOError("cannot keep a " + what + ": " + file.status().message()));
+  return std::unique_ptr<checkpoint::ReplicaTarget>(new T1Target(std::move(file).value()));
 }
 
 std::vector<ShardCopy> TierStore::Inventory() const {

@@ -1,13 +1,15 @@
 // TierStore: a node's checkpoint memory (T0, T1) and its persistence (T2).
 //
 // Workers copy their shard of each step into T0 slot files under SHM/t0
-// (src/checkpoint/snapshot_file.h) and announce it. Behind training, at nice
-// 10, the store copies the snapshot out of its slot (pinned only for that
-// copy), then sends it to the peer agent (T1, over
-// src/checkpoint/replica_link.h) and, when its step is due, writes it to the
-// durable directory (T2: tmp -> fsync -> rename -> fsync(dir); the
-// controller commits the step once every shard is durable). Replicas from a
-// peer land in SHM/t1, the newest two per shard. Inventory() lists and
+// (src/checkpoint/snapshot_file.h) and announce it. Behind training, on idle
+// CPU only (SCHED_IDLE), the store pins the snapshot in its slot and, reading it in place (no
+// copy: the worker writes into its other slots meanwhile), sends it to the
+// peer agent (T1, over src/checkpoint/replica_link.h) and, when its step is
+// due, writes it to the durable directory (T2: tmp -> fsync -> rename ->
+// fsync(dir); the controller commits the step once every shard is durable).
+// Replicas from a peer land in SHM/t1, the newest two per shard, streamed
+// into their file as they arrive and checked against their checksum on the
+// way. Inventory() lists and
 // verifies what the node holds, for the controller's choice of restore point.
 //
 // Everything a worker or a peer says is checked before it names a file: a
@@ -16,7 +18,8 @@
 // node name (common/names.h). A replica is bounded by the generation's
 // memory budget (else by ReplicaLimit's default) before its bytes arrive.
 //
-// Thread-safe: the agent's threads call it; two internal threads do the work.
+// Thread-safe: the agent's threads call it; an internal thread does the work,
+// and the replica server's thread keeps what peers send.
 #pragma once
 
 #include <sys/types.h>
@@ -151,23 +154,20 @@ class TierStore {
 
  private:
   TierStore() = default;
-  // A snapshot copied out of its T0 slot, to replicate and persist.
-  struct Job {
-    std::string path;
-    checkpoint::SnapshotInfo info;
-    std::string bytes;
-  };
-  void CopyLoop();  // nice 10: pins a slot only to copy it out
-  std::optional<Job> CopyOut(const SnapshotNotice& notice);
-  void SendLoop();  // nice 10: replication and persistence
-  void Send(const Job& job);
+  void ReplicateLoop();  // idle CPU: replication and persistence, one snapshot at a time
+  // Pins the snapshot a notice names, sends and persists it from its slot.
+  void Replicate(const SnapshotNotice& notice);
+  void Send(const checkpoint::SnapshotInfo& info, std::string_view payload);
   // Writes a shard to T2; `xxh3` is what the worker saved, which the bytes
   // written must match.
   void Persist(int shard, int shards, int64_t step, std::string_view payload, uint64_t xxh3);
   // Persists the snapshot `file` holds unless its step already is; whether
   // it tried (the outcome goes to on_persist).
   bool PersistSlot(checkpoint::SnapshotFile& file);
-  void KeepReplica(const checkpoint::ReplicaHeader& header, std::string payload);
+  // The replica server's sink: where a peer's replica goes (the older of its
+  // shard's two T1 slots), or why it is refused before its bytes come.
+  Result<std::unique_ptr<checkpoint::ReplicaTarget>> OpenReplica(
+      const checkpoint::ReplicaHeader& header);
   std::vector<std::string> SnapshotPaths(const std::string& dir) const;
 
   TierStoreOptions o_;
@@ -177,9 +177,7 @@ class TierStore {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<SnapshotNotice> queue_;           // GUARDED_BY(mu_)
-  bool copying_ = false;                       // GUARDED_BY(mu_)
-  std::optional<Job> job_;                     // copied, not yet taken; GUARDED_BY(mu_)
-  bool sending_ = false;                       // GUARDED_BY(mu_)
+  bool busy_ = false;                          // a notice taken up; GUARDED_BY(mu_)
   bool stop_ = false;                          // GUARDED_BY(mu_)
   TierConfig config_;                          // GUARDED_BY(mu_)
   std::unique_ptr<FaultInjectionEnv> faulty_;  // GUARDED_BY(mu_); set once persistence is failed
@@ -187,7 +185,7 @@ class TierStore {
   bool replication_cancelled_ = false;         // GUARDED_BY(mu_)
   int cancel_fd_ = -1;                         // an eventfd, readable once replication is cancelled
   std::mutex t1_mu_;                           // serialises T1 writes and evictions
-  std::thread copier_, sender_;
+  std::thread replicator_;
 };
 
 }  // namespace endure::agent

@@ -226,7 +226,7 @@ TEST(IsLiveEndureAgent, KnowsADeadPidAndAProcessThatIsNoAgent) {
 }
 
 // Configure with a rollback takes mu_ and t1_mu_ one after the other, never
-// one inside the other: a replica arriving (KeepReplica) takes t1_mu_ and
+// one inside the other: a replica arriving (OpenReplica) takes t1_mu_ and
 // then mu_, and with mu_ held around t1_mu_ the two deadlocked (ecb4ae3).
 // Many T0 slots widen the window in which Configure scans them while
 // replicas keep arriving. Deadlocked threads cannot be joined: on a timeout
@@ -281,7 +281,7 @@ TEST_F(TierStoreTest, ARollbackDoesNotDeadlockWithArrivingReplicas) {
   }
   shared->stop = true;
   if (!configured) {
-    ADD_FAILURE() << "Configure and KeepReplica deadlocked (" << shared->replicas
+    ADD_FAILURE() << "Configure and OpenReplica deadlocked (" << shared->replicas
                   << " replicas kept before)";
     (void)store_.release();  // its threads are stuck on its mutexes
     configure.detach();

@@ -26,8 +26,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::string_view kMagic = "ENDREPL1";
 constexpr uint32_t kMaxHeaderBytes = 64 << 10;
-// The payload is received in chunks of this size, each committed as it comes.
-constexpr uint64_t kPayloadChunk = 4 << 20;
+// The payload is received, hashed and handed on in chunks of this size: small
+// enough to stay in a core's cache between the three.
+constexpr uint64_t kPayloadChunk = 1 << 20;
 // How long the receiver waits for a sender to make progress before cutting it
 // off; it serves one connection at a time, so this bounds what a stalled
 // sender costs the others.
@@ -39,11 +40,6 @@ constexpr unsigned char kTlsHandshakeRecord = 0x16;
 constexpr ReplyPeer kReceiver = {"the receiver", "a replica receiver"};
 
 constexpr size_t kPrefixBytes = kMagic.size() + 4;  // the magic and the header length
-
-struct Replica {
-  ReplicaHeader header;
-  std::string payload;
-};
 
 std::string EncodeHeader(const std::string& token, const ReplicaHeader& h) {
   const nlohmann::json j = {{"token", token},        {"node", h.node}, {"shard", h.shard},
@@ -109,12 +105,11 @@ Result<ReplicaFrame> DecodeHeader(std::string_view text) {
   return f;
 }
 
-// Reads one frame up to and including its payload, refusing what `token`,
-// `max_bytes` and `sender` do not allow before the payload is asked for.
-// `sender`: the node the peer's TLS certificate names, which the frame must
-// name too; empty without TLS.
-Result<Replica> ReadFrame(DeadlineSocket& s, const std::string& token, uint64_t max_bytes,
-                          const std::string& sender) {
+// Reads one frame's header, refusing what `token`, `max_bytes` and `sender`
+// do not allow. `sender`: the node the peer's TLS certificate names, which
+// the frame must name too; empty without TLS.
+Result<ReplicaHeader> ReadHeader(DeadlineSocket& s, const std::string& token, uint64_t max_bytes,
+                                 const std::string& sender) {
   // The magic is checked before the length is read, so that a peer that
   // speaks another protocol is refused for what it is.
   char prefix[kPrefixBytes];
@@ -147,37 +142,55 @@ Result<Replica> ReadFrame(DeadlineSocket& s, const std::string& token, uint64_t 
     return InvalidArgument("payload of " + std::to_string(f.header.bytes) +
                            " bytes exceeds this agent's limit of " + std::to_string(max_bytes));
   }
-  // Address space is reserved only now that the size has been checked
-  // against max_bytes, and before the go-ahead, so that a receiver short of
-  // it refuses the replica instead of dying. Memory is committed as the
-  // bytes arrive: each chunk is zeroed just before it is read into, so a
-  // sender that claims much and sends little costs little.
-  Replica r;
-  try {
-    r.payload.reserve(f.header.bytes);
-  } catch (const std::bad_alloc&) {
-    return Unavailable("cannot allocate " + std::to_string(f.header.bytes) +
-                       " bytes for the payload");
-  } catch (const std::length_error&) {
-    return Unavailable("cannot allocate " + std::to_string(f.header.bytes) +
-                       " bytes for the payload");
-  }
-  ENDURE_RETURN_IF_ERROR(s.WriteAll("GO\n", "the go-ahead"));
-  while (r.payload.size() < f.header.bytes) {
-    const size_t at = r.payload.size();
-    const size_t chunk =
-        static_cast<size_t>(std::min<uint64_t>(f.header.bytes - at, kPayloadChunk));
-    r.payload.resize(at + chunk);  // within the reserved capacity: no reallocation
-    ENDURE_RETURN_IF_ERROR(s.ReadFull(r.payload.data() + at, chunk, "the payload"));
-  }
-  const uint64_t actual = Xxh3(r.payload);
-  if (actual != f.header.xxh3) {
-    return DataLoss("checksum mismatch: the payload's xxh3 is " + HexU64(actual) +
-                    ", the header says " + HexU64(f.header.xxh3));
-  }
-  r.header = std::move(f.header);
-  return r;
+  return std::move(f.header);
 }
+
+// Asks for the payload of `h` and streams it into `target` through `chunk`
+// (kPayloadChunk bytes), hashing it on the way; commits it when the
+// checksum matches.
+Status ReadPayload(DeadlineSocket& s, const ReplicaHeader& h, ReplicaTarget& target, char* chunk) {
+  ENDURE_RETURN_IF_ERROR(s.WriteAll("GO\n", "the go-ahead"));
+  Xxh3Hasher hasher;
+  for (uint64_t at = 0; at < h.bytes;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(h.bytes - at, kPayloadChunk));
+    ENDURE_RETURN_IF_ERROR(s.ReadFull(chunk, n, "the payload"));
+    hasher.Update(chunk, n);
+    ENDURE_RETURN_IF_ERROR(target.Write(std::string_view(chunk, n)));
+    at += n;
+  }
+  const uint64_t actual = hasher.Digest();
+  if (actual != h.xxh3) {
+    return DataLoss("checksum mismatch: the payload's xxh3 is " + HexU64(actual) +
+                    ", the header says " + HexU64(h.xxh3));
+  }
+  return target.Commit();
+}
+
+// WholePayloads' target: the payload in a string, grown as it arrives.
+class StringTarget : public ReplicaTarget {
+ public:
+  StringTarget(ReplicaHeader header,
+               std::shared_ptr<std::function<void(const ReplicaHeader&, std::string)>> keep)
+      : header_(std::move(header)), keep_(std::move(keep)) {}
+  Status Write(std::string_view chunk) override {
+    try {
+      payload_.append(chunk);
+    } catch (const std::bad_alloc&) {
+      return Unavailable("cannot allocate " + std::to_string(header_.bytes) +
+                         " bytes for the payload");
+    }
+    return Status::Ok();
+  }
+  Status Commit() override {
+    (*keep_)(header_, std::move(payload_));
+    return Status::Ok();
+  }
+
+ private:
+  ReplicaHeader header_;
+  std::shared_ptr<std::function<void(const ReplicaHeader&, std::string)>> keep_;
+  std::string payload_;
+};
 
 Status Exchange(DeadlineSocket& s, const std::string& token, const ReplicaHeader& header,
                 std::string_view payload) {
@@ -242,7 +255,17 @@ ReplicaServer::ReplicaServer(int listen_fd, int stop_fd, int port, std::string t
       max_bytes_(max_bytes),
       sink_(std::move(sink)),
       tls_(std::move(tls)),
+      chunk_(new char[kPayloadChunk]),
       thread_([this] { Serve(); }) {}
+
+ReplicaServer::Sink ReplicaServer::WholePayloads(
+    std::function<void(const ReplicaHeader&, std::string payload)> keep) {
+  auto shared = std::make_shared<std::function<void(const ReplicaHeader&, std::string)>>(
+      std::move(keep));
+  return [shared](const ReplicaHeader& h) -> Result<std::unique_ptr<ReplicaTarget>> {
+    return std::unique_ptr<ReplicaTarget>(new StringTarget(h, shared));
+  };
+}
 
 ReplicaServer::~ReplicaServer() {
   stopping_ = true;
@@ -302,8 +325,10 @@ void ReplicaServer::HandleConnection(int fd, const std::string& peer) {
       refusal = Refusal::kReply;
       sender = s.peer_name();
     }
-    ENDURE_ASSIGN_OR_RETURN(Replica r, ReadFrame(s, token_, max_bytes_.load(), sender));
-    sink_(r.header, std::move(r.payload));
+    ENDURE_ASSIGN_OR_RETURN(const ReplicaHeader h,
+                            ReadHeader(s, token_, max_bytes_.load(), sender));
+    ENDURE_ASSIGN_OR_RETURN(std::unique_ptr<ReplicaTarget> target, sink_(h));
+    ENDURE_RETURN_IF_ERROR(ReadPayload(s, h, *target, chunk_.get()));
     ++received_;
     return s.WriteAll("OK\n", "the acknowledgement");
   }();

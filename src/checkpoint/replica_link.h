@@ -8,7 +8,7 @@
 //               ReplicaHeader fields; at most 64 KiB)
 //   receiver -> "GO\n" when it will take the payload, else "ERR CODE reason\n"
 //   sender   -> `bytes` payload bytes
-//   receiver -> "OK\n" once the sink has the payload, else "ERR CODE reason\n"
+//   receiver -> "OK\n" once the payload is kept, else "ERR CODE reason\n"
 // CODE is a StatusCodeName ("DATA_LOSS", "INVALID_ARGUMENT"). The receiver
 // answers before the payload is sent so that a refused replica (wrong token,
 // too large) costs no transfer and its reason always reaches the sender.
@@ -67,12 +67,27 @@ Result<std::string> EncodeReplicaFrame(const std::string& token, const ReplicaHe
 // here, nor the size against a limit.
 Result<ReplicaFrame> DecodeReplicaFrame(std::string_view bytes);
 
+// Where the receiver puts one replica's payload, as it arrives: Write gets
+// the payload's bytes in order, in chunks, and Commit follows once all of
+// them have come and match the frame's checksum. A target destroyed without
+// Commit (the sender broke off, the checksum did not match) drops what it
+// was given. Each call returns an error to refuse the replica.
+class ReplicaTarget {
+ public:
+  virtual ~ReplicaTarget() = default;
+  virtual Status Write(std::string_view chunk) = 0;
+  virtual Status Commit() = 0;
+};
+
 // Receives replicas on a background thread it owns. For each frame whose
-// token, size (<= max_bytes) and checksum are right, calls `sink` (on the
-// server's thread) and then acknowledges it; anything else (wrong token, bad
-// magic, malformed header, oversize, truncated, checksum mismatch) is refused:
-// an error reply, the connection closed, errors() incremented and
-// last_error() set. It never calls the sink with bad data.
+// token and size (<= max_bytes) are right, asks `sink` for a target before
+// it asks for the payload (the sink may refuse: its error goes back to the
+// sender), streams the payload into the target while it hashes it (one pass:
+// no copy of the whole payload is made here), and commits it when the
+// checksum matches; anything else (wrong token, bad magic, malformed header,
+// oversize, truncated, checksum mismatch) is refused: an error reply, the
+// connection closed, errors() incremented and last_error() set. A target is
+// never committed with bad data.
 //
 // With TLS, a sender that does not complete the handshake (no certificate,
 // one from another CA, no TLS at all) is refused the same way, and so is a
@@ -82,28 +97,30 @@ Result<ReplicaFrame> DecodeReplicaFrame(std::string_view bytes);
 //
 // Connections are served one at a time; a sender that makes no progress for
 // 10 s (handshake included) is cut off, so a stalled peer delays others at
-// most that long. The accessors are thread-safe. The sink must not throw and
-// must not destroy the server; while it runs, no other replica is received.
+// most that long. The accessors are thread-safe. The sink and its targets
+// must not throw and must not destroy the server; while a replica is being
+// received, no other is.
 class ReplicaServer {
  public:
-  using Sink = std::function<void(const ReplicaHeader&, std::string payload)>;
+  using Sink = std::function<Result<std::unique_ptr<ReplicaTarget>>(const ReplicaHeader&)>;
+  // A sink that hands each verified payload, whole, to `keep` (tests, tools).
+  static Sink WholePayloads(std::function<void(const ReplicaHeader&, std::string payload)> keep);
 
   // Listens on host:port (port 0: any free port; host "" or "0.0.0.0": all
-  // interfaces). `max_bytes` bounds the payload, and so the memory one
-  // replica can make the receiver allocate: a frame that claims more is
-  // refused before its payload is asked for, and a payload's memory is
-  // allocated only as its bytes arrive, never zero-filled up front for the
-  // size the frame claims. `tls`: mutual TLS with this identity on every
-  // connection; nullptr for plain TCP. kIOError when the address cannot
-  // be resolved or bound, kInvalidArgument when max_bytes is 0 or `sink` is
-  // empty.
+  // interfaces). `max_bytes` bounds the payload: a frame that claims more is
+  // refused before its payload is asked for. The server itself holds one
+  // chunk of a payload at a time (WholePayloads' targets grow as the bytes
+  // arrive, never zero-filled up front for the size the frame claims).
+  // `tls`: mutual TLS with this identity on every connection; nullptr for
+  // plain TCP. kIOError when the address cannot be resolved or bound,
+  // kInvalidArgument when max_bytes is 0 or `sink` is empty.
   static Result<std::unique_ptr<ReplicaServer>> Start(
       const std::string& host, int port, std::string token, uint64_t max_bytes, Sink sink,
       std::shared_ptr<const tls::Context> tls = nullptr);
 
   // Stops accepting, cuts the connection being served (its sender sees
-  // kUnavailable) and joins the thread. Returns promptly, unless the sink is
-  // running, which it waits for.
+  // kUnavailable) and joins the thread. Returns promptly, unless the sink or
+  // a target is running, which it waits for.
   ~ReplicaServer();
 
   ReplicaServer(const ReplicaServer&) = delete;
@@ -111,7 +128,7 @@ class ReplicaServer {
 
   // The port it listens on (the one picked when Start was given 0).
   int port() const { return port_; }
-  // Replicas handed to the sink.
+  // Replicas committed to their targets.
   int64_t received() const { return received_.load(); }
   // Connections refused or broken off, and failed accepts.
   int64_t errors() const { return errors_.load(); }
@@ -140,6 +157,7 @@ class ReplicaServer {
   std::atomic<uint64_t> max_bytes_;
   const Sink sink_;
   const std::shared_ptr<const tls::Context> tls_;  // null: plain TCP
+  std::unique_ptr<char[]> chunk_;                  // the payload passes through it, a chunk at a time
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> received_{0};
   std::atomic<int64_t> errors_{0};

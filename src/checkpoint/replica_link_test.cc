@@ -142,10 +142,10 @@ class ReplicaLinkTest : public ::testing::Test {
                    std::shared_ptr<const tls::Context> tls = nullptr) {
     auto server = ReplicaServer::Start(
         "127.0.0.1", 0, kToken, max_bytes,
-        [this](const ReplicaHeader& h, std::string payload) {
+        ReplicaServer::WholePayloads([this](const ReplicaHeader& h, std::string payload) {
           std::lock_guard<std::mutex> lock(mu_);
           deliveries_.push_back({h, std::move(payload)});
-        },
+        }),
         std::move(tls));
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(*server);
@@ -389,7 +389,7 @@ TEST(ReplicaLink, RefusesBadArguments) {
 }
 
 TEST(ReplicaLink, StartFailsOnAPortInUse) {
-  auto sink = [](const ReplicaHeader&, std::string) {};
+  auto sink = ReplicaServer::WholePayloads([](const ReplicaHeader&, std::string) {});
   auto first = ReplicaServer::Start("127.0.0.1", 0, kToken, 1024, sink);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   auto second = ReplicaServer::Start("127.0.0.1", (*first)->port(), kToken, 1024, sink);
@@ -483,6 +483,85 @@ TEST_F(ReplicaLinkTest, AClaimedSizeIsNeitherAllocatedNorZeroFilledBeforeItsByte
       << server_->last_error();
   EXPECT_LT(PeakResidentBytes() - before, uint64_t{256} << 20);
   EXPECT_EQ(DeliveryCount(), 0u);
+}
+
+// A target that records what it was given and whether it was committed.
+struct Recorded {
+  std::mutex mu;
+  std::string bytes;
+  int writes = 0;
+  int commits = 0;
+  int dropped = 0;  // destroyed without a commit
+};
+
+class RecordingTarget : public ReplicaTarget {
+ public:
+  explicit RecordingTarget(Recorded* r) : r_(r) {}
+  ~RecordingTarget() override {
+    std::lock_guard<std::mutex> lock(r_->mu);
+    if (!committed_) ++r_->dropped;
+  }
+  Status Write(std::string_view chunk) override {
+    std::lock_guard<std::mutex> lock(r_->mu);
+    r_->bytes.append(chunk);
+    ++r_->writes;
+    return Status::Ok();
+  }
+  Status Commit() override {
+    std::lock_guard<std::mutex> lock(r_->mu);
+    committed_ = true;
+    ++r_->commits;
+    return Status::Ok();
+  }
+
+ private:
+  Recorded* r_;
+  bool committed_ = false;
+};
+
+TEST(ReplicaLink, APayloadStreamsIntoItsTargetInChunksAndIsCommittedOnlyWhenItsChecksumMatches) {
+  Recorded recorded;
+  auto server = ReplicaServer::Start(
+      "127.0.0.1", 0, kToken, 64 << 20,
+      [&](const ReplicaHeader&) -> Result<std::unique_ptr<ReplicaTarget>> {
+        return std::unique_ptr<ReplicaTarget>(new RecordingTarget(&recorded));
+      });
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
+  std::string payload(5 << 20, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 7 + i / 4096);
+  ASSERT_TRUE(SendReplica(address, kToken, HeaderFor(payload), payload, kTimeout).ok());
+  {
+    std::lock_guard<std::mutex> lock(recorded.mu);
+    EXPECT_TRUE(recorded.bytes == payload);
+    EXPECT_GT(recorded.writes, 1) << "the payload came in one piece, not streamed";
+    EXPECT_EQ(recorded.commits, 1);
+    EXPECT_EQ(recorded.dropped, 0);
+    recorded.bytes.clear();
+  }
+  ReplicaHeader wrong = HeaderFor(payload);
+  wrong.xxh3 ^= 1;
+  EXPECT_EQ(SendReplica(address, kToken, wrong, payload, kTimeout).code(), StatusCode::kDataLoss);
+  std::lock_guard<std::mutex> lock(recorded.mu);
+  EXPECT_EQ(recorded.commits, 1);
+  EXPECT_EQ(recorded.dropped, 1);
+}
+
+TEST(ReplicaLink, ASinkThatRefusesAReplicaIsHeardByTheSenderBeforeThePayloadIsSent) {
+  auto server = ReplicaServer::Start(
+      "127.0.0.1", 0, kToken, 64 << 20,
+      [](const ReplicaHeader& h) -> Result<std::unique_ptr<ReplicaTarget>> {
+        return Unavailable("replica of " + std::to_string(h.bytes) +
+                                 " bytes would exceed the memory budget");
+      });
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
+  const std::string payload(1 << 20, 'x');
+  const Status st = SendReplica(address, kToken, HeaderFor(payload), payload, kTimeout);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("would exceed the memory budget"), std::string::npos)
+      << st.message();
+  EXPECT_EQ((*server)->received(), 0);
 }
 
 TEST_F(ReplicaLinkTest, ANewLimitAppliesToTheNextFrame) {

@@ -10,8 +10,10 @@
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "checkpoint/checkpoint_dir.h"
 #include "common/env.h"
@@ -68,6 +70,18 @@ Status ReadFully(int fd, char* out, size_t n, off_t offset, const std::string& p
   return Status::Ok();
 }
 
+Status WriteFully(int fd, const char* p, size_t n, off_t offset, const std::string& path) {
+  while (n > 0) {
+    ssize_t w = pwrite(fd, p, n, offset);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return Errno("cannot write", path);
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += w;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string SlotPath(const std::string& dir, int rank, int slot) {
@@ -100,7 +114,7 @@ Result<std::unique_ptr<SnapshotWriter>> SnapshotWriter::Open(const std::string& 
   w->shards_ = shards;
   w->max_bytes_ = max_bytes;
   int64_t newest_step = -1;
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < kT0Slots; ++i) {
     auto slot = std::make_unique<Slot>();
     slot->path = SlotPath(dir, rank, i);
     slot->fd = open(slot->path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -164,20 +178,34 @@ Result<std::optional<SnapshotWriter::Saved>> SnapshotWriter::Save(
                            std::to_string(max_bytes_) +
                            " bytes per slot); raise checkpoint.memory_budget");
   }
-  const int target = newest_ == 0 ? 1 : 0;
-  Slot& slot = *slots_[static_cast<size_t>(target)];
   const auto deadline = std::chrono::steady_clock::now() + wait;
+  int target = -1;
   for (;;) {
-    uint32_t state = StateOf(slot.base).load();
-    if (state != static_cast<uint32_t>(SlotState::kPinned) &&
-        StateOf(slot.base).compare_exchange_strong(state,
-                                                   static_cast<uint32_t>(SlotState::kWriting))) {
-      break;
+    // The oldest slot first: it is the one the agent is least likely to want.
+    std::vector<int> order;
+    for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
+      if (i != newest_) order.push_back(i);
     }
-    // The agent is still reading it.
+    std::sort(order.begin(), order.end(), [&](int a, int b) {
+      return slots_[static_cast<size_t>(a)]->header().step <
+             slots_[static_cast<size_t>(b)]->header().step;
+    });
+    for (int i : order) {
+      char* base = slots_[static_cast<size_t>(i)]->base;
+      uint32_t state = StateOf(base).load();
+      if (state != static_cast<uint32_t>(SlotState::kPinned) &&
+          StateOf(base).compare_exchange_strong(state,
+                                                static_cast<uint32_t>(SlotState::kWriting))) {
+        target = i;
+        break;
+      }
+    }
+    if (target >= 0) break;
+    // The agent is reading every other slot (a shutdown persisting them).
     if (std::chrono::steady_clock::now() >= deadline) return std::optional<Saved>();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  Slot& slot = *slots_[static_cast<size_t>(target)];
   Status reserved = Reserve(slot, bytes);
   if (!reserved.ok()) {
     StateOf(slot.base).store(static_cast<uint32_t>(SlotState::kEmpty));
@@ -274,37 +302,71 @@ void SnapshotFile::InjectCorruption() {
 
 // ---- whole files ----
 
-Status WriteSnapshotFile(const std::string& path, const SnapshotInfo& info,
-                         std::string_view payload) {
+Result<std::unique_ptr<SnapshotFileWriter>> SnapshotFileWriter::Begin(const std::string& path,
+                                                                     const SnapshotInfo& info) {
+  std::unique_ptr<SnapshotFileWriter> w(new SnapshotFileWriter());
+  w->path_ = path;
+  w->bytes_ = info.bytes;
+  // Never through a symlink: the directory is the agent's, the name a peer's.
+  w->fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (w->fd_ < 0) return Errno("cannot open", path);
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   h.state = static_cast<uint32_t>(SlotState::kWriting);
   h.step = info.step;
   h.shard = info.shard;
   h.shards = info.shards;
-  h.bytes = payload.size();
+  h.bytes = info.bytes;
   h.xxh3 = info.xxh3;
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return Errno("cannot open", path);
-  auto write_all = [&](const char* p, size_t n, off_t offset) -> Status {
-    while (n > 0) {
-      ssize_t w = pwrite(fd, p, n, offset);
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) return Errno("cannot write", path);
-      p += w;
-      n -= static_cast<size_t>(w);
-      offset += w;
-    }
-    return Status::Ok();
-  };
-  Status st = write_all(reinterpret_cast<const char*>(&h), sizeof h, 0);
-  if (st.ok()) st = write_all(payload.data(), payload.size(), kHeaderSize);
-  h.state = static_cast<uint32_t>(SlotState::kReady);
-  if (st.ok())
-    st =
-        write_all(reinterpret_cast<const char*>(&h.state), sizeof h.state, offsetof(Header, state));
-  close(fd);
-  return st;
+  ENDURE_RETURN_IF_ERROR(WriteFully(w->fd_, reinterpret_cast<const char*>(&h), sizeof h, 0, path));
+  return w;
+}
+
+SnapshotFileWriter::~SnapshotFileWriter() {
+  if (fd_ < 0) return;
+  if (!finished_) {
+    // Best effort: a file whose header cannot be written reads as damaged.
+    Status st = SetState(SlotState::kEmpty);
+    if (!st.ok()) std::fprintf(stderr, "endure: %s\n", st.message().c_str());
+  }
+  close(fd_);
+}
+
+Status SnapshotFileWriter::SetState(SlotState state) {
+  const uint32_t word = static_cast<uint32_t>(state);
+  return WriteFully(fd_, reinterpret_cast<const char*>(&word), sizeof word,
+                    offsetof(Header, state), path_);
+}
+
+Status SnapshotFileWriter::Append(std::string_view bytes) {
+  if (bytes.size() > bytes_ - written_) {
+    return InvalidArgument(path_ + ": " + std::to_string(written_ + bytes.size()) +
+                           " payload bytes for a snapshot of " + std::to_string(bytes_));
+  }
+  ENDURE_RETURN_IF_ERROR(WriteFully(fd_, bytes.data(), bytes.size(),
+                                    static_cast<off_t>(kHeaderSize + written_), path_));
+  written_ += bytes.size();
+  return Status::Ok();
+}
+
+Status SnapshotFileWriter::Finish() {
+  if (written_ != bytes_) {
+    return InvalidArgument(path_ + ": " + std::to_string(written_) + " of " +
+                           std::to_string(bytes_) + " payload bytes");
+  }
+  ENDURE_RETURN_IF_ERROR(SetState(SlotState::kReady));
+  finished_ = true;
+  return Status::Ok();
+}
+
+Status WriteSnapshotFile(const std::string& path, const SnapshotInfo& info,
+                         std::string_view payload) {
+  SnapshotInfo whole = info;
+  whole.bytes = payload.size();
+  ENDURE_ASSIGN_OR_RETURN(std::unique_ptr<SnapshotFileWriter> w,
+                          SnapshotFileWriter::Begin(path, whole));
+  ENDURE_RETURN_IF_ERROR(w->Append(payload));
+  return w->Finish();
 }
 
 Result<std::string> ReadSnapshotPayload(const std::string& path, int64_t step, uint64_t bytes,

@@ -7,15 +7,18 @@
 //
 //   kEmpty --writer--> kWriting --writer--> kReady <--agent--> kPinned
 //
-// T0: each rank's worker owns two slot files, rank-R.slot-0/1, in the
-// directory its agent names (double buffering): SnapshotWriter writes step s
-// into the slot that does not hold the newest snapshot, while the agent may
-// still be reading (pinned) the other. The worker waits for the agent only
-// when the agent is more than a step behind. The files outlive a crashed
-// worker; a restarted one continues with them.
+// T0: each rank's worker owns kT0Slots slot files, rank-R.slot-0/1/2, in the
+// directory its agent names: SnapshotWriter writes step s into a slot that
+// neither holds the newest snapshot nor is pinned. The agent pins one slot
+// at a time and reads it in place for as long as it needs (the replica to
+// the peer, the durable write): with three slots the worker never waits for
+// it, however far behind it falls, and the agent never copies a snapshot
+// out. The files outlive a crashed worker; a restarted one continues with
+// them.
 //
-// T1: an agent keeps a peer's replicas as snapshot files written whole
-// (WriteSnapshotFile), so that workers read both tiers the same way.
+// T1: an agent keeps a peer's replicas as snapshot files written in place as
+// their bytes arrive (SnapshotFileWriter), so that workers read both tiers
+// the same way.
 #pragma once
 
 #include <chrono>
@@ -44,13 +47,17 @@ struct SnapshotInfo {
   uint64_t xxh3 = 0;   // payload checksum, computed by the writer
 };
 
+// A rank's T0 slots: one the agent may hold pinned, one with the newest
+// snapshot, one to write the next into.
+inline constexpr int kT0Slots = 3;
+
 // "DIR/rank-3.slot-1".
 std::string SlotPath(const std::string& dir, int rank, int slot);
 
 // Worker side: the two T0 slots of one rank.
 class SnapshotWriter {
  public:
-  // Opens (creating) DIR/rank-R.slot-{0,1}. Slots left kWriting by a crashed
+  // Opens (creating) DIR/rank-R.slot-{0,1,2}. Slots left kWriting by a crashed
   // predecessor are reset to kEmpty. `max_bytes` (0: no limit) bounds one
   // slot file, its header included: the memory budget's share of this rank.
   static Result<std::unique_ptr<SnapshotWriter>> Open(const std::string& dir, int rank, int shards,
@@ -63,10 +70,12 @@ class SnapshotWriter {
     uint64_t bytes = 0;
     uint64_t xxh3 = 0;
   };
-  // Copies `views` (ShardViews form) into a slot as step `step`. When the
-  // slot is pinned by the agent, waits up to `wait` for it to let go; nullopt
-  // when it did not: nothing was saved. kInvalidArgument when the snapshot
-  // exceeds max_bytes.
+  // Copies `views` (ShardViews form) into a slot as step `step`: one that
+  // holds neither the newest snapshot nor a pin. When every other slot is
+  // pinned (the agent pins one at a time, so only a shutdown's persisting
+  // does that), waits up to `wait` for one to be let go; nullopt when none
+  // was: nothing was saved. kInvalidArgument when the snapshot exceeds
+  // max_bytes.
   Result<std::optional<Saved>> Save(int64_t step, const std::vector<TensorView>& views,
                                     std::chrono::milliseconds wait = std::chrono::milliseconds(0));
 
@@ -112,9 +121,36 @@ class SnapshotFile {
   size_t size_ = 0;
 };
 
-// Writes a whole snapshot file (a T1 replica) in place, reusing the pages of
-// what it held before (fresh shared memory costs a page fault per 4 KiB):
-// the header goes to kWriting, then the payload, then kReady.
+// Writes a snapshot file (a T1 replica) in place as its payload arrives,
+// reusing the pages of what it held before (fresh shared memory costs a page
+// fault per 4 KiB): Begin puts the header at kWriting with `info`'s step,
+// shard, size and checksum, Append adds the payload's bytes in order, and
+// Finish, once all info.bytes are there, marks it kReady. Destroyed before
+// Finish, the file is left kEmpty: readers never take a partial payload.
+class SnapshotFileWriter {
+ public:
+  static Result<std::unique_ptr<SnapshotFileWriter>> Begin(const std::string& path,
+                                                           const SnapshotInfo& info);
+  ~SnapshotFileWriter();
+  SnapshotFileWriter(const SnapshotFileWriter&) = delete;
+  SnapshotFileWriter& operator=(const SnapshotFileWriter&) = delete;
+
+  // kInvalidArgument past info.bytes; kIOError when the write fails.
+  Status Append(std::string_view bytes);
+  // kInvalidArgument when bytes are missing.
+  Status Finish();
+
+ private:
+  SnapshotFileWriter() = default;
+  Status SetState(SlotState state);
+  std::string path_;
+  int fd_ = -1;
+  uint64_t bytes_ = 0;    // the payload's size, from the header
+  uint64_t written_ = 0;  // payload bytes appended so far
+  bool finished_ = false;
+};
+
+// A whole snapshot file at once, through SnapshotFileWriter.
 Status WriteSnapshotFile(const std::string& path, const SnapshotInfo& info,
                          std::string_view payload);
 

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/hash.h"
+
 namespace endure::checkpoint {
 namespace {
 
@@ -31,67 +33,127 @@ class SnapshotFileTest : public ::testing::Test {
   std::string meta_, data_;
 };
 
-TEST_F(SnapshotFileTest, DoubleBufferedSavesSurviveTheWriter) {
+TEST_F(SnapshotFileTest, SavesRotateOverTheSlotsAndSurviveTheWriter) {
   Result<std::unique_ptr<SnapshotWriter>> w = SnapshotWriter::Open(dir_, 1, 2, 0);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
-  auto s1 = (*w)->Save(1, Views(1, 'a'));
-  auto s2 = (*w)->Save(2, Views(2, 'b'));
-  ASSERT_TRUE(s1.ok() && s2.ok() && s1->has_value() && s2->has_value());
-  EXPECT_NE((*s1)->slot, (*s2)->slot);
+  std::vector<SnapshotWriter::Saved> saved;
+  for (int64_t step = 1; step <= kT0Slots; ++step) {
+    auto s = (*w)->Save(step, Views(step, static_cast<char>('a' + step)));
+    ASSERT_TRUE(s.ok() && s->has_value());
+    for (const SnapshotWriter::Saved& earlier : saved) EXPECT_NE(earlier.slot, (*s)->slot);
+    saved.push_back(**s);
+  }
   w->reset();  // the worker dies; the slots stay
 
-  Result<std::string> p = ReadSnapshotPayload((*s2)->path, 2, (*s2)->bytes, (*s2)->xxh3);
+  const SnapshotWriter::Saved& newest = saved.back();
+  Result<std::string> p = ReadSnapshotPayload(newest.path, kT0Slots, newest.bytes, newest.xxh3);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   Result<DecodedShard> shard = DecodeShard(*p, "t0");
   ASSERT_TRUE(shard.ok());
-  EXPECT_EQ(shard->meta["step"], 2);
-  EXPECT_EQ(shard->tensors[0].data, std::string(4096, 'b'));
+  EXPECT_EQ(shard->meta["step"], kT0Slots);
+  EXPECT_EQ(shard->tensors[0].data, std::string(4096, static_cast<char>('a' + kT0Slots)));
 
-  // A new writer continues after the newest snapshot: step 3 replaces step 1.
+  // A new writer continues after the newest snapshot, into the oldest slot.
   w = SnapshotWriter::Open(dir_, 1, 2, 0);
-  auto s3 = (*w)->Save(3, Views(3, 'c'));
-  ASSERT_TRUE(s3.ok() && s3->has_value());
-  EXPECT_EQ((*s3)->slot, (*s1)->slot);
-  EXPECT_TRUE(ReadSnapshotPayload((*s2)->path, 2, (*s2)->bytes, (*s2)->xxh3).ok());
+  auto next = (*w)->Save(kT0Slots + 1, Views(kT0Slots + 1, 'z'));
+  ASSERT_TRUE(next.ok() && next->has_value());
+  EXPECT_EQ((*next)->slot, saved.front().slot);
+  EXPECT_TRUE(ReadSnapshotPayload(newest.path, kT0Slots, newest.bytes, newest.xxh3).ok());
 }
 
-TEST_F(SnapshotFileTest, PinnedSlotIsNeverOverwritten) {
+// The agent reads a snapshot in place for as long as its replica and its
+// durable write take: the worker goes on saving into the other slots,
+// never waiting, and the pinned snapshot stays intact.
+TEST_F(SnapshotFileTest, APinnedSlotIsNeverOverwrittenAndTheWriterNeverWaitsForIt) {
   auto w = SnapshotWriter::Open(dir_, 0, 1, 0);
   auto s1 = (*w)->Save(1, Views(1, 'a'));
-  auto s2 = (*w)->Save(2, Views(2, 'b'));
   auto f = SnapshotFile::Open((*s1)->path);
   ASSERT_TRUE(f.ok());
   EXPECT_FALSE((*f)->Pin(2));  // it holds step 1
   ASSERT_TRUE((*f)->Pin(1));
-  auto s3 = (*w)->Save(3, Views(3, 'c'));
-  ASSERT_TRUE(s3.ok());
-  EXPECT_FALSE(s3->has_value());  // no wait allowed: skipped
+  for (int64_t step = 2; step <= 10; ++step) {
+    // No wait allowed, and none needed.
+    auto s = (*w)->Save(step, Views(step, 'b', step == 10 ? 3 << 20 : 4096));
+    ASSERT_TRUE(s.ok() && s->has_value()) << "step " << step;
+    EXPECT_NE((*s)->slot, (*s1)->slot);
+    EXPECT_TRUE(ReadSnapshotPayload((*s)->path, step, (*s)->bytes, (*s)->xxh3).ok());
+  }
   EXPECT_TRUE((*f)->Verify().ok());
   EXPECT_EQ((*f)->info().step, 1);
   (*f)->Unpin();
-  s3 = (*w)->Save(3, Views(3, 'c', 3 << 20));  // grows the slot while the agent has it mapped
-  ASSERT_TRUE(s3.ok() && s3->has_value());
-  EXPECT_EQ((*s3)->slot, (*s1)->slot);
-  EXPECT_TRUE(ReadSnapshotPayload((*s3)->path, 3, (*s3)->bytes, (*s3)->xxh3).ok());
+  // Let go, it is the oldest: the next save takes it, and grows it while the
+  // agent still has it mapped.
+  auto s11 = (*w)->Save(11, Views(11, 'c', 3 << 20));
+  ASSERT_TRUE(s11.ok() && s11->has_value());
+  EXPECT_EQ((*s11)->slot, (*s1)->slot);
+  EXPECT_TRUE(ReadSnapshotPayload((*s11)->path, 11, (*s11)->bytes, (*s11)->xxh3).ok());
 }
 
-TEST_F(SnapshotFileTest, ASaveWaitsForTheAgentToLetGo) {
+// Only when every slot but the newest is pinned (a shutdown persisting
+// several) does a save wait, up to its limit.
+TEST_F(SnapshotFileTest, ASaveWaitsWhenEverySlotButTheNewestIsPinned) {
   auto w = SnapshotWriter::Open(dir_, 0, 1, 0);
-  auto s1 = (*w)->Save(1, Views(1, 'a'));
-  (*w)->Save(2, Views(2, 'b'));
-  auto f = SnapshotFile::Open((*s1)->path);
-  ASSERT_TRUE((*f)->Pin(1));
+  std::vector<std::unique_ptr<SnapshotFile>> pinned;
+  for (int64_t step = 1; step < kT0Slots; ++step) {
+    auto s = (*w)->Save(step, Views(step, 'a'));
+    auto f = SnapshotFile::Open((*s)->path);
+    ASSERT_TRUE(f.ok() && (*f)->Pin(step));
+    pinned.push_back(std::move(f).value());
+  }
+  auto newest = (*w)->Save(kT0Slots, Views(kT0Slots, 'n'));
+  ASSERT_TRUE(newest.ok() && newest->has_value());
+  auto skipped = (*w)->Save(kT0Slots + 1, Views(kT0Slots + 1, 'x'));
+  ASSERT_TRUE(skipped.ok());
+  EXPECT_FALSE(skipped->has_value());  // no wait allowed: skipped
   std::thread agent([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     // Until it lets go, the agent's snapshot is intact.
-    EXPECT_TRUE((*f)->Verify().ok());
-    EXPECT_EQ((*f)->info().step, 1);
-    (*f)->Unpin();
+    EXPECT_TRUE(pinned.front()->Verify().ok());
+    EXPECT_EQ(pinned.front()->info().step, 1);
+    pinned.front()->Unpin();
   });
-  auto s3 = (*w)->Save(3, Views(3, 'c'), std::chrono::seconds(30));
+  auto later = (*w)->Save(kT0Slots + 1, Views(kT0Slots + 1, 'c'), std::chrono::seconds(30));
   agent.join();
-  ASSERT_TRUE(s3.ok() && s3->has_value());
-  EXPECT_EQ((*s3)->slot, (*s1)->slot);
+  ASSERT_TRUE(later.ok() && later->has_value());
+  EXPECT_EQ((*later)->slot, 0);  // step 1's slot, let go
+  EXPECT_TRUE(ReadSnapshotPayload((*newest)->path, kT0Slots, (*newest)->bytes, (*newest)->xxh3).ok());
+}
+
+// A replica written as its bytes arrive is readable only once whole.
+TEST_F(SnapshotFileTest, AStreamedSnapshotIsReadyOnlyWhenFinished) {
+  const std::string payload(10000, 'r');
+  SnapshotInfo info;
+  info.step = 9;
+  info.shard = 1;
+  info.shards = 2;
+  info.bytes = payload.size();
+  info.xxh3 = Xxh3(payload);
+  const std::string path = dir_ + "/replica";
+  {
+    auto w = SnapshotFileWriter::Begin(path, info);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    ASSERT_TRUE((*w)->Append(std::string_view(payload).substr(0, 4000)).ok());
+    auto f = SnapshotFile::Open(path);
+    ASSERT_TRUE(f.ok());
+    EXPECT_EQ((*f)->info().state, SlotState::kWriting);
+    EXPECT_EQ((*w)->Finish().code(), StatusCode::kInvalidArgument);  // 6000 bytes missing
+  }  // dropped unfinished
+  auto f = SnapshotFile::Open(path);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ((*f)->info().state, SlotState::kEmpty);
+  EXPECT_EQ(ReadSnapshotPayload(path, 9, payload.size(), info.xxh3).status().code(),
+            StatusCode::kDataLoss);
+
+  auto w = SnapshotFileWriter::Begin(path, info);
+  ASSERT_TRUE(w.ok());
+  for (size_t at = 0; at < payload.size(); at += 3000) {
+    ASSERT_TRUE((*w)->Append(std::string_view(payload).substr(at, 3000)).ok());
+  }
+  EXPECT_EQ((*w)->Append("x").code(), StatusCode::kInvalidArgument);  // past its size
+  ASSERT_TRUE((*w)->Finish().ok());
+  Result<std::string> read = ReadSnapshotPayload(path, 9, payload.size(), info.xxh3);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(*read, payload);
 }
 
 TEST_F(SnapshotFileTest, CorruptionAndStaleStepsAreRefused) {

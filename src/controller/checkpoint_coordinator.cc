@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "checkpoint/snapshot_file.h"
 #include "common/hash.h"
 
 namespace endure::controller {
@@ -191,8 +192,9 @@ RestorePlan CheckpointCoordinator::Plan(const std::vector<std::string>& members,
 
 uint64_t CheckpointCoordinator::SlotBytes() const {
   if (o_.memory_budget == 0) return 0;
-  // Per rank: two T0 slots, and the peer's two replicas of a rank's shard.
-  const uint64_t copies = 2 * static_cast<uint64_t>(o_.ranks_per_node) * (1 + o_.replicas);
+  // Per rank: its T0 slots, and the peer's two replicas of a rank's shard.
+  const uint64_t copies = static_cast<uint64_t>(o_.ranks_per_node) *
+                          (checkpoint::kT0Slots + 2 * static_cast<uint64_t>(o_.replicas));
   return o_.memory_budget / copies;
 }
 

@@ -134,8 +134,8 @@ TEST_F(CheckpointCoordinatorTest, RollbackDropsLaterDurableStepsAndBudgetSplitsS
   EXPECT_EQ(checkpoint::CheckpointDir(Env::Default(), root_).ListSteps(),
             (std::vector<int64_t>{10}));
   EXPECT_EQ(coordinator_->Plan({"node0", "node1"}, 0, -1).Summary(), "fresh start");
-  // 1000 bytes per node: two T0 slots and two T1 replicas per rank.
-  EXPECT_EQ(coordinator_->SlotBytes(), 250u);
+  // 1000 bytes per node: three T0 slots and two T1 replicas per rank.
+  EXPECT_EQ(coordinator_->SlotBytes(), 200u);
   coordinator_->OnMemory(600, 200);
   EXPECT_EQ(coordinator_->ReportJson()["peak_t0_bytes"], 600);
 }
