@@ -25,7 +25,8 @@ checkpointing every step: tokens/s of the demo job with every-step checkpoints
 interleaved.
 
 Usage: recovery_bench.py OUT_DIR [RUNS] [ETTR_SECONDS]
-(BENCH_CKPT_ROUNDS, BENCH_CKPT_STEPS: the checkpoint cost's rounds and steps; 3, 100.)
+(BENCH_CKPT_ROUNDS, BENCH_CKPT_STEPS: the checkpoint cost's rounds and steps; 5, 100.
+BENCH_RECOVERY_PARTS: which parts to run, of routes,ettr,checkpoints; all.)
 """
 
 import json
@@ -237,9 +238,18 @@ def main():
     runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     ettr_seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 300
     os.makedirs(out, exist_ok=True)
-    rounds = int(os.environ.get("BENCH_CKPT_ROUNDS", "3"))
+    rounds = int(os.environ.get("BENCH_CKPT_ROUNDS", "5"))
     ckpt_steps = int(os.environ.get("BENCH_CKPT_STEPS", "100"))
+    parts = os.environ.get("BENCH_RECOVERY_PARTS", "routes,ettr,checkpoints").split(",")
+    if "routes" in parts:
+        routes(out, runs)
+    if "ettr" in parts:
+        ettr(out, ettr_seconds)
+    if "checkpoints" in parts:
+        checkpoint_cost(out, rounds, ckpt_steps)
 
+
+def routes(out, runs):
     kill = '[[faults]]\nkind = "kill"\nrank = 1\nstep = 30\n'
     lose = '[[faults]]\nkind = "kill-agent"\nrank = 1\nstep = 30\n'
     cases = [
@@ -278,7 +288,9 @@ def main():
           f"({'met' if inproc <= step + 0.05 else 'missed'})")
     print(f"(c): {spare:.3f} s (target <= 0.5 s: {'met' if spare <= 0.5 else 'missed'})")
 
-    # ETTR under Poisson kills.
+
+def ettr(out, ettr_seconds):
+    """ETTR under Poisson kills."""
     clean = endure_run(out, "clean", 40)
     t_endure = step_s(clean)
     steps = max(100, int(ettr_seconds / t_endure))
@@ -294,17 +306,20 @@ def main():
              "node_loss_share = 0.1\n")]:
         r = endure_run(out, name, steps, job, "", TIERS, schedule + extra)
         print(f"{title:44} {r['wall_s']:8.1f} {len(r['incidents']):8d} {r['ettr']:6.3f}")
-        routes = {}
+        by_route = {}
         for inc in r["incidents"]:
-            routes[inc.get("route") or "none"] = routes.get(inc.get("route") or "none", 0) + 1
-        print(f"{'':44} routes: " + ", ".join(f"{k} {v}" for k, v in sorted(routes.items())))
+            route = inc.get("route") or "none"
+            by_route[route] = by_route.get(route, 0) + 1
+        print(f"{'':44} routes: " + ", ".join(f"{k} {v}" for k, v in sorted(by_route.items())))
     t_torch = torchrun_step_s(out, 30)
     torch_steps = max(100, int(ettr_seconds / t_torch))
     run, kills = torchrun_poisson(out, torch_steps, 60, 1, ettr_seconds)
     wall = run.end - run.start
     print(f"{'torchrun, kills at the same rate':44} {wall:8.1f} {kills:8d} {run.ettr():6.3f}")
 
-    # Every-step checkpoints against none.
+
+def checkpoint_cost(out, rounds, ckpt_steps):
+    """Every-step checkpoints against none."""
     print()
     print("== every-step checkpoints (T0 copy, T1 replica, T2 every 20 steps) against none: "
           f"tokens/s, {rounds} rounds interleaved, {ckpt_steps} steps each")
@@ -322,9 +337,15 @@ def main():
     stall = median([r["ledger_s"]["checkpoint_stall"] / (r["ledger_s"]["productive"] +
                                                          r["ledger_s"]["checkpoint_stall"])
                     for r in with_ckpt])
+    # Rounds run one after the other: a host whose speed drifts moves both
+    # runs of a round alike, so each round's own ratio is shown too.
+    per_round = [100 * (tokens / step_s(n) - tokens / step_s(w)) / (tokens / step_s(n))
+                 for w, n in zip(with_ckpt, without)]
     print(f"with every-step checkpoints {a:8.0f} tokens/s (stall {100 * stall:.2f}% of a step)")
     print(f"without checkpoints         {b:8.0f} tokens/s")
-    print(f"cost {100 * (b - a) / b:+.2f}% of tokens/s (target <= 1%)")
+    print(f"cost {100 * (b - a) / b:+.2f}% of tokens/s (target <= 1%); by round: " +
+          ", ".join(f"{c:+.1f}%" for c in per_round) +
+          f" (median {statistics.median(per_round):+.2f}%)")
 
 
 if __name__ == "__main__":

@@ -414,6 +414,11 @@ class Session {
   // stdio, _exit(exit_code)), hang (sleeps forever; heartbeats go on), log
   // (the line on stderr, then _exit(1)). Each sends its "fault" datagram first.
   void BeginStep(int64_t step_index);
+  // Whether BeginStep(step_index) will fire such a fault. A trainer that
+  // copies its checkpoint on another thread while the next step computes
+  // lets that copy finish first, so that the fault strikes where it would
+  // with a copy made inside the step.
+  bool StopsAt(int64_t step_index) const;
 
   // Step index `step_index` finished. Applies a due `slow` fault (sleeps
   // (factor - 1) x compute_s from the fault's step on, reported as

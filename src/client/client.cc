@@ -666,6 +666,15 @@ Status Session::Rejoin(std::chrono::milliseconds timeout) {
   return Status::Ok();
 }
 
+bool Session::StopsAt(int64_t step_index) const {
+  return std::any_of(impl_->faults.begin(), impl_->faults.end(), [&](const PendingFault& p) {
+    const FaultKind k = p.fault.kind;
+    return !p.fired && p.fault.step == step_index + 1 &&
+           (k == FaultKind::kKill || k == FaultKind::kExit || k == FaultKind::kHang ||
+            k == FaultKind::kLog);
+  });
+}
+
 void Session::BeginStep(int64_t step_index) {
   Impl& s = *impl_;
   const int64_t step = step_index + 1;

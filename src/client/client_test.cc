@@ -376,6 +376,21 @@ TEST(Session, NanFaultFiresOnceAtItsStep) {
   EXPECT_EQ(s->EndStep(1, 2.9, 0, 0, 0, -1), 2.9);
 }
 
+TEST(Session, StopsAtNamesTheStepsWhoseFaultsEndOrStopTheProcess) {
+  Receiver r;
+  std::map<std::string, std::string> vars = AgentVars(r);
+  vars["ENDURE_FAULTS"] =
+      R"([{"id":"k","kind":"kill","rank":0,"step":3},{"id":"h","kind":"hang","rank":0,"step":5},)"
+      R"({"id":"n","kind":"nan","rank":0,"step":2},{"id":"o","kind":"exit","rank":1,"step":4}])";
+  std::unique_ptr<Session> s = MustCreate(vars);
+  // Step indexes are 0-based: index 2 is step 3.
+  EXPECT_TRUE(s->StopsAt(2));
+  EXPECT_TRUE(s->StopsAt(4));
+  EXPECT_FALSE(s->StopsAt(1));  // a nan fault lets the process go on
+  EXPECT_FALSE(s->StopsAt(3));  // rank 1's exit is not ours
+  EXPECT_FALSE(s->StopsAt(0));
+}
+
 TEST(Session, SlowFaultStretchesEveryStepFromItsStepOn) {
   Receiver r;
   std::map<std::string, std::string> vars = AgentVars(r);

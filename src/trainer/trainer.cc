@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <limits>
 #include <map>
 #include <memory>
@@ -195,26 +196,77 @@ TrainingState CaptureState(GPT& model, torch::optim::AdamW& optimizer, int64_t s
   return state;
 }
 
-// Saves this rank's shard of the state into node memory through the agent:
-// the tensors are split among the ranks by size, and each rank copies only
-// its own, straight from the tensors. Returns whether it was saved.
-Result<bool> SaveShard(Session& session, GPT& model, torch::optim::AdamW& optimizer, int64_t step,
-                       const TrainerOptions& options, const DistEnv& dist) {
-  StateParts parts = CollectState(model, optimizer, step, options);
-  std::vector<uint64_t> sizes;
-  for (const auto& [name, t] : parts.tensors) sizes.push_back(t.nbytes());
-  const std::vector<int> owner = checkpoint::PartitionBySize(sizes, dist.world_size);
+// This rank's shard of the state, ready to be copied into node memory: the
+// tensors are split among the ranks by size, and each rank copies only its
+// own, straight from the live tensors (views: they must not change until the
+// copy is done).
+struct PreparedShard {
+  int64_t step = 0;
+  int shards = 1;
+  StateParts parts;  // keeps the views, and the RNG state's copy, alive
   std::vector<TensorRef> refs;
-  for (size_t i = 0; i < parts.tensors.size(); ++i) {
+  std::string meta;
+};
+
+PreparedShard PrepareShard(GPT& model, torch::optim::AdamW& optimizer, int64_t step,
+                           const TrainerOptions& options, const DistEnv& dist) {
+  PreparedShard shard;
+  shard.step = step;
+  shard.shards = dist.world_size;
+  shard.parts = CollectState(model, optimizer, step, options);
+  std::vector<uint64_t> sizes;
+  for (const auto& [name, t] : shard.parts.tensors) sizes.push_back(t.nbytes());
+  const std::vector<int> owner = checkpoint::PartitionBySize(sizes, dist.world_size);
+  for (size_t i = 0; i < shard.parts.tensors.size(); ++i) {
     if (owner[i] != dist.rank) continue;
-    const torch::Tensor& t = parts.tensors[i].second;
+    const torch::Tensor& t = shard.parts.tensors[i].second;
     ENDURE_CHECK(t.is_contiguous() && t.device().is_cpu());
-    refs.push_back(TensorRef{parts.tensors[i].first, DTypeName(t.scalar_type()),
-                             std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), t.data_ptr(),
-                             t.nbytes()});
+    shard.refs.push_back(TensorRef{shard.parts.tensors[i].first, DTypeName(t.scalar_type()),
+                                   std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
+                                   t.data_ptr(), t.nbytes()});
   }
-  return session.SaveSnapshot(step, dist.world_size, parts.meta.dump(), refs);
+  shard.meta = shard.parts.meta.dump();
+  return shard;
 }
+
+// Copies a prepared shard into node memory through the agent; whether it
+// was saved.
+Result<bool> SaveShard(Session& session, const PreparedShard& shard) {
+  return session.SaveSnapshot(shard.step, shard.shards, shard.meta, shard.refs);
+}
+
+// The checkpoint copy of the step that just ended, made on a thread of its
+// own while the next step's forward and backward passes run: they read the
+// parameters and change neither them nor the optimizer's state. Wait()
+// before anything does (the optimizer step, a rejoin), and before a fault
+// ends the process. At most one copy is in flight.
+class BackgroundSave {
+ public:
+  ~BackgroundSave() {
+    if (future_.valid()) future_.wait();  // the views must outlive the copy
+  }
+  void Start(Session& session, PreparedShard shard) {
+    ENDURE_CHECK(!future_.valid());
+    shard_ = std::make_unique<PreparedShard>(std::move(shard));
+    future_ = std::async(std::launch::async,
+                         [&session, s = shard_.get()] { return SaveShard(session, *s); });
+  }
+  bool pending() const { return future_.valid(); }
+  // Waits for the copy in flight: the step it saved, or -1 when there was
+  // none or it was not saved (every other slot stayed pinned).
+  Result<int64_t> Wait() {
+    if (!future_.valid()) return int64_t{-1};
+    Result<bool> saved = future_.get();
+    const int64_t step = shard_->step;
+    shard_.reset();
+    if (!saved.ok()) return saved.status().WithContext("checkpoint at step " + std::to_string(step));
+    return *saved ? step : int64_t{-1};
+  }
+
+ private:
+  std::unique_ptr<PreparedShard> shard_;
+  std::future<Result<bool>> future_;
+};
 
 // Loads the agent's restore plan: each shard's loader rank reads and checks
 // its copy, then broadcasts the bytes to every rank; all ranks decode all
@@ -958,12 +1010,25 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first
   // on a dead peer, and destroying a group joins its threads. Never freed.
   static auto* abandoned = new std::vector<Cluster>();
   int64_t completed = summary.start_step;  // steps whose update this rank applied
+  // Every-step checkpoints into node memory: each step's copy overlaps the
+  // next step's compute. The first copy (it sizes the slots and checks the
+  // memory budget) and the last are made inside their step.
+  // The step reports a copy as its checkpoint when it starts it: the
+  // controller's ledger counts the step's work saved from then on (a copy
+  // that fails fails the rank at the next step; the restore goes by what the
+  // tiers hold, not by these reports).
+  BackgroundSave background_save;
+  bool first_save = true;
+  auto finish_save = [&]() -> Status { return background_save.Wait().status(); };
   // Joins the generation the agent offers (in-process restart), keeping this
   // process and its state: the old group is abandoned, the new one formed
   // (this rank's place and the world's size may differ: a shrink or a
   // regrow), and the ranks agree on the state (JoinPeerState).
   auto rejoin = [&](const std::string& why) -> Status {
     const auto rejoin_start = Clock::now();
+    // The state may change hands below: the copy in flight ends first.
+    ENDURE_RETURN_IF_ERROR(finish_save());
+    first_save = true;  // a new generation: maybe a new world size, new slots
     std::fprintf(stderr, "endure-train: rank %d: %s; rejoining\n", dist.rank, why.c_str());
     std::fflush(stderr);
     if (Status st = session.Rejoin(std::chrono::seconds(options.collective_timeout_s)); !st.ok()) {
@@ -999,8 +1064,11 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first
       step = completed;
       if (step >= options.steps) break;
     }
+    // An injected fault that ends the process strikes after the copy.
+    if (background_save.pending() && session.StopsAt(step)) ENDURE_RETURN_IF_ERROR(finish_save());
     session.BeginStep(step);  // injected kill/exit/hang/log faults fire here
     const auto step_start = Clock::now();
+    double ckpt_stall_s = 0;
     const double lr = LearningRate(options, step);
     // Every rank has the same skip list, so all of them leave out the same
     // collectives.
@@ -1048,6 +1116,10 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first
         continue;
       }
       comm_s = SecondsSince(comm_start);
+      // The last step's checkpoint copy must be done before the update.
+      const auto wait_start = Clock::now();
+      ENDURE_RETURN_IF_ERROR(finish_save());
+      ckpt_stall_s += SecondsSince(wait_start);
       if (options.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, options.grad_clip);
       optimizer.step();
     }
@@ -1065,18 +1137,25 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first
     const int64_t done = step + 1;
     const bool due =
         (options.ckpt_every > 0 && done % options.ckpt_every == 0) || done == options.steps;
-    double ckpt_stall_s = 0;
     int64_t checkpoint_step = -1;
     if (due && session.memory_checkpoints()) {
       // Every rank copies its shard into node memory; the agent does the rest.
-      ENDURE_RETURN_IF_ERROR(session.Phase("checkpoint"));
       const auto ckpt_start = Clock::now();
-      Result<bool> saved = SaveShard(session, model, optimizer, done, options, dist);
-      if (!saved.ok())
-        return saved.status().WithContext("checkpoint at step " + std::to_string(done));
-      ckpt_stall_s = SecondsSince(ckpt_start);
-      if (*saved) checkpoint_step = done;
-      ENDURE_RETURN_IF_ERROR(session.Phase("train"));
+      ENDURE_RETURN_IF_ERROR(finish_save());  // a skipped step waited for none
+      PreparedShard shard = PrepareShard(model, optimizer, done, options, dist);
+      if (first_save || done == options.steps) {
+        ENDURE_RETURN_IF_ERROR(session.Phase("checkpoint"));
+        Result<bool> saved = SaveShard(session, shard);
+        if (!saved.ok())
+          return saved.status().WithContext("checkpoint at step " + std::to_string(done));
+        if (*saved) checkpoint_step = done;
+        ENDURE_RETURN_IF_ERROR(session.Phase("train"));
+        first_save = false;
+      } else {
+        background_save.Start(session, std::move(shard));
+        checkpoint_step = done;
+      }
+      ckpt_stall_s += SecondsSince(ckpt_start);
     } else if (due && !options.ckpt_dir.empty() && leader) {
       // Data-parallel replicas are identical: rank 0 writes the whole state.
       // Only it is in the checkpoint phase; the others wait for it in the
@@ -1088,7 +1167,7 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first
       if (!stats.ok())
         return stats.status().WithContext("checkpoint at step " + std::to_string(done));
       ENDURE_RETURN_IF_ERROR(ckpt.Retain(options.ckpt_keep));
-      ckpt_stall_s = SecondsSince(ckpt_start);
+      ckpt_stall_s += SecondsSince(ckpt_start);
       checkpoint_step = done;
       ENDURE_RETURN_IF_ERROR(session.Phase("train"));
     }
@@ -1119,6 +1198,7 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first
     }
   }
 
+  ENDURE_RETURN_IF_ERROR(finish_save());
   summary.steps = options.steps;
   summary.final_loss = loss;
   summary.fingerprint = ParamFingerprint(model);
