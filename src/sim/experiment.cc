@@ -108,6 +108,8 @@ Summary RunExperiment(const SimConfig& config, int max_incidents) {
     s.failures += r.failures;
     s.restarts += r.restarts;
     s.in_process_restarts += r.in_process_restarts;
+    s.shrinks += r.shrinks;
+    s.regrows += r.regrows;
     s.replacements += r.replacements;
     s.stragglers += r.stragglers;
     s.stragglers_flagged += r.stragglers_flagged;
@@ -130,6 +132,8 @@ Summary RunExperiment(const SimConfig& config, int max_incidents) {
   s.failures /= n;
   s.restarts /= n;
   s.in_process_restarts /= n;
+  s.shrinks /= n;
+  s.regrows /= n;
   s.replacements /= n;
   s.stragglers /= n;
   for (double* v : {&s.stragglers_flagged, &s.straggler_moves, &s.sdc_events, &s.sdc_detected,

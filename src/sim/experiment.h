@@ -27,6 +27,8 @@ struct Summary {
   double failures = 0;  // mean per run
   double restarts = 0;
   double in_process_restarts = 0;  // of them, in process
+  double shrinks = 0;              // recoveries that went on with fewer nodes
+  double regrows = 0;              // growths back, in process
   double replacements = 0;         // nodes swapped into the job
   double stragglers = 0;
   double stragglers_flagged = 0;

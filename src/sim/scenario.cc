@@ -118,6 +118,10 @@ const std::vector<Knob>& KnobTable() {
       KNOB_DURATION("in-process-restart",
                     "recovery time of an in-process restart: rejoin and peer state (default 30s)",
                     c.in_process_restart = v),
+      KNOB_INT("min-nodes",
+               "elastic: go on with fewer nodes, down to this many, when no spare is left, and "
+               "grow back when one is (needs --in-process; default 0: never)",
+               c.min_nodes = v),
       KNOB_DOUBLE("stragglers", "share of nodes (0..1) that join slow (default 0)",
                   c.straggler_share = v),
       KNOB_DOUBLE("straggler-factor", "how many times slower a straggler makes the job (1.5)",
@@ -390,6 +394,14 @@ Status Finalize(SimConfig& c) {
   }
   if (c.spares < 0 || c.spares > (int64_t{1} << 30)) {
     return Bad(c.Where("spares"), "must be between 0 and 2^30, got " + std::to_string(c.spares));
+  }
+  if (c.min_nodes < 0 || c.min_nodes > c.nodes) {
+    return Bad(c.Where("min-nodes"), "must be between 0 and the job's " + std::to_string(c.nodes) +
+                                         " nodes, got " + std::to_string(c.min_nodes));
+  }
+  if (c.min_nodes > 0 && !c.in_process) {
+    return Bad(c.Where("min-nodes"),
+               "a job shrinks and grows in process: set in-process too (or min-nodes 0)");
   }
   if (c.runs < 1 || c.runs > 100000) {
     return Bad(c.Where("runs"), "must be between 1 and 100000, got " + std::to_string(c.runs));

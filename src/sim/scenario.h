@@ -90,6 +90,14 @@ struct SimConfig {
   // failure restarts from the newest checkpoint.
   bool in_process = false;
   Duration in_process_restart = std::chrono::seconds(30);
+  // Elastic shrink and regrow (`[job] min_nodes`; needs in_process): a job
+  // that loses nodes with no spare for them goes on with the nodes it has,
+  // down to `min_nodes`, at the same global batch, so each step takes
+  // nodes / (nodes in the job) as long (the lost share booked as other);
+  // when a repaired node or a spare becomes free it grows back in process
+  // (costing in_process_restart, nothing lost). 0: never shrinks (the job
+  // waits for a spare or a repair).
+  int64_t min_nodes = 0;
 
   // Stragglers: each node that joins the job is slow with probability
   // `straggler_share`, by a factor drawn uniformly from [straggler_factor,

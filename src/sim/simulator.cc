@@ -377,6 +377,11 @@ class Run {
       factor = std::max(factor, s.factor);
       unflagged = unflagged || !s.flagged;
     }
+    // A shrunk job computes the same global batch on fewer nodes.
+    if (!vacant_.empty()) {
+      factor *= static_cast<double>(c_.nodes) /
+                static_cast<double>(c_.nodes - static_cast<int64_t>(vacant_.size()));
+    }
     LedgerCategory lost_to = unflagged ? LedgerCategory::kDetection : LedgerCategory::kOther;
     if (factor == speed_ && lost_to == lost_to_) return;
     SyncProgress();
@@ -434,6 +439,7 @@ class Run {
         segment_done_ = Duration(0);
         ++result_.checkpoints;
         StartTraining(/*new_generation=*/false);
+        MaybeRegrow();  // a node freed while the checkpoint was written
         break;
       case Phase::kDetect:
         Decide();
@@ -565,10 +571,13 @@ class Run {
     facts.action = d.action;
     facts.backoff = d.delay > Duration(0);
     facts.hang = c_.causes[f.cause].name == "hang";
-    facts.world_size = static_cast<int>(std::min<int64_t>(c_.nodes * c_.gpus_per_node, 1 << 30));
+    // The job's nodes when it failed (the failed node is evicted only after
+    // this decision).
+    const int64_t members = c_.nodes - static_cast<int64_t>(vacant_.size());
+    facts.world_size = static_cast<int>(std::min<int64_t>(members * c_.gpus_per_node, 1 << 30));
     facts.failed_ranks = static_cast<int>(c_.gpus_per_node);
-    facts.nodes = static_cast<int>(std::min<int64_t>(c_.nodes, 1 << 30));
-    // min_nodes stays 0: the simulator does not model a shrunk job yet.
+    facts.nodes = static_cast<int>(std::min<int64_t>(members, 1 << 30));
+    facts.min_nodes = static_cast<int>(c_.min_nodes);
     const bool leaves = d.action == RecoveryAction::kReplaceWithSpare ||
                         d.action == RecoveryAction::kEvictAndWaitForRepair;
     facts.nodes_to_replace = leaves ? 1 : 0;
@@ -604,6 +613,7 @@ class Run {
       if (d.action != RecoveryAction::kStop && d.action != RecoveryAction::kTolerate) {
         const core::RouteDecision route = RouteOf(f, d, event.spares_available);
         in_place = in_place && route.route != core::RecoveryRoute::kFullRestart;
+        if (route.route == core::RecoveryRoute::kShrink) ++result_.shrinks;
         incident.route = route.route;
         incident.route_reason = route.reason;
       } else {
@@ -645,7 +655,7 @@ class Run {
     FillVacancies();
     if (now_ < backoff_until_) {
       Enter(Phase::kBackoff, LedgerCategory::kOther, backoff_until_ - now_);
-    } else if (!vacant_.empty()) {
+    } else if (static_cast<int64_t>(vacant_.size()) > Shrinkable()) {
       Enter(Phase::kWaitSpare, LedgerCategory::kOther, kNever);
     } else if (now_ < repair_wait_until_) {
       Enter(Phase::kWaitRepair, LedgerCategory::kOther, repair_wait_until_ - now_);
@@ -677,6 +687,25 @@ class Run {
     strikes_.Release(node);
     flaky_[node.value] = 0;
     if (phase_ == Phase::kWaitSpare) ProceedWhileDown();
+    if (phase_ == Phase::kTraining) MaybeRegrow();
+  }
+
+  // How many empty slots the job trains with (elastic: down to min_nodes;
+  // the first start waits for every node, as the job machine's does).
+  int64_t Shrinkable() const {
+    return c_.min_nodes > 0 && started_ ? c_.nodes - c_.min_nodes : 0;
+  }
+
+  // A shrunk job grows back in process once a node is free for an empty
+  // slot (as the job machine's MaybeGrow does at the next step): the ranks
+  // keep their state, and the rejoin costs in_process_restart.
+  void MaybeRegrow() {
+    if (vacant_.empty() || pool_.spares_available() == 0) return;
+    SyncProgress();
+    FillVacancies();
+    ++result_.regrows;
+    resume_in_place_ = true;
+    Enter(Phase::kRestart, LedgerCategory::kRecovery, c_.in_process_restart);
   }
 
   // The detector flags every straggler whose window is complete. In node

@@ -11,6 +11,9 @@
 //  - The job is then down: detection, the policy's backoff, waiting for a
 //    spare or a repair, then `restart`. A failure while down starts the
 //    detection over (the restart itself can fail), as in the exact model.
+//  - Elastic (min_nodes): with no spare, the job goes on with fewer nodes at
+//    a proportionally slower step, and grows back in process when a node is
+//    free again.
 //  - Implicit failures: stragglers flagged after the detector's window and
 //    decided by core::DecideStraggler; silent data corruption found by the
 //    SDC check (or, without one, by a loss spike much later); strikes per
@@ -83,6 +86,8 @@ struct RunResult {
   int64_t checkpoints = 0;
   int64_t restarts = 0;
   int64_t in_process_restarts = 0;  // of them, in process (SimConfig::in_process)
+  int64_t shrinks = 0;              // recoveries that went on with fewer nodes (route shrink)
+  int64_t regrows = 0;              // returns of a shrunk job to more nodes, in process
   int64_t replacements = 0;         // nodes swapped into the job (spares, repaired nodes)
   int64_t events = 0;               // discrete events processed
   bool gave_up = false;

@@ -367,5 +367,63 @@ TEST(Simulator, InProcessRestartsLoseNoSegmentExceptWhereTheRouteSaysFull) {
   EXPECT_THAT(h.incidents[0].route_reason, ::testing::HasSubstr("a hang stops every rank"));
 }
 
+// Issue 14: with no spare, a lost node stops a job until its repair; an
+// elastic one (min_nodes) goes on with the others at their pace and grows
+// back, in process, when the node is repaired.
+TEST(Simulator, AnElasticJobGoesOnWithFewerNodesAndGrowsBackWhenTheNodeIsRepaired) {
+  SimConfig c;
+  c.nodes = 4;
+  c.spares = 0;
+  c.failure_rate = 0;
+  c.duration = hours(24);
+  c.ckpt_interval = minutes(30);
+  c.repair = hours(4);
+  c.health_check = false;
+  c.in_process = true;
+  c.in_process_restart = seconds(30);
+  c.cause_mix = "llama3";  // faulty_gpu: the node is evicted for repair
+  c.script = {{ScriptedEvent::Kind::kFailure, hours(2), core::NodeId{1}, "faulty_gpu", 1}};
+  RunResult waits = SimulateRun(Final(c), 1, 100);
+  c.min_nodes = 3;
+  RunResult elastic = SimulateRun(Final(c), 1, 100);
+
+  // Without min_nodes: the node is evicted and the job waits for its repair.
+  ASSERT_EQ(waits.failures, 1);
+  EXPECT_EQ(waits.shrinks, 0);
+  EXPECT_GE(waits.category(LedgerCategory::kOther), c.repair - minutes(1));
+
+  ASSERT_EQ(elastic.failures, 1);
+  EXPECT_EQ(elastic.shrinks, 1);
+  EXPECT_EQ(elastic.regrows, 1);
+  ASSERT_FALSE(elastic.incidents.empty());
+  EXPECT_EQ(elastic.incidents[0].route, core::RecoveryRoute::kShrink);
+  EXPECT_EQ(elastic.incidents[0].action, "evict_and_wait_for_repair");
+  // Nothing recomputed: the failure and the regrow both kept the state.
+  EXPECT_EQ(elastic.category(LedgerCategory::kRecompute), Duration(0));
+  // Four hours on 3 nodes of 4: a quarter of them is lost to the slower
+  // steps (booked as other), not all of them to waiting.
+  const double other_h = Seconds(elastic.category(LedgerCategory::kOther)) / 3600;
+  EXPECT_NEAR(other_h, 4.0 / 4, 0.05);
+  EXPECT_EQ(LedgerSum(elastic), elastic.wall);
+  EXPECT_GT(elastic.ettr(), waits.ettr() + 0.1);
+
+  // Fewer nodes than min_nodes would leave: the job waits, as without it.
+  c.min_nodes = 4;
+  RunResult strict = SimulateRun(Final(c), 1, 100);
+  EXPECT_EQ(strict.shrinks, 0);
+  EXPECT_EQ(strict.ettr(), waits.ettr());
+}
+
+TEST(Simulator, MinNodesIsCheckedAgainstTheJob) {
+  SimConfig c;
+  c.nodes = 4;
+  c.min_nodes = 5;
+  c.in_process = true;
+  EXPECT_THAT(Finalize(c).message(), ::testing::HasSubstr("min-nodes"));
+  c.min_nodes = 2;
+  c.in_process = false;
+  EXPECT_THAT(Finalize(c).message(), ::testing::HasSubstr("set in-process too"));
+}
+
 }  // namespace
 }  // namespace endure::sim

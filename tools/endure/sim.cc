@@ -166,6 +166,7 @@ Json ConfigJson(const SimConfig& c) {
               {"spares", c.spares},
               {"in_process", c.in_process},
               {"in_process_restart_s", Seconds(c.in_process_restart)},
+              {"min_nodes", c.min_nodes},
               {"stragglers", c.straggler_share},
               {"straggler_factor", c.straggler_factor},
               {"straggler_factor_max", c.StragglerFactorMax()},
@@ -225,6 +226,8 @@ int RunSimulation(const SimConfig& c, const SimFlags& flags) {
              {"failures_by_cause", causes},
              {"restarts", s.restarts},
              {"in_process_restarts", s.in_process_restarts},
+             {"shrinks", s.shrinks},
+             {"regrows", s.regrows},
              {"replacements", s.replacements},
              {"stragglers", s.stragglers},
              {"stragglers_flagged", s.stragglers_flagged},
@@ -257,6 +260,7 @@ int RunSimulation(const SimConfig& c, const SimFlags& flags) {
   std::printf("failures    %.1f per run (restarts %.1f, nodes replaced %.1f", s.failures,
               s.restarts, s.replacements);
   if (c.in_process) std::printf(", in process %.1f", s.in_process_restarts);
+  if (c.min_nodes > 0) std::printf(", shrunk %.1f, grown back %.1f", s.shrinks, s.regrows);
   std::printf(")\n");
   if (c.straggler_share > 0) {
     std::printf("stragglers  %.1f per run joined, %.1f flags, %.1f swapped or evicted\n",
