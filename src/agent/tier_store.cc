@@ -59,7 +59,7 @@ uint64_t FileSize(const std::string& path) {
 // starved outright). On a node with spare cores, a GPU node's, that changes
 // nothing; on one whose cores training keeps busy, the replica work waits for
 // the gaps training leaves (an allreduce's wait, a step's end). Measured on
-// 2 busy cores (bench/recovery_bench.py): at nice 10 every-step replication
+// 2 busy cores (T0 + T1, 3 rounds of 100 steps): at nice 10 every-step replication
 // cost 4% of tokens/s, in idle time nothing measurable, and it still kept
 // up with every step. Where it falls behind, the worker never waits for it
 // (three T0 slots): a replica is older, and a restore after a node loss may

@@ -110,7 +110,7 @@ TEST_F(TierStoreTest, AReplicaLargerThanTheMemoryBudgetIsRefusedBeforeItsBytes) 
 }
 
 TEST_F(TierStoreTest, AFloodOfSnapshotNoticesKeepsOnePerRank) {
-  // Workers announce snapshots faster than they can be copied out: only the
+  // Workers announce snapshots faster than they can be replicated: only the
   // newest notice of each rank waits, whatever the flood.
   StartStore();
   size_t most = 0;

@@ -1117,9 +1117,11 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first
       }
       comm_s = SecondsSince(comm_start);
       // The last step's checkpoint copy must be done before the update.
-      const auto wait_start = Clock::now();
-      ENDURE_RETURN_IF_ERROR(finish_save());
-      ckpt_stall_s += SecondsSince(wait_start);
+      if (background_save.pending()) {
+        const auto wait_start = Clock::now();
+        ENDURE_RETURN_IF_ERROR(finish_save());
+        ckpt_stall_s += SecondsSince(wait_start);
+      }
       if (options.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, options.grad_clip);
       optimizer.step();
     }
