@@ -160,6 +160,7 @@ PYBIND11_MODULE(_endure, m) {
       .def("before_collective", &Session::BeforeCollective,
            py::call_guard<py::gil_scoped_release>())
       .def("should_skip", &Session::ShouldSkip)
+      .def("declare_deterministic", &Session::DeclareDeterministic)
       .def("set_tokens_per_step", &Session::SetTokensPerStep)
       .def("set_total_steps", &Session::SetTotalSteps)
       .def("announce_stack_signal",

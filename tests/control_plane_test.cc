@@ -31,6 +31,23 @@ using testing_support::ReadAll;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
+// The pids of live processes whose command line or environment holds `needle`.
+std::vector<pid_t> ProcessesHolding(const std::string& needle) {
+  std::vector<pid_t> out;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = ReadAll(entry.path() / "stat");
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] == 'Z') continue;
+    if (ReadAll(entry.path() / "cmdline").find(needle) != std::string::npos ||
+        ReadAll(entry.path() / "environ").find(needle) != std::string::npos) {
+      out.push_back(std::stoi(name));
+    }
+  }
+  return out;
+}
+
 struct JobResult {
   ExitStatus exit;
   std::string output;
@@ -293,9 +310,23 @@ TEST_F(ControlPlaneTest, HangIsDetectedWithinItsTimeoutPlusOneSecond) {
 }
 
 TEST_F(ControlPlaneTest, NanLossRollsBackToTheCheckpointBeforeIt) {
-  nlohmann::json inc = ExpectRecovered("nan", "kind = \"nan\"\nrank = 1\nstep = 13\n", "loss_nan");
+  JobResult r;
+  nlohmann::json inc = ExpectRecovered("nan", "kind = \"nan\"\nrank = 1\nstep = 13\n", "loss_nan",
+                                       "", "every_steps = 5\n", &r);
   EXPECT_EQ(inc.value("action", ""), "roll_back");
   EXPECT_EQ(inc.value("rank", -1), 1) << inc.dump(2);
+  // endure-train is deterministic: the step was replayed, rank 1's loss came
+  // back finite, so the NaN was a fault (not the data) and its node a suspect.
+  EXPECT_EQ(r.report.value("anomaly_mode", ""), "replay") << r.report.dump(2);
+  EXPECT_TRUE(r.report["data_anomalies"].empty()) << r.report.dump(2);
+  EXPECT_NE(inc.value("reason", "").find("replay of step 13: the loss changed (rank 1 nan then "),
+            std::string::npos)
+      << inc.dump(2);
+  EXPECT_NE(inc.value("reason", "").find("the loss_nan was a fault, not the data"),
+            std::string::npos)
+      << inc.dump(2);
+  EXPECT_EQ(inc["suspects"], nlohmann::json::array({NodesThatRan("nan", 0, 1).at(0)}))
+      << inc.dump(2);
   // Checkpoints at 5 and 10: the newest before the NaN at step 13 is 10.
   EXPECT_EQ(inc.value("restored_step", -1), 10) << inc.dump(2);
   EXPECT_EQ(inc.value("restore", "").rfind("step 10 from ", 0), 0u) << inc.dump(2);
@@ -325,12 +356,31 @@ TEST_F(ControlPlaneTest, XidLineEvictsTheNode) {
 TEST_F(ControlPlaneTest, AnXidInTheKernelLogNamesTheCauseOfAWorkersDeath) {
   const fs::path kmsg = dir_ / "kernel.log";
   std::ofstream(kmsg) << "6,1,100,-;Linux version 6.1.0 (old news)\n";
-  const std::string spec = Spec("kmsg", "[[faults]]\nkind = \"kill\"\nrank = 1\nstep = 15\n");
+  // Ordered by events, not by speed: rank 1 stops in step 15 (a hang whose
+  // timeout is far away), the Xid is written once it has, and only then does
+  // the test kill it, as the GPU falling off the bus would.
+  const std::string spec = Spec("kmsg",
+                                "[detection]\nhang_timeout_floor = \"10m\"\n"
+                                "[[faults]]\nkind = \"hang\"\nrank = 1\nstep = 15\n");
   std::unique_ptr<Running> run = StartRun(spec, {{"ENDURE_KERNEL_LOG", kmsg.string()}});
-  AwaitStep(*run, "kmsg", 5);
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (WorkerLogs("kmsg", 0, 1).find("hanging in step 15") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline && !run->Ended(50ms)) {
+  }
+  ASSERT_NE(WorkerLogs("kmsg", 0, 1).find("hanging in step 15"), std::string::npos)
+      << ReadAll(dir_ / "kmsg.out");
   std::ofstream(kmsg, std::ios::app)
       << "3,2,200,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=endure-train, GPU has fallen "
          "off the bus.\n";
+  std::vector<pid_t> rank1;
+  for (pid_t pid : ProcessesHolding("gen0-rank1.stacks")) {
+    if (ReadAll("/proc/" + std::to_string(pid) + "/environ").find((dir_ / "kmsg").string()) !=
+        std::string::npos) {
+      rank1.push_back(pid);
+    }
+  }
+  ASSERT_EQ(rank1.size(), 1u) << ::testing::PrintToString(rank1);
+  ASSERT_EQ(::kill(rank1[0], SIGKILL), 0);
   JobResult r = Finish(*run, spec);
   ASSERT_TRUE(r.exit.Success()) << r.output;
   EXPECT_EQ(r.report.value("steps", 0), 30);
@@ -1271,23 +1321,6 @@ JobResult RunWithin(const fs::path& spec, std::chrono::seconds limit) {
   const std::string report = ReadAll(fs::path(spec).replace_extension("") / "report.json");
   r.report = nlohmann::json::parse(report.empty() ? "{}" : report, nullptr, false);
   return r;
-}
-
-// The pids of live processes whose command line or environment holds `needle`.
-std::vector<pid_t> ProcessesHolding(const std::string& needle) {
-  std::vector<pid_t> out;
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string stat = ReadAll(entry.path() / "stat");
-    const size_t paren = stat.rfind(')');
-    if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] == 'Z') continue;
-    if (ReadAll(entry.path() / "cmdline").find(needle) != std::string::npos ||
-        ReadAll(entry.path() / "environ").find(needle) != std::string::npos) {
-      out.push_back(std::stoi(name));
-    }
-  }
-  return out;
 }
 
 // Waits up to `limit` for no live process to hold `needle`.

@@ -59,7 +59,8 @@
 //
 // Datagrams: JSON objects; every one has "type", "token", "generation",
 // "rank" and "t" (wall-clock seconds since the epoch, a double).
-//   {"type":"ready","start_step":N,"restore_s":x,"init_s":y[,"rejoin":true]}
+//   {"type":"ready","start_step":N,"restore_s":x,"init_s":y[,"rejoin":true]
+//    [,"deterministic":true]}
 //       "rejoin": the process can join a later generation in place (it
 //       calls Rejoin when a collective fails), so that the controller may
 //       replace only a failed peer instead of restarting every rank.
@@ -307,6 +308,14 @@ class Session {
   bool rejoin_offered_here() const;
   // This process rejoins generations: its "ready" datagrams say so.
   void DeclareRejoin();
+  // This program computes the same loss bit for bit when it replays a step
+  // from the same state and data (fixed seeds, deterministic kernels, an
+  // exact or fixed-order reduction). Call before Ready. A loss anomaly is
+  // then judged by replaying its step: a loss that comes back bit for bit is
+  // the data's and training goes on through it; one that changes was a fault
+  // and its rank's node is struck. Without it, an anomaly rolls back and a
+  // recurrence skips the step's data ([anomaly] in docs/job_spec.md).
+  void DeclareDeterministic();
   // Whether the agent has offered a generation later than this session's
   // (reads the small file; call it while a collective waits, not per step).
   bool RejoinPending() const;

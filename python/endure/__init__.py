@@ -249,6 +249,16 @@ class Session:
 
     # ---- progress ----
 
+    def declare_deterministic(self) -> None:
+        """Says that this program computes the same loss bit for bit when it
+        replays a step from the same state and data (fixed seeds, deterministic
+        kernels, a fixed-order reduction). Call before `ready`. A loss anomaly
+        is then judged by replaying its step: a loss that comes back bit for
+        bit is the data's and training goes on through it; one that changes was
+        a fault, and its rank's node is struck. See [anomaly] in
+        docs/job_spec.md."""
+        self._impl.declare_deterministic()
+
     def ready(self, start_step: int, restore_s: float = 0.0,
               init_s: Optional[float] = None) -> None:
         """After the restore, before the first step: training starts at index

@@ -395,6 +395,7 @@ void Agent::HandleDatagram(std::string_view bytes) {
     r->set_restore_s(m->restore_s);
     r->set_init_s(m->init_s);
     r->set_rejoin(m->rejoin);
+    r->set_deterministic(m->deterministic);
   } else if (const auto* m = std::get_if<SnapshotMessage>(&d.message)) {
     tiers_->Notify({d.rank, m->step, m->shards, m->path});
     return;

@@ -171,6 +171,7 @@ Result<DatagramMessage> ParseMessage(const std::string& type, const Json& j, int
     ENDURE_ASSIGN_OR_RETURN(m.restore_s, Real(j, "restore_s", 0, kMaxSeconds, 0.0));
     ENDURE_ASSIGN_OR_RETURN(m.init_s, Real(j, "init_s", 0, kMaxSeconds, 0.0));
     ENDURE_ASSIGN_OR_RETURN(m.rejoin, Bool(j, "rejoin", false));
+    ENDURE_ASSIGN_OR_RETURN(m.deterministic, Bool(j, "deterministic", false));
     return DatagramMessage(m);
   }
   if (type == "heartbeat") {

@@ -37,7 +37,8 @@ struct ReadyMessage {
   int64_t start_step = 0;  // the step it restored (0: fresh)
   double restore_s = 0;
   double init_s = 0;
-  bool rejoin = false;  // it rejoins later generations in place (client.h Rejoin)
+  bool rejoin = false;         // it rejoins later generations in place (client.h Rejoin)
+  bool deterministic = false;  // it replays a step bit for bit (client.h DeclareDeterministic)
 };
 
 // "heartbeat": the worker is alive; `step` completed so far (-1: none yet).

@@ -157,6 +157,7 @@ struct Session::Impl {
   std::string rejoin_file;    // ENDURE_REJOIN_FILE
   bool peer_restore = false;  // ENDURE_PEER_RESTORE=1
   bool declares_rejoin = false;
+  bool declares_deterministic = false;
   std::unique_ptr<checkpoint::SnapshotWriter> snapshots;  // training thread only
   std::chrono::nanoseconds heartbeat_interval{500'000'000};
   std::vector<PendingFault> faults;  // only touched by the training thread
@@ -581,11 +582,13 @@ void Session::Ready(int64_t start_step, double restore_s, double init_s) {
   j["restore_s"] = restore_s;
   j["init_s"] = init_s;
   if (s.declares_rejoin) j["rejoin"] = true;
+  if (s.declares_deterministic) j["deterministic"] = true;
   s.Send(j.dump(), /*retry=*/false);
 }
 
 bool Session::rejoin_offered_here() const { return !impl_->rejoin_file.empty(); }
 void Session::DeclareRejoin() { impl_->declares_rejoin = !impl_->rejoin_file.empty(); }
+void Session::DeclareDeterministic() { impl_->declares_deterministic = true; }
 bool Session::peer_restore() const { return impl_->peer_restore; }
 
 namespace {
@@ -658,6 +661,7 @@ Status Session::Rejoin(std::chrono::milliseconds timeout) {
   next.total_steps = old.total_steps;
   next.phase = old.phase;
   next.declares_rejoin = old.declares_rejoin;
+  next.declares_deterministic = old.declares_deterministic;
   next.peer_restore = false;  // this process holds its state
   next.steps_done.store(old.steps_done.load());
   if (next.rank == old.rank && next.t0_dir == old.t0_dir) next.snapshots = std::move(old.snapshots);

@@ -352,8 +352,12 @@ ControllerShell::Queued ControllerShell::Translate(const proto::AgentEvent& e, N
   q.node = node;
   switch (e.event_case()) {
     case proto::AgentEvent::kWorkerReady:
-      q.event = core::WorkerReady{gen, e.worker_ready().rank(), e.worker_ready().start_step(),
-                                  e.worker_ready().restore_s(), e.worker_ready().rejoin()};
+      q.event = core::WorkerReady{gen,
+                                  e.worker_ready().rank(),
+                                  e.worker_ready().start_step(),
+                                  e.worker_ready().restore_s(),
+                                  e.worker_ready().rejoin(),
+                                  e.worker_ready().deterministic()};
       break;
     case proto::AgentEvent::kStep: {
       const auto& s = e.step();

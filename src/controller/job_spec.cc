@@ -22,7 +22,8 @@ namespace endure::controller {
 namespace {
 
 constexpr std::string_view kTables =
-    "[job], [checkpoint], [detection], [isolation], [recovery], [control_plane], [cluster], "
+    "[job], [checkpoint], [detection], [anomaly], [isolation], [recovery], [control_plane], "
+    "[cluster], "
     "[[faults]], "
     "[faults_schedule]";
 
@@ -303,9 +304,9 @@ Status SpecParser::Parse(std::string_view text, JobSpec& spec) {
       if (array == nullptr || !array->is_array_of_tables()) {
         return Error(line, name, "expected an array of tables: write each fault as [[faults]]");
       }
-    } else if (name == "job" || name == "checkpoint" || name == "detection" || name == "recovery" ||
-               name == "control_plane" || name == "faults_schedule" || name == "isolation" ||
-               name == "cluster") {
+    } else if (name == "job" || name == "checkpoint" || name == "detection" || name == "anomaly" ||
+               name == "recovery" || name == "control_plane" || name == "faults_schedule" ||
+               name == "isolation" || name == "cluster") {
       if (!value.is_table())
         return Error(line, name, "expected a table: write it as [" + name + "]");
     } else {
@@ -327,6 +328,17 @@ Status SpecParser::Parse(std::string_view text, JobSpec& spec) {
   if (spec.checkpoint.dir.empty()) spec.checkpoint.dir = JoinPath(spec.state_dir, "ckpt");
   if (const toml::table* t = root["detection"].as_table()) {
     ENDURE_RETURN_IF_ERROR(ParseDetection(*t, spec));
+  }
+  if (const toml::table* t = root["anomaly"].as_table()) {
+    ENDURE_RETURN_IF_ERROR(
+        Keys(*t, "anomaly",
+             {{"on_data_spike", [&](const toml::node& v, const std::string& key) -> Status {
+                 ENDURE_ASSIGN_OR_RETURN(std::string name, String(v, key));
+                 Result<core::DataSpikeAction> a = core::ParseDataSpikeAction(name);
+                 if (!a.ok()) return Error(v, key, a.status().message());
+                 spec.detection.on_data_spike = *a;
+                 return Status::Ok();
+               }}}));
   }
   spec.recovery.paths["node_lost"] = core::RecoveryPath::kEvictAndReplace;
   if (const toml::table* t = root["recovery"].as_table()) {
@@ -585,6 +597,11 @@ Status SpecParser::ParseDetection(const toml::table& t, JobSpec& spec) {
                ENDURE_ASSIGN_OR_RETURN(d.loss_spike_z, Number(v, key, 0.0, true));
                return Status::Ok();
              }},
+            {"loss_spike_min_jump",
+             [&](const toml::node& v, const std::string& key) -> Status {
+               ENDURE_ASSIGN_OR_RETURN(d.loss_spike_min_jump, Number(v, key, 0.0, false));
+               return Status::Ok();
+             }},
             {"loss_window",
              [&](const toml::node& v, const std::string& key) -> Status {
                ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 2, kMaxDetectionWindow));
@@ -635,6 +652,7 @@ Status SpecParser::ParseDetection(const toml::table& t, JobSpec& spec) {
                d.straggler_window = static_cast<int>(n);
                return Status::Ok();
              }},
+            {"straggler_min_excess", duration(&d.straggler_min_excess, false)},
             {"straggler_min_slow",
              [&](const toml::node& v, const std::string& key) -> Status {
                ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1, kMaxDetectionWindow));
@@ -1043,6 +1061,9 @@ core::JobMachineOptions MachineOptions(const JobSpec& spec) {
   o.loss.window = d.loss_window;
   o.loss.min_count = std::min(o.loss.min_count, d.loss_window);
   o.loss.z_threshold = d.loss_spike_z;
+  o.loss.min_jump = d.loss_spike_min_jump;
+  o.anomaly.on_data_spike = d.on_data_spike;
+  o.isolation.straggler.min_excess_s = Seconds(d.straggler_min_excess);
   o.anomaly.on_recurrence = d.on_recurrence;
   o.hang.phase_first_timeout = d.phase_timeout;
   o.isolation.straggler.enabled = d.stragglers;

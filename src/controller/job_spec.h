@@ -67,8 +67,9 @@ struct DetectionSpec {
   Duration startup_timeout = std::chrono::seconds(60);
   Duration heartbeat_timeout = std::chrono::seconds(10);
   bool loss_anomalies = true;
-  double loss_spike_z = 6.0;
-  int loss_window = 50;
+  double loss_spike_z = 8.0;         // robust deviations (1.4826 x MAD) above the median
+  double loss_spike_min_jump = 1.0;  // ... and at least this x |median| above it
+  int loss_window = 200;
   core::AnomalyRecurrence on_recurrence = core::AnomalyRecurrence::kSkipStep;
   std::string log_rules;  // a file or directory; empty: the shipped config/log_rules/
   Duration stack_timeout = std::chrono::seconds(10);
@@ -86,6 +87,12 @@ struct DetectionSpec {
   double straggler_theta = 0.10;
   int straggler_window = 20;
   int straggler_min_slow = 12;
+  // ... and only by more than this much compute a step (timer resolution and
+  // scheduling below it).
+  Duration straggler_min_excess = std::chrono::milliseconds(10);
+  // [anomaly] on_data_spike: a deterministic program's loss spike that its
+  // replay reproduced.
+  core::DataSpikeAction on_data_spike = core::DataSpikeAction::kContinue;
   // Every this many steps each rank fingerprints its parameters after the
   // optimizer step; the replicas must agree bit for bit. 0: no SDC check.
   int64_t sdc_check_every = 0;

@@ -205,9 +205,12 @@ TEST(JobSpec, AppliesDefaults) {
   EXPECT_EQ(d.startup_timeout, std::chrono::seconds(60));
   EXPECT_EQ(d.heartbeat_timeout, std::chrono::seconds(10));
   EXPECT_TRUE(d.loss_anomalies);
-  EXPECT_DOUBLE_EQ(d.loss_spike_z, 6.0);
-  EXPECT_EQ(d.loss_window, 50);
+  EXPECT_DOUBLE_EQ(d.loss_spike_z, 8.0);
+  EXPECT_DOUBLE_EQ(d.loss_spike_min_jump, 1.0);
+  EXPECT_EQ(d.loss_window, 200);
   EXPECT_EQ(d.on_recurrence, core::AnomalyRecurrence::kSkipStep);
+  EXPECT_EQ(d.on_data_spike, core::DataSpikeAction::kContinue);
+  EXPECT_EQ(d.straggler_min_excess, std::chrono::milliseconds(10));
   EXPECT_EQ(d.log_rules, "");
   EXPECT_EQ(d.stack_timeout, std::chrono::seconds(10));
   EXPECT_EQ(d.progress_pattern, "");
@@ -255,11 +258,16 @@ startup_timeout = "5m"
 heartbeat_timeout = "3s"
 loss_anomalies = false
 loss_spike_z = 8.5
+loss_spike_min_jump = 0.5
 loss_window = 10
 on_recurrence = "stop"
+straggler_min_excess = "25ms"
 log_rules = "my_rules.toml"
 stack_timeout = "20s"
 progress_pattern = 'step (?P<step>\d+) loss (?P<loss>\S+)'
+
+[anomaly]
+on_data_spike = "skip"
 
 [recovery]
 max_restarts = 0
@@ -356,6 +364,9 @@ horizon = "5m"
   EXPECT_EQ(o.loss.window, 10);
   EXPECT_LE(o.loss.min_count, 10);
   EXPECT_DOUBLE_EQ(o.loss.z_threshold, 8.5);
+  EXPECT_DOUBLE_EQ(o.loss.min_jump, 0.5);
+  EXPECT_EQ(o.anomaly.on_data_spike, core::DataSpikeAction::kSkip);
+  EXPECT_DOUBLE_EQ(o.isolation.straggler.min_excess_s, 0.025);
   EXPECT_EQ(o.anomaly.on_recurrence, core::AnomalyRecurrence::kStop);
   EXPECT_EQ(o.recovery.max_restarts_in_window, 0);
   EXPECT_EQ(o.recovery.restart_window, std::chrono::hours(2));
@@ -411,15 +422,28 @@ TEST(JobSpec, MemoryBudgetUnits) {
               HasSubstr("job.toml:6: key 'checkpoint.memory_budget': unknown unit"));
 }
 
+TEST(JobSpec, ABadAnomalyActionOrStragglerFloorNamesItsLineAndTheChoices) {
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "[anomaly]\non_data_spike = \"ignore\"\n"),
+            "job.toml:6: key 'anomaly.on_data_spike': unknown action on a reproduced loss spike "
+            "'ignore': expected \"continue\", \"skip\" or \"stop\"");
+  EXPECT_EQ(ErrorOf(std::string(kMinimal) + "[anomaly]\nskip = true\n"),
+            "job.toml:6: key 'anomaly.skip': unknown key in [anomaly]; valid keys are "
+            "on_data_spike");
+  EXPECT_NE(ErrorOf(std::string(kMinimal) + "[detection]\nstraggler_min_excess = \"-1ms\"\n")
+                .find("job.toml:6: key 'detection.straggler_min_excess'"),
+            std::string::npos);
+}
+
 TEST(JobSpec, UnknownKeyNamesItsLine) {
   EXPECT_EQ(
       ErrorOf(std::string(kMinimal) + "[detection]\nhang_timeout_floor = \"2s\"\n"
                                       "hang_timout = \"3s\"\n"),
       "job.toml:7: key 'detection.hang_timout': unknown key in [detection]; valid keys are "
       "hang_timeout_floor, hang_timeout_k, hang_window, startup_timeout, "
-      "heartbeat_timeout, loss_anomalies, loss_spike_z, loss_window, on_recurrence, "
+      "heartbeat_timeout, loss_anomalies, loss_spike_z, loss_spike_min_jump, loss_window, "
+      "on_recurrence, "
       "log_rules, stack_timeout, progress_pattern, phase_timeout, stragglers, straggler_theta, "
-      "straggler_window, straggler_min_slow, sdc_check_every");
+      "straggler_window, straggler_min_excess, straggler_min_slow, sdc_check_every");
   EXPECT_THAT(ErrorOf("[job]\nname = \"j\"\ncomand = [\"x\"]\n"),
               HasSubstr("job.toml:3: key 'job.comand': unknown key in [job]"));
   EXPECT_THAT(ErrorOf(std::string(kIssueExample) + "colour = \"red\"\n"),

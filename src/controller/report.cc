@@ -208,6 +208,17 @@ Json BuildReport(const ReportInputs& in) {
                           {"reason", s.reason}});
   }
   report["stragglers"] = std::move(stragglers);
+  // How loss anomalies were judged ("replay": every rank said its program is
+  // deterministic), and those a replay showed to be the data's.
+  report["anomaly_mode"] = std::string(m.anomaly_mode());
+  Json data_anomalies = Json::array();
+  for (const core::DataAnomaly& a : m.data_anomalies()) {
+    data_anomalies.push_back({{"step", a.step.value},
+                              {"cause", std::string(core::LossAnomalyCause(a.kind))},
+                              {"loss", std::isfinite(a.loss) ? Json(a.loss) : Json(nullptr)},
+                              {"reason", a.reason}});
+  }
+  report["data_anomalies"] = std::move(data_anomalies);
   // A shrunk job growing back (the shrink itself is an incident's route).
   Json resizes = Json::array();
   for (const core::Resize& z : m.resizes()) {

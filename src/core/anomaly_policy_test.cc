@@ -3,7 +3,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
+#include <optional>
+#include <vector>
 
 namespace endure::core {
 namespace {
@@ -111,6 +114,120 @@ TEST(AnomalyPolicy, ParsesTheRecurrenceSetting) {
   EXPECT_THAT(ParseAnomalyRecurrence("ignore").status().message(),
               HasSubstr("\"skip\" or \"stop\""));
   EXPECT_EQ(AnomalyActionName(AnomalyAction::kRollBackAndSkip), "roll_back_and_skip");
+}
+
+// ---- Verdicts by replay (deterministic programs) ----
+
+const Generation G0{0}, G1{1}, G2{2};
+
+TEST(AnomalyPolicy, ADeterministicProgramsSpikeIsReplayedFirst) {
+  AnomalyPolicy p({});
+  const std::vector<RankLoss> losses = {{Rank{0}, 9.0}, {Rank{1}, 9.0}};
+  AnomalyDecision d = p.Decide(SpikeAt(120), kCheckpoints, /*replay=*/true, losses, G0);
+  EXPECT_EQ(d.action, AnomalyAction::kRollBack);
+  EXPECT_EQ(d.restore_step, S(100));
+  EXPECT_THAT(d.reason, HasSubstr(", and replaying the step: the program is deterministic"));
+  EXPECT_EQ(p.replaying(), S(120));
+  // Reports of other steps, of the generation that saw it, or of ranks that
+  // were not recorded decide nothing.
+  EXPECT_FALSE(p.ReplayedLoss(G0, Rank{0}, S(120), 9.0));
+  EXPECT_FALSE(p.ReplayedLoss(G1, Rank{0}, S(119), 2.0));
+  EXPECT_FALSE(p.ReplayedLoss(G1, Rank{2}, S(120), 9.0));
+  EXPECT_FALSE(p.ReplayedLoss(G1, Rank{1}, S(120), 9.0));
+  std::optional<ReplayVerdict> v = p.ReplayedLoss(G1, Rank{0}, S(120), 9.0);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_TRUE(v->reproduced);
+  EXPECT_TRUE(v->changed.empty());
+  EXPECT_EQ(v->decision.action, AnomalyAction::kContinue);
+  EXPECT_THAT(v->decision.reason,
+              HasSubstr("replay of step 120: every rank's loss came back bit for bit (rank 0 9, "
+                        "rank 1 9): the loss_spike is the data's; training goes on through it, "
+                        "nothing skipped"));
+  EXPECT_TRUE(v->decision.skip_steps.empty());
+  EXPECT_FALSE(p.replaying().has_value());
+  ASSERT_EQ(p.data_anomalies().size(), 1u);
+  EXPECT_EQ(p.data_anomalies()[0].step, S(120));
+  EXPECT_EQ(p.data_anomalies()[0].loss, 9.0);
+}
+
+TEST(AnomalyPolicy, AReplayThatDiffersInOneBitIsAFaultNamingTheRank) {
+  AnomalyPolicy p({});
+  const double first = 2.5;
+  const double next = std::nextafter(first, 3.0);  // one bit apart
+  p.Decide(NaNAt(120), kCheckpoints, true,
+           std::vector<RankLoss>{{Rank{0}, first}, {Rank{1}, std::nan("")}}, G0);
+  EXPECT_FALSE(p.ReplayedLoss(G1, Rank{1}, S(120), next));
+  std::optional<ReplayVerdict> v = p.ReplayedLoss(G1, Rank{0}, S(120), first);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_FALSE(v->reproduced);
+  EXPECT_THAT(v->changed, ElementsAre(Rank{1}));
+  EXPECT_EQ(v->decision.action, AnomalyAction::kContinue);
+  EXPECT_THAT(v->decision.reason,
+              HasSubstr("the loss changed (rank 1 nan then 2.5000000000000004): the loss_nan "
+                        "was a fault, not the data"));
+  EXPECT_TRUE(p.data_anomalies().empty());
+
+  // One bit is enough: the same with a spike on rank 0.
+  AnomalyPolicy q({});
+  q.Decide(SpikeAt(130), kCheckpoints, true, std::vector<RankLoss>{{Rank{0}, first}}, G0);
+  v = q.ReplayedLoss(G2, Rank{0}, S(130), next);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_THAT(v->changed, ElementsAre(Rank{0}));
+}
+
+TEST(AnomalyPolicy, AReproducedNaNStopsNamingTheStep) {
+  AnomalyPolicy p({});
+  p.Decide(NaNAt(120), kCheckpoints, true, std::vector<RankLoss>{{Rank{1}, std::nan("")}}, G0);
+  std::optional<ReplayVerdict> v = p.ReplayedLoss(G1, Rank{1}, S(120), -std::nan(""));
+  ASSERT_TRUE(v.has_value());
+  EXPECT_TRUE(v->reproduced);
+  EXPECT_EQ(v->decision.action, AnomalyAction::kStop);
+  EXPECT_THAT(v->decision.reason,
+              HasSubstr("training cannot go on through a NaN loss at step 120"));
+}
+
+TEST(AnomalyPolicy, AReproducedSpikeIsSkippedOrStopsWhenConfigured) {
+  AnomalyPolicyOptions skip;
+  skip.on_data_spike = DataSpikeAction::kSkip;
+  AnomalyPolicy p(skip);
+  p.Decide(SpikeAt(120), kCheckpoints, true, std::vector<RankLoss>{{Rank{0}, 9.0}}, G0);
+  std::optional<ReplayVerdict> v = p.ReplayedLoss(G1, Rank{0}, S(120), 9.0);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->decision.action, AnomalyAction::kRollBackAndSkip);
+  EXPECT_EQ(v->decision.restore_step, S(100));
+  EXPECT_THAT(v->decision.skip_steps, ElementsAre(S(120)));
+  EXPECT_THAT(v->decision.reason, HasSubstr("skipping the data of step 120"));
+  EXPECT_TRUE(p.data_anomalies().empty());
+
+  AnomalyPolicyOptions stop;
+  stop.on_data_spike = DataSpikeAction::kStop;
+  AnomalyPolicy q(stop);
+  q.Decide(SpikeAt(120), kCheckpoints, true, std::vector<RankLoss>{{Rank{0}, 9.0}}, G0);
+  v = q.ReplayedLoss(G1, Rank{0}, S(120), 9.0);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->decision.action, AnomalyAction::kStop);
+  EXPECT_THAT(v->decision.reason, HasSubstr("on_data_spike = \"stop\""));
+}
+
+TEST(AnomalyPolicy, WithoutReplayARecurrenceIsJudgedAsBefore) {
+  AnomalyPolicy p({});
+  p.Decide(SpikeAt(120), kCheckpoints, /*replay=*/false, std::vector<RankLoss>{{Rank{0}, 9.0}}, G0);
+  EXPECT_FALSE(p.replaying().has_value());
+  // A replay dropped (the world changed size) is the same.
+  AnomalyPolicy q({});
+  q.Decide(SpikeAt(120), kCheckpoints, true, std::vector<RankLoss>{{Rank{0}, 9.0}}, G0);
+  q.ForgetReplay();
+  EXPECT_FALSE(q.ReplayedLoss(G1, Rank{0}, S(120), 9.0));
+  EXPECT_EQ(q.Decide(SpikeAt(120), kCheckpoints).action, AnomalyAction::kRollBackAndSkip);
+}
+
+TEST(DataSpikeAction, NamesRoundTripAndBadNamesAreListed) {
+  for (DataSpikeAction a :
+       {DataSpikeAction::kContinue, DataSpikeAction::kSkip, DataSpikeAction::kStop}) {
+    EXPECT_EQ(*ParseDataSpikeAction(DataSpikeActionName(a)), a);
+  }
+  EXPECT_THAT(ParseDataSpikeAction("ignore").status().message(),
+              HasSubstr("expected \"continue\", \"skip\" or \"stop\""));
 }
 
 }  // namespace

@@ -50,7 +50,7 @@ void Fields(NodeHeartbeat& e, F& f) {
 template <typename F>
 void Fields(WorkerReady& e, F& f) {
   f("generation", e.generation), f("rank", e.rank), f("start_step", e.start_step),
-      f("restore_s", e.restore_s), f("rejoin", e.rejoin);
+      f("restore_s", e.restore_s), f("rejoin", e.rejoin), f("deterministic", e.deterministic);
 }
 template <typename F>
 void Fields(StepEnd& e, F& f) {
@@ -106,7 +106,8 @@ void Fields(Configure& c, F& f) {
       f("heartbeat.drop_grace", o.heartbeat.drop_grace), f("loss.window", o.loss.window),
       f("loss.min_count", o.loss.min_count), f("loss.z_threshold", o.loss.z_threshold),
       f("loss.min_relative_stddev", o.loss.min_relative_stddev),
-      f("anomaly.on_recurrence", o.anomaly.on_recurrence),
+      f("loss.min_jump", o.loss.min_jump), f("anomaly.on_recurrence", o.anomaly.on_recurrence),
+      f("anomaly.on_data_spike", o.anomaly.on_data_spike),
       f("anomaly.max_skipped_steps", o.anomaly.max_skipped_steps),
       f("recovery.paths", o.recovery.paths), f("recovery.default_path", o.recovery.default_path),
       f("recovery.max_restarts_in_window", o.recovery.max_restarts_in_window),
@@ -123,6 +124,7 @@ void Fields(Configure& c, F& f) {
       f("isolation.straggler.window", o.isolation.straggler.window),
       f("isolation.straggler.min_slow", o.isolation.straggler.min_slow),
       f("isolation.straggler.min_compute_s", o.isolation.straggler.min_compute_s),
+      f("isolation.straggler.min_excess_s", o.isolation.straggler.min_excess_s),
       f("isolation.sdc_check_every", o.isolation.sdc_check_every),
       f("isolation.over_evict", o.isolation.over_evict),
       f("isolation.pairwise_test", o.isolation.pairwise_test),
@@ -251,6 +253,7 @@ struct Writer {
   void Value(const std::set<std::string>& v) { List(v); }
   void Value(RecoveryPath v) { out += RecoveryPathName(v); }
   void Value(AnomalyRecurrence v) { out += AnomalyRecurrenceName(v); }
+  void Value(DataSpikeAction v) { out += DataSpikeActionName(v); }
   // Cause, path, cause, path, ... in the causes' order (the map has none).
   void Value(const std::unordered_map<std::string, RecoveryPath>& paths) {
     std::map<std::string, RecoveryPath> sorted(paths.begin(), paths.end());
@@ -403,9 +406,13 @@ Result<std::vector<Token>> Tokenize(std::string_view s, size_t i) {
 }
 
 // Fields that lines written before them lack (schema 4, issue 12).
-const std::set<std::string_view> kAddedFields = {"rejoin",      // issue 14
-                                                 "min_nodes",   // issue 14
-                                                 "in_process",  // issue 14
+const std::set<std::string_view> kAddedFields = {"deterministic",                     // issue 27
+                                                 "loss.min_jump",                     // issue 27
+                                                 "anomaly.on_data_spike",             // issue 27
+                                                 "isolation.straggler.min_excess_s",  // issue 27
+                                                 "rejoin",                            // issue 14
+                                                 "min_nodes",                         // issue 14
+                                                 "in_process",                        // issue 14
                                                  "refused",
                                                  "compute_s",
                                                  "total_steps",
@@ -512,6 +519,11 @@ class Reader {
   static Status Parse(const Token& t, AnomalyRecurrence& v) {
     ENDURE_RETURN_IF_ERROR(Bare(t));
     ENDURE_ASSIGN_OR_RETURN(v, ParseAnomalyRecurrence(t.value));
+    return Status::Ok();
+  }
+  static Status Parse(const Token& t, DataSpikeAction& v) {
+    ENDURE_RETURN_IF_ERROR(Bare(t));
+    ENDURE_ASSIGN_OR_RETURN(v, ParseDataSpikeAction(t.value));
     return Status::Ok();
   }
   // A list of quoted strings in groups of `group`; "-" for none.

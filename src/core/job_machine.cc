@@ -350,6 +350,7 @@ void JobMachine::Stopped(TimePoint now, std::vector<JobAction>& out) {
 void JobMachine::OnWorkerReady(const WorkerReady& e, TimePoint now) {
   rank_ready_[e.rank.value] = true;
   rank_rejoins_[e.rank.value] = e.rejoin;
+  rank_deterministic_[e.rank.value] = e.deterministic;
   max_restore_s_ = std::max(max_restore_s_, e.restore_s);
   start_step_ = e.start_step;
   if (std::all_of(rank_ready_.begin(), rank_ready_.end(), [](bool b) { return b; })) {
@@ -401,7 +402,19 @@ void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobActio
       ledger_.Commit(now);
     }
   }
-  if (options_.detect_loss_anomalies && !e.skipped &&
+  if (!e.skipped) rank_loss_[e.rank.value] = {e.step, e.loss};
+  // The step of an anomaly replayed for its verdict: the loss is judged by
+  // the replay, not the detector.
+  bool judged_by_replay = false;
+  if (options_.detect_loss_anomalies && !e.skipped && anomaly_.replaying() == e.step) {
+    std::optional<ReplayVerdict> v = anomaly_.ReplayedLoss(e.generation, e.rank, e.step, e.loss);
+    judged_by_replay = e.generation > replay_generation_;
+    if (v) {
+      OnReplayVerdict(*v, now, out);
+      if (phase_ != JobPhase::kRunning) return;
+    }
+  }
+  if (options_.detect_loss_anomalies && !e.skipped && !judged_by_replay &&
       (e.rank == Rank{0} || !std::isfinite(e.loss))) {
     if (std::optional<LossAnomaly> a = loss_.Observe(e.step, e.loss)) {
       Failure f;
@@ -428,6 +441,51 @@ void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobActio
   FireDueFaults(now, out);
   // A step every rank completed: the moment for a shrunk job to grow back.
   if (e.step == job_step_) MaybeGrow(now, out);
+}
+
+void JobMachine::OnReplayVerdict(const ReplayVerdict& v, TimePoint now,
+                                 std::vector<JobAction>& out) {
+  Incident* inc = replay_incident_ > 0 && replay_incident_ <= static_cast<int>(incidents_.size())
+                      ? &incidents_[replay_incident_ - 1]
+                      : nullptr;
+  if (v.decision.action == AnomalyAction::kContinue) {
+    if (inc != nullptr) inc->reason += "; " + v.decision.reason;
+    // A fault: the ranks whose loss changed are SDC suspects.
+    for (Rank r : v.changed) {
+      const NodeId node = NodeOfRank(r);
+      Strike(node, "sdc_suspect", v.decision.reason, out);
+      if (inc == nullptr || !node.valid()) continue;
+      const std::string name = NodeName(node);
+      if (std::find(inc->suspects.begin(), inc->suspects.end(), name) == inc->suspects.end()) {
+        inc->suspects.push_back(name);
+      }
+    }
+    if (inc != nullptr && !v.changed.empty()) {
+      inc->rank = v.changed.front();
+      inc->node = NodeOfRank(v.changed.front());
+      inc->node_name = NodeName(inc->node);
+    }
+    return;
+  }
+  // The data's, and the job is to skip it or stop: a new incident, as for a
+  // recurrence.
+  Failure f;
+  f.cause = LossAnomalyCauseOf(v.kind);
+  f.rank = inc != nullptr ? inc->rank : Rank{0};
+  f.node = NodeOfRank(f.rank);
+  f.fault_at = now;
+  f.anomaly = true;
+  f.loss_anomaly = v.anomaly;
+  f.anomaly_decision = v.decision;
+  OnFailure(f, now, out);
+}
+
+std::string_view JobMachine::anomaly_mode() const {
+  return !rank_deterministic_.empty() &&
+                 std::all_of(rank_deterministic_.begin(), rank_deterministic_.end(),
+                             [](bool b) { return b; })
+             ? "replay"
+             : "rollback";
 }
 
 void JobMachine::OnWorkerExit(const WorkerExitEvent& e, TimePoint now,
@@ -622,7 +680,21 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     // resumed from an earlier run's checkpoint rolls back to it, not to 0.
     std::vector<StepNumber> ckpts = checkpoints_;
     ckpts.insert(ckpts.end(), found_checkpoints_.begin(), found_checkpoints_.end());
-    AnomalyDecision d = anomaly_.Decide(*failure.loss_anomaly, ckpts);
+    const bool replay = anomaly_mode() == "replay";
+    std::vector<RankLoss> losses;
+    for (int r = 0; r < world_size(); ++r) {
+      if (rank_loss_[r].first == failure.loss_anomaly->step) {
+        losses.push_back(RankLoss{Rank{r}, rank_loss_[r].second});
+      }
+    }
+    AnomalyDecision d = failure.anomaly_decision ? *failure.anomaly_decision
+                                                 : anomaly_.Decide(*failure.loss_anomaly, ckpts,
+                                                                   replay, losses, generation_);
+    if (anomaly_.replaying() == failure.loss_anomaly->step && !failure.anomaly_decision) {
+      replay_incident_ = inc.id;
+      replay_world_ = world_size();
+      replay_generation_ = generation_;
+    }
     inc.action = std::string(AnomalyActionName(d.action));
     reason = d.reason;  // it restates the anomaly itself
     if (d.action == AnomalyAction::kStop) {
@@ -880,6 +952,10 @@ void JobMachine::StartGeneration(std::vector<NodeId> nodes, bool rejoin, TimePoi
   start_step_ = StepNumber{0};
   rank_ready_.assign(world_size(), false);
   rank_rejoins_.assign(world_size(), false);
+  rank_deterministic_.assign(world_size(), false);
+  rank_loss_.assign(world_size(), {StepNumber{-1}, 0.0});
+  // A replay compares each rank's loss with its own: not across world sizes.
+  if (anomaly_.replaying() && world_size() != replay_world_) anomaly_.ForgetReplay();
   rank_done_.assign(world_size(), false);
   max_restore_s_ = 0;
   productive_ = false;

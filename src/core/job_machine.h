@@ -144,6 +144,10 @@ struct WorkerReady {
   // The worker rejoins later generations in place (an in-process restart
   // may keep it): client.h Session::Rejoin.
   bool rejoin = false;
+  // The program computes the same loss bit for bit when it replays a step
+  // (client.h Session::DeclareDeterministic): a loss anomaly is then judged
+  // by replaying it (AnomalyPolicy).
+  bool deterministic = false;
 };
 struct StepEnd {
   Generation generation;
@@ -406,6 +410,11 @@ class JobMachine {
   double last_loss() const { return last_loss_; }
   const std::vector<Incident>& incidents() const { return incidents_; }
   const std::vector<StragglerReport>& stragglers() const { return stragglers_kept_; }
+  // Loss anomalies a replay showed to be the data's, trained through.
+  const std::vector<DataAnomaly>& data_anomalies() const { return anomaly_.data_anomalies(); }
+  // How loss anomalies are judged in the current generation: "replay" when
+  // every rank said it is deterministic, else "rollback".
+  std::string_view anomaly_mode() const;
   const std::vector<Resize>& resizes() const { return resizes_; }
   // The nodes of the current generation, in rank order (node i runs ranks
   // [i * ranks_per_node, (i+1) * ranks_per_node)).
@@ -440,6 +449,8 @@ class JobMachine {
     bool evict = false;    // the node itself is bad
     bool anomaly = false;  // a loss anomaly: roll back to a checkpoint before it
     std::optional<LossAnomaly> loss_anomaly;
+    // A replay's verdict already decided what to do about the anomaly.
+    std::optional<AnomalyDecision> anomaly_decision;
     // Decided by the detector's own policy (a straggler's move, an SDC's
     // rollback) rather than by RecoveryPolicy: the action's name and why.
     std::optional<std::string> decided_action;
@@ -466,6 +477,9 @@ class JobMachine {
   // a tick; it returns false when the phase's handler is to see the input
   // too. Each phase's handler takes what only that phase acts on.
   void OnConfigure(const Configure& c);
+  // A replayed anomaly's verdict: record it, strike what changed, or roll
+  // back (skip) or stop as the verdict says.
+  void OnReplayVerdict(const ReplayVerdict& v, TimePoint now, std::vector<JobAction>& out);
   bool StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);
   void StepWaitingForNodes(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);
   void StepRunning(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);
@@ -544,7 +558,15 @@ class JobMachine {
   std::set<NodeId> awaiting_stop_;
   std::vector<StepNumber> rank_step_;  // by rank
   std::vector<bool> rank_ready_, rank_done_;
-  std::vector<bool> rank_rejoins_;  // ready, and said it rejoins in place
+  std::vector<bool> rank_rejoins_;        // ready, and said it rejoins in place
+  std::vector<bool> rank_deterministic_;  // ready, and said it is deterministic
+  // Each rank's newest loss of this generation and its step (the losses of
+  // an anomalous step, for its replay).
+  std::vector<std::pair<StepNumber, double>> rank_loss_;
+  // The incident whose step is being replayed, and the world size then.
+  int replay_incident_ = 0;
+  int replay_world_ = 0;
+  Generation replay_generation_;
   double max_restore_s_ = 0;
   StepNumber job_step_;
   StepNumber start_step_;    // step the current generation started from

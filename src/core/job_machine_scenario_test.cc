@@ -25,7 +25,7 @@
 // cluster sends, for the current generation (the outputs of steps and ticks
 // are prefixed by the time of the event that produced them):
 //
-//   at T ready START_STEP [restore_s=X] [rejoin=true|false]
+//   at T ready START_STEP [restore_s=X] [rejoin=true|false] [deterministic=true|false]
 //                                        every rank: worker_ready
 //   at T stopped [NODES]                 every member node (or NODES, e.g.
 //                                        0,2): generation_stopped
@@ -258,6 +258,11 @@ Status ApplyOption(const std::string& key, const std::string& v, JobMachineOptio
       {"loss.min_count", [&](auto s) { return SetInt(o.loss.min_count, s); }},
       {"loss.z_threshold", [&](auto s) { return SetDouble(o.loss.z_threshold, s); }},
       {"anomaly.max_skipped_steps", [&](auto s) { return SetInt(o.anomaly.max_skipped_steps, s); }},
+      {"anomaly.on_data_spike",
+       [&](auto s) -> Status {
+         ENDURE_ASSIGN_OR_RETURN(o.anomaly.on_data_spike, ParseDataSpikeAction(s));
+         return Status::Ok();
+       }},
       {"recovery.default_path", [&](auto s) { return SetPath(o.recovery.default_path, s); }},
       {"recovery.max_restarts_in_window",
        [&](auto s) { return SetInt(o.recovery.max_restarts_in_window, s); }},
@@ -372,7 +377,9 @@ class Scenario {
 
   Status Ready(const std::vector<std::string>& w) {
     if (w.size() < 2) {
-      return InvalidArgument("expected ready START_STEP [restore_s=X] [rejoin=true|false]");
+      return InvalidArgument(
+          "expected ready START_STEP [restore_s=X] [rejoin=true|false] "
+          "[deterministic=true|false]");
     }
     Result<int64_t> start = ParseInt(w[1]);
     if (!start.ok()) return start.status();
@@ -380,15 +387,19 @@ class Scenario {
     if (!kv.ok()) return kv.status();
     double restore_s = 0;
     if (kv->count("restore_s")) ENDURE_RETURN_IF_ERROR(SetDouble(restore_s, kv->at("restore_s")));
-    bool rejoin = false;
-    if (kv->count("rejoin")) {
-      const std::string& v = kv->at("rejoin");
-      if (v != "true" && v != "false") return InvalidArgument("rejoin=" + v + ": true or false");
-      rejoin = v == "true";
+    bool flags[2] = {false, false};
+    const char* names[2] = {"rejoin", "deterministic"};
+    for (int i = 0; i < 2; ++i) {
+      if (!kv->count(names[i])) continue;
+      const std::string& v = kv->at(names[i]);
+      if (v != "true" && v != "false") {
+        return InvalidArgument(std::string(names[i]) + "=" + v + ": true or false");
+      }
+      flags[i] = v == "true";
     }
     const Generation gen = m().generation();
     for (int r = 0; r < World(); ++r)
-      Feed(WorkerReady{gen, Rank{r}, StepNumber{*start}, restore_s, rejoin}, false);
+      Feed(WorkerReady{gen, Rank{r}, StepNumber{*start}, restore_s, flags[0], flags[1]}, false);
     return Status::Ok();
   }
 

@@ -61,6 +61,10 @@ Status StragglerOptions::Validate() const {
     return InvalidArgument("straggler detector: min_compute_s must be a number >= 0, got " +
                            Number(min_compute_s));
   }
+  if (!(min_excess_s >= 0) || !std::isfinite(min_excess_s)) {
+    return InvalidArgument("straggler detector: min_excess_s must be a number >= 0, got " +
+                           Number(min_excess_s));
+  }
   return Status::Ok();
 }
 
@@ -126,7 +130,9 @@ std::vector<StragglerFlag> StragglerDetector::Judge(StepNumber step,
 
     RankState& state = ranks_[r];
     const double threshold = std::max(1 + options_.theta, noise[r]);
-    const Judged judged{compute_s[r] > threshold * peers, compute_s[r], peers, threshold};
+    const bool slow =
+        compute_s[r] > threshold * peers && compute_s[r] - peers > options_.min_excess_s;
+    const Judged judged{slow, compute_s[r], peers, threshold};
     state.window.push_back(judged);
     state.slow_in_window += judged.slow;
     if (static_cast<int>(state.window.size()) > options_.window) {

@@ -52,6 +52,12 @@ struct StragglerOptions {
   // Steps whose median compute over all ranks is below this are not judged:
   // at a few milliseconds, timer resolution and scheduling noise dominate.
   double min_compute_s = 0.005;
+  // ... and a rank is slow in a step only when its compute also exceeds its
+  // peers' median by this many seconds: below it the difference is timer
+  // resolution and scheduling (a rank that logs or copies a checkpoint
+  // shard does a millisecond more every step), and it costs the job nothing
+  // worth a strike. A ratio alone would flag 7 ms against 6 ms.
+  double min_excess_s = 0.010;
 
   // Names the first invalid field and its accepted range, e.g.
   // "straggler detector: theta must be in (0, 10], got 0".

@@ -178,6 +178,25 @@ TEST(StragglerDetector, StepsBelowMinComputeAreNotJudged) {
   }
 }
 
+// The false alarm of a clean run: one rank computed 7 ms a step against its
+// peer's 6 ms, every step (it logs). 1.17x passes the ratio, but a
+// millisecond is timer resolution and scheduling, not a straggler: no flag.
+// The same run with the floor at 0 flags it, so the floor is what holds.
+TEST(StragglerDetector, AMillisecondAboveItsPeersIsNoStraggler) {
+  for (double floor : {StragglerOptions{}.min_excess_s, 0.0}) {
+    StragglerOptions o;
+    o.min_excess_s = floor;
+    StragglerDetector detector(o);
+    detector.OnGenerationStart(2);
+    int flagged = 0;
+    for (int64_t step = 1; step <= 200; ++step) {
+      flagged += detector.OnStepCompute(Rank{0}, StepNumber{step}, 0.007).size();
+      flagged += detector.OnStepCompute(Rank{1}, StepNumber{step}, 0.006).size();
+    }
+    EXPECT_EQ(flagged, floor > 0 ? 0 : 1) << "floor " << floor;
+  }
+}
+
 TEST(StragglerDetector, FlagsEachRankOncePerGeneration) {
   StragglerDetector detector(StragglerOptions{});
   auto run_generation = [&](int64_t first_step) {
@@ -309,6 +328,8 @@ TEST(StragglerOptions, ValidateNamesTheField) {
   EXPECT_THAT(message({.min_compute_s = -1}),
               HasSubstr("min_compute_s must be a number >= 0, got -1"));
   EXPECT_THAT(message({.min_compute_s = INFINITY}), HasSubstr("min_compute_s"));
+  EXPECT_THAT(message({.min_excess_s = -0.5}),
+              HasSubstr("min_excess_s must be a number >= 0, got -0.5"));
   EXPECT_EQ(StragglerOptions{.theta = -1}.Validate().code(), StatusCode::kInvalidArgument);
 }
 

@@ -259,7 +259,8 @@ class BackgroundSave {
     Result<bool> saved = future_.get();
     const int64_t step = shard_->step;
     shard_.reset();
-    if (!saved.ok()) return saved.status().WithContext("checkpoint at step " + std::to_string(step));
+    if (!saved.ok())
+      return saved.status().WithContext("checkpoint at step " + std::to_string(step));
     return *saved ? step : int64_t{-1};
   }
 
@@ -886,6 +887,9 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first
   // have fewer or more ranks (a world of one rejoins when the job grows).
   const bool rejoins = session.rejoin_offered_here();
   if (rejoins) session.DeclareRejoin();
+  // Seeded data, fixed-point gradient sums: a replayed step's loss is the
+  // same bit for bit (trainer/exact_sum.h).
+  session.DeclareDeterministic();
   Cluster cluster;
   if (dist.world_size > 1) cluster = Connect(dist, options);
   auto reducer = std::make_unique<GradientReducer>(cluster.group, params, options.bucket_mb,
