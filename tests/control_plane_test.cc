@@ -396,6 +396,17 @@ TEST_F(ControlPlaneTest, AnXidInTheKernelLogNamesTheCauseOfAWorkersDeath) {
 // Every step into node memory and replicated to the peer, every 5th durable.
 constexpr char kEveryStepTiers[] = "every_steps = 1\npersist_every_steps = 5\n";
 
+// Every step in node memory: the NaN at step 13 rolls back to step 12, the
+// step before it, which each worker held back in T0 when it saw the loss
+// (however many steps ran before the stop came). No disk read, no step lost.
+TEST_F(ControlPlaneTest, AnAnomalysRollbackRestoresTheStepBeforeItFromNodeMemory) {
+  nlohmann::json inc = ExpectRecovered("nant0", "kind = \"nan\"\nrank = 1\nstep = 13\n", "loss_nan",
+                                       "in_process = false\n", kEveryStepTiers);
+  EXPECT_EQ(inc.value("restored_step", -1), 12) << inc.dump(2);
+  EXPECT_EQ(inc.value("steps_lost", -1), 0) << inc.dump(2);
+  EXPECT_EQ(inc.value("restore", "").rfind("step 12 from T0", 0), 0u) << inc.dump(2);
+}
+
 // A killed rank's peer keeps its process and its state: generation 1 starts
 // without a stop, only rank 1 starts (from a warm standby) and takes the
 // state from rank 0 over the new group. Nothing is restored from the tiers,

@@ -181,12 +181,19 @@ Result<std::optional<SnapshotWriter::Saved>> SnapshotWriter::Save(
   const auto deadline = std::chrono::steady_clock::now() + wait;
   int target = -1;
   for (;;) {
-    // The oldest slot first: it is the one the agent is least likely to want.
+    // The oldest slot first: it is the one the agent is least likely to want;
+    // a held one (a rollback target) last.
+    const int64_t held = held_step_.load();
+    auto is_held = [&](int i) {
+      const Slot& s = *slots_[static_cast<size_t>(i)];
+      return held >= 0 && s.state() == SlotState::kReady && s.header().step == held;
+    };
     std::vector<int> order;
     for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
       if (i != newest_) order.push_back(i);
     }
     std::sort(order.begin(), order.end(), [&](int a, int b) {
+      if (is_held(a) != is_held(b)) return is_held(b);
       return slots_[static_cast<size_t>(a)]->header().step <
              slots_[static_cast<size_t>(b)]->header().step;
     });
@@ -303,7 +310,7 @@ void SnapshotFile::InjectCorruption() {
 // ---- whole files ----
 
 Result<std::unique_ptr<SnapshotFileWriter>> SnapshotFileWriter::Begin(const std::string& path,
-                                                                     const SnapshotInfo& info) {
+                                                                      const SnapshotInfo& info) {
   std::unique_ptr<SnapshotFileWriter> w(new SnapshotFileWriter());
   w->path_ = path;
   w->bytes_ = info.bytes;
@@ -334,8 +341,8 @@ SnapshotFileWriter::~SnapshotFileWriter() {
 
 Status SnapshotFileWriter::SetState(SlotState state) {
   const uint32_t word = static_cast<uint32_t>(state);
-  return WriteFully(fd_, reinterpret_cast<const char*>(&word), sizeof word,
-                    offsetof(Header, state), path_);
+  return WriteFully(fd_, reinterpret_cast<const char*>(&word), sizeof word, offsetof(Header, state),
+                    path_);
 }
 
 Status SnapshotFileWriter::Append(std::string_view bytes) {

@@ -21,6 +21,7 @@
 // the same way.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -79,6 +80,14 @@ class SnapshotWriter {
   Result<std::optional<Saved>> Save(int64_t step, const std::vector<TensorView>& views,
                                     std::chrono::milliseconds wait = std::chrono::milliseconds(0));
 
+  // Holds back the slot of snapshot `step` (the step before one whose loss
+  // looks anomalous: the rollback target while the controller judges it).
+  // Saves then take any other slot first; only when every other one is the
+  // newest or pinned is the held slot reused, so a hold never makes a save
+  // wait. A later Hold replaces it. Safe to call while a Save runs on
+  // another thread.
+  void Hold(int64_t step) { held_step_.store(step); }
+
  private:
   struct Slot;
   SnapshotWriter();
@@ -88,7 +97,8 @@ class SnapshotWriter {
   int shards_ = 1;
   uint64_t max_bytes_ = 0;
   std::vector<std::unique_ptr<Slot>> slots_;
-  int newest_ = -1;  // the slot holding the newest snapshot
+  int newest_ = -1;                     // the slot holding the newest snapshot
+  std::atomic<int64_t> held_step_{-1};  // Hold's step; -1: none
 };
 
 // Agent and reader side: one snapshot file, mapped.

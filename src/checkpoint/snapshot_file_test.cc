@@ -89,6 +89,42 @@ TEST_F(SnapshotFileTest, APinnedSlotIsNeverOverwrittenAndTheWriterNeverWaitsForI
   EXPECT_TRUE(ReadSnapshotPayload((*s11)->path, 11, (*s11)->bytes, (*s11)->xxh3).ok());
 }
 
+// The step before a suspect one is held back as the rollback target: saves
+// rotate over the other slots and it survives any number of them; it yields
+// only when nothing else is free (the other slot pinned), so a save never
+// waits for a hold.
+TEST_F(SnapshotFileTest, AHeldSnapshotSurvivesLaterSavesAndYieldsRatherThanWait) {
+  auto w = SnapshotWriter::Open(dir_, 0, 1, 0);
+  auto s1 = (*w)->Save(1, Views(1, 'a'));
+  auto s2 = (*w)->Save(2, Views(2, 'b'));
+  ASSERT_TRUE(s1.ok() && s1->has_value() && s2.ok() && s2->has_value());
+  (*w)->Hold(1);
+  for (int64_t step = 3; step <= 12; ++step) {
+    auto s = (*w)->Save(step, Views(step, 'c'));
+    ASSERT_TRUE(s.ok() && s->has_value()) << "step " << step;
+    EXPECT_NE((*s)->slot, (*s1)->slot) << "step " << step;
+  }
+  EXPECT_TRUE(ReadSnapshotPayload((*s1)->path, 1, (*s1)->bytes, (*s1)->xxh3).ok());
+
+  // The one slot that is neither held nor the newest gets pinned: the next
+  // save takes the held slot rather than wait.
+  auto s13 = (*w)->Save(13, Views(13, 'd'));
+  ASSERT_TRUE(s13.ok() && s13->has_value());
+  auto newest = SnapshotFile::Open((*s13)->path);
+  ASSERT_TRUE(newest.ok());
+  int other = -1;
+  for (int i = 0; i < kT0Slots; ++i) {
+    if (i != (*s1)->slot && i != (*s13)->slot) other = i;
+  }
+  auto pinned = SnapshotFile::Open(dir_ + "/rank-0.slot-" + std::to_string(other));
+  ASSERT_TRUE(pinned.ok());
+  ASSERT_TRUE((*pinned)->Pin((*pinned)->info().step));
+  auto s14 = (*w)->Save(14, Views(14, 'e'));
+  ASSERT_TRUE(s14.ok() && s14->has_value());
+  EXPECT_EQ((*s14)->slot, (*s1)->slot);
+  (*pinned)->Unpin();
+}
+
 // Only when every slot but the newest is pinned (a shutdown persisting
 // several) does a save wait, up to its limit.
 TEST_F(SnapshotFileTest, ASaveWaitsWhenEverySlotButTheNewestIsPinned) {
@@ -116,7 +152,8 @@ TEST_F(SnapshotFileTest, ASaveWaitsWhenEverySlotButTheNewestIsPinned) {
   agent.join();
   ASSERT_TRUE(later.ok() && later->has_value());
   EXPECT_EQ((*later)->slot, 0);  // step 1's slot, let go
-  EXPECT_TRUE(ReadSnapshotPayload((*newest)->path, kT0Slots, (*newest)->bytes, (*newest)->xxh3).ok());
+  EXPECT_TRUE(
+      ReadSnapshotPayload((*newest)->path, kT0Slots, (*newest)->bytes, (*newest)->xxh3).ok());
 }
 
 // A replica written as its bytes arrive is readable only once whole.
@@ -137,7 +174,7 @@ TEST_F(SnapshotFileTest, AStreamedSnapshotIsReadyOnlyWhenFinished) {
     ASSERT_TRUE(f.ok());
     EXPECT_EQ((*f)->info().state, SlotState::kWriting);
     EXPECT_EQ((*w)->Finish().code(), StatusCode::kInvalidArgument);  // 6000 bytes missing
-  }  // dropped unfinished
+  }                                                                  // dropped unfinished
   auto f = SnapshotFile::Open(path);
   ASSERT_TRUE(f.ok());
   EXPECT_EQ((*f)->info().state, SlotState::kEmpty);

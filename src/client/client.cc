@@ -35,6 +35,7 @@
 #include "common/duration.h"
 #include "common/env.h"
 #include "common/hash.h"
+#include "core/loss_anomaly_detector.h"
 #include "faults/fault.h"
 
 namespace endure {
@@ -158,6 +159,15 @@ struct Session::Impl {
   bool peer_restore = false;  // ENDURE_PEER_RESTORE=1
   bool declares_rejoin = false;
   bool declares_deterministic = false;
+  // The losses this rank reports, watched more keenly than the controller
+  // does (half its default bars): the snapshot before a suspect step is held
+  // back in node memory, the rollback target while the controller judges it.
+  core::LossAnomalyDetector loss_watch{[] {
+    core::LossAnomalyOptions o;
+    o.z_threshold = 4;
+    o.min_jump = 0.5;
+    return o;
+  }()};
   std::unique_ptr<checkpoint::SnapshotWriter> snapshots;  // training thread only
   std::chrono::nanoseconds heartbeat_interval{500'000'000};
   std::vector<PendingFault> faults;  // only touched by the training thread
@@ -662,6 +672,7 @@ Status Session::Rejoin(std::chrono::milliseconds timeout) {
   next.phase = old.phase;
   next.declares_rejoin = old.declares_rejoin;
   next.declares_deterministic = old.declares_deterministic;
+  next.loss_watch = old.loss_watch;
   next.peer_restore = false;  // this process holds its state
   next.steps_done.store(old.steps_done.load());
   if (next.rank == old.rank && next.t0_dir == old.t0_dir) next.snapshots = std::move(old.snapshots);
@@ -748,6 +759,9 @@ std::optional<double> Session::EndStep(int64_t step_index, std::optional<double>
     const double extra_s = (s.slow_factor - 1) * compute_s;
     std::this_thread::sleep_for(std::chrono::duration<double>(extra_s));
     compute_s += extra_s;
+  }
+  if (logged && s.snapshots && s.loss_watch.Observe(core::StepNumber{step}, *logged)) {
+    s.snapshots->Hold(step - 1);
   }
   s.natural_comm_s = std::max(0.0, comm_s - s.injected_comm_s);
   s.injected_comm_s = 0;

@@ -15,6 +15,9 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
+
+#include "checkpoint/snapshot_file.h"
 
 namespace endure {
 namespace {
@@ -374,6 +377,37 @@ TEST(Session, NanFaultFiresOnceAtItsStep) {
   EXPECT_EQ(step["loss"], "nan");
   // Rolled back and run again in the same process: it does not fire twice.
   EXPECT_EQ(s->EndStep(1, 2.9, 0, 0, 0, -1), 2.9);
+}
+
+// Every step saved into node memory (T0, three slots) and reported. At step
+// 31 the loss is NaN: the snapshot of step 30 is the rollback target while
+// the controller judges it, so the saves of the steps that run meanwhile
+// never overwrite it. A normal run keeps only the newest ones.
+TEST(Session, TheSnapshotBeforeASuspectLossIsHeldInNodeMemory) {
+  for (bool suspect : {true, false}) {
+    SCOPED_TRACE(suspect ? "NaN at step 31" : "no anomaly");
+    Receiver r;
+    char tmpl[] = "/tmp/endure-hold-XXXXXX";
+    const std::string t0 = mkdtemp(tmpl);
+    std::map<std::string, std::string> vars = AgentVars(r);
+    vars["ENDURE_T0_DIR"] = t0;
+    std::unique_ptr<Session> s = MustCreate(vars);
+    std::vector<float> w(16, 0.5f);
+    for (int64_t done = 1; done <= 40; ++done) {
+      const TensorRef t{"w", "float32", {16}, w.data(), w.size() * sizeof(float)};
+      ASSERT_TRUE(s->SaveSnapshot(done, 1, "{}", {t}).value());
+      s->EndStep(done - 1, suspect && done == 31 ? std::nan("") : 2.0 + 0.01 * (done % 3), 0, 0, 0,
+                 done);
+    }
+    std::set<int64_t> held;
+    for (int slot = 0; slot < 3; ++slot) {
+      auto f = checkpoint::SnapshotFile::Open(t0 + "/rank-0.slot-" + std::to_string(slot));
+      ASSERT_TRUE(f.ok()) << f.status().ToString();
+      held.insert((*f)->info().step);
+    }
+    EXPECT_EQ(held, suspect ? std::set<int64_t>({30, 39, 40}) : std::set<int64_t>({38, 39, 40}));
+    std::filesystem::remove_all(t0);
+  }
 }
 
 TEST(Session, StopsAtNamesTheStepsWhoseFaultsEndOrStopTheProcess) {

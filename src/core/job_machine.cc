@@ -648,6 +648,12 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
   inc.fault_at = failure.fault_at;
   inc.detected_at = now;
   inc.failed_at_step = *std::max_element(rank_step_.begin(), rank_step_.end());
+  if (failure.loss_anomaly) {
+    // The anomalous step and what was computed on top of it are in question,
+    // not lost work: the newest step that is not.
+    inc.failed_at_step = std::min(
+        inc.failed_at_step, StepNumber{std::max<int64_t>(0, failure.loss_anomaly->step.value - 1)});
+  }
   inc.log_line = failure.log_line;
   inc.suspects = failure.suspects;
 

@@ -345,7 +345,10 @@ struct Incident {
   std::optional<TimePoint> ready_at;       // every rank of it restored
   std::optional<TimePoint> recovered_at;   // its first step ended
   double restore_s = 0;
-  StepNumber failed_at_step;     // highest step reached before the failure
+  // Highest step reached before the failure; for a loss anomaly at step s,
+  // s - 1 (the newest step not in question), so that a rollback to it loses
+  // nothing.
+  StepNumber failed_at_step;
   StepNumber restored_step{-1};  // where the next generation started
   std::string action;
   std::string reason;
