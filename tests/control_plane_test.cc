@@ -396,6 +396,89 @@ TEST_F(ControlPlaneTest, AnXidInTheKernelLogNamesTheCauseOfAWorkersDeath) {
 // Every step into node memory and replicated to the peer, every 5th durable.
 constexpr char kEveryStepTiers[] = "every_steps = 1\npersist_every_steps = 5\n";
 
+// ---- Loss anomalies judged by replay (issue 27) ----
+
+// A short run's loss still falls steeply, so these jobs judge spikes over the
+// last 10 steps with lower bars than a long run's defaults.
+constexpr char kShortRunSpikes[] =
+    "[detection]\nloss_window = 10\nloss_spike_z = 4\nloss_spike_min_jump = 0.2\n";
+
+// The batch of step 25 is random bytes (a corrupt shard of the data) on every
+// replay of it. The spike rolls back, the replay reproduces it bit for bit,
+// so it is the data's: recorded, no node struck, nothing skipped, and the
+// parameters are bit for bit those of the same run with detection off.
+TEST_F(ControlPlaneTest, ADataSpikeThatReproducesIsTrainedThroughBitExact) {
+  Shape shape;
+  shape.trainer = "\"--corrupt-batch-step\", \"25\", ";
+  JobResult off = Run(SpecWith("dataspike_off", shape, "[detection]\nloss_anomalies = false\n", "",
+                               kEveryStepTiers));
+  ASSERT_TRUE(off.exit.Success()) << off.output;
+  ASSERT_TRUE(off.report["incidents"].empty()) << off.report.dump(2);
+  JobResult r = Run(SpecWith("dataspike", shape, kShortRunSpikes, "", kEveryStepTiers));
+  ASSERT_TRUE(r.exit.Success()) << r.output;
+  EXPECT_EQ(r.report.value("steps", 0), 30);
+  EXPECT_EQ(r.report.value("param_fingerprint", ""), off.report.value("param_fingerprint", "x"));
+  EXPECT_EQ(r.report.value("anomaly_mode", ""), "replay");
+  ASSERT_EQ(r.report["incidents"].size(), 1u) << r.report["incidents"].dump(2);
+  const nlohmann::json& inc = r.report["incidents"][0];
+  EXPECT_EQ(inc.value("cause", ""), "loss_spike") << inc.dump(2);
+  EXPECT_NE(inc.value("reason", "")
+                .find("replay of step 25: every rank's loss came back bit for "
+                      "bit"),
+            std::string::npos)
+      << inc.dump(2);
+  EXPECT_TRUE(inc["suspects"].empty()) << inc.dump(2);
+  ASSERT_EQ(r.report["data_anomalies"].size(), 1u) << r.report.dump(2);
+  EXPECT_EQ(r.report["data_anomalies"][0].value("step", -1), 25);
+  EXPECT_TRUE(r.report["skipped_steps"].empty()) << r.report.dump(2);
+}
+
+// The same with [anomaly] on_data_spike = "skip": the step's data is
+// skipped after the replay confirms it, and the report lists the step.
+TEST_F(ControlPlaneTest, OnDataSpikeSkipSkipsTheReproducedStep) {
+  Shape shape;
+  shape.trainer = "\"--corrupt-batch-step\", \"25\", ";
+  JobResult r = Run(SpecWith("dataskip", shape,
+                             std::string(kShortRunSpikes) + "[anomaly]\non_data_spike = \"skip\"\n",
+                             "", kEveryStepTiers));
+  ASSERT_TRUE(r.exit.Success()) << r.output;
+  EXPECT_EQ(r.report.value("steps", 0), 30);
+  EXPECT_EQ(r.report["skipped_steps"], nlohmann::json::array({25})) << r.report.dump(2);
+  ASSERT_EQ(r.report["incidents"].size(), 2u) << r.report["incidents"].dump(2);
+  EXPECT_EQ(r.report["incidents"][1].value("action", ""), "roll_back_and_skip")
+      << r.report["incidents"].dump(2);
+  EXPECT_TRUE(r.report["data_anomalies"].empty()) << r.report.dump(2);
+}
+
+// A NaN loss that every replay of step 13 computes again: training cannot go
+// on through it, so the job stops (exit 3) with a verdict naming the step.
+TEST_F(ControlPlaneTest, AReproducibleNaNStopsTheJobNamingTheStep) {
+  Shape shape;
+  shape.trainer = "\"--nan-batch-step\", \"13\", ";
+  JobResult r = Run(SpecWith("datanan", shape, "", "", kEveryStepTiers));
+  EXPECT_TRUE(r.exit.exited && r.exit.code == 3) << r.exit.ToString() << "\n" << r.output;
+  EXPECT_NE(
+      r.report.value("verdict", "").find("training cannot go on through a NaN loss at step 13"),
+      std::string::npos)
+      << r.report.dump(2);
+}
+
+// A loss tripled on rank 0 for one step (a transient fault; the model is
+// untouched): the replay does not reproduce it, so it was a fault. Its node
+// is named, training goes on from the replay, bit-exact.
+TEST_F(ControlPlaneTest, ASpikeTheReplayDoesNotReproduceIsAFaultOnItsNode) {
+  nlohmann::json inc = ExpectRecovered(
+      "spikefault",
+      "kind = \"spike\"\nrank = 0\nstep = 25\nfactor = 3\n" + std::string(kShortRunSpikes),
+      "loss_spike", "in_process = false\n", kEveryStepTiers);
+  EXPECT_NE(inc.value("reason", "").find("replay of step 25: the loss changed (rank 0 "),
+            std::string::npos)
+      << inc.dump(2);
+  EXPECT_EQ(inc["suspects"], nlohmann::json::array({NodesThatRan("spikefault", 0, 0).at(0)}))
+      << inc.dump(2);
+  EXPECT_EQ(inc.value("steps_lost", -1), 0) << inc.dump(2);
+}
+
 // Every step in node memory: the NaN at step 13 rolls back to step 12, the
 // step before it, which each worker held back in T0 when it saw the loss
 // (however many steps ran before the stop came). No disk read, no step lost.

@@ -746,6 +746,10 @@ std::optional<double> Session::EndStep(int64_t step_index, std::optional<double>
       p.fired = true;
       s.SendFault(p, step);
       logged = std::nan("");
+    } else if (p.fault.kind == FaultKind::kSpike && p.fault.step == step && logged) {
+      p.fired = true;
+      s.SendFault(p, step);
+      logged = *logged * p.fault.factor;
     } else if (p.fault.kind == FaultKind::kSlow && p.fault.step <= step) {
       p.fired = true;
       s.SendFault(p, step);

@@ -219,6 +219,9 @@ Json BuildReport(const ReportInputs& in) {
                               {"reason", a.reason}});
   }
   report["data_anomalies"] = std::move(data_anomalies);
+  Json skipped = Json::array();
+  for (core::StepNumber s : m.skipped_steps()) skipped.push_back(s.value);
+  report["skipped_steps"] = std::move(skipped);
   // A shrunk job growing back (the shrink itself is an incident's route).
   Json resizes = Json::array();
   for (const core::Resize& z : m.resizes()) {

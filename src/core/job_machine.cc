@@ -422,8 +422,9 @@ void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobActio
       f.rank = e.rank;
       f.node = NodeOfRank(e.rank);
       f.fault_at = now;
-      f.InjectedBy(LastFiredFault(
-          [&](const FaultFiredEvent& x) { return x.kind == FaultKind::kNan && x.rank == e.rank; }));
+      f.InjectedBy(LastFiredFault([&](const FaultFiredEvent& x) {
+        return (x.kind == FaultKind::kNan || x.kind == FaultKind::kSpike) && x.rank == e.rank;
+      }));
       f.anomaly = true;
       f.extra_reason = a->reason;
       f.loss_anomaly = *a;

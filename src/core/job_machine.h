@@ -415,6 +415,8 @@ class JobMachine {
   const std::vector<StragglerReport>& stragglers() const { return stragglers_kept_; }
   // Loss anomalies a replay showed to be the data's, trained through.
   const std::vector<DataAnomaly>& data_anomalies() const { return anomaly_.data_anomalies(); }
+  // Steps whose data the job skips after an anomaly, ascending.
+  const std::vector<StepNumber>& skipped_steps() const { return anomaly_.skipped_steps(); }
   // How loss anomalies are judged in the current generation: "replay" when
   // every rank said it is deterministic, else "rollback".
   std::string_view anomaly_mode() const;

@@ -31,6 +31,7 @@ constexpr KindName kKinds[] = {
     {FaultKind::kBitflip, "bitflip"},
     {FaultKind::kCommFail, "comm-fail"},
     {FaultKind::kCommSlow, "comm-slow"},
+    {FaultKind::kSpike, "spike"},
 };
 
 std::string KindList() {
@@ -104,7 +105,7 @@ Status Validate(const Fault& f) {
   if (f.at && f.at->count() < 0) return bad("at must not be negative");
   if (has_step == f.at.has_value()) return bad("needs exactly one of step and at");
   const bool in_step = f.kind == FaultKind::kBitflip || f.kind == FaultKind::kCommFail ||
-                       f.kind == FaultKind::kCommSlow;
+                       f.kind == FaultKind::kCommSlow || f.kind == FaultKind::kSpike;
   if (in_step && f.at) {
     // Only the worker can touch its parameters or its collectives, and it
     // knows steps, not the job's clock.
@@ -118,6 +119,11 @@ Status Validate(const Fault& f) {
     case FaultKind::kCommSlow:
       if (!std::isfinite(f.factor) || f.factor <= 1) {
         return bad("factor must be a number > 1 (2 = twice as slow)");
+      }
+      break;
+    case FaultKind::kSpike:
+      if (!std::isfinite(f.factor) || f.factor <= 1) {
+        return bad("factor must be a number > 1 (3 = a loss three times as high)");
       }
       break;
     case FaultKind::kBitflip:

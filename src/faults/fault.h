@@ -44,10 +44,12 @@ enum class FaultKind {
   kCommFail,   // the rank's collectives fail from the step on: it exits with 1 before its
                // gradient allreduce, as after "Connection reset by peer"
   kCommSlow,   // the rank's collectives run `factor` times slower from the step on
+  kSpike,      // the rank reports its loss times `factor` for the step: a one-off corruption of the
+               // loss (the model is untouched), as a transient fault would make it
 };
 
 // "kill", "exit", "hang", "nan", "slow", "log", "kill-agent", "disk-full",
-// "disk-error", "corrupt-t0", "corrupt-t1", "bitflip", "comm-fail", "comm-slow".
+// "disk-error", "corrupt-t0", "corrupt-t1", "bitflip", "comm-fail", "comm-slow", "spike".
 std::string_view FaultKindName(FaultKind kind);
 
 // Whether the controller (through an agent) fires faults of `kind`, rather
@@ -64,7 +66,7 @@ struct Fault {
   int64_t step = -1;           // 1-based step number; -1: not step-keyed
   std::optional<Duration> at;  // time since the job started; nullopt: not time-keyed
   int exit_code = 1;           // kExit
-  double factor = 2.0;         // kSlow, kCommSlow
+  double factor = 2.0;         // kSlow, kCommSlow, kSpike
   std::string line;            // kLog
   // kBitflip: which bit of which parameter. `tensor` indexes the trainer's
   // parameters in their named order (taken modulo their count); `element`

@@ -23,7 +23,7 @@ TEST(FaultKind, NamesRoundTrip) {
        {FaultKind::kKill, FaultKind::kExit, FaultKind::kHang, FaultKind::kNan, FaultKind::kSlow,
         FaultKind::kLog, FaultKind::kKillAgent, FaultKind::kDiskFull, FaultKind::kDiskError,
         FaultKind::kCorruptT0, FaultKind::kCorruptT1, FaultKind::kBitflip, FaultKind::kCommFail,
-        FaultKind::kCommSlow}) {
+        FaultKind::kCommSlow, FaultKind::kSpike}) {
     Result<FaultKind> parsed = ParseFaultKind(FaultKindName(k));
     ASSERT_TRUE(parsed.ok()) << FaultKindName(k);
     EXPECT_EQ(*parsed, k);
@@ -32,6 +32,7 @@ TEST(FaultKind, NamesRoundTrip) {
   EXPECT_EQ(FaultKindName(FaultKind::kBitflip), "bitflip");
   EXPECT_EQ(FaultKindName(FaultKind::kCommFail), "comm-fail");
   EXPECT_EQ(FaultKindName(FaultKind::kCommSlow), "comm-slow");
+  EXPECT_EQ(FaultKindName(FaultKind::kSpike), "spike");
   Result<FaultKind> bad = ParseFaultKind("kil");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("'kil'"), std::string::npos);
@@ -51,6 +52,21 @@ TEST(FaultKind, BitflipAndCommFaultsAreFiredByTheWorker) {
   ASSERT_EQ(mine.size(), 2u);
   EXPECT_EQ(mine[0].id, "b");
   EXPECT_EQ(mine[1].id, "f");
+}
+
+// A spike multiplies the loss the rank reports for one step: a factor > 1,
+// at a step (the worker fires it in its step report).
+TEST(Validate, ASpikeNeedsAFactorAboveOneAndAStep) {
+  Fault spike = StepFault("p", FaultKind::kSpike, 0, 7);
+  spike.factor = 3;
+  EXPECT_TRUE(Validate(spike).ok());
+  spike.factor = 0.5;
+  EXPECT_EQ(Validate(spike).message(),
+            "fault 'p' (spike): factor must be a number > 1 (3 = a loss three times as high)");
+  spike.factor = 3;
+  spike.step = -1;
+  spike.at = 10s;
+  EXPECT_NE(Validate(spike).message().find("needs a step, not at"), std::string::npos);
 }
 
 TEST(Validate, AcceptsWellFormedFaults) {

@@ -49,6 +49,12 @@ struct TrainerOptions {
   // or the training data order.
   int64_t eval_every = 0;
   int eval_steps = 0;
+  // Test devices for data anomalies, both deterministic, so that every replay
+  // of the step sees them again: the batch of step corrupt_batch_step (1-based;
+  // 0: none) is seeded random bytes, as from a corrupt shard of the corpus;
+  // the loss of step nan_batch_step is NaN, as from a batch that overflows.
+  int64_t corrupt_batch_step = 0;
+  int64_t nan_batch_step = 0;
   int sample_tokens = 200;
   std::string sample_prompt = "The ";
 

@@ -23,6 +23,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -392,6 +393,20 @@ std::pair<torch::Tensor, torch::Tensor> MakeBatch(const std::string& text,
   uint8_t* dst = bytes.data_ptr<uint8_t>();
   for (int64_t i = 0; i < n; ++i) {
     std::memcpy(dst + i * (context + 1), text.data() + offsets[i], context + 1);
+  }
+  torch::Tensor tokens = bytes.to(torch::kLong);
+  return {tokens.slice(1, 0, context), tokens.slice(1, 1, context + 1)};
+}
+
+// A micro-batch of seeded random bytes: the same for the same (seed, step,
+// slot), so that a replay of the step reads it again.
+std::pair<torch::Tensor, torch::Tensor> RandomBatch(uint64_t seed, int64_t step, int slot, int n,
+                                                    int context) {
+  std::mt19937_64 rng(seed ^ (static_cast<uint64_t>(step) << 20) ^ static_cast<uint64_t>(slot));
+  torch::Tensor bytes = torch::empty({n, context + 1}, torch::kByte);
+  uint8_t* dst = bytes.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < static_cast<int64_t>(n) * (context + 1); ++i) {
+    dst[i] = static_cast<uint8_t>(rng());
   }
   torch::Tensor tokens = bytes.to(torch::kLong);
   return {tokens.slice(1, 0, context), tokens.slice(1, 1, context + 1)};
@@ -1097,8 +1112,12 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first
         auto offsets =
             SequenceOffsets(options.seed, step, slot * options.micro_batch, options.micro_batch,
                             options.model.context, corpus.train.size());
-        auto [x, y] = MakeBatch(corpus.train, offsets, options.model.context);
+        auto [x, y] =
+            step + 1 == options.corrupt_batch_step
+                ? RandomBatch(options.seed, step, slot, options.micro_batch, options.model.context)
+                : MakeBatch(corpus.train, offsets, options.model.context);
         torch::Tensor l = model->Loss(x, y) / slots;
+        if (step + 1 == options.nan_batch_step) l = l * std::nan("");
         l.backward();
         reducer->TakeSlot(l.item<float>());
       }

@@ -54,6 +54,11 @@ int main(int argc, char** argv) {
   app.add_option("--eval-every", o.eval_every,
                  "Evaluate every N steps, in the client phase \"eval\" (0: never)");
   app.add_option("--eval-steps", o.eval_steps, "Forward passes on held-out batches per evaluation");
+  app.add_option("--corrupt-batch-step", o.corrupt_batch_step,
+                 "Test device: the batch of this step (1-based) is seeded random bytes, on every "
+                 "replay of it (a corrupt shard of the data)");
+  app.add_option("--nan-batch-step", o.nan_batch_step,
+                 "Test device: the loss of this step (1-based) is NaN, on every replay of it");
   app.add_option("--sample-tokens", o.sample_tokens, "Bytes of text generated at the end");
   app.add_option("--sample-prompt", o.sample_prompt, "Prompt of the final sample");
   app.add_option("--threads", o.threads, "Threads per rank (0: OMP_NUM_THREADS, else 1)");
