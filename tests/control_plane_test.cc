@@ -431,6 +431,11 @@ TEST_F(ControlPlaneTest, ADataSpikeThatReproducesIsTrainedThroughBitExact) {
   ASSERT_EQ(r.report["data_anomalies"].size(), 1u) << r.report.dump(2);
   EXPECT_EQ(r.report["data_anomalies"][0].value("step", -1), 25);
   EXPECT_TRUE(r.report["skipped_steps"].empty()) << r.report.dump(2);
+  // The live status (its last write, at the end) counts it too.
+  const nlohmann::json status =
+      nlohmann::json::parse(ReadAll(dir_ / "dataspike" / "status.json"), nullptr, false);
+  EXPECT_EQ(status.value("data_anomalies", -1), 1) << status.dump();
+  EXPECT_EQ(status.value("anomaly_mode", ""), "replay") << status.dump();
 }
 
 // The same with [anomaly] on_data_spike = "skip": the step's data is

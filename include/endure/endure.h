@@ -62,6 +62,10 @@ int64_t endure_session_generation(const endure_session* session);
 int endure_session_memory_checkpoints(const endure_session* session);
 
 /* Progress. */
+/* The program computes the same loss bit for bit when it replays a step
+   (call before endure_ready): a loss anomaly is then judged by replaying it
+   (client.h Session::DeclareDeterministic). */
+void endure_declare_deterministic(endure_session* session);
 void endure_ready(endure_session* session, int64_t start_step, double restore_s, double init_s);
 void endure_begin_step(endure_session* session, int64_t step);
 /* Returns the loss to log: NaN when an injected `nan` fault is due. */

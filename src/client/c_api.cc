@@ -117,6 +117,10 @@ int endure_session_memory_checkpoints(const endure_session* s) {
   return s && s->session->memory_checkpoints() ? 1 : 0;
 }
 
+void endure_declare_deterministic(endure_session* s) {
+  if (s) s->session->DeclareDeterministic();
+}
+
 void endure_ready(endure_session* s, int64_t start_step, double restore_s, double init_s) {
   if (s) s->session->Ready(start_step, restore_s, init_s);
 }

@@ -94,8 +94,10 @@ static void TestReportsToAgentAndFiresFaults(const char* dir) {
   EXPECT(endure_session_rank(s) == 3);
   EXPECT(endure_session_generation(s) == 2);
   char buf[4096];
+  endure_declare_deterministic(s);
   endure_ready(s, 0, 0.0, 0.2);
   EXPECT(ReceiveContaining(fd, "\"type\":\"ready\"", buf, sizeof buf));
+  EXPECT(strstr(buf, "\"deterministic\":true") != NULL);
   EXPECT(endure_end_step(s, 0, 2.5, 0.1, 0.01, 0.0, -1) == 2.5);
   EXPECT(ReceiveContaining(fd, "\"type\":\"step\"", buf, sizeof buf));
   EXPECT(strstr(buf, "\"rank\":3") != NULL && strstr(buf, "\"token\":\"secret\"") != NULL);

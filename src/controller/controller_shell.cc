@@ -1130,6 +1130,10 @@ void ControllerShell::WriteStatus(TimePoint now, bool force) {
       {"ettr", machine_.ledger().Ettr()},
       {"elapsed_s", Seconds(now - start_)},
       {"incidents", machine_.incidents().size()},
+      // Loss anomalies a replay showed to be the data's ([anomaly]), and how
+      // anomalies are judged now.
+      {"data_anomalies", machine_.data_anomalies().size()},
+      {"anomaly_mode", std::string(machine_.anomaly_mode())},
   };
   if (!machine_.incidents().empty()) {
     const core::Incident& inc = machine_.incidents().back();
@@ -1164,6 +1168,11 @@ void ControllerShell::Publish(const nlohmann::json& status) {
         machine_.ledger().Ettr());
   gauge("endure_incidents_total", "Failures detected so far.",
         static_cast<double>(machine_.incidents().size()), "counter");
+  gauge("endure_data_anomalies_total",
+        "Loss anomalies whose replay reproduced them bit for bit (the data's), trained through.",
+        static_cast<double>(machine_.data_anomalies().size()), "counter");
+  gauge("endure_skipped_steps", "Steps whose data the job skips after a loss anomaly.",
+        static_cast<double>(machine_.skipped_steps().size()));
   m += "# HELP endure_ledger_seconds Wall time so far, by ETTR ledger category.\n"
        "# TYPE endure_ledger_seconds counter\n";
   for (int c = 0; c < core::kNumLedgerCategories; ++c) {

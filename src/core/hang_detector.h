@@ -43,6 +43,9 @@ namespace endure::core {
 
 // The default phase: training steps, judged by the step timeout.
 inline constexpr std::string_view kTrainPhase = "train";
+// A rank between its last training step and its exit (JobMachine enters it
+// when a rank reports the step its total_steps names).
+inline constexpr std::string_view kFinishPhase = "finish";
 
 struct HangDetectorOptions {
   // Lower bound of the learned timeout: jitter in fast jobs never trips it.

@@ -371,6 +371,14 @@ void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobActio
   // the hang detector was started with: an error here is a bug.
   const Status recorded = hang_.OnStepEnd(e.rank.value, e.step, now);
   ENDURE_CHECK(recorded.ok());
+  if (e.total_steps > 0 && e.step.value >= e.total_steps) {
+    // Its last step: no next one is due. What a program does between its
+    // last step and its exit (a final evaluation, a sample, a last save, the
+    // teardown of its process group) is the phase "finish", judged by the
+    // phase timeout: on a loaded machine it took longer than a step's.
+    const Status finishing = hang_.OnPhase(e.rank.value, kFinishPhase, now);
+    ENDURE_CHECK(finishing.ok());
+  }
   const StepNumber job_step = *std::min_element(rank_step_.begin(), rank_step_.end());
   if (!productive_ && job_step > start_step_) {
     // Every rank finished its first step of this generation.

@@ -105,6 +105,51 @@ TEST(JobMachine, CleanRunWithJitterHasNoIncidentAndFinishes) {
   EXPECT_GT(l.Ettr(), 0.95);
 }
 
+// A rank's last step (the step its total_steps names) is followed by what the
+// program does before it exits: a final evaluation, a sample, the teardown of
+// its process group. On a loaded machine that took longer than the step
+// timeout and was called a hang. It is the phase "finish", judged by the
+// phase timeout (10 minutes the first time): a rank that never exits is
+// still a hang, after that.
+TEST(JobMachine, TheTimeAfterTheLastStepIsNoHangUntilThePhaseTimeout) {
+  Job job;
+  job.Up();
+  job.Ready(0);
+  for (int64_t s = 1; s <= 30; ++s) {
+    job.now += 0.15;
+    job.Do(NodeHeartbeat{NodeId{0}});
+    job.Do(NodeHeartbeat{NodeId{1}});
+    for (int r = 0; r < 2; ++r) {
+      StepEnd e{job.m.generation(), r, s, 2.0, 0, -1};
+      e.total_steps = 30;
+      job.Do(e);
+    }
+  }
+  const double last = job.now;
+  // Rank 0 exits at once; rank 1 takes 5 minutes (beats continue).
+  job.Do(WorkerExitEvent{0, 0, NodeId{0}, 0, std::nullopt});
+  while (job.now < last + 300) {
+    job.now += 0.5;
+    job.Do(NodeHeartbeat{NodeId{0}});
+    job.Do(NodeHeartbeat{NodeId{1}});
+    ASSERT_TRUE(Find<StopGenerationAction>(job.Do(Tick{})).empty()) << "at " << job.now - last;
+  }
+  EXPECT_TRUE(job.m.incidents().empty());
+  // Never exiting at all is a hang once the phase's first timeout passed.
+  double stopped_at = -1;
+  while (job.now < last + 700 && stopped_at < 0) {
+    job.now += 0.5;
+    job.Do(NodeHeartbeat{NodeId{0}});
+    job.Do(NodeHeartbeat{NodeId{1}});
+    if (!Find<StopGenerationAction>(job.Do(Tick{})).empty()) stopped_at = job.now;
+  }
+  EXPECT_NEAR(stopped_at - last, 600.0, 1.0);
+  ASSERT_EQ(job.m.incidents().size(), 1u);
+  EXPECT_EQ(job.m.incidents()[0].cause.name, "hang");
+  EXPECT_NE(job.m.incidents()[0].reason.find("in phase 'finish'"), std::string::npos)
+      << job.m.incidents()[0].reason;
+}
+
 TEST(JobMachine, KilledRankIsDetectedAtOnceAndRestartedFromTheLastCheckpoint) {
   Job job;
   job.Up();
