@@ -78,14 +78,19 @@ Status HangDetector::OnPhase(int rank, std::string_view phase, TimePoint now) {
 
 void HangDetector::EndPhase(RankProgress& p, TimePoint now) {
   if (!InOtherPhase(p)) return;
-  PhaseStats& stats = phases_[p.phase];
-  const Duration d = now - p.phase_since;
-  if (static_cast<int>(stats.samples.size()) < options_.window) {
-    stats.samples.push_back(d);
-  } else {
-    stats.samples[stats.next] = d;
+  // The end of a run is no repeated phase to learn a timeout from: a rank
+  // that goes on from it into its final evaluation leaves it at once, and
+  // that would make another rank's teardown a hang after the floor.
+  if (p.phase != kFinishPhase) {
+    PhaseStats& stats = phases_[p.phase];
+    const Duration d = now - p.phase_since;
+    if (static_cast<int>(stats.samples.size()) < options_.window) {
+      stats.samples.push_back(d);
+    } else {
+      stats.samples[stats.next] = d;
+    }
+    stats.next = (stats.next + 1) % options_.window;
   }
-  stats.next = (stats.next + 1) % options_.window;
   p.phase = std::string(kTrainPhase);
   // The time spent in phases is no step time: every rank's step clock (the
   // others waited for this one at their next collective) and the step-time

@@ -126,7 +126,12 @@ TEST(JobMachine, TheTimeAfterTheLastStepIsNoHangUntilThePhaseTimeout) {
     }
   }
   const double last = job.now;
-  // Rank 0 exits at once; rank 1 takes 5 minutes (beats continue).
+  // Rank 0 goes on into its final evaluation at once (leaving "finish"
+  // after a few milliseconds, which is no sample to learn its timeout from)
+  // and exits; rank 1 takes 5 minutes (beats continue).
+  job.now += 0.01;
+  job.Do(PhaseChanged{job.m.generation(), Rank{0}, "eval"});
+  job.now += 0.5;
   job.Do(WorkerExitEvent{0, 0, NodeId{0}, 0, std::nullopt});
   while (job.now < last + 300) {
     job.now += 0.5;
