@@ -492,6 +492,7 @@ void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
   x->set_exit_code(end.status.code);
   x->set_signal(end.status.signal);
   x->set_param_fingerprint(FindFingerprint(end.tail));
+  x->set_stopped(end.stopped);
   words.push_back(std::move(e));
   {
     std::lock_guard<std::mutex> lock(reports_mu_);

@@ -380,6 +380,7 @@ void WorkerSet::Watch(Worker* worker, Subprocess process, int out_fd, std::strin
   {
     std::lock_guard<std::mutex> lock(mu_);
     worker->done = true;
+    end.stopped = worker->stopped;
   }
   on_exit_(end);
 }
@@ -395,6 +396,7 @@ void WorkerSet::StopAll(std::chrono::milliseconds grace) {
   const auto signal_tree = [&](Worker& w, int sig) {
     std::lock_guard<std::mutex> lock(mu_);
     if (w.reaped) return;
+    w.stopped = true;
     w.tree.Signal(sig);
     if (sig == SIGKILL) ::kill(-w.pid, SIGCONT);  // a SIGSTOPped worker must run to die
   };
@@ -421,7 +423,9 @@ void WorkerSet::StopAll(std::chrono::milliseconds grace) {
 void WorkerSet::KillAll() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& w : workers_) {
-    if (!w->reaped) w->tree.Signal(SIGKILL);
+    if (w->reaped) continue;
+    w->stopped = true;
+    w->tree.Signal(SIGKILL);
   }
 }
 

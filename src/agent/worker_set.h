@@ -84,6 +84,9 @@ struct WorkerEnd {
   int rank = 0;
   ExitStatus status;
   std::string tail;  // the last lines of its output
+  // The set stopped or killed it (StopAll, KillAll) while it was alive: its
+  // end is no failure of its own.
+  bool stopped = false;
 };
 
 class WorkerSet {
@@ -151,8 +154,9 @@ class WorkerSet {
     ProcessTree tree;  // its group, session and tagged descendants
     std::string stacks_path;
     std::thread watcher;
-    bool reaped = false;  // GUARDED_BY(mu_); its pid may be reused from now on
-    bool done = false;    // GUARDED_BY(mu_); its exit was reported
+    bool reaped = false;   // GUARDED_BY(mu_); its pid may be reused from now on
+    bool done = false;     // GUARDED_BY(mu_); its exit was reported
+    bool stopped = false;  // GUARDED_BY(mu_); StopAll or KillAll signalled it alive
   };
   void Watch(Worker* worker, Subprocess process, int out_fd, std::string log_path);
   // Takes a started worker (its process, the read end of its output, its

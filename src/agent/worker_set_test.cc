@@ -120,6 +120,7 @@ TEST_F(WorkerSetTest, AnExitIsReportedWhileADescendantKeepsTheOutputOpen) {
   EXPECT_FALSE(end.status.exited);
   EXPECT_EQ(end.status.signal, SIGKILL);
   EXPECT_NE(end.tail.find("last words"), std::string::npos) << end.tail;
+  EXPECT_FALSE(end.stopped) << "it died on its own";
   // Its descendant went with it.
   EXPECT_TRUE(AllGone());
   set.StopAll(0ms);
@@ -141,6 +142,7 @@ TEST_F(WorkerSetTest, AStopEndsTheWholeTreeWithinTheGrace) {
   EXPECT_LT(Clock::now() - start, 300ms + kDrainAfterExit + 2s);
   ASSERT_TRUE(exits.WaitFor(1, 0s));
   EXPECT_EQ(exits.At(0).status.signal, SIGKILL);
+  EXPECT_TRUE(exits.At(0).stopped) << "the set's own stop";
   EXPECT_TRUE(AllGone());
 }
 

@@ -422,6 +422,7 @@ ControllerShell::Queued ControllerShell::Translate(const proto::AgentEvent& e, N
       exit.generation = core::Generation{gen};
       exit.rank = core::Rank{x.rank()};
       exit.node = node;
+      exit.stopped = x.stopped();
       if (x.exited()) {
         exit.exit_code = x.exit_code();
       } else {

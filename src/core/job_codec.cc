@@ -62,7 +62,7 @@ template <typename F>
 void Fields(WorkerExitEvent& e, F& f) {
   f("generation", e.generation), f("rank", e.rank), f("node", e.node), f("exit_code", e.exit_code),
       f("signal", e.signal), f("log_cause", e.log_cause), f("log_action", e.log_action),
-      f("log_rule", e.log_rule), f("log_line", e.log_line);
+      f("log_rule", e.log_rule), f("log_line", e.log_line), f("stopped", e.stopped);
 }
 template <typename F>
 void Fields(FaultFiredEvent& e, F& f) {
@@ -406,7 +406,8 @@ Result<std::vector<Token>> Tokenize(std::string_view s, size_t i) {
 }
 
 // Fields that lines written before them lack (schema 4, issue 12).
-const std::set<std::string_view> kAddedFields = {"deterministic",                     // issue 27
+const std::set<std::string_view> kAddedFields = {"stopped",                           // issue 28
+                                                 "deterministic",                     // issue 27
                                                  "loss.min_jump",                     // issue 27
                                                  "anomaly.on_data_spike",             // issue 27
                                                  "isolation.straggler.min_excess_s",  // issue 27

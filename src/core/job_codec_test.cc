@@ -67,7 +67,7 @@ TEST(JobCodec, ALineReadsAsWritten) {
   EXPECT_EQ(
       EncodeEvent(WorkerExitEvent{0, 1, NodeId{1}, std::nullopt, 9, "", std::nullopt, "", ""}),
       "worker_exit generation=0 rank=1 node=1 exit_code=- signal=9 log_cause=\"\" "
-      "log_action=\"\" log_rule=\"\" log_line=\"\"");
+      "log_action=\"\" log_rule=\"\" log_line=\"\" stopped=false");
   Result<JobEvent> e = DecodeEvent(
       "step_end  rank=1 generation=2 step=5 loss=2.5 ckpt_stall_s=0 "
       "checkpoint_step=-1 skipped=false");

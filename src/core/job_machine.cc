@@ -327,6 +327,12 @@ void JobMachine::StepRunning(const JobEvent& event, TimePoint now, std::vector<J
 }
 
 void JobMachine::StepStopping(const JobEvent& event, TimePoint now, std::vector<JobAction>& out) {
+  if (const auto* x = std::get_if<WorkerExitEvent>(&event)) {
+    if (x->generation == generation_ && x->rank.valid() && x->rank.value < world_size()) {
+      OnExitWhileStopping(*x);
+    }
+    return;
+  }
   const auto* e = std::get_if<GenerationStoppedEvent>(&event);
   if (e == nullptr || e->generation != generation_) return;
   awaiting_stop_.erase(e->node);
@@ -495,6 +501,47 @@ std::string_view JobMachine::anomaly_mode() const {
                              [](bool b) { return b; })
              ? "replay"
              : "rollback";
+}
+
+void JobMachine::OnExitWhileStopping(const WorkerExitEvent& e) {
+  // An exit the agent did not cause (not `stopped`) is a worker that died on
+  // its own before the stop reached it.
+  Incident* inc = OpenIncident();
+  if (e.stopped || inc == nullptr || inc->generation != generation_ ||
+      !IsCollectiveCause(inc->cause.name) || e.rank == inc->rank) {
+    return;
+  }
+  // A collective fails for every rank when one of them dies, and the victim's
+  // report may come first. A death that is no collective failure itself (a
+  // signal nobody sent, a hardware log line) is the cause the collective
+  // failure was the consequence of.
+  WorkerExit exit;
+  exit.node = e.node;
+  exit.node_name = NodeName(e.node);
+  exit.rank = e.rank.value;
+  exit.exit_code = e.exit_code;
+  exit.signal = e.signal;
+  std::optional<CrashReport> crash = ClassifyWorkerExit(exit);
+  if (!crash) return;
+  const bool hardware_line = e.log_action == LogAction::kEvictNode;
+  const bool signal_death =
+      crash->kind == CrashKind::kSignal && (e.log_cause.empty() || !IsCollectiveCause(e.log_cause));
+  if (!hardware_line && !signal_death) return;
+  const std::string victim = inc->cause.name;
+  const Rank victim_rank = inc->rank;
+  inc->cause = !e.log_cause.empty() ? IncidentCause{Cause::kLogRule, e.log_cause}
+                                    : IncidentCause{Cause::kSignal, crash->cause};
+  inc->rank = e.rank;
+  inc->node = e.node;
+  inc->node_name = NodeName(e.node);
+  if (!e.log_line.empty()) inc->log_line = e.log_line;
+  inc->reason += "; then " + crash->reason +
+                 (hardware_line ? " (log rule '" + e.log_rule + "': " + e.log_cause + ")" : "") +
+                 ", reported while the generation stopped: the " + victim + " of rank " +
+                 std::to_string(victim_rank.value) +
+                 " was its consequence (a collective fails for every rank when one dies), so "
+                 "the cause is rank " +
+                 std::to_string(e.rank.value) + "'s";
 }
 
 void JobMachine::OnWorkerExit(const WorkerExitEvent& e, TimePoint now,

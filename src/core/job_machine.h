@@ -195,6 +195,9 @@ struct WorkerExitEvent {
   std::string log_cause;
   std::optional<LogAction> log_action;
   std::string log_rule, log_line;
+  // The agent stopped or killed it (a stop, a node's death): no failure of
+  // its own.
+  bool stopped = false;
 };
 struct FaultFiredEvent {
   Generation generation;
@@ -485,6 +488,9 @@ class JobMachine {
   // A replayed anomaly's verdict: record it, strike what changed, or roll
   // back (skip) or stop as the verdict says.
   void OnReplayVerdict(const ReplayVerdict& v, TimePoint now, std::vector<JobAction>& out);
+  // A worker's own death reported while the generation stops: the cause of
+  // an incident opened on a collective failure (its victim's report).
+  void OnExitWhileStopping(const WorkerExitEvent& e);
   bool StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);
   void StepWaitingForNodes(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);
   void StepRunning(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);

@@ -155,6 +155,55 @@ TEST(JobMachine, TheTimeAfterTheLastStepIsNoHangUntilThePhaseTimeout) {
       << job.m.incidents()[0].reason;
 }
 
+// Rank 0 is killed; rank 1's allreduce fails, and on a loaded machine its
+// gloo error is reported first. Rank 0's death, reported while the
+// generation stops, is the cause: the collective failure was its
+// consequence. Exits the agents caused by stopping (`stopped`) are no
+// evidence, and a death that is itself a collective failure changes nothing.
+TEST(JobMachine, ADeathReportedAfterAVictimsCollectiveFailureIsTheCause) {
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant == 0   ? "killed"
+                 : variant == 1 ? "stopped by the agent"
+                                : "collective too");
+    Job job;
+    job.Up();
+    job.Ready(0);
+    job.Run(1, 20);
+    WorkerExitEvent victim{job.m.generation(), Rank{1}, NodeId{1}, 1, std::nullopt};
+    victim.log_cause = "gloo_error";
+    victim.log_action = LogAction::kRestart;
+    victim.log_line =
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] "
+        "Connection closed by peer";
+    job.now += 0.01;
+    ASSERT_EQ(Find<StopGenerationAction>(job.Do(victim)).size(), 1u);
+    WorkerExitEvent culprit{job.m.generation(), Rank{0}, NodeId{0}, std::nullopt, 9};
+    if (variant == 1) culprit.stopped = true;
+    if (variant == 2) {
+      culprit.signal.reset();
+      culprit.exit_code = 1;
+      culprit.log_cause = "gloo_error";
+    }
+    job.now += 0.05;
+    job.Do(culprit);
+    job.StopBoth();
+    ASSERT_EQ(job.m.incidents().size(), 1u);
+    const Incident& inc = job.m.incidents()[0];
+    if (variant == 0) {
+      EXPECT_EQ(inc.cause.name, "signal 9 SIGKILL");
+      EXPECT_EQ(inc.rank, Rank{0});
+      EXPECT_EQ(inc.node, NodeId{0});
+      EXPECT_NE(inc.reason.find("reported while the generation stopped: the gloo_error of rank 1 "
+                                "was its consequence"),
+                std::string::npos)
+          << inc.reason;
+    } else {
+      EXPECT_EQ(inc.cause.name, "gloo_error");
+      EXPECT_EQ(inc.rank, Rank{1});
+    }
+  }
+}
+
 TEST(JobMachine, KilledRankIsDetectedAtOnceAndRestartedFromTheLastCheckpoint) {
   Job job;
   job.Up();
