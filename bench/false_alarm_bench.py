@@ -13,8 +13,9 @@ is as noisy as it gets):
     progress is read from its output with a progress_pattern.
 
 Then, so that quiet is not bought with blindness, the same endure-train job
-(2 x 1) with one injected anomaly each: a NaN loss, a 3x loss spike (a
-transient one: the replay does not reproduce it) and a bitflip in a parameter
+(2 x 1) with one injected anomaly each: a NaN loss and a 3x loss spike, both
+on every rank as an anomaly of the summed loss shows (transient ones: the
+replay does not reproduce them), and a bitflip in a parameter
 (caught by the fingerprint check every 10 steps): the step it struck, the
 step and time it was detected at, and what the replay said.
 
@@ -139,8 +140,11 @@ def injected_runs(out):
     print("%-12s %8s %9s %10s %12s  %s" % ("anomaly", "at_step", "detected", "after_s", "steps_lost",
                                            "verdict of the replay"))
     cases = [
-        ("NaN", 'kind = "nan"\nrank = 1\nstep = 300\n', ""),
-        ("3x spike", 'kind = "spike"\nrank = 0\nstep = 300\nfactor = 3\n', ""),
+        # On every rank, as a real anomaly of the summed loss shows.
+        ("NaN", 'kind = "nan"\nrank = 0\nstep = 300\n[[faults]]\nkind = "nan"\nrank = 1\n'
+         'step = 300\n', ""),
+        ("3x spike", 'kind = "spike"\nrank = 0\nstep = 300\nfactor = 3\n[[faults]]\n'
+         'kind = "spike"\nrank = 1\nstep = 300\nfactor = 3\n', ""),
         ("bitflip", 'kind = "bitflip"\nrank = 1\nstep = 300\n', "sdc_check_every = 10\n"),
     ]
     for label, fault, detection in cases:

@@ -489,9 +489,16 @@ TEST_F(ControlPlaneTest, ASpikeTheReplayDoesNotReproduceIsAFaultOnItsNode) {
 // Every step in node memory: the NaN at step 13 rolls back to step 12, the
 // step before it, which each worker held back in T0 when it saw the loss
 // (however many steps ran before the stop came). No disk read, no step lost.
+// (A rank whose own loss looked normal holds nothing: with a per-rank
+// injected NaN, its step 12 survives only if the stop comes within two
+// steps.)
 TEST_F(ControlPlaneTest, AnAnomalysRollbackRestoresTheStepBeforeItFromNodeMemory) {
-  nlohmann::json inc = ExpectRecovered("nant0", "kind = \"nan\"\nrank = 1\nstep = 13\n", "loss_nan",
-                                       "in_process = false\n", kEveryStepTiers);
+  // Every rank sees the NaN, as every rank of endure-train (which reports
+  // the summed loss) would: each holds its own shard of step 12.
+  nlohmann::json inc = ExpectRecovered(
+      "nant0",
+      "kind = \"nan\"\nrank = 0\nstep = 13\n[[faults]]\nkind = \"nan\"\nrank = 1\nstep = 13\n",
+      "loss_nan", "in_process = false\n", kEveryStepTiers);
   EXPECT_EQ(inc.value("restored_step", -1), 12) << inc.dump(2);
   EXPECT_EQ(inc.value("steps_lost", -1), 0) << inc.dump(2);
   EXPECT_EQ(inc.value("restore", "").rfind("step 12 from T0", 0), 0u) << inc.dump(2);

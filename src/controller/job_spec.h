@@ -89,7 +89,7 @@ struct DetectionSpec {
   int straggler_min_slow = 12;
   // ... and only by more than this much compute a step (timer resolution and
   // scheduling below it).
-  Duration straggler_min_excess = std::chrono::milliseconds(5);
+  Duration straggler_min_excess = std::chrono::milliseconds(10);
   // [anomaly] on_data_spike: a deterministic program's loss spike that its
   // replay reproduced.
   core::DataSpikeAction on_data_spike = core::DataSpikeAction::kContinue;

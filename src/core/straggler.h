@@ -57,7 +57,7 @@ struct StragglerOptions {
   // resolution and scheduling (a rank that logs or copies a checkpoint
   // shard does a millisecond more every step), and it costs the job nothing
   // worth a strike. A ratio alone would flag 7 ms against 6 ms.
-  double min_excess_s = 0.005;
+  double min_excess_s = 0.010;
 
   // Names the first invalid field and its accepted range, e.g.
   // "straggler detector: theta must be in (0, 10], got 0".
