@@ -231,7 +231,8 @@ StreamVerdict ControllerShell::OnHello(ConnectionId id, const proto::AgentEvent&
       if (Now() - d->second.at < d->second.grace) {
         previous = d->second.node;
       } else {
-        lost.push_back({d->second.node, d->second.reason});  // LoseDroppedNodes has not run yet
+        // LoseDroppedNodes has not run yet.
+        lost.push_back({d->second.node, d->second.reason, d->second.at});
       }
       dropped_.erase(d);
     }
@@ -337,7 +338,7 @@ void ControllerShell::OnClose(ConnectionId id, const std::string& reason) {
       // Held for the stream grace: an agent that reconnects and resumes is
       // the same node (LoseDroppedNodes otherwise).
       if (auto d = dropped_.find(name); d != dropped_.end()) {
-        lost = core::NodeDown{d->second.node, d->second.reason};
+        lost = core::NodeDown{d->second.node, d->second.reason, d->second.at};
       }
       dropped_[name] = Dropped{node, Now(), reason, stream_grace_};
     }
@@ -492,10 +493,10 @@ std::optional<TimePoint> ControllerShell::LoseDroppedNodes(TimePoint now) {
     for (auto it = dropped_.begin(); it != dropped_.end();) {
       const TimePoint deadline = it->second.at + it->second.grace;
       if (now >= deadline) {
-        lost.push_back({it->second.node, it->second.reason +
-                                             ", and the agent did not come back "
-                                             "within " +
-                                             FormatDuration(it->second.grace)});
+        lost.push_back({it->second.node,
+                        it->second.reason + ", and the agent did not come back within " +
+                            FormatDuration(it->second.grace),
+                        it->second.at});
         it = dropped_.erase(it);
       } else {
         next = next ? std::min(*next, deadline) : deadline;

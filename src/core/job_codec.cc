@@ -41,7 +41,7 @@ void Fields(PairTestResult& e, F& f) {
 }
 template <typename F>
 void Fields(NodeDown& e, F& f) {
-  f("node", e.node), f("reason", e.reason);
+  f("node", e.node), f("reason", e.reason), f("since", e.since);
 }
 template <typename F>
 void Fields(NodeHeartbeat& e, F& f) {
@@ -406,7 +406,8 @@ Result<std::vector<Token>> Tokenize(std::string_view s, size_t i) {
 }
 
 // Fields that lines written before them lack (schema 4, issue 12).
-const std::set<std::string_view> kAddedFields = {"stopped",                           // issue 28
+const std::set<std::string_view> kAddedFields = {"since",                             // issue 28
+                                                 "stopped",                           // issue 28
                                                  "deterministic",                     // issue 27
                                                  "loss.min_jump",                     // issue 27
                                                  "anomaly.on_data_spike",             // issue 27

@@ -225,7 +225,7 @@ bool JobMachine::StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<
 
   } else if (const auto* e = std::get_if<NodeDown>(&event)) {
     heartbeats_.Remove(e->node);
-    OnNodeLost(e->node, e->reason, now, now, out);
+    OnNodeLost(e->node, e->reason, std::min(now, e->since.value_or(now)), now, out);
 
   } else if (const auto* e = std::get_if<FaultFiredEvent>(&event)) {
     fired_.insert(e->id);
@@ -648,12 +648,47 @@ void JobMachine::OnNodeLost(NodeId node, const std::string& reason, TimePoint fa
     }));
     f.extra_reason = reason;
     OnFailure(f, now, out);
-  } else if (phase_ == JobPhase::kStopping && awaiting_stop_.erase(node) > 0 &&
-             awaiting_stop_.empty()) {
+  } else if (phase_ == JobPhase::kStopping && member != members_.end()) {
+    OnNodeLostWhileStopping(node, reason, out);
     // The node went away while stopping: its workers are gone with it.
-    Stopped(now, out);
+    if (awaiting_stop_.erase(node) > 0 && awaiting_stop_.empty()) Stopped(now, out);
   }
   // Otherwise the node is merely no longer healthy: a start passes it over.
+}
+
+void JobMachine::OnNodeLostWhileStopping(NodeId node, const std::string& reason,
+                                         std::vector<JobAction>& out) {
+  // A node that dies takes its ranks' connections with it: its peers'
+  // collectives fail at once, while its own loss is known only when its
+  // stream's grace runs out (an agent killed with its node says no goodbye).
+  // Its loss is then the cause the collective failure was the consequence of.
+  Incident* inc = OpenIncident();
+  if (inc == nullptr || inc->generation != generation_ || !IsCollectiveCause(inc->cause.name) ||
+      inc->node == node) {
+    return;
+  }
+  const std::string victim = inc->cause.name;
+  const Rank victim_rank = inc->rank;
+  const auto member = std::find(members_.begin(), members_.end(), node);
+  inc->cause = FixedCause(Cause::kNodeLost);
+  inc->rank = Rank{static_cast<int32_t>(member - members_.begin()) * options_.ranks_per_node};
+  inc->node = node;
+  inc->node_name = NodeName(node);
+  // As OnFailure decides for a lost node: it leaves the job (it is gone
+  // already), a strike in the node health ledger, and a spare or a repair.
+  Strike(node, inc->cause.name, reason, out);
+  int spares = 0;
+  for (NodeId n : HealthyNodes()) {
+    if (std::find(members_.begin(), members_.end(), n) == members_.end()) ++spares;
+  }
+  inc->action = std::string(RecoveryActionName(spares > 0 ? RecoveryAction::kReplaceWithSpare
+                                                          : RecoveryAction::kEvictAndWaitForRepair));
+  inc->reason += "; then " + inc->node_name + " was lost (" + reason +
+                 "), reported while the generation stopped: the " + victim + " of rank " +
+                 std::to_string(victim_rank.value) +
+                 " was its consequence (a collective fails for every rank when one node dies), "
+                 "so the cause is " +
+                 inc->node_name + "'s loss";
 }
 
 const FaultFiredEvent* JobMachine::LastFiredFault(

@@ -132,6 +132,10 @@ struct NodeQuarantined {
 struct NodeDown {  // the agent's stream dropped or it exited
   NodeId node;
   std::string reason;
+  // When its stream broke, where the loss was declared only after a grace
+  // for the agent to come back: the fault's time (the time in between was
+  // detection, not training). nullopt: now.
+  std::optional<TimePoint> since;
 };
 struct NodeHeartbeat {  // the agent is alive
   NodeId node;
@@ -491,6 +495,9 @@ class JobMachine {
   // A worker's own death reported while the generation stops: the cause of
   // an incident opened on a collective failure (its victim's report).
   void OnExitWhileStopping(const WorkerExitEvent& e);
+  // A member node is lost while the generation stops after a collective
+  // failure of one of its peers: the loss is the cause (see the .cc).
+  void OnNodeLostWhileStopping(NodeId node, const std::string& reason, std::vector<JobAction>& out);
   bool StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);
   void StepWaitingForNodes(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);
   void StepRunning(const JobEvent& event, TimePoint now, std::vector<JobAction>& out);

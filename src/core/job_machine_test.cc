@@ -204,6 +204,69 @@ TEST(JobMachine, ADeathReportedAfterAVictimsCollectiveFailureIsTheCause) {
   }
 }
 
+// Node 1 dies with its agent: rank 0's allreduce fails at once, while node
+// 1's stream is held for its grace (no goodbye), so its loss is known only
+// while the generation stops. The loss is the cause, and is handled as one:
+// a strike, and no restart before a replacement. A loss after a failure that
+// is no collective one (variant 1) changes nothing.
+TEST(JobMachine, ANodeLostAfterAPeersCollectiveFailureIsTheCause) {
+  for (int variant = 0; variant < 2; ++variant) {
+    SCOPED_TRACE(variant == 0 ? "collective failure first" : "a failure of its own first");
+    Job job;
+    job.Up();
+    job.Ready(0);
+    job.Run(1, 20);
+    WorkerExitEvent first{job.m.generation(), Rank{0}, NodeId{0}, 1, std::nullopt};
+    first.log_cause = variant == 0 ? "gloo_error" : "user_exception";
+    first.log_action = LogAction::kRestart;
+    job.now += 0.01;
+    ASSERT_EQ(Find<StopGenerationAction>(job.Do(first)).size(), 1u);
+    job.Do(GenerationStoppedEvent{job.m.generation(), NodeId{0}});
+    job.now += 2;
+    std::vector<JobAction> lost = job.Do(NodeDown{NodeId{1}, "stream closed"});
+    // Stopped: the next generation waits for a node to replace node 1.
+    EXPECT_TRUE(Find<StartGenerationAction>(lost).empty());
+    ASSERT_EQ(job.m.incidents().size(), 1u);
+    const Incident& inc = job.m.incidents()[0];
+    if (variant == 0) {
+      EXPECT_EQ(inc.cause.name, "node_lost");
+      EXPECT_EQ(inc.rank, Rank{1});
+      EXPECT_EQ(inc.node, NodeId{1});
+      EXPECT_EQ(inc.node_name, "node1");
+      EXPECT_EQ(inc.action, "evict_and_wait_for_repair");
+      ASSERT_EQ(Find<StrikeNodeAction>(lost).size(), 1u);
+      EXPECT_EQ(Find<StrikeNodeAction>(lost)[0].node, NodeId{1});
+      EXPECT_NE(inc.reason.find("then node1 was lost (stream closed), reported while the "
+                                "generation stopped: the gloo_error of rank 0 was its consequence"),
+                std::string::npos)
+          << inc.reason;
+    } else {
+      EXPECT_EQ(inc.cause.name, "user_exception");
+      EXPECT_EQ(inc.node, NodeId{0});
+      EXPECT_TRUE(Find<StrikeNodeAction>(lost).empty());
+    }
+  }
+}
+
+// A node whose stream broke is declared lost only after the grace for its
+// agent to come back (the shell's): the fault was the break, and the time
+// since then was detection, not training.
+TEST(JobMachine, ALostNodesFaultIsWhenItsStreamBroke) {
+  Job job;
+  job.Up();
+  job.Ready(0);
+  job.Run(1, 20);
+  const double broke = job.now + 0.05;
+  job.now = broke + 2.0;
+  auto a = job.Do(NodeDown{NodeId{1}, "the agent's stream closed", T(broke)});
+  ASSERT_EQ(Find<StopGenerationAction>(a).size(), 1u);
+  ASSERT_EQ(job.m.incidents().size(), 1u);
+  const Incident& inc = job.m.incidents()[0];
+  EXPECT_EQ(inc.cause.name, "node_lost");
+  EXPECT_NEAR(Seconds(inc.detected_at - inc.fault_at), 2.0, 1e-9);
+  EXPECT_NEAR(Seconds(job.m.ledger().total(LedgerCategory::kDetection)), 2.0, 1e-9);
+}
+
 TEST(JobMachine, KilledRankIsDetectedAtOnceAndRestartedFromTheLastCheckpoint) {
   Job job;
   job.Up();
