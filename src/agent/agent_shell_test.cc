@@ -390,7 +390,7 @@ TEST_F(AgentShellTest, AFailedWorkersLastWordsAreClassified) {
   EXPECT_EQ(disk.rank(), 1);
   EXPECT_EQ(disk.cause(), "disk_full");
   EXPECT_EQ(disk.rule(), "disk_full");
-  EXPECT_EQ(disk.action(), "investigate");
+  EXPECT_EQ(disk.action(), "stop_if_repeated");
   EXPECT_EQ(disk.line(), "OSError: [Errno 28] No space left on device");
   const proto::WorkerExited& x1 = after_start[1].worker_exited();
   EXPECT_EQ(x1.rank(), 1);

@@ -511,6 +511,11 @@ void JobMachine::OnExitWhileStopping(const WorkerExitEvent& e) {
       !IsCollectiveCause(inc->cause.name) || e.rank == inc->rank) {
     return;
   }
+  if (IsCollectiveCause(e.log_cause)) {
+    std::erase_if(stopping_collective_,
+                  [&](const WorkerExitEvent& x) { return x.generation != generation_; });
+    stopping_collective_.push_back(e);
+  }
   // A collective fails for every rank when one of them dies, and the victim's
   // report may come first. A death that is no collective failure itself (a
   // signal nobody sent, a hardware log line) is the cause the collective
@@ -719,6 +724,14 @@ void JobMachine::FireDueFaults(TimePoint now, std::vector<JobAction>& out) {
   }
 }
 
+bool JobMachine::ConfirmsItsRecurrence(const Failure& failure) const {
+  // The generation right after an incident of the same cause is the
+  // restart that was to confirm it; anything in between starts afresh.
+  return failure.log_action == LogAction::kStopIfRepeated && !incidents_.empty() &&
+         incidents_.back().cause.name == failure.cause.name &&
+         incidents_.back().generation.value + 1 == generation_.value;
+}
+
 void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<JobAction>& out) {
   if (phase_ != JobPhase::kRunning) return;
   // Time between the fault and now was not productive: it was detection.
@@ -808,12 +821,19 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
       std::erase_if(checkpoints_, [&](StepNumber s) { return s > restore_step_; });
       std::erase_if(found_checkpoints_, [&](StepNumber s) { return s > restore_step_; });
     }
-  } else if (failure.log_action == LogAction::kStop) {
+  } else if (failure.log_action == LogAction::kStop || ConfirmsItsRecurrence(failure)) {
     inc.action = "stop";
     // A deterministic error: the verdict says so, and what the worker said.
-    reason +=
-        "; the matching log rule's action is stop: a restart cannot fix this error, it "
-        "fails the same way on every node";
+    if (failure.log_action == LogAction::kStop) {
+      reason +=
+          "; the matching log rule's action is stop: a restart cannot fix this error, it "
+          "fails the same way on every node";
+    } else {
+      reason += "; " + failure.cause.name + " again, in the restart that was to confirm it (incident " +
+                std::to_string(incidents_.back().id) +
+                "): a restart cannot fix it; fix what the line says, then run the spec again "
+                "(it resumes from the newest checkpoint)";
+    }
     if (!failure.log_line.empty()) {
       reason += " (\"" + failure.log_line.substr(0, 200) +
                 (failure.log_line.size() > 200 ? "...\")" : "\")");
@@ -841,6 +861,11 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     policy_action = d.action;
     inc.action = std::string(RecoveryActionName(d.action));
     reason += "; " + d.reason;
+    if (failure.log_action == LogAction::kStopIfRepeated && d.action != RecoveryAction::kStop) {
+      reason += "; " + failure.cause.name +
+                " recurs unless what caused it changes: this restart confirms it, and the same "
+                "failure in it stops the job";
+    }
     delay = d.delay;
     switch (d.action) {
       case RecoveryAction::kStop:
@@ -1333,6 +1358,26 @@ void JobMachine::StepTesting(const JobEvent& event, TimePoint now, std::vector<J
   }
 }
 
+void JobMachine::BlameTheFaultyNode(Incident& inc, NodeId faulty) {
+  // Every rank's collective fails when one rank's link does, and whichever
+  // report came first opened the incident. The culprit's own report, on the
+  // node the pairwise test names, is the cause; its node stopped after it
+  // (one stream, in order), so it arrived before the test began.
+  if (inc.node == faulty) return;
+  for (const WorkerExitEvent& e : stopping_collective_) {
+    if (e.generation != inc.generation || e.node != faulty) continue;
+    inc.reason += "; the first report, rank " + std::to_string(inc.rank.value) + "'s " +
+                  inc.cause.name + ", was a victim's: the cause is rank " +
+                  std::to_string(e.rank.value) + "'s " + e.log_cause + " on " + NodeName(faulty);
+    inc.cause = IncidentCause{Cause::kLogRule, e.log_cause};
+    inc.rank = e.rank;
+    inc.node = faulty;
+    inc.node_name = NodeName(faulty);
+    if (!e.log_line.empty()) inc.log_line = e.log_line;
+    return;
+  }
+}
+
 void JobMachine::EndPairwiseRound(TimePoint now, std::vector<JobAction>& out) {
   auto next = pairwise_->OnResults(pair_results_);
   pair_results_.clear();
@@ -1345,6 +1390,7 @@ void JobMachine::EndPairwiseRound(TimePoint now, std::vector<JobAction>& out) {
   const PairwiseVerdict& v = std::get<PairwiseVerdict>(next);
   if (Incident* inc = OpenIncident()) {
     inc->reason += "; pairwise test: " + v.reason;
+    if (v.resolved && v.faulty.size() == 1) BlameTheFaultyNode(*inc, v.faulty[0]);
     if (v.resolved) {
       inc->suspects.clear();
       std::vector<NodeId> bad = v.faulty;

@@ -495,6 +495,12 @@ class JobMachine {
   // A worker's own death reported while the generation stops: the cause of
   // an incident opened on a collective failure (its victim's report).
   void OnExitWhileStopping(const WorkerExitEvent& e);
+  // A failure whose log rule says stop_if_repeated, in the restart after an
+  // incident of the same cause: its recurrence is confirmed.
+  bool ConfirmsItsRecurrence(const Failure& failure) const;
+  // The pairwise test named `faulty`: a collective failure reported from it
+  // while the generation stopped is the incident's cause.
+  void BlameTheFaultyNode(Incident& inc, NodeId faulty);
   // A member node is lost while the generation stops after a collective
   // failure of one of its peers: the loss is the cause (see the .cc).
   void OnNodeLostWhileStopping(NodeId node, const std::string& reason, std::vector<JobAction>& out);
@@ -595,6 +601,9 @@ class JobMachine {
   std::set<std::string> fired_;
   std::map<std::string, TimePoint> fired_at_;  // fault id -> time, current generation
   std::vector<std::pair<Generation, FaultFiredEvent>> fired_events_;
+  // Collective failures the ranks reported themselves while the generation
+  // stopped: which of them was the culprit's is the pairwise test's to say.
+  std::vector<WorkerExitEvent> stopping_collective_;
   std::optional<TimePoint> wait_until_;  // backoff before the next start
   // While kWaiting for nodes: when the job gives up (replacement_timeout).
   std::optional<TimePoint> replacement_deadline_;

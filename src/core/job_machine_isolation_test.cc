@@ -456,6 +456,53 @@ TEST(JobMachineHangs, ACommunicationErrorIsAmbiguousAndTestedPairwise) {
   EXPECT_EQ(tests[0].pairs.size(), 2u);
 }
 
+// Rank 3's link fails (node 3); rank 1's gloo error, a victim's, comes
+// first and opens the incident; rank 3's own report comes while the
+// generation stops. The pairwise test names node 3, so the cause is rank 3's.
+// (Had node 3's report come first, nothing would change.)
+TEST(JobMachineHangs, ThePairwiseVerdictMakesTheCulpritsOwnReportTheCause) {
+  for (const bool culprit_first : {false, true}) {
+    SCOPED_TRACE(culprit_first ? "culprit first" : "victim first");
+    Cluster c(Options(4, 1), 5);  // node4: the replacement
+    c.Ready(0);
+    for (int s = 1; s <= 5; ++s) {
+      c.now += 0.1;
+      c.Step(s, [](int) { return 0.05; });
+    }
+    WorkerExitEvent victim{c.m.generation(), 1, NodeId{1}, 1, std::nullopt};
+    victim.log_cause = "gloo_error";
+    victim.log_action = LogAction::kRestart;
+    victim.log_line = "RuntimeError: Connection closed by peer";
+    WorkerExitEvent culprit{c.m.generation(), 3, NodeId{3}, 1, std::nullopt};
+    culprit.log_cause = "comm_error";
+    culprit.log_action = LogAction::kRestart;
+    culprit.log_line = "endure fault: collective failed: Connection reset by peer (comm-fail)";
+    c.Collect(c.Do(culprit_first ? culprit : victim));
+    c.Collect(c.Do(culprit_first ? victim : culprit));
+    auto round = Find<RunPairTestAction>(c.StopAll());
+    std::vector<JobAction> after;
+    while (!round.empty()) {
+      after.clear();
+      for (auto [x, y] : round[0].pairs) {
+        const bool bad = x == NodeId{3} || y == NodeId{3};
+        auto r = c.Collect(c.Do(PairTestResult{round[0].test, round[0].round, x, y, !bad,
+                                               bad ? 0.01 : 0.1, bad ? "reset" : ""}));
+        after.insert(after.end(), r.begin(), r.end());
+      }
+      round = Find<RunPairTestAction>(after);
+    }
+    ASSERT_EQ(c.m.incidents().size(), 1u);
+    const Incident& inc = c.m.incidents()[0];
+    EXPECT_EQ(inc.suspects, std::vector<std::string>{"node3"});
+    EXPECT_EQ(inc.cause.name, "comm_error");
+    EXPECT_EQ(inc.rank, Rank{3});
+    EXPECT_EQ(inc.node, NodeId{3});
+    EXPECT_EQ(inc.log_line, culprit.log_line);
+    EXPECT_EQ(inc.reason.find("was a victim's") != std::string::npos, !culprit_first)
+        << inc.reason;
+  }
+}
+
 // ---- Phases ----
 
 TEST(JobMachinePhases, AnEvaluationTenTimesAStepRaisesNothingAndAHangInsideOneDoes) {

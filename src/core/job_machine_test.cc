@@ -267,6 +267,68 @@ TEST(JobMachine, ALostNodesFaultIsWhenItsStreamBroke) {
   EXPECT_NEAR(Seconds(job.m.ledger().total(LedgerCategory::kDetection)), 2.0, 1e-9);
 }
 
+// A rule whose action is stop_if_repeated (a full disk): the first failure
+// restarts, and says that this restart confirms it; the same cause in that
+// restart stops the job with a verdict. Another cause in between, or a
+// productive generation between two, starts afresh (variant 1).
+TEST(JobMachine, AFailureCertainToRecurStopsAfterOneConfirmingRestart) {
+  for (int variant = 0; variant < 2; ++variant) {
+    SCOPED_TRACE(variant == 0 ? "the same again" : "another cause between");
+    Job job;
+    job.Up();
+    job.Ready(0);
+    job.Run(1, 12);
+    auto disk_full = [&](Rank rank) {
+      WorkerExitEvent e{job.m.generation(), rank, NodeId{rank.value}, 1, std::nullopt};
+      e.log_cause = "disk_full";
+      e.log_action = LogAction::kStopIfRepeated;
+      e.log_rule = "disk_full";
+      e.log_line = "endure-train: cannot write /ckpt/export.bin: No space left on device";
+      return e;
+    };
+    job.now += 0.01;
+    ASSERT_EQ(Find<StopGenerationAction>(job.Do(disk_full(Rank{1}))).size(), 1u);
+    ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
+    ASSERT_EQ(job.m.incidents().size(), 1u);
+    EXPECT_EQ(job.m.incidents()[0].action, "restart_in_place");
+    EXPECT_NE(job.m.incidents()[0].reason.find("disk_full recurs unless what caused it changes: "
+                                               "this restart confirms it"),
+              std::string::npos)
+        << job.m.incidents()[0].reason;
+    job.now += 0.5;
+    job.Ready(10);
+    job.Run(11, 12);
+    if (variant == 1) {
+      WorkerExitEvent other{job.m.generation(), Rank{0}, NodeId{0}, std::nullopt, 9};
+      job.now += 0.01;
+      job.Do(other);
+      ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
+      job.now += 0.5;
+      job.Ready(10);
+      job.Run(11, 12);
+    }
+    job.now += 0.01;
+    std::vector<JobAction> a = job.Do(disk_full(Rank{1}));
+    std::vector<JobAction> stopped = job.StopBoth();
+    a.insert(a.end(), stopped.begin(), stopped.end());
+    if (variant == 0) {
+      const Incident& inc = job.m.incidents().back();
+      EXPECT_EQ(inc.action, "stop");
+      EXPECT_NE(inc.reason.find("disk_full again, in the restart that was to confirm it "
+                                "(incident 1): a restart cannot fix it"),
+                std::string::npos)
+          << inc.reason;
+      EXPECT_NE(inc.reason.find("No space left on device"), std::string::npos) << inc.reason;
+      std::vector<FinishAction> finish = Find<FinishAction>(a);
+      ASSERT_EQ(finish.size(), 1u);
+      EXPECT_EQ(finish[0].exit_code, 3);
+    } else {
+      EXPECT_EQ(job.m.incidents().back().action, "restart_in_place");
+      EXPECT_TRUE(Find<FinishAction>(a).empty());
+    }
+  }
+}
+
 TEST(JobMachine, KilledRankIsDetectedAtOnceAndRestartedFromTheLastCheckpoint) {
   Job job;
   job.Up();

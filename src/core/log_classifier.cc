@@ -102,17 +102,20 @@ std::string_view LogActionName(LogAction action) {
       return "stop";
     case LogAction::kInvestigate:
       return "investigate";
+    case LogAction::kStopIfRepeated:
+      return "stop_if_repeated";
   }
   return "investigate";
 }
 
 Result<LogAction> ParseLogAction(std::string_view name) {
-  for (LogAction a :
-       {LogAction::kRestart, LogAction::kEvictNode, LogAction::kStop, LogAction::kInvestigate}) {
+  for (LogAction a : {LogAction::kRestart, LogAction::kEvictNode, LogAction::kStop,
+                      LogAction::kInvestigate, LogAction::kStopIfRepeated}) {
     if (name == LogActionName(a)) return a;
   }
-  return InvalidArgument("unknown action \"" + std::string(name) +
-                         "\"; expected one of restart, evict_node, stop, investigate");
+  return InvalidArgument(
+      "unknown action \"" + std::string(name) +
+      "\"; expected one of restart, evict_node, stop, investigate, stop_if_repeated");
 }
 
 LogClassifier::LogClassifier(std::vector<Compiled> rules, std::string source)

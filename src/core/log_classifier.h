@@ -45,9 +45,13 @@ enum class LogAction {
   kEvictNode,    // the node is faulty: take it out of the job
   kStop,         // restarting cannot help: stop the job
   kInvestigate,  // the text is ambiguous: no confident action, flag for a person
+  // Certain to recur unless what caused it changes (a full disk, a missing
+  // device, a fault in the program's own kernel): one restart confirms it;
+  // the same cause again, in that restart, stops the job.
+  kStopIfRepeated,
 };
 
-// "restart", "evict_node", "stop", "investigate".
+// "restart", "evict_node", "stop", "investigate", "stop_if_repeated".
 std::string_view LogActionName(LogAction action);
 // Accepts the names above; the error lists them.
 Result<LogAction> ParseLogAction(std::string_view name);

@@ -55,7 +55,7 @@ TEST(LogClassifierLoad, WrongTypesAndMissingKeys) {
   EXPECT_EQ(
       LoadError("\n[[rule]]\nname = \"a\"\npattern = 'x'\ncause = \"c\"\naction = \"reboot\"\n"),
       "rules.toml:6: rule \"a\": unknown action \"reboot\"; expected one of restart, "
-      "evict_node, stop, investigate");
+      "evict_node, stop, investigate, stop_if_repeated");
   EXPECT_EQ(LoadError("rule = 3\n"),
             "rules.toml:1: \"rule\" must be an array of tables: write each rule as [[rule]]");
   EXPECT_EQ(LoadError("# nothing\n"), "rules.toml: no rules: add [[rule]] tables");
@@ -294,6 +294,7 @@ TEST(LogClassifier, CreateFromCode) {
   EXPECT_EQ(c->Classify("x: No space left on device")->cause, "disk_full");
   EXPECT_EQ(LogActionName(LogAction::kEvictNode), "evict_node");
   EXPECT_EQ(*ParseLogAction("investigate"), LogAction::kInvestigate);
+  EXPECT_EQ(*ParseLogAction("stop_if_repeated"), LogAction::kStopIfRepeated);
 }
 
 // --- Splitting input ---------------------------------------------------------
@@ -518,7 +519,7 @@ TEST(ShippedLogRules, MemoryAndDisk) {
        "  File \"/usr/lib/python3/dist-packages/torch/serialization.py\", line 441, in save\n"
        "    _save(obj, opened_zipfile, pickle_module, pickle_protocol)\n"
        "OSError: [Errno 28] No space left on device",
-       "disk_full", LogAction::kInvestigate, "disk_full",
+       "disk_full", LogAction::kStopIfRepeated, "disk_full",
        "OSError: [Errno 28] No space left on device"},
   };
   for (const Case& k : cases) ExpectClassified(c, k);
@@ -527,7 +528,8 @@ TEST(ShippedLogRules, MemoryAndDisk) {
 TEST(ShippedLogRules, CudaErrors) {
   LogClassifier c = ShippedRules();
   const std::vector<Case> cases = {
-      // Bare illegal memory access: user bug or hardware; investigate.
+      // Bare illegal memory access: a bug in the program's kernel recurs at the
+      // same step (one restart confirms it); hardware shows an Xid (below).
       {"Traceback (most recent call last):\n"
        "  File \"train.py\", line 90, in <module>\n"
        "    torch.cuda.synchronize()\n"
@@ -535,7 +537,7 @@ TEST(ShippedLogRules, CudaErrors) {
        "CUDA kernel errors might be asynchronously reported at some other API call, so the "
        "stacktrace below might be incorrect.\n"
        "For debugging consider passing CUDA_LAUNCH_BLOCKING=1.",
-       "cuda_error", LogAction::kInvestigate, "cuda_illegal_memory_access",
+       "cuda_error", LogAction::kStopIfRepeated, "cuda_illegal_memory_access",
        "RuntimeError: CUDA error: an illegal memory access was encountered"},
       // The same with Xid 48 in the kernel log next to it: hardware.
       {"RuntimeError: CUDA error: an illegal memory access was encountered\n"

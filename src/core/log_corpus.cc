@@ -87,6 +87,13 @@ Result<std::vector<CorpusExcerpt>> ParseLogCorpusFiles(const std::vector<TextFil
   return all;
 }
 
+// stop and stop_if_repeated end the same way where the label is right: in a
+// stop with a verdict (the second after one confirming restart).
+bool SameOutcome(LogAction expected, LogAction got) {
+  auto stops = [](LogAction a) { return a == LogAction::kStop || a == LogAction::kStopIfRepeated; };
+  return expected == got || (stops(expected) && stops(got));
+}
+
 bool IsHarmful(LogAction expected, LogAction got) {
   if (got == LogAction::kEvictNode) return expected != LogAction::kEvictNode;
   return got == LogAction::kRestart && expected == LogAction::kEvictNode;
@@ -100,7 +107,7 @@ CorpusScore ScoreCorpus(const LogClassifier& classifier, const std::vector<Corpu
     o.excerpt = &e;
     o.match = classifier.Classify(e.text);
     o.action = o.match ? o.match->action : kUnmatchedAction;
-    o.action_right = o.action == e.action;
+    o.action_right = SameOutcome(e.action, o.action);
     o.cause_right = o.match && o.match->cause == e.cause;
     o.harmful = IsHarmful(e.action, o.action);
     ++score.excerpts;

@@ -41,6 +41,8 @@ std::string WhereRepeated(const std::vector<std::string>& nodes) {
 constexpr std::pair<std::string_view, CauseClass> kCauseClasses[] = {
     // A component of the node failed.
     {"node_lost", CauseClass::kHardware},
+    {"nic_firmware_timeout", CauseClass::kHardware},
+    {"pcie_aer_fatal", CauseClass::kHardware},
     {"node_failure", CauseClass::kHardware},
     {"faulty_gpu", CauseClass::kHardware},
     {"gpu_lost", CauseClass::kHardware},

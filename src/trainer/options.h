@@ -55,6 +55,10 @@ struct TrainerOptions {
   // the loss of step nan_batch_step is NaN, as from a batch that overflows.
   int64_t corrupt_batch_step = 0;
   int64_t nan_batch_step = 0;
+  // Test device for a full disk: from the checkpoint of step disk_full_step
+  // (1-based; 0: none) on, every write of this program's own checkpoints
+  // fails with ENOSPC, in every run of it, as on a file system that stays full.
+  int64_t disk_full_step = 0;
   int sample_tokens = 200;
   std::string sample_prompt = "The ";
 

@@ -30,6 +30,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "checkpoint/checkpoint_dir.h"
+#include "common/fault_injection_env.h"
 #include "endure/client.h"
 #include "trainer/corpus.h"
 #include "trainer/exact_sum.h"
@@ -911,9 +912,16 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first
                                                    rejoins ? &session : nullptr);
 
   TrainSummary summary;
-  checkpoint::CheckpointDir ckpt(Env::Default(), options.ckpt_dir);
   if (!options.ckpt_dir.empty())
     ENDURE_RETURN_IF_ERROR(Env::Default()->CreateDirs(options.ckpt_dir));
+  // --disk-full-step: the checkpoint directory through an Env whose writes
+  // fail with ENOSPC once that step is reached.
+  std::unique_ptr<FaultInjectionEnv> disk_full;
+  if (options.disk_full_step > 0 && !options.ckpt_dir.empty()) {
+    disk_full = std::make_unique<FaultInjectionEnv>(Env::Default(), options.ckpt_dir,
+                                                    /*real_syncs=*/true);
+  }
+  checkpoint::CheckpointDir ckpt(disk_full ? disk_full.get() : Env::Default(), options.ckpt_dir);
   const auto restore_start = Clock::now();
   if (session.peer_restore() && cluster.group) {
     // Started fresh into a generation whose other ranks kept their state.
@@ -1185,6 +1193,9 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first
       // Data-parallel replicas are identical: rank 0 writes the whole state.
       // Only it is in the checkpoint phase; the others wait for it in the
       // next allreduce.
+      if (disk_full && done >= options.disk_full_step) {
+        disk_full->FailWritesUnder(options.ckpt_dir, InjectedError::kNoSpace);
+      }
       ENDURE_RETURN_IF_ERROR(session.Phase("checkpoint"));
       const auto ckpt_start = Clock::now();
       Result<checkpoint::CommitStats> stats =

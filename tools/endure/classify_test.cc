@@ -180,7 +180,7 @@ TEST(EndureClassifyCli, EachInputGetsTheCauseOfTheRuleItMatches) {
       {"NVRM: Xid (PCI:0000:3b:00): 13, pid=1, Graphics Exception", "xid_13", "restart",
        "xid_restart_app"},
       {"RuntimeError: CUDA error: an illegal memory access was encountered", "cuda_error",
-       "investigate", "cuda_illegal_memory_access"},
+       "stop_if_repeated", "cuda_illegal_memory_access"},
       {"RuntimeError: CUDA error: device-side assert triggered", "cuda_device_assert", "stop",
        "cuda_device_assert"},
       {"Out of memory: Killed process 99 (python) total-vm:1kB", "oom", "restart", "oom_killer"},

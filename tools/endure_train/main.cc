@@ -59,6 +59,9 @@ int main(int argc, char** argv) {
                  "replay of it (a corrupt shard of the data)");
   app.add_option("--nan-batch-step", o.nan_batch_step,
                  "Test device: the loss of this step (1-based) is NaN, on every replay of it");
+  app.add_option("--disk-full-step", o.disk_full_step,
+                 "Test device: from the checkpoint of this step (1-based) on, writing this "
+                 "program's own checkpoints fails with ENOSPC, in every run (a full disk)");
   app.add_option("--sample-tokens", o.sample_tokens, "Bytes of text generated at the end");
   app.add_option("--sample-prompt", o.sample_prompt, "Prompt of the final sample");
   app.add_option("--threads", o.threads, "Threads per rank (0: OMP_NUM_THREADS, else 1)");
