@@ -1377,6 +1377,9 @@ Status RunAgent(const AgentOptions& options) {
   if (!rules_files.ok()) return InvalidArgument("--log-rules: " + rules_files.status().message());
   ENDURE_ASSIGN_OR_RETURN(core::LogClassifier classifier,
                           core::LogClassifier::FromTomlFiles(*rules_files, options.log_rules));
+  for (const std::string& m : core::UncataloguedCauses(classifier)) {
+    std::fprintf(stderr, "endure agent %s: warning: %s\n", options.node_id.c_str(), m.c_str());
+  }
   std::optional<tls::Identity> identity;
   std::shared_ptr<const tls::Context> tls;
   if (!options.tls_dir.empty()) {

@@ -57,6 +57,46 @@ IncidentCause LossAnomalyCauseOf(LossAnomalyKind kind);
 // name(ParseIncidentCause(n)) == n for every n.
 IncidentCause ParseIncidentCause(std::string_view name);
 
+// ---- The cause catalogue: what each cause name means, in one table ----
+//
+// Every cause a log rule, the job machine, the health check or the
+// simulator's failure mixes name is in it (cause.cc), with its class, its
+// strike class and whether it is a collective's failure. Families are
+// matched by their form: "xid_N" (hardware for the Xids that name the GPU,
+// NVIDIA's catalogue), "health_check_failed ..." (hard), "worker_exit ..."
+// (software), "signal ..." (ambiguous). The log rules are checked against it
+// when they load (LogClassifier::Load): a rule cannot name a cause whose
+// meaning nobody decided.
+
+// Where a cause puts the fault.
+enum class CauseClass {
+  kHardware,   // a component of the node (GPU, its memory, NIC, the host): isolating the node helps
+  kSoftware,   // the program, its data or its configuration: it fails on any node alike
+  kAmbiguous,  // either reading fits (a hang, a timeout, a full disk), or an unknown name
+};
+
+// A strike against a node in the node health ledger: a hard one quarantines
+// it at once, soft ones when they pile up (node_health.h).
+enum class StrikeClass { kHard, kSoft };
+
+// Whether `name` is in the catalogue, by name or by family. A rule's cause
+// with a placeholder ("xid_{xid}") is checked by the text before it.
+bool IsCatalogued(std::string_view name);
+
+// The class of a cause; kAmbiguous for a name the catalogue does not know.
+CauseClass ClassifyCause(std::string_view cause);
+
+// The class of a strike for `cause`: hard for the SDC check's minority
+// ("sdc", the simulator's "silent_data_corruption"), a failed health check
+// ("health_check_failed", also with a suffix naming its test), a GPU gone
+// ("gpu_lost", "gpu_fallen_off", "gpu_init_failed", "faulty_gpu"),
+// uncorrectable memory ("ecc_uncorrectable", "gpu_hbm3", "gpu_sram", Xids
+// 48, 79 and 95, a failed row remap, a failed DCGM diagnostic); soft for
+// everything else a node can be blamed for ("straggler", "hang_suspect",
+// "node_lost", "pairwise_failed", the other Xids, ...). Software causes
+// never strike: the caller does not pass them.
+StrikeClass StrikeClassOf(std::string_view cause);
+
 // Whether a cause is a collective's failure (a Gloo or NCCL error or
 // timeout, an injected comm-fail): the rank that reports it is as likely
 // the victim of a peer's fault as its culprit, so the node it names is no

@@ -9,6 +9,8 @@
 #include <set>
 #include <utility>
 
+#include "core/cause.h"
+
 namespace endure::core {
 
 struct LogClassifier::Compiled {
@@ -480,6 +482,21 @@ std::vector<LogExcerpt> SplitNonBlankLines(std::string_view text) {
     if (!IsBlank(line)) lines.push_back({std::string(line) + "\n", number, number});
   }
   return lines;
+}
+
+std::vector<std::string> UncataloguedCauses(const LogClassifier& classifier) {
+  std::vector<std::string> out;
+  for (const LogRule* rule : classifier.rules()) {
+    if (IsCatalogued(rule->cause)) continue;
+    const std::string_view file =
+        rule->file.empty() ? classifier.source() : std::string_view(rule->file);
+    out.push_back(Where(file, rule->cause_line > 0 ? rule->cause_line : rule->line) +
+                  RuleLabel(*rule) + ": the cause \"" + rule->cause +
+                  "\" is not in Endure's cause catalogue (src/core/cause.cc, listed in "
+                  "docs/log_rules.md), so the recovery policy treats it as ambiguous; use a "
+                  "catalogued cause, or add it there with its class");
+  }
+  return out;
 }
 
 }  // namespace endure::core

@@ -148,4 +148,11 @@ std::vector<LogExcerpt> SplitExcerpts(std::string_view text);
 // Splits input into its non-blank lines, one excerpt each.
 std::vector<LogExcerpt> SplitNonBlankLines(std::string_view text);
 
+// The rules whose cause is not in the cause catalogue (cause.h), one
+// message each ("FILE:LINE: rule "NAME": the cause "C" is not in ..."): the
+// recovery policy knows nothing of such a cause and treats it as ambiguous.
+// The agent prints them when it loads the rules; `endure classify --check`
+// fails on them, and the shipped rules have none (a unit test).
+std::vector<std::string> UncataloguedCauses(const LogClassifier& classifier);
+
 }  // namespace endure::core

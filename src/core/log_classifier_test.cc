@@ -525,6 +525,27 @@ TEST(ShippedLogRules, MemoryAndDisk) {
   for (const Case& k : cases) ExpectClassified(c, k);
 }
 
+// Every shipped rule names a cause the catalogue knows: what it means to the
+// recovery policy (class, strike, collective) was decided, not defaulted. A
+// rule of a cause outside it is listed, with where it is.
+TEST(ShippedLogRules, EveryCauseIsInTheCatalogue) {
+  LogClassifier c = ShippedRules();
+  EXPECT_EQ(UncataloguedCauses(c), std::vector<std::string>{});
+  Result<LogClassifier> site = LogClassifier::FromToml(
+      "[[rule]]\nname = \"hca\"\npattern = 'mlx5: fw fatal'\ncause = \"hca_firmware\"\n"
+      "action = \"evict_node\"\n[[rule]]\nname = \"xid\"\npattern = 'Xid (?P<xid>\\d+)'\n"
+      "cause = \"xid_{xid}\"\naction = \"investigate\"\n",
+      "90_site.toml");
+  ASSERT_TRUE(site.ok()) << site.status().message();
+  const std::vector<std::string> listed = UncataloguedCauses(*site);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].rfind("90_site.toml:4: rule \"hca\": the cause \"hca_firmware\" is not in "
+                            "Endure's cause catalogue",
+                            0),
+            0u)
+      << listed[0];
+}
+
 TEST(ShippedLogRules, CudaErrors) {
   LogClassifier c = ShippedRules();
   const std::vector<Case> cases = {

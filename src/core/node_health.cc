@@ -8,33 +8,6 @@
 namespace endure::core {
 namespace {
 
-// Exact names of hard causes. Sources: config/log_rules/ (ecc_uncorrectable,
-// gpu_lost, gpu_init_failed; the Xids below), the SDC check ("sdc"), the
-// health check, and the simulator's llama3 mix (src/sim/scenario.cc).
-constexpr std::string_view kHardCauses[] = {
-    "sdc",
-    "silent_data_corruption",
-    "health_check_failed",
-    "gpu_lost",
-    "gpu_fallen_off",
-    // The driver cannot bring the GPU up: as unusable as a lost one.
-    "gpu_init_failed",
-    "faulty_gpu",
-    "ecc_uncorrectable",
-    "gpu_hbm3",
-    "gpu_sram",
-    // Row remapping failed: NVIDIA's RMA criterion (GPU Memory Error
-    // Management), and a DCGM diagnostic that failed a test.
-    "row_remap_failure",
-    "dcgm_diag_failed",
-    // Xid 48 double-bit ECC, 79 fallen off the bus, 95 uncontained ECC. Xid
-    // 94 (contained ECC) is RESTART_APP in NVIDIA's catalogue: the GPU stays
-    // in service. The other hardware Xids (62, 64, 74, 119, 120, ...) often
-    // clear with a GPU reset: soft, so that they quarantine on repetition.
-    "xid_48",
-    "xid_79",
-    "xid_95",
-};
 
 // A compact window: "24h", "7d", "30m", "90s".
 std::string FormatWindow(Duration d) {
@@ -88,18 +61,6 @@ Result<StrikeClass> ParseStrikeClass(std::string_view name) {
                          "' (expected hard or soft)");
 }
 
-StrikeClass StrikeClassOf(std::string_view cause) {
-  if (std::find(std::begin(kHardCauses), std::end(kHardCauses), cause) != std::end(kHardCauses)) {
-    return StrikeClass::kHard;
-  }
-  // The health check may say which of its tests failed.
-  constexpr std::string_view kHealthCheck = "health_check_failed";
-  if (cause.starts_with(kHealthCheck) && cause.size() > kHealthCheck.size() &&
-      (cause[kHealthCheck.size()] == ' ' || cause[kHealthCheck.size()] == ':')) {
-    return StrikeClass::kHard;
-  }
-  return StrikeClass::kSoft;
-}
 
 Strike StrikeFor(std::string cause, int64_t unix_ms, std::string detail) {
   const StrikeClass cls = StrikeClassOf(cause);

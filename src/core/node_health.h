@@ -19,34 +19,15 @@
 
 #include "common/duration.h"
 #include "common/status.h"
+#include "core/cause.h"
 
 namespace endure::core {
-
-enum class StrikeClass { kHard, kSoft };
 
 // "hard", "soft" (the ledger's column); ParseStrikeClass is its inverse.
 std::string_view StrikeClassName(StrikeClass cls);
 Result<StrikeClass> ParseStrikeClass(std::string_view name);
 
-// The class of a strike for `cause` (an incident cause name).
-// Hard:
-//   - "sdc", "silent_data_corruption" (the simulator's name): the node's
-//     replica disagreed with a strict majority;
-//   - "health_check_failed" (also with a suffix: "health_check_failed
-//     matmul", "health_check_failed: ..."): the node failed the health
-//     check before joining;
-//   - the GPU is gone: "gpu_lost", "gpu_fallen_off", "gpu_init_failed",
-//     the simulator's "faulty_gpu";
-//   - uncorrectable memory errors: "ecc_uncorrectable", the simulator's
-//     "gpu_hbm3" and "gpu_sram";
-//   - Xids 48 (double-bit ECC), 79 (fallen off the bus) and 95
-//     (uncontained ECC): "xid_48", "xid_79", "xid_95"; a failed row remap
-//     ("row_remap_failure") and a failed DCGM diagnostic ("dcgm_diag_failed").
-// Soft: everything else — the hardware or ambiguous causes a node can be
-// blamed for ("straggler", "hang_suspect", "sdc_suspect", "node_lost",
-// "pairwise_failed", the other xids, ...). Software causes never strike: the
-// caller does not pass them.
-StrikeClass StrikeClassOf(std::string_view cause);
+// StrikeClassOf (cause.h's catalogue) gives a cause's strike class.
 
 struct Strike {
   std::string cause;    // the incident cause, e.g. "xid_79", "straggler"

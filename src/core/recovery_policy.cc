@@ -35,80 +35,6 @@ std::string WhereRepeated(const std::vector<std::string>& nodes) {
   return "on " + (nodes.empty() ? std::string("the same node") : nodes[0]) + " each time";
 }
 
-// Exact cause names. Sources: config/log_rules/ (the causes of its
-// evict_node rules are the hardware ones here), the heartbeat monitor, the
-// job machine, and the simulator's llama3 and none mixes.
-constexpr std::pair<std::string_view, CauseClass> kCauseClasses[] = {
-    // A component of the node failed.
-    {"node_lost", CauseClass::kHardware},
-    {"nic_firmware_timeout", CauseClass::kHardware},
-    {"pcie_aer_fatal", CauseClass::kHardware},
-    {"node_failure", CauseClass::kHardware},
-    {"faulty_gpu", CauseClass::kHardware},
-    {"gpu_lost", CauseClass::kHardware},
-    {"gpu_init_failed", CauseClass::kHardware},
-    {"gpu_hbm3", CauseClass::kHardware},
-    {"gpu_sram", CauseClass::kHardware},
-    {"gpu_system_processor", CauseClass::kHardware},
-    {"gpu_thermal_interface_sensor", CauseClass::kHardware},
-    {"ecc_uncorrectable", CauseClass::kHardware},
-    {"gpu_reset_required", CauseClass::kHardware},
-    {"row_remap_failure", CauseClass::kHardware},
-    {"nvlink_error", CauseClass::kHardware},
-    {"dcgm_diag_failed", CauseClass::kHardware},
-    {"slurm_node_failure", CauseClass::kHardware},
-    {"silent_data_corruption", CauseClass::kHardware},
-    {"nic", CauseClass::kHardware},
-    {"network_switch_cable", CauseClass::kHardware},
-    {"host_maintenance", CauseClass::kHardware},
-    {"ssd", CauseClass::kHardware},
-    {"power_supply", CauseClass::kHardware},
-    {"server_chassis", CauseClass::kHardware},
-    {"io_expansion_board", CauseClass::kHardware},
-    {"cpu", CauseClass::kHardware},
-    {"system_memory", CauseClass::kHardware},
-    // The program, its data or its configuration.
-    {"user_exception", CauseClass::kSoftware},
-    // A deterministic error of the program, its configuration or its data
-    // (the log rules' stop verdicts).
-    {"user_error", CauseClass::kSoftware},
-    {"software_bug", CauseClass::kSoftware},
-    {"native_exception", CauseClass::kSoftware},
-    {"cuda_device_assert", CauseClass::kSoftware},
-    {"oom", CauseClass::kSoftware},
-    {"cuda_oom", CauseClass::kSoftware},
-    {"shm_exhausted", CauseClass::kSoftware},
-    {"loss_nan", CauseClass::kSoftware},
-    {"loss_inf", CauseClass::kSoftware},
-    {"loss_spike", CauseClass::kSoftware},
-    {"loss_anomaly", CauseClass::kSoftware},
-    // Either: the same symptom has a software and a hardware reading, or the
-    // failing rank is a victim of another's failure.
-    {"hang", CauseClass::kAmbiguous},
-    {"straggler", CauseClass::kAmbiguous},
-    {"nccl_timeout", CauseClass::kAmbiguous},
-    {"nccl_watchdog_timeout", CauseClass::kAmbiguous},
-    {"nccl_error", CauseClass::kAmbiguous},
-    {"gloo_timeout", CauseClass::kAmbiguous},
-    {"gloo_error", CauseClass::kAmbiguous},
-    {"rendezvous_timeout", CauseClass::kAmbiguous},
-    {"cuda_error", CauseClass::kAmbiguous},
-    {"cuda_unavailable", CauseClass::kAmbiguous},
-    {"disk_full", CauseClass::kAmbiguous},
-    {"filesystem_read_only", CauseClass::kAmbiguous},
-    {"io_error", CauseClass::kAmbiguous},
-    {"segfault", CauseClass::kAmbiguous},
-    {"dataloader_worker_died", CauseClass::kAmbiguous},
-    {"worker_failed", CauseClass::kAmbiguous},
-    {"interrupted", CauseClass::kAmbiguous},
-    {"dependency", CauseClass::kAmbiguous},
-};
-
-// Xids that name the GPU or its links (a reset or a repair): those of
-// config/log_rules/10_gpu.toml's evict_node buckets in NVIDIA's catalogue
-// that GPUs print in practice. The catalogue's RESTART_APP and IGNORE Xids
-// (13, 31, 43, 63, 92, 94, ...) are the application's, or nothing.
-constexpr int kHardwareXids[] = {46, 48, 54, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143};
 
 std::string Ordinal(int n) {
   const char* suffix = (n % 100 >= 11 && n % 100 <= 13) ? "th"
@@ -133,28 +59,6 @@ std::string_view CauseClassName(CauseClass cause_class) {
   return "?";
 }
 
-CauseClass ClassifyCause(std::string_view cause) {
-  for (const auto& [name, cause_class] : kCauseClasses) {
-    if (cause == name) return cause_class;
-  }
-  // "xid_79": hardware for the Xids that name the GPU, else ambiguous.
-  if (cause.starts_with("xid_") && cause.size() > 4 && cause.size() <= 7) {
-    int xid = 0;
-    for (char ch : cause.substr(4)) {
-      if (ch < '0' || ch > '9') return CauseClass::kAmbiguous;
-      xid = xid * 10 + (ch - '0');
-    }
-    return std::find(std::begin(kHardwareXids), std::end(kHardwareXids), xid) !=
-                   std::end(kHardwareXids)
-               ? CauseClass::kHardware
-               : CauseClass::kAmbiguous;
-  }
-  // The crash detector's names: the worker ended on its own ("worker_exit
-  // code 1"), or a signal the agent did not send killed it ("signal 9
-  // SIGKILL": the OOM killer, a segfault, someone's kill -9).
-  if (cause.starts_with("worker_exit")) return CauseClass::kSoftware;
-  return CauseClass::kAmbiguous;
-}
 
 std::string_view RecoveryPathName(RecoveryPath path) {
   switch (path) {

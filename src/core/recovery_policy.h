@@ -39,6 +39,7 @@
 
 #include "common/duration.h"
 #include "common/status.h"
+#include "core/cause.h"
 #include "core/ids.h"
 
 namespace endure::core {
@@ -50,22 +51,11 @@ enum class RecoveryPath {
   kWaitForRepair,    // nothing to swap (e.g. a switch): wait until it is repaired
 };
 
-// Where a cause puts the fault.
-enum class CauseClass {
-  kHardware,   // a component of the node (GPU, its memory, NIC, the host): isolating the node helps
-  kSoftware,   // the program, its data or its configuration: it fails on any node alike
-  kAmbiguous,  // either reading fits (a hang, a timeout, a full disk), or an unknown name
-};
 
 // "hardware", "software", "ambiguous".
 std::string_view CauseClassName(CauseClass cause_class);
 
-// The class of a cause name, from Endure's own vocabulary: the causes of
-// config/log_rules/, the crash detector ("worker_exit code N", "signal N
-// NAME"), the heartbeat monitor ("node_lost"), the job machine ("hang",
-// "loss_nan", ...) and the simulator's cause mixes. Unknown names are
-// ambiguous. The one place that decides which causes are hardware; pure.
-CauseClass ClassifyCause(std::string_view cause);
+// ClassifyCause (cause.h's catalogue) decides which causes are hardware.
 inline bool IsHardwareCause(std::string_view cause) {
   return ClassifyCause(cause) == CauseClass::kHardware;
 }

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "core/cause.h"
+
 namespace endure::sim {
 namespace {
 
@@ -28,6 +30,29 @@ TEST(Scenario, Llama3MixUsesTheCounts) {
   EXPECT_EQ(c.causes.size(), 18u);
   EXPECT_EQ(c.policy.paths.at("software_bug"), core::RecoveryPath::kRestartInPlace);
   EXPECT_EQ(c.policy.paths.at("straggler"), core::RecoveryPath::kEvictAndReplace);
+}
+
+// The simulator decides with the same cause catalogue as the controller:
+// every cause of its mixes is in it, and their classes are the catalogue's.
+TEST(Scenario, EveryCauseOfTheMixesIsInTheCatalogue) {
+  for (const char* mix : {"none", "llama3"}) {
+    Result<std::vector<CauseSpec>> causes = CauseMix(mix);
+    ASSERT_TRUE(causes.ok()) << mix;
+    for (const CauseSpec& c : *causes) EXPECT_TRUE(core::IsCatalogued(c.name)) << mix << ": " << c.name;
+  }
+  // One name, one meaning: the SDC check's cause and the mix's are both
+  // hardware and hard strikes.
+  for (const char* sdc : {"sdc", "silent_data_corruption"}) {
+    EXPECT_EQ(core::ClassifyCause(sdc), core::CauseClass::kHardware) << sdc;
+    EXPECT_EQ(core::StrikeClassOf(sdc), core::StrikeClass::kHard) << sdc;
+  }
+  EXPECT_TRUE(core::IsCollectiveCause("gloo_error"));
+  EXPECT_FALSE(core::IsCollectiveCause("xid_79"));
+  EXPECT_EQ(core::StrikeClassOf("xid_79"), core::StrikeClass::kHard);
+  EXPECT_EQ(core::StrikeClassOf("xid_119"), core::StrikeClass::kSoft);
+  EXPECT_EQ(core::ClassifyCause("xid_119"), core::CauseClass::kHardware);
+  EXPECT_EQ(core::ClassifyCause("xid_13"), core::CauseClass::kAmbiguous);
+  EXPECT_FALSE(core::IsCatalogued("hca_firmware"));
 }
 
 TEST(Scenario, TomlSetsKnobsAndCauses) {

@@ -124,7 +124,11 @@ int RunCheck(const LogClassifier& classifier) {
     std::fprintf(stderr, "endure classify: %s\n", s.message().c_str());
     return kExitUsage;
   }
-  std::printf("%s: %zu rules; all %zu examples are classified by their own rule\n",
+  const std::vector<std::string> uncatalogued = core::UncataloguedCauses(classifier);
+  for (const std::string& m : uncatalogued) std::fprintf(stderr, "endure classify: %s\n", m.c_str());
+  if (!uncatalogued.empty()) return kExitUsage;
+  std::printf("%s: %zu rules; all %zu examples are classified by their own rule, every cause is "
+              "in the catalogue\n",
               std::string(classifier.source()).c_str(), classifier.rules().size(), examples);
   return kExitOk;
 }
