@@ -242,7 +242,8 @@ class ControlPlaneTest : public ::testing::Test {
       auto snapshot = checkpoint::SnapshotFile::Open(file.path().string());
       if (!snapshot.ok()) continue;
       const checkpoint::SnapshotInfo info = (*snapshot)->info();
-      if (info.state == checkpoint::SlotState::kReady || info.state == checkpoint::SlotState::kPinned) {
+      if (info.state == checkpoint::SlotState::kReady ||
+          info.state == checkpoint::SlotState::kPinned) {
         newest = std::max(newest, info.step);
       }
     }
@@ -280,13 +281,13 @@ class ControlPlaneTest : public ::testing::Test {
   // precede the next fault exists, `act()` is that fault. Ordered by
   // events, not by speed: the job cannot run past the fault, and the fault
   // does not come before what it is ordered after.
-  JobResult RunHeldThen(const std::string& spec_path, const std::string& name, int rank,
-                        int step, const std::function<bool()>& ready,
-                        const std::function<void()>& act) {
+  JobResult RunHeldThen(const std::string& spec_path, const std::string& name, int rank, int step,
+                        const std::function<bool()>& ready, const std::function<void()>& act) {
     std::unique_ptr<Running> run = StartRun(spec_path);
     const std::string held = "hanging in step " + std::to_string(step);
-    EXPECT_TRUE(Await(*run, [&] { return WorkerLogs(name, 0, rank).find(held) != std::string::npos; }))
-        << ReadAll(dir_ / (name + ".out"));
+    EXPECT_TRUE(Await(*run, [&] {
+      return WorkerLogs(name, 0, rank).find(held) != std::string::npos;
+    })) << ReadAll(dir_ / (name + ".out"));
     EXPECT_TRUE(Await(*run, ready)) << ReadAll(dir_ / (name + ".out"));
     EXPECT_FALSE(run->Ended(0ms)) << ReadAll(dir_ / (name + ".out"));
     act();
@@ -342,10 +343,9 @@ class ControlPlaneTest : public ::testing::Test {
   // when it gets the CPU), then killed: restored from node memory.
   JobResult RunWithAFailingDisk(const std::string& name, const std::string& kind,
                                 const std::string& recovery) {
-    const std::string spec =
-        Spec(name,
-             HoldForTheTest(1, 20) + "[[faults]]\nkind = \"" + kind + "\"\nrank = 0\nstep = 3\n",
-             recovery, "every_steps = 1\npersist_every_steps = 1\n");
+    const std::string spec = Spec(
+        name, HoldForTheTest(1, 20) + "[[faults]]\nkind = \"" + kind + "\"\nrank = 0\nstep = 3\n",
+        recovery, "every_steps = 1\npersist_every_steps = 1\n");
     return RunHeldThen(
         spec, name, 1, 20,
         [&] {
@@ -860,10 +860,9 @@ TEST_F(ControlPlaneTest, ACorruptMemoryCopyIsRefusedAndAnotherTierUsed) {
   // in step 14, once node 1 holds the replica of its step 13. Its shard
   // comes from that replica instead.
   const std::string reference = Reference(this);
-  const std::string spec =
-      Spec("corrupt",
-           HoldForTheTest(0, 14) + "[[faults]]\nkind = \"corrupt-t0\"\nrank = 0\nstep = 8\n",
-           kTierPath, kEveryStep);
+  const std::string spec = Spec(
+      "corrupt", HoldForTheTest(0, 14) + "[[faults]]\nkind = \"corrupt-t0\"\nrank = 0\nstep = 8\n",
+      kTierPath, kEveryStep);
   JobResult r = RunHeldThen(
       spec, "corrupt", 0, 14,
       [&] {
@@ -1253,8 +1252,7 @@ TEST_F(ControlPlaneTest, RunningASpecAgainResumesFromItsNewestCheckpoint) {
   {
     // The first run is interrupted once step 10 is committed.
     std::unique_ptr<Running> first = StartRun(spec);
-    ASSERT_TRUE(
-        Await(*first, [&] { return fs::exists(ckpt / "step-00000010" / "MANIFEST.json"); }))
+    ASSERT_TRUE(Await(*first, [&] { return fs::exists(ckpt / "step-00000010" / "MANIFEST.json"); }))
         << ReadAll(dir_ / "resume.out");
     ASSERT_FALSE(first->Ended(0ms)) << "the first run ended by itself\n"
                                     << ReadAll(dir_ / "resume.out");

@@ -23,8 +23,8 @@ struct CatalogueEntry {
 // shipped rules and the mixes against it.
 constexpr CatalogueEntry kCatalogue[] = {
     // A component of the node failed (the log rules' evict_node causes, the
-  // heartbeat monitor's, the SDC check's, the health check's, the
-  // simulator's llama3 mix).
+    // heartbeat monitor's, the SDC check's, the health check's, the
+    // simulator's llama3 mix).
     {"node_lost", CauseClass::kHardware, StrikeClass::kSoft, false},
     {"node_failure", CauseClass::kHardware, StrikeClass::kSoft, false},
     {"nic_firmware_timeout", CauseClass::kHardware, StrikeClass::kSoft, false},
@@ -56,7 +56,7 @@ constexpr CatalogueEntry kCatalogue[] = {
     {"cpu", CauseClass::kHardware, StrikeClass::kSoft, false},
     {"system_memory", CauseClass::kHardware, StrikeClass::kSoft, false},
     // The program, its data or its configuration: it fails on any node alike
-  // (the log rules' stop verdicts among them).
+    // (the log rules' stop verdicts among them).
     {"user_exception", CauseClass::kSoftware, StrikeClass::kSoft, false},
     {"user_error", CauseClass::kSoftware, StrikeClass::kSoft, false},
     {"software_bug", CauseClass::kSoftware, StrikeClass::kSoft, false},
@@ -71,7 +71,7 @@ constexpr CatalogueEntry kCatalogue[] = {
     {"loss_spike", CauseClass::kSoftware, StrikeClass::kSoft, false},
     {"loss_anomaly", CauseClass::kSoftware, StrikeClass::kSoft, false},
     // Either: the same symptom has a software and a hardware reading, or the
-  // failing rank is a victim of another's failure.
+    // failing rank is a victim of another's failure.
     {"hang", CauseClass::kAmbiguous, StrikeClass::kSoft, false},
     {"straggler", CauseClass::kAmbiguous, StrikeClass::kSoft, false},
     {"nccl_timeout", CauseClass::kAmbiguous, StrikeClass::kSoft, true},

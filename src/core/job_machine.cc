@@ -686,8 +686,8 @@ void JobMachine::OnNodeLostWhileStopping(NodeId node, const std::string& reason,
   for (NodeId n : HealthyNodes()) {
     if (std::find(members_.begin(), members_.end(), n) == members_.end()) ++spares;
   }
-  inc->action = std::string(RecoveryActionName(spares > 0 ? RecoveryAction::kReplaceWithSpare
-                                                          : RecoveryAction::kEvictAndWaitForRepair));
+  inc->action = std::string(RecoveryActionName(
+      spares > 0 ? RecoveryAction::kReplaceWithSpare : RecoveryAction::kEvictAndWaitForRepair));
   inc->reason += "; then " + inc->node_name + " was lost (" + reason +
                  "), reported while the generation stopped: the " + victim + " of rank " +
                  std::to_string(victim_rank.value) +
@@ -829,7 +829,8 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
           "; the matching log rule's action is stop: a restart cannot fix this error, it "
           "fails the same way on every node";
     } else {
-      reason += "; " + failure.cause.name + " again, in the restart that was to confirm it (incident " +
+      reason += "; " + failure.cause.name +
+                " again, in the restart that was to confirm it (incident " +
                 std::to_string(incidents_.back().id) +
                 "): a restart cannot fix it; fix what the line says, then run the spec again "
                 "(it resumes from the newest checkpoint)";

@@ -498,8 +498,7 @@ TEST(JobMachineHangs, ThePairwiseVerdictMakesTheCulpritsOwnReportTheCause) {
     EXPECT_EQ(inc.rank, Rank{3});
     EXPECT_EQ(inc.node, NodeId{3});
     EXPECT_EQ(inc.log_line, culprit.log_line);
-    EXPECT_EQ(inc.reason.find("was a victim's") != std::string::npos, !culprit_first)
-        << inc.reason;
+    EXPECT_EQ(inc.reason.find("was a victim's") != std::string::npos, !culprit_first) << inc.reason;
   }
 }
 

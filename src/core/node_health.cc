@@ -8,7 +8,6 @@
 namespace endure::core {
 namespace {
 
-
 // A compact window: "24h", "7d", "30m", "90s".
 std::string FormatWindow(Duration d) {
   using std::chrono::hours;
@@ -60,7 +59,6 @@ Result<StrikeClass> ParseStrikeClass(std::string_view name) {
   return InvalidArgument("unknown strike class '" + std::string(name) +
                          "' (expected hard or soft)");
 }
-
 
 Strike StrikeFor(std::string cause, int64_t unix_ms, std::string detail) {
   const StrikeClass cls = StrikeClassOf(cause);

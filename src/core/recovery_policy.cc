@@ -35,7 +35,6 @@ std::string WhereRepeated(const std::vector<std::string>& nodes) {
   return "on " + (nodes.empty() ? std::string("the same node") : nodes[0]) + " each time";
 }
 
-
 std::string Ordinal(int n) {
   const char* suffix = (n % 100 >= 11 && n % 100 <= 13) ? "th"
                        : n % 10 == 1                    ? "st"
@@ -58,7 +57,6 @@ std::string_view CauseClassName(CauseClass cause_class) {
   }
   return "?";
 }
-
 
 std::string_view RecoveryPathName(RecoveryPath path) {
   switch (path) {

@@ -51,7 +51,6 @@ enum class RecoveryPath {
   kWaitForRepair,    // nothing to swap (e.g. a switch): wait until it is repaired
 };
 
-
 // "hardware", "software", "ambiguous".
 std::string_view CauseClassName(CauseClass cause_class);
 

@@ -38,7 +38,8 @@ TEST(Scenario, EveryCauseOfTheMixesIsInTheCatalogue) {
   for (const char* mix : {"none", "llama3"}) {
     Result<std::vector<CauseSpec>> causes = CauseMix(mix);
     ASSERT_TRUE(causes.ok()) << mix;
-    for (const CauseSpec& c : *causes) EXPECT_TRUE(core::IsCatalogued(c.name)) << mix << ": " << c.name;
+    for (const CauseSpec& c : *causes)
+      EXPECT_TRUE(core::IsCatalogued(c.name)) << mix << ": " << c.name;
   }
   // One name, one meaning: the SDC check's cause and the mix's are both
   // hardware and hard strikes.

@@ -125,11 +125,13 @@ int RunCheck(const LogClassifier& classifier) {
     return kExitUsage;
   }
   const std::vector<std::string> uncatalogued = core::UncataloguedCauses(classifier);
-  for (const std::string& m : uncatalogued) std::fprintf(stderr, "endure classify: %s\n", m.c_str());
+  for (const std::string& m : uncatalogued)
+    std::fprintf(stderr, "endure classify: %s\n", m.c_str());
   if (!uncatalogued.empty()) return kExitUsage;
-  std::printf("%s: %zu rules; all %zu examples are classified by their own rule, every cause is "
-              "in the catalogue\n",
-              std::string(classifier.source()).c_str(), classifier.rules().size(), examples);
+  std::printf(
+      "%s: %zu rules; all %zu examples are classified by their own rule, every cause is "
+      "in the catalogue\n",
+      std::string(classifier.source()).c_str(), classifier.rules().size(), examples);
   return kExitOk;
 }
 
