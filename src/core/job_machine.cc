@@ -646,7 +646,7 @@ void JobMachine::OnNodeLost(NodeId node, const std::string& reason, TimePoint fa
     Failure f;
     f.cause = FixedCause(Cause::kNodeLost);
     f.node = node;
-    f.rank = Rank{static_cast<int32_t>(member - members_.begin()) * options_.ranks_per_node};
+    f.rank = FirstRankOf(node);
     f.fault_at = fault_at;
     f.InjectedBy(LastFiredFault([&](const FaultFiredEvent& x) {
       return x.kind == FaultKind::kKillAgent && NodeOfRank(x.rank) == node;
@@ -674,20 +674,16 @@ void JobMachine::OnNodeLostWhileStopping(NodeId node, const std::string& reason,
   }
   const std::string victim = inc->cause.name;
   const Rank victim_rank = inc->rank;
-  const auto member = std::find(members_.begin(), members_.end(), node);
   inc->cause = FixedCause(Cause::kNodeLost);
-  inc->rank = Rank{static_cast<int32_t>(member - members_.begin()) * options_.ranks_per_node};
+  inc->rank = FirstRankOf(node);
   inc->node = node;
   inc->node_name = NodeName(node);
   // As OnFailure decides for a lost node: it leaves the job (it is gone
   // already), a strike in the node health ledger, and a spare or a repair.
   Strike(node, inc->cause.name, reason, out);
-  int spares = 0;
-  for (NodeId n : HealthyNodes()) {
-    if (std::find(members_.begin(), members_.end(), n) == members_.end()) ++spares;
-  }
-  inc->action = std::string(RecoveryActionName(
-      spares > 0 ? RecoveryAction::kReplaceWithSpare : RecoveryAction::kEvictAndWaitForRepair));
+  inc->action = std::string(RecoveryActionName(SparesAvailable() > 0
+                                                   ? RecoveryAction::kReplaceWithSpare
+                                                   : RecoveryAction::kEvictAndWaitForRepair));
   inc->reason += "; then " + inc->node_name + " was lost (" + reason +
                  "), reported while the generation stopped: the " + victim + " of rank " +
                  std::to_string(victim_rank.value) +
@@ -722,6 +718,23 @@ void JobMachine::FireDueFaults(TimePoint now, std::vector<JobAction>& out) {
     fired_events_.push_back({generation_, fired});
     out.push_back(InjectFaultAction{f, NodeOfRank(rank), generation_});
   }
+}
+
+int JobMachine::SparesAvailable(const std::vector<NodeId>& leaving) const {
+  int spares = 0;
+  for (NodeId n : HealthyNodes()) {
+    if (std::find(members_.begin(), members_.end(), n) == members_.end() &&
+        std::find(leaving.begin(), leaving.end(), n) == leaving.end()) {
+      ++spares;
+    }
+  }
+  return spares;
+}
+
+Rank JobMachine::FirstRankOf(NodeId member) const {
+  const auto it = std::find(members_.begin(), members_.end(), member);
+  ENDURE_CHECK(it != members_.end());
+  return Rank{static_cast<int32_t>(it - members_.begin()) * options_.ranks_per_node};
 }
 
 bool JobMachine::ConfirmsItsRecurrence(const Failure& failure) const {
@@ -852,12 +865,7 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     // The log says the node itself is bad (an Xid, an uncorrectable ECC
     // error); the policy isolates the node unless the cause is software.
     fe.node_fault_evidence = failure.log_action == LogAction::kEvictNode;
-    // Healthy registered nodes outside this generation: a replacement now.
-    for (NodeId n : HealthyNodes()) {
-      if (std::find(members_.begin(), members_.end(), n) == members_.end()) {
-        ++fe.spares_available;
-      }
-    }
+    fe.spares_available = SparesAvailable();
     RecoveryDecision d = recovery_.Step(fe, now);
     policy_action = d.action;
     inc.action = std::string(RecoveryActionName(d.action));
@@ -1056,12 +1064,7 @@ RouteFacts JobMachine::FactsFor(const Failure& failure, RecoveryAction action,
       f.first_not_rejoining = r;
     }
   }
-  for (NodeId n : HealthyNodes()) {
-    if (std::find(members_.begin(), members_.end(), n) == members_.end() &&
-        std::find(evict.begin(), evict.end(), n) == evict.end()) {
-      ++f.spares_available;
-    }
-  }
+  f.spares_available = SparesAvailable(evict);
   return f;
 }
 

@@ -560,6 +560,11 @@ class JobMachine {
   void FireDueFaults(TimePoint now, std::vector<JobAction>& out);
   void Finish(int code, std::string reason, TimePoint now, std::vector<JobAction>& out);
   std::vector<NodeId> HealthyNodes() const;
+  // Healthy registered nodes outside this generation, and not `leaving`: a
+  // replacement now.
+  int SparesAvailable(const std::vector<NodeId>& leaving = {}) const;
+  // The first rank a member of this generation runs.
+  Rank FirstRankOf(NodeId member) const;
   Incident* OpenIncident();
   // The current generation's ranks (fewer than the job's when it shrank).
   int world_size() const { return static_cast<int>(members_.size()) * options_.ranks_per_node; }

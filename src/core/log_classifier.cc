@@ -111,13 +111,13 @@ std::string_view LogActionName(LogAction action) {
 }
 
 Result<LogAction> ParseLogAction(std::string_view name) {
+  std::string names;
   for (LogAction a : {LogAction::kRestart, LogAction::kEvictNode, LogAction::kStop,
                       LogAction::kInvestigate, LogAction::kStopIfRepeated}) {
     if (name == LogActionName(a)) return a;
+    names += (names.empty() ? "" : ", ") + std::string(LogActionName(a));
   }
-  return InvalidArgument(
-      "unknown action \"" + std::string(name) +
-      "\"; expected one of restart, evict_node, stop, investigate, stop_if_repeated");
+  return InvalidArgument("unknown action \"" + std::string(name) + "\"; expected one of " + names);
 }
 
 LogClassifier::LogClassifier(std::vector<Compiled> rules, std::string source)
