@@ -1,7 +1,7 @@
 // Fuzz target: agent::ParseDatagram, what an agent reads from any process
 // that can reach its worker socket, on any bytes. It never throws; what it
 // accepts is within the documented ranges, a snapshot names one of the
-// sender's own two slots, and the gate takes it only with the credential.
+// sender's own slots (kT0Slots), and the gate takes it only with the credential.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -55,8 +55,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(m->path.find('\0') == std::string::npos);
     const std::filesystem::path p = std::filesystem::path(m->path).lexically_normal();
     FUZZ_CHECK(p.parent_path() == std::filesystem::path(kContext.t0_dir));
-    const std::string slot = "rank-" + std::to_string(d->rank) + ".slot-";
-    FUZZ_CHECK(p.filename() == slot + "0" || p.filename() == slot + "1");
+    const std::string prefix = "rank-" + std::to_string(d->rank) + ".slot-";
+    bool own_slot = false;
+    for (int slot = 0; slot < checkpoint::kT0Slots; ++slot) {
+      own_slot = own_slot || p.filename() == prefix + std::to_string(slot);
+    }
+    FUZZ_CHECK(own_slot);
   } else if (const auto* m = std::get_if<FaultMessage>(&d->message)) {
     FUZZ_CHECK(!m->id.empty() && m->id.size() <= 128 && !m->kind.empty() && m->kind.size() <= 32);
     FUZZ_CHECK(m->id.find('/') == std::string::npos && m->kind.find('/') == std::string::npos);
