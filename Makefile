@@ -55,7 +55,7 @@ $(FUZZ_BUILD)/CMakeCache.txt:
 	  -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
 fuzz-build: deps $(FUZZ_BUILD)/CMakeCache.txt
-	cmake --build $(FUZZ_BUILD) -j$(JOBS) --target endure_fuzz
+	cmake --build $(FUZZ_BUILD) -j$(JOBS) --target endure_fuzz endure_libraries
 
 # Each target in turn for FUZZ_SECONDS, keeping what it finds in
 # $(FUZZ_BUILD)/fuzz/long/NAME; lists the targets that failed.

@@ -19,13 +19,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <limits>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string_view>
@@ -38,10 +36,12 @@
 #include "checkpoint/restore_plan.h"
 #include "common/config_files.h"
 #include "common/hash.h"
+#include "common/mutex.h"
 #include "common/names.h"
 #include "common/net.h"
 #include "common/secret.h"
 #include "common/tls.h"
+#include "common/worker_env.h"
 #include "core/incident_match.h"
 #include "faults/fault.h"
 
@@ -98,23 +98,23 @@ class Watchdog {
  public:
   Watchdog(std::chrono::steady_clock::time_point deadline, std::function<void()> fire)
       : thread_([this, deadline, fire = std::move(fire)] {
-          std::unique_lock<std::mutex> lock(mu_);
-          if (!cv_.wait_until(lock, deadline, [&] { return disarmed_; })) fire();
+          MutexLock lock(&mu_);
+          if (!cv_.WaitUntil(lock, deadline, [&]() REQUIRES(mu_) { return disarmed_; })) fire();
         }) {}
   ~Watchdog() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       disarmed_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     thread_.join();
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool disarmed_ = false;  // GUARDED_BY(mu_)
-  std::thread thread_;     // last: it uses the members above
+  Mutex mu_;
+  CondVar cv_;
+  bool disarmed_ GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: it uses the members above
 };
 
 // Bounds on what the controller asks for (seconds).
@@ -139,7 +139,7 @@ std::string FindFingerprint(std::string_view tail) {
 // The names of the agent's environment variables whose value holds
 // `secret`: none of them may reach a worker.
 std::vector<std::string> VariablesHolding(const std::string& secret) {
-  std::vector<std::string> names = {"ENDURE_TOKEN"};
+  std::vector<std::string> names = {worker_env::kToken};
   if (secret.empty()) return names;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string_view entry = *e;
@@ -239,7 +239,7 @@ void Agent::Send(proto::AgentEvent event, int64_t generation) {
 }
 
 void Agent::Emit(proto::AgentEvent event) {
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(&write_mu_);
   switch (link_) {
     case Link::kOpen:
       if (transport_->Send(event)) return;
@@ -315,7 +315,7 @@ void Agent::WakeReceiver() {
 }
 
 void Agent::Refuse(const std::string& why) {
-  std::lock_guard<std::mutex> lock(refusal_mu_);
+  MutexLock lock(&refusal_mu_);
   ++refused_;
   int64_t held_back = 0;
   if (!refusal_log_.Allow(clock_->Now(), &held_back)) return;
@@ -334,7 +334,7 @@ void Agent::HandleDatagram(std::string_view bytes) {
   }
   const Datagram& d = *parsed;
   {
-    std::lock_guard<std::mutex> lock(reports_mu_);
+    MutexLock lock(&reports_mu_);
     const DatagramGate::Verdict verdict = gate_.Admit(d);
     if (verdict == DatagramGate::Verdict::kStale) return;  // a straggler's, late
     if (verdict != DatagramGate::Verdict::kAccept) {
@@ -405,7 +405,7 @@ void Agent::HandleDatagram(std::string_view bytes) {
       // fail (or crawl) from now on, as its collectives do.
       const PairFault fault =
           m->kind == "comm-fail" ? PairFault::Fail() : PairFault::Slow(CommSlowFactor(m->id));
-      std::lock_guard<std::mutex> lock(command_mu_);
+      MutexLock lock(&command_mu_);
       pair_fault_ = fault;
       if (pair_server_) {
         if (Status st = pair_server_->set_fault(fault); !st.ok()) {
@@ -432,7 +432,7 @@ void Agent::HandleDatagram(std::string_view bytes) {
 void Agent::OnWorkerLine(int64_t generation, int rank, std::string_view line) {
   bool stepped = false;
   {
-    std::lock_guard<std::mutex> lock(reports_mu_);
+    MutexLock lock(&reports_mu_);
     if (generation != gate_.generation || !output_) return;
     const double init_s = Seconds(clock_->Now() - started_);
     for (const OutputReport& r : output_->OnLine(rank, line)) {
@@ -495,14 +495,14 @@ void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
   x->set_stopped(end.stopped);
   words.push_back(std::move(e));
   {
-    std::lock_guard<std::mutex> lock(reports_mu_);
+    MutexLock lock(&reports_mu_);
     if (generation == generation_.load()) last_words_[end.rank] = words;
   }
   for (proto::AgentEvent& w : words) Send(std::move(w), generation);
 }
 
 void Agent::RefillStandbys() {
-  std::lock_guard<std::mutex> lock(standby_mu_);
+  MutexLock lock(&standby_mu_);
   if (!refill_pending_) return;
   refill_pending_ = false;
   while (static_cast<int>(standbys_.size()) < standby_count_) {
@@ -513,7 +513,7 @@ void Agent::RefillStandbys() {
 }
 
 std::optional<Standby> Agent::TakeStandby(const std::vector<std::string>& argv) {
-  std::lock_guard<std::mutex> lock(standby_mu_);
+  MutexLock lock(&standby_mu_);
   for (auto it = standbys_.begin(); it != standbys_.end(); ++it) {
     if (it->argv == argv) {
       Standby s = std::move(*it);
@@ -533,7 +533,7 @@ void Agent::Prepare(const proto::Prepare& prepare) {
 }
 
 void Agent::KeepStandbys(const std::vector<std::string>& argv, int count) {
-  std::lock_guard<std::mutex> lock(standby_mu_);
+  MutexLock lock(&standby_mu_);
   // Standbys of another program (a changed command) are of no use.
   std::erase_if(standbys_, [&](Standby& s) {
     if (s.argv == argv) return false;
@@ -559,7 +559,7 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
     // (an elastic shrink or regrow). Its earlier output is forgotten.
     std::vector<int> before;
     {
-      std::lock_guard<std::mutex> lock(reports_mu_);
+      MutexLock lock(&reports_mu_);
       before.assign(gate_.local_ranks.begin(), gate_.local_ranks.end());
     }
     std::map<int, int> rank_of_local;
@@ -585,7 +585,7 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   Result<std::string> credential = RandomHex(16);
   bool read_progress = false;
   {
-    std::lock_guard<std::mutex> lock(reports_mu_);
+    MutexLock lock(&reports_mu_);
     gate_.generation = generation;
     gate_.credential = credential.ok() ? *credential : "";
     started_ = clock_->Now();
@@ -595,7 +595,7 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   {
     // The factor of each comm-slow fault of a local rank: the node's
     // pairwise tests crawl by it once it fires.
-    std::lock_guard<std::mutex> lock(faults_mu_);
+    MutexLock lock(&faults_mu_);
     for (const proto::RankAssignment& r : start.ranks()) {
       Result<std::vector<faults::Fault>> faults = faults::DecodeFaults(r.faults_json());
       if (!faults.ok()) continue;
@@ -603,6 +603,9 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
         if (f.kind == faults::FaultKind::kCommSlow) comm_slow_factors_[f.id] = f.factor;
       }
     }
+  }
+  {
+    MutexLock lock(&reports_mu_);
     if (!rejoin) stack_signals_.clear();  // a worker that rejoins announced its own once
     last_steps_.clear();
     last_words_.clear();
@@ -685,16 +688,16 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
                 {"GROUP_RANK", std::to_string(r.rank() / std::max(1, start.ranks_size()))},
                 {"MASTER_ADDR", start.master_addr()},
                 {"MASTER_PORT", std::to_string(start.master_port())},
-                {"ENDURE_AGENT_SOCKET", socket_path_},
-                {"ENDURE_TOKEN", credential.ok() ? *credential : ""},
-                {"ENDURE_GENERATION", std::to_string(generation)},
-                {"ENDURE_NODE_ID", o_.node_id},
-                {"ENDURE_RESTORE_STEP", std::to_string(start.restore_step())},
-                {"ENDURE_SKIP_STEPS", skip},
-                {"ENDURE_FAULTS", r.faults_json()},
-                {"ENDURE_STACKS_FILE", spec.stacks_path}};
+                {worker_env::kAgentSocket, socket_path_},
+                {worker_env::kToken, credential.ok() ? *credential : ""},
+                {worker_env::kGeneration, std::to_string(generation)},
+                {worker_env::kNodeId, o_.node_id},
+                {worker_env::kRestoreStep, std::to_string(start.restore_step())},
+                {worker_env::kSkipSteps, skip},
+                {worker_env::kFaults, r.faults_json()},
+                {worker_env::kStacksFile, spec.stacks_path}};
     for (const auto& [k, v] : start.env()) {
-      spec.env.emplace_back(k, k == "ENDURE_CKPT_DIR" ? ResolveCheckpointDir(v) : v);
+      spec.env.emplace_back(k, k == worker_env::kCkptDir ? ResolveCheckpointDir(v) : v);
     }
     // Gloo and NCCL's bootstrap bind to the address the host's name resolves
     // to, which on a multi-homed host or in a network namespace is not where
@@ -708,13 +711,13 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
     }
     spec.unset_env = secret_variables_;
     if (ckpt.enabled()) {
-      spec.env.emplace_back("ENDURE_T0_DIR", tiers_->t0_dir());
-      spec.env.emplace_back("ENDURE_T0_SLOT_BYTES", std::to_string(ckpt.slot_bytes()));
+      spec.env.emplace_back(worker_env::kT0Dir, tiers_->t0_dir());
+      spec.env.emplace_back(worker_env::kT0SlotBytes, std::to_string(ckpt.slot_bytes()));
     }
     const auto rejoin_path = [&](int rank) {
       return JoinPath(logs, "rank" + std::to_string(rank) + ".rejoin");
     };
-    if (start.in_process()) spec.env.emplace_back("ENDURE_REJOIN_FILE", rejoin_path(r.rank()));
+    if (start.in_process()) spec.env.emplace_back(worker_env::kRejoinFile, rejoin_path(r.rank()));
     const bool keep = alive.count(r.rank()) > 0;
     if (!keep) {
       // A fresh worker; a stale offer of an earlier generation must not
@@ -722,9 +725,9 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
       std::error_code ignored;
       std::filesystem::remove(rejoin_path(r.rank()), ignored);
     }
-    if (start.rejoin() && !keep) spec.env.emplace_back("ENDURE_PEER_RESTORE", "1");
+    if (start.rejoin() && !keep) spec.env.emplace_back(worker_env::kPeerRestore, "1");
     if (!plan_path.empty() && !start.rejoin()) {
-      spec.env.emplace_back("ENDURE_RESTORE_PLAN_FILE", plan_path);
+      spec.env.emplace_back(worker_env::kRestorePlanFile, plan_path);
     }
     Status st = Unavailable("no standby");
     if (!credential.ok()) {
@@ -802,7 +805,7 @@ void Agent::DumpStacks(int64_t generation, double timeout_s) {
   const Clock::TimePoint start = clock_->Now();
   std::map<int, int> signals;  // ranks that dump their own stacks
   {
-    std::lock_guard<std::mutex> lock(reports_mu_);
+    MutexLock lock(&reports_mu_);
     if (generation == gate_.generation) signals = stack_signals_;
   }
   std::map<int, std::string> stacks = workers_->CaptureStacks(
@@ -856,7 +859,7 @@ void Agent::Inject(const proto::InjectFault& inject) {
 }
 
 double Agent::CommSlowFactor(const std::string& fault_id) const {
-  std::lock_guard<std::mutex> lock(faults_mu_);
+  MutexLock lock(&faults_mu_);
   auto it = comm_slow_factors_.find(fault_id);
   return it == comm_slow_factors_.end() ? 3.0 : it->second;
 }
@@ -950,7 +953,7 @@ void Agent::AwaitSignal() {
 }
 
 void Agent::DiscardStandbys() {
-  std::lock_guard<std::mutex> lock(standby_mu_);
+  MutexLock lock(&standby_mu_);
   for (Standby& s : standbys_) launcher_->DiscardStandby(s);
   standbys_.clear();
   standby_count_ = 0;
@@ -966,7 +969,7 @@ int64_t Agent::StopWorkersAndPersist() {
   }
   DiscardStandbys();
   {
-    std::lock_guard<std::mutex> lock(reports_mu_);
+    MutexLock lock(&reports_mu_);
     ranks.insert(gate_.local_ranks.begin(), gate_.local_ranks.end());
   }
   // The node's newest complete step goes to the durable directory if there
@@ -985,7 +988,7 @@ int64_t Agent::StopWorkersAndPersist() {
 void Agent::ShutDownOnSignal(int sig) {
   // Not in the middle of a command: a start finishes launching, a stop
   // finishes stopping, before the node shuts down.
-  std::lock_guard<std::mutex> command(command_mu_);
+  MutexLock command(&command_mu_);
   signalled_ = true;
   // The whole shutdown is bounded: the grace, the persist, and a margin for
   // the reports; past that the stream is cut, and with it any blocked Send.
@@ -1002,7 +1005,7 @@ void Agent::ShutDownOnSignal(int sig) {
 }
 
 bool Agent::Signalled() {
-  std::lock_guard<std::mutex> lock(command_mu_);
+  MutexLock lock(&command_mu_);
   return signalled_;
 }
 
@@ -1010,7 +1013,7 @@ bool Agent::CarryOutCommands() {
   proto::AgentCommand cmd;
   int64_t started_on_stream = -1;  // the newest generation started on this stream
   while (transport_->Read(&cmd)) {
-    std::lock_guard<std::mutex> lock(command_mu_);
+    MutexLock lock(&command_mu_);
     if (signalled_) return false;
     if (!ConstantTimeEquals(cmd.token(), o_.token)) continue;
     if (IsStale(cmd, started_on_stream)) {
@@ -1069,10 +1072,10 @@ proto::AgentEvent Agent::Hello(bool resuming) {
   if (resuming) {
     std::map<int, pid_t> alive;
     {
-      std::lock_guard<std::mutex> lock(command_mu_);
+      MutexLock lock(&command_mu_);
       if (workers_) alive = workers_->Pids();
     }
-    std::lock_guard<std::mutex> lock(reports_mu_);
+    MutexLock lock(&reports_mu_);
     generation = generation_.load();
     bool all_alive = !gate_.local_ranks.empty();
     for (int rank : gate_.local_ranks) {
@@ -1137,7 +1140,7 @@ std::optional<Status> Agent::RideOutOutage(const std::string& why) {
     proto::AgentEvent hello = Hello(/*resuming=*/true);
     std::vector<proto::AgentEvent> words;
     {
-      std::lock_guard<std::mutex> lock(reports_mu_);
+      MutexLock lock(&reports_mu_);
       for (const auto& [rank, events] : last_words_) {
         for (proto::AgentEvent e : events) {
           e.set_token(o_.token);
@@ -1150,7 +1153,7 @@ std::optional<Status> Agent::RideOutOutage(const std::string& why) {
     size_t kept = 0;
     int64_t dropped = 0;
     {
-      std::lock_guard<std::mutex> lock(write_mu_);
+      MutexLock lock(&write_mu_);
       kept = outage_.size();
       dropped = outage_.dropped();
       hello.mutable_register_()->set_events_dropped(dropped);
@@ -1173,7 +1176,7 @@ std::optional<Status> Agent::RideOutOutage(const std::string& why) {
     return std::nullopt;
   }
   // The controller stayed away past the grace: stop as on SIGTERM.
-  std::lock_guard<std::mutex> command(command_mu_);
+  MutexLock command(&command_mu_);
   if (signalled_) return Status::Ok();
   outlived_grace_ = true;
   std::fprintf(stderr,
@@ -1227,7 +1230,7 @@ Status Agent::Run() {
   // what Run() holds, on every way out.
   const auto finish = [&] {
     {
-      std::lock_guard<std::mutex> lock(refusal_mu_);
+      MutexLock lock(&refusal_mu_);
       if (refused_ > 0) {
         std::fprintf(stderr, "endure agent %s: refused %lld datagram(s) in all (%lld not shown)\n",
                      o_.node_id.c_str(), static_cast<long long>(refused_),
@@ -1252,7 +1255,7 @@ Status Agent::Run() {
   }
   {
     proto::AgentEvent hello = Hello(/*resuming=*/false);
-    std::lock_guard<std::mutex> lock(write_mu_);
+    MutexLock lock(&write_mu_);
     link_ = Link::kOpen;
     // Registration is the first word the controller hears.
     if (!transport_->Send(hello)) link_ = Link::kOutage;
@@ -1269,7 +1272,7 @@ Status Agent::Run() {
     shutdown = CarryOutCommands();
     if (shutdown || signalled()) break;
     {
-      std::lock_guard<std::mutex> lock(write_mu_);
+      MutexLock lock(&write_mu_);
       if (link_ == Link::kOpen) link_ = Link::kOutage;
     }
     const Status end = transport_->Finish();
@@ -1290,7 +1293,7 @@ Status Agent::Run() {
   const Watchdog bound(std::chrono::steady_clock::now() + std::chrono::seconds(2) + kStreamMargin,
                        [this] { transport_->Cancel(); });
   {
-    std::lock_guard<std::mutex> lock(command_mu_);
+    MutexLock lock(&command_mu_);
     // After a signal, or an outage past the grace, the workers are stopped
     // already; a refused agent's go at once.
     if (workers_ && !signalled_ && !outlived_grace_) {
@@ -1300,7 +1303,7 @@ Status Agent::Run() {
   }
   DiscardStandbys();
   {
-    std::lock_guard<std::mutex> lock(write_mu_);
+    MutexLock lock(&write_mu_);
     if (stream_open) transport_->CloseWrites();
     link_ = Link::kNone;
   }

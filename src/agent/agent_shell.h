@@ -31,7 +31,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -51,6 +50,7 @@
 #include "agent/worker_set.h"
 #include "common/clock.h"
 #include "common/env.h"
+#include "common/mutex.h"
 #include "core/log_classifier.h"
 #include "proto/endure.pb.h"
 
@@ -124,9 +124,8 @@ class Agent {
   // Waits until `at` on the agent's clock; false when a signal came first.
   bool WaitUntil(Clock::TimePoint at);
   // Stops the workers with the last grace, persists the node's newest
-  // complete step if there is time, and returns it (-1: none). Requires
-  // command_mu_.
-  int64_t StopWorkersAndPersist();
+  // complete step if there is time, and returns it (-1: none).
+  int64_t StopWorkersAndPersist() REQUIRES(command_mu_);
   Status OpenSocket();
   void ReceiveDatagrams();
   // Ends the receiver's wait for a datagram (once done_ is set).
@@ -143,16 +142,17 @@ class Agent {
   // Waits for SIGTERM/SIGINT (the shutdown thread) and then shuts down.
   void AwaitSignal();
   // A spare node keeps warm standbys of the job's program (proto Prepare).
-  void Prepare(const proto::Prepare& prepare);
+  void Prepare(const proto::Prepare& prepare) REQUIRES(command_mu_);
   // Keeps `count` standbys of `argv` from now on (refilled on the next
   // step); those of another program are discarded.
   void KeepStandbys(const std::vector<std::string>& argv, int count);
-  void Start(int64_t generation, const proto::StartGeneration& start);
-  void Stop(int64_t generation, double grace_s);
-  void DumpStacks(int64_t generation, double timeout_s);
-  void Inject(const proto::InjectFault& inject);
+  // The commands, carried out one at a time under command_mu_.
+  void Start(int64_t generation, const proto::StartGeneration& start) REQUIRES(command_mu_);
+  void Stop(int64_t generation, double grace_s) REQUIRES(command_mu_);
+  void DumpStacks(int64_t generation, double timeout_s) REQUIRES(command_mu_);
+  void Inject(const proto::InjectFault& inject) REQUIRES(command_mu_);
   // Runs one pair of a pairwise test against a peer's agent and reports it.
-  void RunPairTest(int64_t generation, const proto::PairTest& test);
+  void RunPairTest(int64_t generation, const proto::PairTest& test) REQUIRES(command_mu_);
   // Before a registration that is no resume: the node's health check.
   void CheckHealth();
   double CommSlowFactor(const std::string& fault_id) const;
@@ -176,38 +176,38 @@ class Agent {
   Clock* const clock_;
   Transport* const transport_;
   ProcessLauncher* const launcher_;
-  std::mutex standby_mu_;
-  std::vector<Standby> standbys_;          // GUARDED_BY(standby_mu_)
-  std::vector<std::string> standby_argv_;  // GUARDED_BY(standby_mu_)
-  int standby_count_ = 0;                  // GUARDED_BY(standby_mu_)
-  bool refill_pending_ = false;            // GUARDED_BY(standby_mu_)
+  Mutex standby_mu_;
+  std::vector<Standby> standbys_ GUARDED_BY(standby_mu_);
+  std::vector<std::string> standby_argv_ GUARDED_BY(standby_mu_);
+  int standby_count_ GUARDED_BY(standby_mu_) = 0;
+  bool refill_pending_ GUARDED_BY(standby_mu_) = false;
   // Events go to the transport only while a stream is open, and into the
   // outage buffer while the agent reconnects.
   enum class Link { kNone, kOpen, kOutage };
-  std::mutex write_mu_;
-  Link link_ = Link::kNone;  // GUARDED_BY(write_mu_)
-  OutageBuffer outage_;      // GUARDED_BY(write_mu_)
+  Mutex write_mu_;
+  Link link_ GUARDED_BY(write_mu_) = Link::kNone;
+  OutageBuffer outage_ GUARDED_BY(write_mu_);
   std::atomic<int64_t> generation_{-1};
   // Where the kernel log stood when the generation started: its later
   // hardware records are this generation's evidence.
   std::atomic<uint64_t> kernel_mark_{0};
   // Held while a command is carried out, and by the shutdown on a signal.
-  std::mutex command_mu_;
-  bool signalled_ = false;       // GUARDED_BY(command_mu_): the shutdown on a signal ran
-  bool outlived_grace_ = false;  // GUARDED_BY(command_mu_): stopped for want of a controller
-  double grace_s_;               // GUARDED_BY(command_mu_): the last stop's grace
-  std::unique_ptr<WorkerGroup> workers_;  // GUARDED_BY(command_mu_)
-  std::unique_ptr<TierStore> tiers_;      // checkpoint memory (T0, T1) and persistence
+  Mutex command_mu_;
+  bool signalled_ GUARDED_BY(command_mu_) = false;       // the shutdown on a signal ran
+  bool outlived_grace_ GUARDED_BY(command_mu_) = false;  // stopped for want of a controller
+  double grace_s_ GUARDED_BY(command_mu_);               // the last stop's grace
+  std::unique_ptr<WorkerGroup> workers_ GUARDED_BY(command_mu_);
+  std::unique_ptr<TierStore> tiers_;  // checkpoint memory (T0, T1) and persistence
   // The pairwise test's listener; its fault (and the one this node's own
   // tests apply) follow an injected comm-fail / comm-slow of a local rank.
   std::unique_ptr<PairTestServer> pair_server_;
-  PairFault pair_fault_;  // GUARDED_BY(command_mu_)
-  HealthReport health_;   // the last health check (before each fresh registration)
-  mutable std::mutex faults_mu_;
-  std::map<std::string, double> comm_slow_factors_;  // GUARDED_BY(faults_mu_): fault id -> factor
+  PairFault pair_fault_ GUARDED_BY(command_mu_);
+  HealthReport health_;  // the last health check (before each fresh registration)
+  mutable Mutex faults_mu_;
+  std::map<std::string, double> comm_slow_factors_ GUARDED_BY(faults_mu_);  // fault id -> factor
   bool health_checked_ = false;
   // Injected memory corruption (tier, shard), applied once the workers stop.
-  std::vector<std::pair<checkpoint::Tier, int>> pending_corruption_;  // GUARDED_BY(command_mu_)
+  std::vector<std::pair<checkpoint::Tier, int>> pending_corruption_ GUARDED_BY(command_mu_);
   // The agent's variables that hold the job token (ENDURE_TOKEN among them):
   // removed from every worker's environment. Set before the first worker.
   std::vector<std::string> secret_variables_;
@@ -218,24 +218,24 @@ class Agent {
   int wake_fd_ = -1;  // an eventfd that ends the shutdown thread's wait at the end of Run()
 
   // Refused datagrams: counted, and logged at a rate limit.
-  std::mutex refusal_mu_;
-  int64_t refused_ = 0;         // GUARDED_BY(refusal_mu_)
-  LogRateLimiter refusal_log_;  // GUARDED_BY(refusal_mu_)
+  Mutex refusal_mu_;
+  int64_t refused_ GUARDED_BY(refusal_mu_) = 0;
+  LogRateLimiter refusal_log_ GUARDED_BY(refusal_mu_);
 
   // What the ranks of the current generation reported.
-  std::mutex reports_mu_;
+  Mutex reports_mu_;
   // This generation, its credential and its ranks on this node; the
   // generation is also what output lines and stack dumps are checked against.
-  DatagramGate gate_;                    // GUARDED_BY(reports_mu_)
-  std::optional<OutputReports> output_;  // GUARDED_BY(reports_mu_); with a pattern
-  std::map<int, int> stack_signals_;     // GUARDED_BY(reports_mu_); rank -> signal
-  std::map<int, int64_t> last_steps_;    // GUARDED_BY(reports_mu_); rank -> last step reported
-  // GUARDED_BY(reports_mu_): each local rank's last words in this generation
+  DatagramGate gate_ GUARDED_BY(reports_mu_);
+  std::optional<OutputReports> output_ GUARDED_BY(reports_mu_);  // with a pattern
+  std::map<int, int> stack_signals_ GUARDED_BY(reports_mu_);     // rank -> signal
+  std::map<int, int64_t> last_steps_ GUARDED_BY(reports_mu_);    // rank -> last step reported
+  // Each local rank's last words in this generation
   // (its log match and its exit), sent again after every resume: the
   // controller that hears them may be a new one, and the first copies may
   // have died with the old one in flight. Repeated, they change nothing.
-  std::map<int, std::vector<proto::AgentEvent>> last_words_;
-  Clock::TimePoint started_;  // GUARDED_BY(reports_mu_)
+  std::map<int, std::vector<proto::AgentEvent>> last_words_ GUARDED_BY(reports_mu_);
+  Clock::TimePoint started_ GUARDED_BY(reports_mu_);
 };
 
 }  // namespace endure::agent

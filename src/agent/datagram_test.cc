@@ -285,7 +285,7 @@ TEST(ParseDatagram, ASnapshotPathMustBeOneOfTheSendersOwnSlots) {
   const std::string refused[] = {
       "/etc/passwd",
       t0 + "/../../../etc/passwd",
-      checkpoint::SlotPath(t0, 0, 0),  // another rank's slot
+      checkpoint::SlotPath(t0, 0, 0),                     // another rank's slot
       checkpoint::SlotPath(t0, 1, checkpoint::kT0Slots),  // no such slot
       t0,
       "rank-1.slot-0",

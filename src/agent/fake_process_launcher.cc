@@ -18,7 +18,7 @@ class FakeProcessLauncher::Group : public WorkerGroup {
 
   ~Group() override {
     {
-      std::lock_guard<std::mutex> lock(launcher_->groups_mu_);
+      MutexLock lock(&launcher_->groups_mu_);
       std::erase(launcher_->live_groups_, this);
     }
     // Like WorkerSet's destructor: what is left is killed, and its exits reported.
@@ -31,7 +31,7 @@ class FakeProcessLauncher::Group : public WorkerGroup {
 
   void StopAll(std::chrono::milliseconds grace) override {
     {
-      std::lock_guard<std::mutex> lock(launcher_->mu_);
+      MutexLock lock(&launcher_->mu_);
       launcher_->stops_.push_back(grace);
     }
     if (launcher_->clock_ != nullptr) launcher_->clock_->Advance(grace);
@@ -40,20 +40,20 @@ class FakeProcessLauncher::Group : public WorkerGroup {
 
   void KillAll() override {
     {
-      std::lock_guard<std::mutex> lock(launcher_->mu_);
+      MutexLock lock(&launcher_->mu_);
       ++launcher_->kill_alls_;
     }
     // The node is dying: nothing is reported.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     live_.clear();
   }
 
   bool Signal(int rank, int sig) override {
     {
-      std::lock_guard<std::mutex> lock(launcher_->mu_);
+      MutexLock lock(&launcher_->mu_);
       launcher_->signals_.emplace_back(rank, sig);
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return live_.count(rank) > 0;
   }
 
@@ -63,14 +63,14 @@ class FakeProcessLauncher::Group : public WorkerGroup {
     std::map<int, std::string> texts;
     Duration takes{0};
     {
-      std::lock_guard<std::mutex> lock(launcher_->mu_);
+      MutexLock lock(&launcher_->mu_);
       launcher_->stack_requests_.push_back(stack_signals);
       texts = launcher_->stack_texts_;
       takes = launcher_->stacks_take_;
     }
     if (launcher_->clock_ != nullptr) launcher_->clock_->Advance(takes);
     std::map<int, std::string> out;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const auto& [rank, pid] : live_) {
       auto it = texts.find(rank);
       out[rank] = it != texts.end() ? it->second : "stacks of rank " + std::to_string(rank);
@@ -79,12 +79,12 @@ class FakeProcessLauncher::Group : public WorkerGroup {
   }
 
   std::map<int, pid_t> Pids() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return live_;
   }
 
   bool Rejoin(int rank, int new_rank) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = live_.find(rank);
     if (it == live_.end()) return false;
     const pid_t pid = it->second;
@@ -96,7 +96,7 @@ class FakeProcessLauncher::Group : public WorkerGroup {
   // The test's side (FakeProcessLauncher::Exit and Print).
   bool Exit(int rank, ExitStatus status, std::string tail) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (live_.erase(rank) == 0) return false;
     }
     on_exit_(WorkerEnd{rank, status, std::move(tail)});
@@ -105,7 +105,7 @@ class FakeProcessLauncher::Group : public WorkerGroup {
 
   bool Print(int rank, std::string_view line) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (live_.count(rank) == 0 || !on_line_) return false;
     }
     on_line_(rank, line);
@@ -116,12 +116,12 @@ class FakeProcessLauncher::Group : public WorkerGroup {
   Status Add(const WorkerSpec& spec, const std::string& standby_tag) {
     pid_t pid = 0;
     {
-      std::lock_guard<std::mutex> lock(launcher_->mu_);
+      MutexLock lock(&launcher_->mu_);
       if (!launcher_->start_status_.ok()) return launcher_->start_status_;
       launcher_->launches_.push_back(Launch{index_, spec, standby_tag});
       pid = launcher_->next_pid_++;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     live_[spec.rank] = pid;
     return Status::Ok();
   }
@@ -130,7 +130,7 @@ class FakeProcessLauncher::Group : public WorkerGroup {
   void EndAll(ExitStatus status) {
     std::map<int, pid_t> ending;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ending.swap(live_);
     }
     for (const auto& [rank, pid] : ending) on_exit_(WorkerEnd{rank, status, ""});
@@ -140,75 +140,75 @@ class FakeProcessLauncher::Group : public WorkerGroup {
   const int index_;
   const ExitObserver on_exit_;
   const WorkerSet::LineObserver on_line_;
-  mutable std::mutex mu_;
-  std::map<int, pid_t> live_;  // GUARDED_BY(mu_): rank -> fake pid
+  mutable Mutex mu_;
+  std::map<int, pid_t> live_ GUARDED_BY(mu_);  // rank -> fake pid
 };
 
 void FakeProcessLauncher::FailStarts(Status status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   start_status_ = std::move(status);
 }
 
 void FakeProcessLauncher::SetStacks(std::map<int, std::string> texts, Duration takes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   stack_texts_ = std::move(texts);
   stacks_take_ = takes;
 }
 
 bool FakeProcessLauncher::Exit(int rank, ExitStatus status, std::string tail) {
-  std::lock_guard<std::mutex> lock(groups_mu_);
+  MutexLock lock(&groups_mu_);
   if (live_groups_.empty()) return false;
   return live_groups_.back()->Exit(rank, status, std::move(tail));
 }
 
 bool FakeProcessLauncher::Print(int rank, std::string_view line) {
-  std::lock_guard<std::mutex> lock(groups_mu_);
+  MutexLock lock(&groups_mu_);
   if (live_groups_.empty()) return false;
   return live_groups_.back()->Print(rank, line);
 }
 
 std::vector<FakeProcessLauncher::Launch> FakeProcessLauncher::launches() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return launches_;
 }
 
 int FakeProcessLauncher::groups() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return groups_made_;
 }
 
 std::vector<std::chrono::milliseconds> FakeProcessLauncher::stops() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return stops_;
 }
 
 std::vector<std::pair<int, int>> FakeProcessLauncher::signals() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return signals_;
 }
 
 int FakeProcessLauncher::kill_alls() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return kill_alls_;
 }
 
 std::vector<std::map<int, int>> FakeProcessLauncher::stack_requests() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return stack_requests_;
 }
 
 std::vector<FakeProcessLauncher::StandbyStart> FakeProcessLauncher::standbys_started() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return standbys_started_;
 }
 
 std::vector<std::string> FakeProcessLauncher::standbys_discarded() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return standbys_discarded_;
 }
 
 bool FakeProcessLauncher::agent_killed() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return agent_killed_;
 }
 
@@ -216,11 +216,11 @@ std::unique_ptr<WorkerGroup> FakeProcessLauncher::NewGroup(ExitObserver on_exit,
                                                            WorkerSet::LineObserver on_line) {
   int index = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     index = groups_made_++;
   }
   auto group = std::make_unique<Group>(this, index, std::move(on_exit), std::move(on_line));
-  std::lock_guard<std::mutex> lock(groups_mu_);
+  MutexLock lock(&groups_mu_);
   live_groups_.push_back(group.get());
   return group;
 }
@@ -229,7 +229,7 @@ Result<Standby> FakeProcessLauncher::StartStandby(
     const std::vector<std::string>& argv,
     const std::vector<std::pair<std::string, std::string>>& env,
     const std::vector<std::string>& unset_env) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Standby s;
   s.argv = argv;
   s.tag = "standby-" + std::to_string(standbys_started_.size());
@@ -238,12 +238,12 @@ Result<Standby> FakeProcessLauncher::StartStandby(
 }
 
 void FakeProcessLauncher::DiscardStandby(Standby& standby) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   standbys_discarded_.push_back(standby.tag);
 }
 
 void FakeProcessLauncher::KillAgent() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   agent_killed_ = true;
 }
 

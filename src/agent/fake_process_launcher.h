@@ -13,7 +13,6 @@
 #include <chrono>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -23,6 +22,7 @@
 
 #include "agent/process_launcher.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 
 namespace endure::agent {
 
@@ -84,26 +84,26 @@ class FakeProcessLauncher : public ProcessLauncher {
   friend class Group;
 
   FakeClock* const clock_;
-  mutable std::mutex mu_;               // the records below; never held while the agent is called
-  Status start_status_ = Status::Ok();  // GUARDED_BY(mu_)
-  std::map<int, std::string> stack_texts_;          // GUARDED_BY(mu_)
-  Duration stacks_take_{0};                         // GUARDED_BY(mu_)
-  std::vector<Launch> launches_;                    // GUARDED_BY(mu_)
-  int groups_made_ = 0;                             // GUARDED_BY(mu_)
-  pid_t next_pid_ = 1000;                           // GUARDED_BY(mu_)
-  std::vector<std::chrono::milliseconds> stops_;    // GUARDED_BY(mu_)
-  std::vector<std::pair<int, int>> signals_;        // GUARDED_BY(mu_)
-  int kill_alls_ = 0;                               // GUARDED_BY(mu_)
-  std::vector<std::map<int, int>> stack_requests_;  // GUARDED_BY(mu_)
-  std::vector<StandbyStart> standbys_started_;      // GUARDED_BY(mu_)
-  std::vector<std::string> standbys_discarded_;     // GUARDED_BY(mu_)
-  bool agent_killed_ = false;                       // GUARDED_BY(mu_)
+  mutable Mutex mu_;  // the records below; never held while the agent is called
+  Status start_status_ GUARDED_BY(mu_) = Status::Ok();
+  std::map<int, std::string> stack_texts_ GUARDED_BY(mu_);
+  Duration stacks_take_ GUARDED_BY(mu_) = Duration(0);
+  std::vector<Launch> launches_ GUARDED_BY(mu_);
+  int groups_made_ GUARDED_BY(mu_) = 0;
+  pid_t next_pid_ GUARDED_BY(mu_) = 1000;
+  std::vector<std::chrono::milliseconds> stops_ GUARDED_BY(mu_);
+  std::vector<std::pair<int, int>> signals_ GUARDED_BY(mu_);
+  int kill_alls_ GUARDED_BY(mu_) = 0;
+  std::vector<std::map<int, int>> stack_requests_ GUARDED_BY(mu_);
+  std::vector<StandbyStart> standbys_started_ GUARDED_BY(mu_);
+  std::vector<std::string> standbys_discarded_ GUARDED_BY(mu_);
+  bool agent_killed_ GUARDED_BY(mu_) = false;
 
   // The groups alive, oldest first. Held while a test's Exit or Print runs
   // the agent's callback, so that the group is not destroyed under it (the
   // agent's callbacks never call the launcher's group functions).
-  mutable std::mutex groups_mu_;
-  std::vector<Group*> live_groups_;  // GUARDED_BY(groups_mu_)
+  mutable Mutex groups_mu_;
+  std::vector<Group*> live_groups_ GUARDED_BY(groups_mu_);
 };
 
 }  // namespace endure::agent

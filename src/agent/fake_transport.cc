@@ -4,45 +4,45 @@
 namespace endure::agent {
 
 void FakeTransport::FailAttach(Status status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   attach_ = std::move(status);
 }
 
 void FakeTransport::Push(proto::AgentCommand command) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     queue_.push_back(std::move(command));
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 void FakeTransport::Close(Status end) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     closed_ = true;
     close_status_ = std::move(end);
     reopen_ = false;  // for the stream open now, or else the next one
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 void FakeTransport::Break() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     broken_ = true;
     queue_.clear();
     reopen_ = false;  // for the stream open now, or else the next one
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 std::vector<proto::AgentEvent> FakeTransport::events() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return events_;
 }
 
 std::vector<proto::AgentEvent> FakeTransport::EventsWhere(const EventMatch& match) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<proto::AgentEvent> out;
   for (const proto::AgentEvent& e : events_) {
     if (match(e)) out.push_back(e);
@@ -53,8 +53,8 @@ std::vector<proto::AgentEvent> FakeTransport::EventsWhere(const EventMatch& matc
 std::vector<proto::AgentEvent> FakeTransport::WaitForEvents(
     const EventMatch& match, size_t count, std::chrono::milliseconds timeout) const {
   std::vector<proto::AgentEvent> out;
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout, [&] {
+  MutexLock lock(&mu_);
+  cv_.WaitFor(lock, timeout, [&]() REQUIRES(mu_) {
     out.clear();
     for (const proto::AgentEvent& e : events_) {
       if (match(e)) out.push_back(e);
@@ -72,44 +72,45 @@ std::optional<proto::AgentEvent> FakeTransport::WaitForEvent(
 }
 
 bool FakeTransport::WaitUntilIdle(std::chrono::milliseconds timeout) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return (queue_.empty() && reading_) || EndedLocked(); });
+  MutexLock lock(&mu_);
+  return cv_.WaitFor(lock, timeout,
+                     [&]() REQUIRES(mu_) { return (queue_.empty() && reading_) || EndedLocked(); });
 }
 
 int FakeTransport::attaches() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return attaches_;
 }
 
 int FakeTransport::attach_attempts() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return attach_attempts_;
 }
 
 bool FakeTransport::WaitForAttaches(int count, std::chrono::milliseconds timeout) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return attaches_ >= count; });
+  MutexLock lock(&mu_);
+  return cv_.WaitFor(lock, timeout, [&]() REQUIRES(mu_) { return attaches_ >= count; });
 }
 
 bool FakeTransport::cancelled() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return cancelled_;
 }
 
 bool FakeTransport::writes_closed() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return writes_closed_;
 }
 
 bool FakeTransport::finished() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return finished_;
 }
 
 Status FakeTransport::Attach(const std::function<bool()>& give_up) {
   (void)give_up;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++attach_attempts_;
     ENDURE_CHECK(!open_);  // the agent finishes a stream before it opens the next
     if (cancelled_) return Unavailable("cancelled");
@@ -123,25 +124,26 @@ Status FakeTransport::Attach(const std::function<bool()>& give_up) {
       close_status_ = Status::Ok();
     }
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   return Status::Ok();
 }
 
 bool FakeTransport::Send(const proto::AgentEvent& event) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (broken_ || cancelled_ || writes_closed_) return false;
     events_.push_back(event);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   return true;
 }
 
 bool FakeTransport::Read(proto::AgentCommand* command) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   reading_ = true;
-  cv_.notify_all();
-  cv_.wait(lock, [&] { return broken_ || cancelled_ || !queue_.empty() || closed_; });
+  cv_.NotifyAll();
+  cv_.Wait(lock,
+           [&]() REQUIRES(mu_) { return broken_ || cancelled_ || !queue_.empty() || closed_; });
   reading_ = false;
   if (broken_ || cancelled_ || queue_.empty()) return false;
   *command = std::move(queue_.front());
@@ -151,19 +153,19 @@ bool FakeTransport::Read(proto::AgentCommand* command) {
 
 void FakeTransport::Cancel() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     cancelled_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 void FakeTransport::CloseWrites() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   writes_closed_ = true;
 }
 
 Status FakeTransport::Finish() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   finished_ = true;
   open_ = false;
   reopen_ = true;

@@ -8,14 +8,13 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "agent/transport.h"
+#include "common/mutex.h"
 
 namespace endure::agent {
 
@@ -78,22 +77,22 @@ class FakeTransport : public Transport {
  private:
   bool EndedLocked() const { return closed_ || broken_ || cancelled_; }
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  Status attach_ = Status::Ok();           // GUARDED_BY(mu_)
-  std::deque<proto::AgentCommand> queue_;  // GUARDED_BY(mu_)
-  std::vector<proto::AgentEvent> events_;  // GUARDED_BY(mu_)
-  bool reading_ = false;                   // GUARDED_BY(mu_): Read() waits with nothing to hand
-  bool closed_ = false;                    // GUARDED_BY(mu_); the current stream
-  Status close_status_ = Status::Ok();     // GUARDED_BY(mu_)
-  bool broken_ = false;                    // GUARDED_BY(mu_); the current stream
-  bool cancelled_ = false;                 // GUARDED_BY(mu_); for good
-  bool writes_closed_ = false;             // GUARDED_BY(mu_); of the current stream
-  bool finished_ = false;                  // GUARDED_BY(mu_); the current stream
-  bool open_ = false;                      // GUARDED_BY(mu_): attached and not yet finished
-  bool reopen_ = false;      // GUARDED_BY(mu_): the next Attach starts a stream afresh
-  int attaches_ = 0;         // GUARDED_BY(mu_)
-  int attach_attempts_ = 0;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  mutable CondVar cv_;
+  Status attach_ GUARDED_BY(mu_) = Status::Ok();
+  std::deque<proto::AgentCommand> queue_ GUARDED_BY(mu_);
+  std::vector<proto::AgentEvent> events_ GUARDED_BY(mu_);
+  bool reading_ GUARDED_BY(mu_) = false;  // Read() waits with nothing to hand
+  bool closed_ GUARDED_BY(mu_) = false;   // the current stream
+  Status close_status_ GUARDED_BY(mu_) = Status::Ok();
+  bool broken_ GUARDED_BY(mu_) = false;         // the current stream
+  bool cancelled_ GUARDED_BY(mu_) = false;      // for good
+  bool writes_closed_ GUARDED_BY(mu_) = false;  // of the current stream
+  bool finished_ GUARDED_BY(mu_) = false;       // the current stream
+  bool open_ GUARDED_BY(mu_) = false;           // attached and not yet finished
+  bool reopen_ GUARDED_BY(mu_) = false;         // the next Attach starts a stream afresh
+  int attaches_ GUARDED_BY(mu_) = 0;
+  int attach_attempts_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace endure::agent

@@ -5,9 +5,9 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <thread>
 
+#include "common/mutex.h"
 #include "proto/endure.grpc.pb.h"
 
 namespace endure::agent {
@@ -96,7 +96,7 @@ class GrpcTransport : public Transport {
       }
     }
     if (!channel) return Unavailable("cannot reach the controller at " + o_.controller);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (cancelled_) return Unavailable("cancelled");
     // The previous call is finished (the agent's order of calls): its
     // stream goes before the context it runs in.
@@ -113,7 +113,7 @@ class GrpcTransport : public Transport {
   bool Read(proto::AgentCommand* command) override { return stream_ && stream_->Read(command); }
 
   void Cancel() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     cancelled_ = true;
     if (context_) context_->TryCancel();
   }
@@ -140,7 +140,7 @@ class GrpcTransport : public Transport {
   std::atomic<bool> cancelled_{false};
   // Replaced by Attach (under mu_, so that Cancel() finds the current call);
   // Send, Read, CloseWrites and Finish use them between two Attach calls.
-  std::mutex mu_;
+  Mutex mu_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::Controller::Stub> stub_;
   std::unique_ptr<grpc::ClientContext> context_;

@@ -74,13 +74,13 @@ void KernelLog::ReadLocked() {
 }
 
 uint64_t KernelLog::Mark() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ReadLocked();
   return count_;
 }
 
 std::string KernelLog::After(uint64_t mark, size_t max_lines) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ReadLocked();
   size_t first = kept_.size();
   size_t taken = 0;

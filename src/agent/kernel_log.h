@@ -15,10 +15,10 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace endure::agent {
@@ -47,7 +47,7 @@ class KernelLog {
   explicit KernelLog(int fd) : fd_(fd) {}
   void ReadLocked();  // mu_ held
 
-  std::mutex mu_;
+  Mutex mu_;
   const int fd_;
   uint64_t count_ = 0;   // records read: marks count them
   std::string partial_;  // a regular file's line not yet complete

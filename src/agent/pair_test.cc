@@ -274,24 +274,24 @@ PairTestServer::~PairTestServer() {
 
 Status PairTestServer::set_fault(PairFault fault) {
   ENDURE_RETURN_IF_ERROR(fault.Validate());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   fault_ = fault;
   return Status::Ok();
 }
 
 PairFault PairTestServer::fault() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return fault_;
 }
 
 std::string PairTestServer::last_error() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return last_error_;
 }
 
 void PairTestServer::RecordError(const std::string& message) {
   ++errors_;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   last_error_ = message;
 }
 

@@ -37,11 +37,11 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "common/duration.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "common/tls.h"
 
@@ -142,10 +142,10 @@ class PairTestServer {
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> served_{0};
   std::atomic<int64_t> errors_{0};
-  mutable std::mutex mu_;
-  PairFault fault_;         // GUARDED_BY(mu_)
-  std::string last_error_;  // GUARDED_BY(mu_)
-  std::thread thread_;      // runs Serve(); started last, joined by the destructor
+  mutable Mutex mu_;
+  PairFault fault_ GUARDED_BY(mu_);
+  std::string last_error_ GUARDED_BY(mu_);
+  std::thread thread_;  // runs Serve(); started last, joined by the destructor
 };
 
 // The peer to test against, and how.

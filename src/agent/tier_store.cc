@@ -153,13 +153,11 @@ Result<std::unique_ptr<TierStore>> TierStore::Start(TierStoreOptions options,
   ENDURE_RETURN_IF_ERROR(env->CreateDirs(JoinPath(s->o_.shm_dir, "t0")));
   ENDURE_RETURN_IF_ERROR(env->CreateDirs(JoinPath(s->o_.shm_dir, "t1")));
   TierStore* self = s.get();
-  ENDURE_ASSIGN_OR_RETURN(s->server_,
-                          checkpoint::ReplicaServer::Start(
-                              s->o_.host, 0, s->o_.token, ReplicaLimit(TierConfig{}),
-                              [self](const checkpoint::ReplicaHeader& h) {
-                                return self->OpenReplica(h);
-                              },
-                              s->o_.tls));
+  ENDURE_ASSIGN_OR_RETURN(
+      s->server_,
+      checkpoint::ReplicaServer::Start(
+          s->o_.host, 0, s->o_.token, ReplicaLimit(TierConfig{}),
+          [self](const checkpoint::ReplicaHeader& h) { return self->OpenReplica(h); }, s->o_.tls));
   s->replicator_ = std::thread(&TierStore::ReplicateLoop, self);
   return s;
 }
@@ -167,10 +165,10 @@ Result<std::unique_ptr<TierStore>> TierStore::Start(TierStoreOptions options,
 TierStore::~TierStore() {
   CancelReplication();  // a send in flight ends now, so the join below is prompt
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (replicator_.joinable()) replicator_.join();
   server_.reset();
   if (cancel_fd_ >= 0) ::close(cancel_fd_);
@@ -179,7 +177,7 @@ TierStore::~TierStore() {
 
 void TierStore::CancelReplication() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     replication_cancelled_ = true;
   }
   // The eventfd stays readable from now on: every wait in SendReplica ends.
@@ -210,7 +208,7 @@ void TierStore::Configure(const TierConfig& config, int64_t discard_after) {
   // Frames that claim more than the budget are refused before their bytes come.
   if (server_) server_->set_max_bytes(ReplicaLimit(config));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     config_ = config;
     if (discard_after < 0) return;
     std::erase_if(persisted_, [&](const auto& p) { return p.second > discard_after; });
@@ -220,7 +218,7 @@ void TierStore::Configure(const TierConfig& config, int64_t discard_after) {
     if (f.ok() && (*f)->info().step > discard_after) (*f)->Invalidate();
   }
   // Not under mu_: OpenReplica takes t1_mu_, then mu_.
-  std::lock_guard<std::mutex> t1(t1_mu_);
+  MutexLock t1(&t1_mu_);
   for (const std::string& path : SnapshotPaths(JoinPath(o_.shm_dir, "t1"))) {
     Result<std::unique_ptr<SnapshotFile>> f = SnapshotFile::Open(path);
     if (!f.ok() || (*f)->info().step > discard_after)
@@ -229,13 +227,13 @@ void TierStore::Configure(const TierConfig& config, int64_t discard_after) {
 }
 
 TierConfig TierStore::config() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return config_;
 }
 
 void TierStore::Notify(SnapshotNotice notice) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // ReplicateLoop would skip all but the newest notice of a rank anyway.
     auto same = std::find_if(queue_.begin(), queue_.end(),
                              [&](const SnapshotNotice& q) { return q.rank == notice.rank; });
@@ -245,38 +243,39 @@ void TierStore::Notify(SnapshotNotice notice) {
       *same = std::move(notice);
     }
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 size_t TierStore::pending_notices() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return queue_.size();
 }
 
 void TierStore::Drain() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return (queue_.empty() && !busy_) || stop_; });
+  MutexLock lock(&mu_);
+  cv_.Wait(lock, [&]() REQUIRES(mu_) { return (queue_.empty() && !busy_) || stop_; });
 }
 
 bool TierStore::DrainUntil(std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_until(lock, deadline, [&] { return (queue_.empty() && !busy_) || stop_; });
+  MutexLock lock(&mu_);
+  return cv_.WaitUntil(lock, deadline,
+                       [&]() REQUIRES(mu_) { return (queue_.empty() && !busy_) || stop_; });
 }
 
 void TierStore::ReplicateLoop() {
   RunOnIdleCpu();
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (true) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    cv_.Wait(lock, [&]() REQUIRES(mu_) { return stop_ || !queue_.empty(); });
     if (stop_) return;
     SnapshotNotice n = std::move(queue_.front());
     queue_.pop_front();
     busy_ = true;
-    lock.unlock();
+    lock.Unlock();
     Replicate(n);
-    lock.lock();
+    lock.Lock();
     busy_ = false;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 }
 
@@ -308,14 +307,14 @@ void TierStore::Send(const checkpoint::SnapshotInfo& info, std::string_view payl
   TierConfig config;
   bool cancelled = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     config = config_;
     cancelled = replication_cancelled_;
   }
   if (!config.replica_peer.empty() && !cancelled) {
     checkpoint::ReplicaHeader h{o_.node, info.shard, info.shards, info.step, info.bytes, info.xxh3};
-    Status st = checkpoint::SendReplica(config.replica_peer, o_.token, h, payload,
-                                        kReplicaTimeout, cancel_fd_, o_.tls);
+    Status st = checkpoint::SendReplica(config.replica_peer, o_.token, h, payload, kReplicaTimeout,
+                                        cancel_fd_, o_.tls);
     if (!st.ok()) {
       std::fprintf(stderr, "endure agent %s: replica of step %lld shard %d to %s failed: %s\n",
                    o_.node.c_str(), static_cast<long long>(info.step), info.shard,
@@ -332,7 +331,7 @@ void TierStore::Persist(int shard, int shards, int64_t step, std::string_view pa
   std::string root;
   Env* env = Env::Default();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     root = config_.durable_dir;
     if (faulty_) env = faulty_.get();
   }
@@ -355,7 +354,7 @@ void TierStore::Persist(int shard, int shards, int64_t step, std::string_view pa
   if (!st.ok()) {
     report.error = st.message();
   } else {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     persisted_[shard] = std::max(persisted_[shard], step);
   }
   on_persist_(report);
@@ -376,7 +375,7 @@ void TierStore::PersistNewest(int rank) {
 bool TierStore::PersistSlot(SnapshotFile& file) {
   const checkpoint::SnapshotInfo info = file.info();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (config_.durable_dir.empty()) return false;
     auto it = persisted_.find(info.shard);
     if (it != persisted_.end() && it->second >= info.step) return false;
@@ -454,10 +453,10 @@ Result<std::unique_ptr<checkpoint::ReplicaTarget>> TierStore::OpenReplica(
   // Held while the slot is chosen and opened, not while the bytes arrive: a
   // rollback (Configure) does not wait for a transfer; a slot it removes
   // meanwhile takes the rest of the replica with it.
-  std::lock_guard<std::mutex> t1(t1_mu_);
+  MutexLock t1(&t1_mu_);
   uint64_t budget = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     budget = config_.memory_budget;
   }
   // Two slots per peer shard: the new replica replaces the older.
@@ -543,7 +542,7 @@ MemoryUsage TierStore::Usage() const {
 }
 
 void TierStore::FailPersistence(InjectedError error) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (config_.durable_dir.empty()) return;
   // The injected fault applies under the directory whether or not it exists
   // yet; the persist that follows reports any real error.

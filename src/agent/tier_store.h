@@ -25,11 +25,9 @@
 #include <sys/types.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -41,6 +39,7 @@
 #include "checkpoint/restore_plan.h"
 #include "checkpoint/snapshot_file.h"
 #include "common/fault_injection_env.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "common/tls.h"
 
@@ -174,17 +173,17 @@ class TierStore {
   OnPersist on_persist_;
   std::unique_ptr<checkpoint::ReplicaServer> server_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<SnapshotNotice> queue_;           // GUARDED_BY(mu_)
-  bool busy_ = false;                          // a notice taken up; GUARDED_BY(mu_)
-  bool stop_ = false;                          // GUARDED_BY(mu_)
-  TierConfig config_;                          // GUARDED_BY(mu_)
-  std::unique_ptr<FaultInjectionEnv> faulty_;  // GUARDED_BY(mu_); set once persistence is failed
-  std::map<int, int64_t> persisted_;           // shard -> newest step persisted; GUARDED_BY(mu_)
-  bool replication_cancelled_ = false;         // GUARDED_BY(mu_)
-  int cancel_fd_ = -1;                         // an eventfd, readable once replication is cancelled
-  std::mutex t1_mu_;                           // serialises T1 writes and evictions
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<SnapshotNotice> queue_ GUARDED_BY(mu_);
+  bool busy_ GUARDED_BY(mu_) = false;  // a notice taken up
+  bool stop_ GUARDED_BY(mu_) = false;
+  TierConfig config_ GUARDED_BY(mu_);
+  std::unique_ptr<FaultInjectionEnv> faulty_ GUARDED_BY(mu_);  // set once persistence is failed
+  std::map<int, int64_t> persisted_ GUARDED_BY(mu_);           // shard -> newest step persisted
+  bool replication_cancelled_ GUARDED_BY(mu_) = false;
+  int cancel_fd_ = -1;  // an eventfd, readable once replication is cancelled
+  Mutex t1_mu_;         // serialises T1 writes and evictions
   std::thread replicator_;
 };
 

@@ -8,15 +8,14 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <tuple>
 
 #include "common/hash.h"
+#include "common/mutex.h"
 
 namespace endure::agent {
 namespace {
@@ -52,7 +51,7 @@ class TierStoreTest : public ::testing::Test {
     o.shm_dir = (root_ / "shm" / ("endure-1-" + node)).string();
     o.token = kToken;
     auto s = TierStore::Start(o, [this](const PersistReport& r) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       reports_.push_back(r);
     });
     ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -71,8 +70,8 @@ class TierStoreTest : public ::testing::Test {
   }
 
   fs::path root_;
-  std::mutex mu_;
-  std::vector<PersistReport> reports_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::vector<PersistReport> reports_ GUARDED_BY(mu_);
   std::unique_ptr<TierStore> store_;
 };
 
@@ -149,7 +148,7 @@ TEST_F(TierStoreTest, AWorkerCannotPassItsSnapshotOffAsAnotherShard) {
   store_->Notify({0, 4, 2, path});
   store_->Drain();
   store_->PersistNewest(0);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   EXPECT_TRUE(reports_.empty());
   EXPECT_FALSE(fs::exists(root_ / "durable"));
 }
@@ -174,7 +173,7 @@ TEST_F(TierStoreTest, TheNewestStepEveryRankHoldsIsPersistedOnShutdown) {
   }
   EXPECT_EQ(store_->PersistNewestComplete({0, 1}, std::chrono::steady_clock::now() + 5s), 5);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ASSERT_EQ(reports_.size(), 2u);
     for (const PersistReport& r : reports_) {
       EXPECT_EQ(r.step, 5);
@@ -184,7 +183,7 @@ TEST_F(TierStoreTest, TheNewestStepEveryRankHoldsIsPersistedOnShutdown) {
   // Durable already: nothing more to do; a deadline already passed starts nothing.
   EXPECT_EQ(store_->PersistNewestComplete({0, 1}, std::chrono::steady_clock::now() + 5s), -1);
   EXPECT_EQ(store_->PersistNewestComplete({0, 1}, std::chrono::steady_clock::now() - 1s), -1);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   EXPECT_EQ(reports_.size(), 2u);
 }
 
@@ -249,9 +248,9 @@ TEST_F(TierStoreTest, ARollbackDoesNotDeadlockWithArrivingReplicas) {
   struct Shared {
     std::atomic<bool> stop{false};
     std::atomic<int> replicas{0};
-    std::mutex mu;
-    std::condition_variable cv;
-    bool configured = false;  // GUARDED_BY(mu)
+    Mutex mu;
+    CondVar cv;
+    bool configured GUARDED_BY(mu) = false;
   };
   auto shared = std::make_shared<Shared>();
   std::thread replicas([shared, peer = Peer()] {
@@ -270,14 +269,15 @@ TEST_F(TierStoreTest, ARollbackDoesNotDeadlockWithArrivingReplicas) {
       while (i == 0 && shared->replicas == 0 && !shared->stop) std::this_thread::yield();
       store->Configure(config, /*discard_after=*/100);
     }
-    std::lock_guard<std::mutex> lock(shared->mu);
+    MutexLock lock(&shared->mu);
     shared->configured = true;
-    shared->cv.notify_all();
+    shared->cv.NotifyAll();
   });
   bool configured = false;
   {
-    std::unique_lock<std::mutex> lock(shared->mu);
-    configured = shared->cv.wait_for(lock, 30s, [&] { return shared->configured; });
+    MutexLock lock(&shared->mu);
+    configured =
+        shared->cv.WaitFor(lock, 30s, [&]() REQUIRES(shared->mu) { return shared->configured; });
   }
   shared->stop = true;
   if (!configured) {

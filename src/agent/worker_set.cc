@@ -19,6 +19,7 @@
 
 #include "agent/progress_pattern.h"
 #include "common/secret.h"
+#include "common/worker_env.h"
 
 namespace endure::agent {
 namespace {
@@ -45,7 +46,9 @@ std::string NewTag() {
                       : std::to_string(Clock::now().time_since_epoch().count() & 0xffffffff));
 }
 
-std::string TagEntry(const std::string& tag) { return std::string(kWorkerTagVariable) + "=" + tag; }
+std::string TagEntry(const std::string& tag) {
+  return std::string(worker_env::kWorkerTag) + "=" + tag;
+}
 
 // A descriptor that turns readable when `pid` exits; -1 where the kernel
 // has no pidfd_open.
@@ -190,8 +193,8 @@ Result<Standby> StartStandby(const std::vector<std::string>& argv,
   ProcessSpec ps;
   ps.argv = argv;
   ps.env = env;
-  ps.env.emplace_back("ENDURE_STANDBY", "1");
-  ps.env.emplace_back(kWorkerTagVariable, tag);
+  ps.env.emplace_back(worker_env::kStandby, "1");
+  ps.env.emplace_back(worker_env::kWorkerTag, tag);
   ps.unset_env = unset_env;
   ps.input_fd = in[0];
   ps.output_fd = out[1];
@@ -258,7 +261,7 @@ Status WorkerSet::Adopt(Standby standby, const WorkerSpec& spec) {
 
 void WorkerSet::Add(const WorkerSpec& spec, Subprocess process, int out_fd,
                     const std::string& tag) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto w = std::make_unique<Worker>();
   w->rank = spec.rank;
   w->pid = process.pid();
@@ -276,7 +279,7 @@ Status WorkerSet::Start(const WorkerSpec& spec) {
   ProcessSpec ps;
   ps.argv = spec.argv;
   ps.env = spec.env;
-  ps.env.emplace_back(kWorkerTagVariable, tag);
+  ps.env.emplace_back(worker_env::kWorkerTag, tag);
   ps.unset_env = spec.unset_env;
   ps.output_fd = fds[1];
   ps.new_session = true;
@@ -329,7 +332,7 @@ void WorkerSet::Watch(Worker* worker, Subprocess process, int out_fd, std::strin
   const auto reap = [&] {
     worker->tree.Signal(SIGKILL);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&worker->mu);
       worker->reaped = true;
     }
     status = process.Wait();
@@ -378,7 +381,7 @@ void WorkerSet::Watch(Worker* worker, Subprocess process, int out_fd, std::strin
   end.status = *status;
   for (const std::string& line : tail) end.tail += line + "\n";
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&worker->mu);
     worker->done = true;
     end.stopped = worker->stopped;
   }
@@ -388,13 +391,13 @@ void WorkerSet::Watch(Worker* worker, Subprocess process, int out_fd, std::strin
 void WorkerSet::StopAll(std::chrono::milliseconds grace) {
   std::vector<std::unique_ptr<Worker>> workers;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     workers.swap(workers_);
   }
-  // Under mu_ so that the watcher cannot reap the worker (and free its pid)
-  // between the check and the signal.
+  // Under the worker's mu so that its watcher cannot reap it (and free its
+  // pid) between the check and the signal.
   const auto signal_tree = [&](Worker& w, int sig) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&w.mu);
     if (w.reaped) return;
     w.stopped = true;
     w.tree.Signal(sig);
@@ -405,7 +408,7 @@ void WorkerSet::StopAll(std::chrono::milliseconds grace) {
   for (auto& w : workers) {
     for (;;) {
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&w->mu);
         if (w->done) break;
       }
       if (Clock::now() >= deadline) {
@@ -421,8 +424,9 @@ void WorkerSet::StopAll(std::chrono::milliseconds grace) {
 }
 
 void WorkerSet::KillAll() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& w : workers_) {
+    MutexLock worker(&w->mu);
     if (w->reaped) continue;
     w->stopped = true;
     w->tree.Signal(SIGKILL);
@@ -430,8 +434,9 @@ void WorkerSet::KillAll() {
 }
 
 bool WorkerSet::Signal(int rank, int sig) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& w : workers_) {
+    MutexLock worker(&w->mu);
     if (w->rank == rank && !w->reaped) {
       ::kill(-w->pid, sig);
       return true;
@@ -441,8 +446,9 @@ bool WorkerSet::Signal(int rank, int sig) {
 }
 
 bool WorkerSet::Rejoin(int rank, int new_rank) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& w : workers_) {
+    MutexLock worker(&w->mu);
     if (w->rank == rank && !w->done) {
       w->rank = new_rank;
       ++w->tail_epoch;
@@ -453,9 +459,10 @@ bool WorkerSet::Rejoin(int rank, int new_rank) {
 }
 
 std::map<int, pid_t> WorkerSet::Pids() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::map<int, pid_t> out;
   for (const auto& w : workers_) {
+    MutexLock worker(&w->mu);
     if (!w->done) out[w->rank] = w->pid;
   }
   return out;
@@ -474,8 +481,9 @@ std::map<int, std::string> WorkerSet::CaptureStacks(std::chrono::milliseconds ti
   };
   std::vector<Target> targets;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const auto& w : workers_) {
+      MutexLock worker(&w->mu);
       if (w->done) continue;
       Target t{w->rank, w->pid, w->stacks_path};
       auto it = stack_signals.find(w->rank);

@@ -23,20 +23,18 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "common/subprocess.h"
 
 namespace endure::agent {
 
-// The environment variable that tags a worker and its descendants.
-inline constexpr char kWorkerTagVariable[] = "ENDURE_WORKER_TAG";
 // How long a worker's output is read after it exited, for what its
 // descendants still write, before its exit is reported regardless.
 inline constexpr std::chrono::milliseconds kDrainAfterExit{1000};
@@ -154,9 +152,13 @@ class WorkerSet {
     ProcessTree tree;  // its group, session and tagged descendants
     std::string stacks_path;
     std::thread watcher;
-    bool reaped = false;   // GUARDED_BY(mu_); its pid may be reused from now on
-    bool done = false;     // GUARDED_BY(mu_); its exit was reported
-    bool stopped = false;  // GUARDED_BY(mu_); StopAll or KillAll signalled it alive
+    // Its watcher and the set's callers meet here: held from a check of
+    // `reaped` to the signal it allows, so that the pid is not reused in
+    // between. Taken after the set's mu_ where both are held.
+    Mutex mu;
+    bool reaped GUARDED_BY(mu) = false;   // its pid may be reused from now on
+    bool done GUARDED_BY(mu) = false;     // its exit was reported
+    bool stopped GUARDED_BY(mu) = false;  // StopAll or KillAll signalled it alive
   };
   void Watch(Worker* worker, Subprocess process, int out_fd, std::string log_path);
   // Takes a started worker (its process, the read end of its output, its
@@ -165,8 +167,8 @@ class WorkerSet {
 
   std::function<void(const WorkerEnd&)> on_exit_;
   LineObserver on_line_;
-  mutable std::mutex mu_;
-  std::vector<std::unique_ptr<Worker>> workers_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::vector<std::unique_ptr<Worker>> workers_ GUARDED_BY(mu_);
 };
 
 }  // namespace endure::agent

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "common/subprocess.h"
+#include "common/worker_env.h"
 
 namespace endure::agent {
 namespace {
@@ -220,7 +221,7 @@ TEST_F(WorkerSetTest, AWorkerDoesNotSeeTheVariablesItMustNot) {
   const std::string env = exits.At(0).tail;
   EXPECT_EQ(env.find("the-job-token"), std::string::npos) << env;
   EXPECT_NE(env.find("ENDURE_TOKEN=generation-credential"), std::string::npos) << env;
-  EXPECT_NE(env.find(std::string(kWorkerTagVariable) + "="), std::string::npos) << env;
+  EXPECT_NE(env.find(std::string(worker_env::kWorkerTag) + "="), std::string::npos) << env;
 }
 
 }  // namespace

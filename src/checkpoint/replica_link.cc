@@ -260,8 +260,8 @@ ReplicaServer::ReplicaServer(int listen_fd, int stop_fd, int port, std::string t
 
 ReplicaServer::Sink ReplicaServer::WholePayloads(
     std::function<void(const ReplicaHeader&, std::string payload)> keep) {
-  auto shared = std::make_shared<std::function<void(const ReplicaHeader&, std::string)>>(
-      std::move(keep));
+  auto shared =
+      std::make_shared<std::function<void(const ReplicaHeader&, std::string)>>(std::move(keep));
   return [shared](const ReplicaHeader& h) -> Result<std::unique_ptr<ReplicaTarget>> {
     return std::unique_ptr<ReplicaTarget>(new StringTarget(h, shared));
   };
@@ -281,13 +281,13 @@ void ReplicaServer::set_max_bytes(uint64_t max_bytes) {
 }
 
 std::string ReplicaServer::last_error() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return last_error_;
 }
 
 void ReplicaServer::RecordError(const std::string& message) {
   ++errors_;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   last_error_ = message;
 }
 

@@ -25,12 +25,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 
 #include "common/duration.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "common/tls.h"
 
@@ -157,13 +157,13 @@ class ReplicaServer {
   std::atomic<uint64_t> max_bytes_;
   const Sink sink_;
   const std::shared_ptr<const tls::Context> tls_;  // null: plain TCP
-  std::unique_ptr<char[]> chunk_;                  // the payload passes through it, a chunk at a time
+  std::unique_ptr<char[]> chunk_;  // the payload passes through it, a chunk at a time
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> received_{0};
   std::atomic<int64_t> errors_{0};
-  mutable std::mutex mu_;
-  std::string last_error_;  // GUARDED_BY(mu_)
-  std::thread thread_;      // runs Serve(); started last, joined by the destructor
+  mutable Mutex mu_;
+  std::string last_error_ GUARDED_BY(mu_);
+  std::thread thread_;  // runs Serve(); started last, joined by the destructor
 };
 
 // Sends one replica to "host:port" ("[v6addr]:port" also works) and waits for

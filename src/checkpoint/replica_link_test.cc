@@ -17,13 +17,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "common/hash.h"
+#include "common/mutex.h"
 #include "common/subprocess.h"
 #include "common/tls.h"
 
@@ -143,7 +143,7 @@ class ReplicaLinkTest : public ::testing::Test {
     auto server = ReplicaServer::Start(
         "127.0.0.1", 0, kToken, max_bytes,
         ReplicaServer::WholePayloads([this](const ReplicaHeader& h, std::string payload) {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(&mu_);
           deliveries_.push_back({h, std::move(payload)});
         }),
         std::move(tls));
@@ -154,7 +154,7 @@ class ReplicaLinkTest : public ::testing::Test {
   std::string Address() const { return "127.0.0.1:" + std::to_string(server_->port()); }
 
   size_t DeliveryCount() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return deliveries_.size();
   }
 
@@ -166,7 +166,7 @@ class ReplicaLinkTest : public ::testing::Test {
     const Status st = SendReplica(Address(), kToken, h, payload, kTimeout, -1, std::move(tls));
     ASSERT_TRUE(st.ok()) << st.ToString();
     // SendReplica returns after the acknowledgement, which follows the sink.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ASSERT_EQ(deliveries_.size(), before + 1);
     const Delivery& d = deliveries_.back();
     EXPECT_EQ(d.header.node, "node1");
@@ -179,8 +179,8 @@ class ReplicaLinkTest : public ::testing::Test {
     EXPECT_TRUE(d.payload == payload) << "payload bytes differ";
   }
 
-  std::mutex mu_;
-  std::vector<Delivery> deliveries_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::vector<Delivery> deliveries_ GUARDED_BY(mu_);
   // Declared last so that it is destroyed first, while the sink's state lives.
   std::unique_ptr<ReplicaServer> server_;
 };
@@ -487,7 +487,7 @@ TEST_F(ReplicaLinkTest, AClaimedSizeIsNeitherAllocatedNorZeroFilledBeforeItsByte
 
 // A target that records what it was given and whether it was committed.
 struct Recorded {
-  std::mutex mu;
+  Mutex mu;
   std::string bytes;
   int writes = 0;
   int commits = 0;
@@ -498,17 +498,17 @@ class RecordingTarget : public ReplicaTarget {
  public:
   explicit RecordingTarget(Recorded* r) : r_(r) {}
   ~RecordingTarget() override {
-    std::lock_guard<std::mutex> lock(r_->mu);
+    MutexLock lock(&r_->mu);
     if (!committed_) ++r_->dropped;
   }
   Status Write(std::string_view chunk) override {
-    std::lock_guard<std::mutex> lock(r_->mu);
+    MutexLock lock(&r_->mu);
     r_->bytes.append(chunk);
     ++r_->writes;
     return Status::Ok();
   }
   Status Commit() override {
-    std::lock_guard<std::mutex> lock(r_->mu);
+    MutexLock lock(&r_->mu);
     committed_ = true;
     ++r_->commits;
     return Status::Ok();
@@ -521,18 +521,18 @@ class RecordingTarget : public ReplicaTarget {
 
 TEST(ReplicaLink, APayloadStreamsIntoItsTargetInChunksAndIsCommittedOnlyWhenItsChecksumMatches) {
   Recorded recorded;
-  auto server = ReplicaServer::Start(
-      "127.0.0.1", 0, kToken, 64 << 20,
-      [&](const ReplicaHeader&) -> Result<std::unique_ptr<ReplicaTarget>> {
-        return std::unique_ptr<ReplicaTarget>(new RecordingTarget(&recorded));
-      });
+  auto server =
+      ReplicaServer::Start("127.0.0.1", 0, kToken, 64 << 20,
+                           [&](const ReplicaHeader&) -> Result<std::unique_ptr<ReplicaTarget>> {
+                             return std::unique_ptr<ReplicaTarget>(new RecordingTarget(&recorded));
+                           });
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
   std::string payload(5 << 20, '\0');
   for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 7 + i / 4096);
   ASSERT_TRUE(SendReplica(address, kToken, HeaderFor(payload), payload, kTimeout).ok());
   {
-    std::lock_guard<std::mutex> lock(recorded.mu);
+    MutexLock lock(&recorded.mu);
     EXPECT_TRUE(recorded.bytes == payload);
     EXPECT_GT(recorded.writes, 1) << "the payload came in one piece, not streamed";
     EXPECT_EQ(recorded.commits, 1);
@@ -542,25 +542,24 @@ TEST(ReplicaLink, APayloadStreamsIntoItsTargetInChunksAndIsCommittedOnlyWhenItsC
   ReplicaHeader wrong = HeaderFor(payload);
   wrong.xxh3 ^= 1;
   EXPECT_EQ(SendReplica(address, kToken, wrong, payload, kTimeout).code(), StatusCode::kDataLoss);
-  std::lock_guard<std::mutex> lock(recorded.mu);
+  MutexLock lock(&recorded.mu);
   EXPECT_EQ(recorded.commits, 1);
   EXPECT_EQ(recorded.dropped, 1);
 }
 
 TEST(ReplicaLink, ASinkThatRefusesAReplicaIsHeardByTheSenderBeforeThePayloadIsSent) {
-  auto server = ReplicaServer::Start(
-      "127.0.0.1", 0, kToken, 64 << 20,
-      [](const ReplicaHeader& h) -> Result<std::unique_ptr<ReplicaTarget>> {
-        return Unavailable("replica of " + std::to_string(h.bytes) +
-                                 " bytes would exceed the memory budget");
-      });
+  auto server =
+      ReplicaServer::Start("127.0.0.1", 0, kToken, 64 << 20,
+                           [](const ReplicaHeader& h) -> Result<std::unique_ptr<ReplicaTarget>> {
+                             return Unavailable("replica of " + std::to_string(h.bytes) +
+                                                " bytes would exceed the memory budget");
+                           });
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
   const std::string payload(1 << 20, 'x');
   const Status st = SendReplica(address, kToken, HeaderFor(payload), payload, kTimeout);
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
-  EXPECT_NE(st.message().find("would exceed the memory budget"), std::string::npos)
-      << st.message();
+  EXPECT_NE(st.message().find("would exceed the memory budget"), std::string::npos) << st.message();
   EXPECT_EQ((*server)->received(), 0);
 }
 

@@ -16,13 +16,11 @@
 #include <bit>
 #include <cerrno>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -35,6 +33,8 @@
 #include "common/duration.h"
 #include "common/env.h"
 #include "common/hash.h"
+#include "common/mutex.h"
+#include "common/worker_env.h"
 #include "core/loss_anomaly_detector.h"
 #include "faults/fault.h"
 
@@ -185,9 +185,9 @@ struct Session::Impl {
   int fd = -1;
   std::atomic<int64_t> dropped{0};
   std::atomic<int64_t> steps_done{-1};  // for heartbeats
-  std::mutex mu;
-  std::condition_variable stop_cv;
-  bool stop = false;  // guarded by mu
+  Mutex mu;
+  CondVar stop_cv;
+  bool stop GUARDED_BY(mu) = false;
   std::thread heartbeat;
 };
 
@@ -198,7 +198,7 @@ std::optional<std::chrono::steady_clock::time_point> g_assigned_at;
 }  // namespace
 
 void AwaitStandbyAssignment() {
-  const char* standby = std::getenv("ENDURE_STANDBY");
+  const char* standby = std::getenv(worker_env::kStandby);
   if (standby == nullptr || std::string(standby) != "1") return;
   std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
   if (text.empty()) std::exit(0);  // discarded before it was needed
@@ -208,7 +208,7 @@ void AwaitStandbyAssignment() {
     if (eq == std::string::npos || eq == 0) continue;
     ::setenv(line.substr(0, eq).c_str(), line.substr(eq + 1).c_str(), 1);
   }
-  ::unsetenv("ENDURE_STANDBY");
+  ::unsetenv(worker_env::kStandby);
   g_assigned_at = std::chrono::steady_clock::now();
 }
 
@@ -259,7 +259,7 @@ Result<std::string> ReadPlanFile(const std::string& path) {
                            "': not a regular file of at most 64 MiB");
   }
   Result<std::string> text = Env::Default()->ReadFile(path);
-  if (!text.ok()) return text.status().WithContext("ENDURE_RESTORE_PLAN_FILE");
+  if (!text.ok()) return text.status().WithContext(worker_env::kRestorePlanFile);
   return text;
 }
 
@@ -296,33 +296,33 @@ Result<std::unique_ptr<Session>> Session::FromEnvironment(const EnvLookup& looku
                             ParseInteger("RANK", *v, 0, INT32_MAX, "expected an integer >= 0"));
     s->rank = static_cast<int>(rank);
   }
-  if (auto v = get_set("ENDURE_GENERATION")) {
-    ENDURE_ASSIGN_OR_RETURN(s->generation, ParseInteger("ENDURE_GENERATION", *v, 0, INT64_MAX,
+  if (auto v = get_set(worker_env::kGeneration)) {
+    ENDURE_ASSIGN_OR_RETURN(s->generation, ParseInteger(worker_env::kGeneration, *v, 0, INT64_MAX,
                                                         "expected an integer >= 0"));
   }
-  if (auto v = get_set("ENDURE_CKPT_DIR")) s->checkpoint_dir = *v;
-  if (auto v = get_set("ENDURE_CKPT_EVERY")) {
+  if (auto v = get_set(worker_env::kCkptDir)) s->checkpoint_dir = *v;
+  if (auto v = get_set(worker_env::kCkptEvery)) {
     ENDURE_ASSIGN_OR_RETURN(
         s->checkpoint_every,
-        ParseInteger("ENDURE_CKPT_EVERY", *v, 0, INT64_MAX,
+        ParseInteger(worker_env::kCkptEvery, *v, 0, INT64_MAX,
                      "expected a number of steps >= 0 (0: no periodic checkpoints)"));
   }
-  if (auto v = get_set("ENDURE_RESTORE_STEP")) {
+  if (auto v = get_set(worker_env::kRestoreStep)) {
     ENDURE_ASSIGN_OR_RETURN(
         s->restore_step,
-        ParseInteger("ENDURE_RESTORE_STEP", *v, -1, INT64_MAX,
+        ParseInteger(worker_env::kRestoreStep, *v, -1, INT64_MAX,
                      "expected -1 (newest checkpoint), 0 (fresh start) or a step N > 0"));
   }
   // A plan of many shards outgrows an environment variable (E2BIG): the
   // agent then writes it to a file and names that instead.
-  std::optional<std::string> plan_text = get_set("ENDURE_RESTORE_PLAN");
-  const char* plan_source = "ENDURE_RESTORE_PLAN";
-  if (auto path = get_set("ENDURE_RESTORE_PLAN_FILE")) {
+  std::optional<std::string> plan_text = get_set(worker_env::kRestorePlan);
+  const char* plan_source = worker_env::kRestorePlan;
+  if (auto path = get_set(worker_env::kRestorePlanFile)) {
     if (plan_text) {
       return InvalidArgument("ENDURE_RESTORE_PLAN and ENDURE_RESTORE_PLAN_FILE are both set");
     }
     ENDURE_ASSIGN_OR_RETURN(plan_text, ReadPlanFile(*path));
-    plan_source = "ENDURE_RESTORE_PLAN_FILE";
+    plan_source = worker_env::kRestorePlanFile;
   }
   if (plan_text) {
     Result<checkpoint::RestorePlan> plan = checkpoint::RestorePlanFromJson(*plan_text);
@@ -330,52 +330,52 @@ Result<std::unique_ptr<Session>> Session::FromEnvironment(const EnvLookup& looku
     s->public_plan = PublicPlan(*plan);
     s->plan = std::move(plan).value();
   }
-  if (auto v = get_set("ENDURE_T0_DIR")) s->t0_dir = *v;
-  if (auto v = get_set("ENDURE_T0_SLOT_BYTES")) {
+  if (auto v = get_set(worker_env::kT0Dir)) s->t0_dir = *v;
+  if (auto v = get_set(worker_env::kT0SlotBytes)) {
     ENDURE_ASSIGN_OR_RETURN(int64_t bytes,
-                            ParseInteger("ENDURE_T0_SLOT_BYTES", *v, 0, INT64_MAX,
+                            ParseInteger(worker_env::kT0SlotBytes, *v, 0, INT64_MAX,
                                          "expected a number of bytes >= 0 (0: no limit)"));
     s->t0_slot_bytes = static_cast<uint64_t>(bytes);
   }
-  if (auto v = get("ENDURE_SKIP_STEPS")) {
-    ENDURE_ASSIGN_OR_RETURN(s->skip_steps, ParseStepList("ENDURE_SKIP_STEPS", *v));
+  if (auto v = get(worker_env::kSkipSteps)) {
+    ENDURE_ASSIGN_OR_RETURN(s->skip_steps, ParseStepList(worker_env::kSkipSteps, *v));
   }
-  if (auto v = get_set("ENDURE_HEARTBEAT_INTERVAL")) {
+  if (auto v = get_set(worker_env::kHeartbeatInterval)) {
     Result<Duration> d = ParseDuration(*v);
-    if (!d.ok()) return BadVariable("ENDURE_HEARTBEAT_INTERVAL", *v, d.status().message());
+    if (!d.ok()) return BadVariable(worker_env::kHeartbeatInterval, *v, d.status().message());
     if (d->count() <= 0) {
-      return BadVariable("ENDURE_HEARTBEAT_INTERVAL", *v, "must be longer than zero");
+      return BadVariable(worker_env::kHeartbeatInterval, *v, "must be longer than zero");
     }
     s->heartbeat_interval = *d;
   }
-  if (auto v = get_set("ENDURE_FAULTS")) {
+  if (auto v = get_set(worker_env::kFaults)) {
     Result<std::vector<Fault>> all = faults::DecodeFaults(*v);
-    if (!all.ok()) return all.status().WithContext("ENDURE_FAULTS");
-    ENDURE_RETURN_IF_ERROR(faults::ValidateFaults(*all).WithContext("ENDURE_FAULTS"));
+    if (!all.ok()) return all.status().WithContext(worker_env::kFaults);
+    ENDURE_RETURN_IF_ERROR(faults::ValidateFaults(*all).WithContext(worker_env::kFaults));
     for (Fault& f : faults::FaultsForRank(*all, s->rank, {})) {
       s->faults.push_back({std::move(f), false});
     }
   }
-  if (auto v = get_set("ENDURE_STACKS_FILE")) s->stacks_file = *v;
-  if (auto v = get_set("ENDURE_REJOIN_FILE")) s->rejoin_file = *v;
-  if (auto v = get_set("ENDURE_PEER_RESTORE")) {
-    if (*v != "0" && *v != "1") return BadVariable("ENDURE_PEER_RESTORE", *v, "expected 0 or 1");
+  if (auto v = get_set(worker_env::kStacksFile)) s->stacks_file = *v;
+  if (auto v = get_set(worker_env::kRejoinFile)) s->rejoin_file = *v;
+  if (auto v = get_set(worker_env::kPeerRestore)) {
+    if (*v != "0" && *v != "1") return BadVariable(worker_env::kPeerRestore, *v, "expected 0 or 1");
     s->peer_restore = *v == "1";
   }
-  if (auto v = get_set("ENDURE_SDC_CHECK_EVERY")) {
+  if (auto v = get_set(worker_env::kSdcCheckEvery)) {
     ENDURE_ASSIGN_OR_RETURN(s->sdc_check_every,
-                            ParseInteger("ENDURE_SDC_CHECK_EVERY", *v, 0, INT64_MAX,
+                            ParseInteger(worker_env::kSdcCheckEvery, *v, 0, INT64_MAX,
                                          "expected a number of steps >= 0 (0: no check)"));
   }
 
-  std::optional<std::string> socket_path = get_set("ENDURE_AGENT_SOCKET");
+  std::optional<std::string> socket_path = get_set(worker_env::kAgentSocket);
   if (!socket_path) return std::unique_ptr<Session>(new Session(std::move(s)));
   if (socket_path->size() >= sizeof(sockaddr_un::sun_path)) {
-    return BadVariable("ENDURE_AGENT_SOCKET", *socket_path,
+    return BadVariable(worker_env::kAgentSocket, *socket_path,
                        "longer than a Unix socket path may be (" +
                            std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes)");
   }
-  std::optional<std::string> token = get_set("ENDURE_TOKEN");
+  std::optional<std::string> token = get_set(worker_env::kToken);
   if (!token) {
     return InvalidArgument(
         "ENDURE_AGENT_SOCKET is set but ENDURE_TOKEN is not: the agent refuses reports "
@@ -394,10 +394,10 @@ Result<std::unique_ptr<Session>> Session::FromEnvironment(const EnvLookup& looku
 void Session::Impl::Stop() {
   if (heartbeat.joinable()) {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       stop = true;
     }
-    stop_cv.notify_all();
+    stop_cv.NotifyAll();
     heartbeat.join();
   }
   if (fd >= 0) close(fd);
@@ -559,14 +559,14 @@ void Session::Impl::SendFault(const PendingFault& p, int64_t step) {
 }
 
 void Session::Impl::HeartbeatLoop() {
-  std::unique_lock<std::mutex> lock(mu);
+  MutexLock lock(&mu);
   while (!stop) {
     nlohmann::json j = Envelope("heartbeat", token, generation, rank);
     j["step"] = steps_done.load();
-    lock.unlock();
+    lock.Unlock();
     Send(j.dump(), /*retry=*/false);
-    lock.lock();
-    stop_cv.wait_for(lock, heartbeat_interval, [this] { return stop; });
+    lock.Lock();
+    stop_cv.WaitFor(lock, heartbeat_interval, [this]() REQUIRES(mu) { return stop; });
   }
 }
 
@@ -622,8 +622,8 @@ std::optional<RejoinOffer> ReadRejoinOffer(const std::string& path) {
     const size_t eq = line.find('=');
     if (eq == std::string::npos || eq == 0) continue;
     std::string key = line.substr(0, eq), value = line.substr(eq + 1);
-    if (key == "ENDURE_GENERATION") {
-      Result<int64_t> g = ParseInteger("ENDURE_GENERATION", value, 0, INT64_MAX, "");
+    if (key == worker_env::kGeneration) {
+      Result<int64_t> g = ParseInteger(worker_env::kGeneration, value, 0, INT64_MAX, "");
       if (!g.ok()) return std::nullopt;
       offer.generation = *g;
     }

@@ -4,9 +4,9 @@
 #pragma once
 
 #include <chrono>
-#include <mutex>
 
 #include "common/duration.h"
+#include "common/mutex.h"
 
 namespace endure {
 
@@ -30,21 +30,21 @@ class FakeClock : public Clock {
   explicit FakeClock(double wall_seconds = 1.7e9) : wall_(wall_seconds) {}
 
   TimePoint Now() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return now_;
   }
   double WallSeconds() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return wall_ + Seconds(now_ - TimePoint{});
   }
   void Advance(Duration d) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     now_ += std::chrono::duration_cast<TimePoint::duration>(d);
   }
 
  private:
-  mutable std::mutex mu_;
-  TimePoint now_{};  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  TimePoint now_ GUARDED_BY(mu_) = TimePoint{};
   double wall_;
 };
 

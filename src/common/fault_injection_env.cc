@@ -65,38 +65,38 @@ class FaultInjectionEnv::File final : public WritableFile {
 
 FaultInjectionEnv::FaultInjectionEnv(Env* base, std::string root, bool real_syncs)
     : base_(base), root_(Normalize(root)), real_syncs_(real_syncs) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Reset();
 }
 
 int64_t FaultInjectionEnv::boundary_ops() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return ops_;
 }
 
 void FaultInjectionEnv::CrashAfter(int64_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   crash_after_ = ops_ + n;
 }
 
 void FaultInjectionEnv::FailNthAppend(int64_t nth, InjectedError error) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   append_fault_ = {nth, error};
 }
 
 void FaultInjectionEnv::FailNthSync(int64_t nth, InjectedError error) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   sync_fault_ = {nth, error};
 }
 
 void FaultInjectionEnv::FailWritesUnder(std::string prefix, InjectedError error) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   prefix_ = prefix.empty() ? prefix : Normalize(prefix);
   prefix_error_ = error;
 }
 
 void FaultInjectionEnv::ClearFaults() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   crash_after_ = -1;
   crashed_ = false;
   append_fault_ = {};
@@ -175,7 +175,7 @@ Status FaultInjectionEnv::PrefixFault(const std::string& what, const std::string
 }
 
 Status FaultInjectionEnv::SimulateCrash() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // Empty the real root, then write back what was durable.
   if (base_->Exists(root_)) {
     ENDURE_ASSIGN_OR_RETURN(std::vector<std::string> names, base_->ListDir(root_));
@@ -229,7 +229,7 @@ void FaultInjectionEnv::Reset() {
 }
 
 Result<std::unique_ptr<WritableFile>> FaultInjectionEnv::NewWritableFile(const std::string& path) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (crashed_) return Crashed("create", path);
   std::vector<std::string> names;
   if (!Split(path, &names)) {
@@ -259,7 +259,7 @@ Result<std::unique_ptr<WritableFile>> FaultInjectionEnv::NewWritableFile(const s
 
 Status FaultInjectionEnv::FileAppend(int64_t generation, int64_t node, const std::string& path,
                                      WritableFile* base, std::string_view data) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (generation != generation_) return IOError("'" + path + "' was opened before a crash");
   if (node < 0) {
     if (crashed_) return Crashed("write", path);
@@ -280,7 +280,7 @@ Status FaultInjectionEnv::FileAppend(int64_t generation, int64_t node, const std
 
 Status FaultInjectionEnv::FileSync(int64_t generation, int64_t node, const std::string& path,
                                    WritableFile* base) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (generation != generation_) return IOError("'" + path + "' was opened before a crash");
   if (node < 0) {
     if (crashed_) return Crashed("fsync", path);
@@ -298,7 +298,7 @@ Status FaultInjectionEnv::FileSync(int64_t generation, int64_t node, const std::
 
 Status FaultInjectionEnv::FileClose(int64_t generation, int64_t node, const std::string& path,
                                     WritableFile* base) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (generation != generation_) return IOError("'" + path + "' was opened before a crash");
   if (node < 0) {
     if (crashed_) return Crashed("close", path);
@@ -310,14 +310,14 @@ Status FaultInjectionEnv::FileClose(int64_t generation, int64_t node, const std:
 
 Result<std::string> FaultInjectionEnv::ReadFile(const std::string& path) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (crashed_) return Crashed("read", path);
   }
   return base_->ReadFile(path);
 }
 
 Status FaultInjectionEnv::RenameFile(const std::string& from, const std::string& to) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<std::string> from_names, to_names;
   const bool from_inside = Split(from, &from_names);
   const bool to_inside = Split(to, &to_names);
@@ -345,7 +345,7 @@ Status FaultInjectionEnv::RenameFile(const std::string& from, const std::string&
 }
 
 Status FaultInjectionEnv::SyncDir(const std::string& dir) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<std::string> names;
   if (!Split(dir, &names)) {
     if (crashed_) return Crashed("fsync directory", dir);
@@ -366,7 +366,7 @@ Status FaultInjectionEnv::SyncDir(const std::string& dir) {
 }
 
 Status FaultInjectionEnv::CreateDirs(const std::string& dir) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<std::string> names;
   if (!Split(dir, &names)) {
     if (crashed_) return Crashed("create directory", dir);
@@ -391,7 +391,7 @@ Status FaultInjectionEnv::CreateDirs(const std::string& dir) {
 }
 
 Status FaultInjectionEnv::RemoveFile(const std::string& path) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<std::string> names;
   if (!Split(path, &names)) {
     if (crashed_) return Crashed("unlink", path);
@@ -408,7 +408,7 @@ Status FaultInjectionEnv::RemoveFile(const std::string& path) {
 }
 
 Status FaultInjectionEnv::RemoveAll(const std::string& path) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<std::string> names;
   if (!Split(path, &names)) {
     if (crashed_) return Crashed("remove", path);
@@ -429,7 +429,7 @@ Status FaultInjectionEnv::RemoveAll(const std::string& path) {
 
 bool FaultInjectionEnv::Exists(const std::string& path) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (crashed_) return false;
   }
   return base_->Exists(path);
@@ -437,7 +437,7 @@ bool FaultInjectionEnv::Exists(const std::string& path) {
 
 Result<std::vector<std::string>> FaultInjectionEnv::ListDir(const std::string& dir) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (crashed_) return Crashed("list", dir);
   }
   return base_->ListDir(dir);

@@ -22,12 +22,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "common/env.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace endure {
@@ -106,15 +106,15 @@ class FaultInjectionEnv final : public Env {
   // Path relative to root_ split into names; false if not under root_.
   bool Split(const std::string& path, std::vector<std::string>* names) const;
   // Inode of the live path under root_, or -1.
-  int64_t Lookup(const std::vector<std::string>& names) const;
-  int64_t NewNode(bool is_dir);
-  void Import(int64_t dir, const std::string& path);  // durable as found
+  int64_t Lookup(const std::vector<std::string>& names) const REQUIRES(mu_);
+  int64_t NewNode(bool is_dir) REQUIRES(mu_);
+  void Import(int64_t dir, const std::string& path) REQUIRES(mu_);  // durable as found
   // Counts a write boundary (`what` on `path`); an error once crashed.
-  Status Boundary(const std::string& what, const std::string& path);
-  Status PrefixFault(const std::string& what, const std::string& path) const;
+  Status Boundary(const std::string& what, const std::string& path) REQUIRES(mu_);
+  Status PrefixFault(const std::string& what, const std::string& path) const REQUIRES(mu_);
   // Writes the durable contents of directory inode `dir` to `path`.
-  Status Rebuild(int64_t dir, const std::string& path, std::set<int64_t>* ancestors);
-  void Reset();  // reads the model back from the real tree, clears faults
+  Status Rebuild(int64_t dir, const std::string& path, std::set<int64_t>* ancestors) REQUIRES(mu_);
+  void Reset() REQUIRES(mu_);  // reads the model back from the real tree, clears faults
 
   Status FileAppend(int64_t generation, int64_t node, const std::string& path, WritableFile* base,
                     std::string_view data);
@@ -124,17 +124,17 @@ class FaultInjectionEnv final : public Env {
   Env* const base_;
   const std::string root_;
   const bool real_syncs_;
-  mutable std::mutex mu_;
-  std::map<int64_t, Node> nodes_;  // GUARDED_BY(mu_); inode 0 is root_
-  int64_t next_node_ = 1;          // GUARDED_BY(mu_)
-  int64_t generation_ = 0;         // GUARDED_BY(mu_); bumped by SimulateCrash
-  int64_t ops_ = 0;                // GUARDED_BY(mu_)
-  int64_t crash_after_ = -1;       // GUARDED_BY(mu_); -1 = never
-  bool crashed_ = false;           // GUARDED_BY(mu_)
-  Fault append_fault_;             // GUARDED_BY(mu_)
-  Fault sync_fault_;               // GUARDED_BY(mu_)
-  std::string prefix_;             // GUARDED_BY(mu_); empty = none
-  InjectedError prefix_error_ = InjectedError::kNoSpace;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::map<int64_t, Node> nodes_ GUARDED_BY(mu_);  // inode 0 is root_
+  int64_t next_node_ GUARDED_BY(mu_) = 1;
+  int64_t generation_ GUARDED_BY(mu_) = 0;  // bumped by SimulateCrash
+  int64_t ops_ GUARDED_BY(mu_) = 0;
+  int64_t crash_after_ GUARDED_BY(mu_) = -1;  // -1 = never
+  bool crashed_ GUARDED_BY(mu_) = false;
+  Fault append_fault_ GUARDED_BY(mu_);
+  Fault sync_fault_ GUARDED_BY(mu_);
+  std::string prefix_ GUARDED_BY(mu_);  // empty = none
+  InjectedError prefix_error_ GUARDED_BY(mu_) = InjectedError::kNoSpace;
 };
 
 }  // namespace endure

@@ -16,6 +16,7 @@
 #include "common/names.h"
 #include "common/secret.h"
 #include "common/utf8.h"
+#include "common/worker_env.h"
 #include "controller/report.h"
 #include "core/incident_match.h"
 #include "core/job_codec.h"
@@ -88,7 +89,7 @@ void ControllerShell::OnSignal(int sig) {
 }
 
 std::optional<ControllerShell::Agent> ControllerShell::AgentOf(NodeId node) const {
-  std::lock_guard<std::mutex> lock(conns_mu_);
+  MutexLock lock(&conns_mu_);
   auto it = agents_.find(node);
   if (it == agents_.end()) return std::nullopt;
   return it->second;
@@ -110,7 +111,7 @@ void ControllerShell::Broadcast(proto::AgentCommand cmd) {
   cmd.set_token(o_.token);
   std::vector<ConnectionId> open;
   {
-    std::lock_guard<std::mutex> lock(conns_mu_);
+    MutexLock lock(&conns_mu_);
     for (const auto& [node, agent] : agents_) open.push_back(agent.connection);
   }
   // Outside conns_mu_: a transport may deliver an OnClose from Send.
@@ -118,7 +119,7 @@ void ControllerShell::Broadcast(proto::AgentCommand cmd) {
 }
 
 bool ControllerShell::AgentsGone() const {
-  std::lock_guard<std::mutex> lock(conns_mu_);
+  MutexLock lock(&conns_mu_);
   return agents_.empty();
 }
 
@@ -128,7 +129,7 @@ StreamVerdict ControllerShell::OnOpen(ConnectionId id, const PeerInfo& peer) {
   // Every stream may hold a thread of the transport: at most a few more
   // than the job's nodes, and none may sit silent before its hello
   // (CancelSilentHellos).
-  std::lock_guard<std::mutex> lock(conns_mu_);
+  MutexLock lock(&conns_mu_);
   if (static_cast<int>(agents_.size() + hellos_.size()) >= MaxConnections(o_.spec)) {
     std::fprintf(stderr, "endure controller: refused a connection from %s: %d streams open\n",
                  peer.address.c_str(), MaxConnections(o_.spec));
@@ -189,7 +190,7 @@ StreamVerdict ControllerShell::CheckRegistration(const PeerInfo& peer,
 StreamVerdict ControllerShell::OnHello(ConnectionId id, const proto::AgentEvent& first) {
   PeerInfo peer;
   {
-    std::lock_guard<std::mutex> lock(conns_mu_);
+    MutexLock lock(&conns_mu_);
     auto it = hellos_.find(id);
     if (it != hellos_.end()) {
       peer = it->second.peer;
@@ -214,7 +215,7 @@ StreamVerdict ControllerShell::OnHello(ConnectionId id, const proto::AgentEvent&
   std::optional<ConnectionId> superseded;
   std::vector<core::NodeDown> lost;  // nodes this registration replaces
   {
-    std::lock_guard<std::mutex> lock(conns_mu_);
+    MutexLock lock(&conns_mu_);
     // The node this name stands for now: attached (a second registration
     // supersedes its stream), or dropped within the stream grace.
     std::optional<NodeId> previous;
@@ -287,7 +288,7 @@ StreamVerdict ControllerShell::OnEvent(ConnectionId id, const proto::AgentEvent&
   NodeId node;
   EventQueue<Queued>::Source source;
   {
-    std::lock_guard<std::mutex> lock(conns_mu_);
+    MutexLock lock(&conns_mu_);
     auto it = registered_.find(id);
     if (it == registered_.end()) return StreamVerdict::Accept();
     node = it->second;
@@ -311,7 +312,7 @@ StreamVerdict ControllerShell::OnEvent(ConnectionId id, const proto::AgentEvent&
         " of its events were waiting for the event loop (a flood)";
     std::fprintf(stderr, "endure controller: %s: %s\n", NameOf(node).c_str(), reason.c_str());
     {
-      std::lock_guard<std::mutex> lock(conns_mu_);
+      MutexLock lock(&conns_mu_);
       lose_at_once_.insert(node);  // cut on purpose: it is not coming back
     }
     return StreamVerdict::Refuse(StreamVerdict::Code::kResourceExhausted, reason);
@@ -323,7 +324,7 @@ void ControllerShell::OnClose(ConnectionId id, const std::string& reason) {
   NodeId node;
   std::optional<core::NodeDown> lost;
   {
-    std::lock_guard<std::mutex> lock(conns_mu_);
+    MutexLock lock(&conns_mu_);
     hellos_.erase(id);
     auto it = registered_.find(id);
     if (it == registered_.end()) return;  // never registered, or superseded
@@ -399,7 +400,7 @@ ControllerShell::Queued ControllerShell::Translate(const proto::AgentEvent& e, N
       const auto& t = e.pair_test();
       std::optional<NodeId> peer;
       {
-        std::lock_guard<std::mutex> lock(conns_mu_);
+        MutexLock lock(&conns_mu_);
         for (const auto& [n, a] : agents_) {
           if (a.name == t.peer_node()) peer = n;
         }
@@ -476,7 +477,7 @@ ControllerShell::Queued ControllerShell::Translate(const proto::AgentEvent& e, N
 void ControllerShell::CancelSilentHellos(TimePoint now) {
   std::vector<ConnectionId> overdue;
   {
-    std::lock_guard<std::mutex> lock(conns_mu_);
+    MutexLock lock(&conns_mu_);
     for (const auto& [id, pending] : hellos_) {
       if (now >= pending.deadline) overdue.push_back(id);
     }
@@ -489,7 +490,7 @@ std::optional<TimePoint> ControllerShell::LoseDroppedNodes(TimePoint now) {
   std::vector<core::NodeDown> lost;
   std::optional<TimePoint> next;
   {
-    std::lock_guard<std::mutex> lock(conns_mu_);
+    MutexLock lock(&conns_mu_);
     for (auto it = dropped_.begin(); it != dropped_.end();) {
       const TimePoint deadline = it->second.at + it->second.grace;
       if (now >= deadline) {
@@ -552,7 +553,7 @@ void ControllerShell::OnResume(const Queued& item) {
   if (!item.taken_back) return;  // registered as a fresh node already
   NodeId fresh;
   {
-    std::lock_guard<std::mutex> lock(conns_mu_);
+    MutexLock lock(&conns_mu_);
     auto it = agents_.find(item.node);
     if (it == agents_.end()) return;  // its stream ended meanwhile: OnClose has it
     fresh = NodeId{next_node_++};
@@ -585,7 +586,7 @@ void ControllerShell::StopOnSignal(int sig, TimePoint now) {
 }
 
 bool ControllerShell::EveryAgentStopped() const {
-  std::lock_guard<std::mutex> lock(conns_mu_);
+  MutexLock lock(&conns_mu_);
   for (const auto& [node, agent] : agents_) {
     if (!stopped_nodes_.count(node)) return false;
   }
@@ -785,7 +786,7 @@ Result<bool> ControllerShell::CarryOn() {
   if (finished) finish_ = finished;
   int held = 0;
   {
-    std::lock_guard<std::mutex> lock(conns_mu_);
+    MutexLock lock(&conns_mu_);
     for (const auto& [node, name] : nodes) {
       next_node_ = std::max(next_node_, node.value + 1);
       if (node_names_.size() < kMaxNodeNames &&
@@ -939,7 +940,7 @@ Result<int> ControllerShell::Finish() {
     in.recurrences[id] = {{"kb_id", entry.id}, {"similar", entry.recurrence}};
   }
   {
-    std::lock_guard<std::mutex> lock(conns_mu_);
+    MutexLock lock(&conns_mu_);
     in.nodes = node_names_;
   }
   nlohmann::json report = BuildReport(in);
@@ -966,7 +967,7 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
       std::optional<Agent> first = AgentOf(a->nodes.at(0));
       int port = 0;
       {
-        std::lock_guard<std::mutex> lock(conns_mu_);
+        MutexLock lock(&conns_mu_);
         if (auto it = agents_.find(a->nodes.at(0)); it != agents_.end()) {
           std::swap(port, it->second.free_port);
         }
@@ -990,13 +991,14 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
       for (const std::string& arg : spec.command) start.add_command(arg);
       for (const auto& [k, v] : spec.env) (*start.mutable_env())[k] = v;
       if (spec.detection.sdc_check_every > 0) {
-        (*start.mutable_env())["ENDURE_SDC_CHECK_EVERY"] =
+        (*start.mutable_env())[worker_env::kSdcCheckEvery] =
             std::to_string(spec.detection.sdc_check_every);
       }
       if (spec.checkpoint.every_steps > 0) {
         // As the spec names it: the agent resolves a relative one on its host.
-        (*start.mutable_env())["ENDURE_CKPT_DIR"] = spec.checkpoint.dir;
-        (*start.mutable_env())["ENDURE_CKPT_EVERY"] = std::to_string(spec.checkpoint.every_steps);
+        (*start.mutable_env())[worker_env::kCkptDir] = spec.checkpoint.dir;
+        (*start.mutable_env())[worker_env::kCkptEvery] =
+            std::to_string(spec.checkpoint.every_steps);
       }
       *start.mutable_checkpoint() = CheckpointFor(*a);
       start.set_progress_pattern(spec.detection.progress_pattern);
@@ -1068,7 +1070,7 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
       std::fprintf(stderr, "endure controller: injecting fault %s (%s) on %s\n",
                    a->fault.id.c_str(), kind.c_str(), machine_.NodeName(target).c_str());
       if (a->fault.kind == faults::FaultKind::kKillAgent) {
-        std::lock_guard<std::mutex> lock(conns_mu_);
+        MutexLock lock(&conns_mu_);
         lose_at_once_.insert(target);  // the node dies: its stream's end is its loss
       }
       Send(target, std::move(cmd));
@@ -1185,18 +1187,18 @@ void ControllerShell::Publish(const nlohmann::json& status) {
                   Seconds(machine_.ledger().total(category)));
     m += line;
   }
-  std::lock_guard<std::mutex> lock(published_mu_);
+  MutexLock lock(&published_mu_);
   status_json_ = status.dump();
   metrics_text_ = std::move(m);
 }
 
 std::string ControllerShell::StatusJson() const {
-  std::lock_guard<std::mutex> lock(published_mu_);
+  MutexLock lock(&published_mu_);
   return status_json_;
 }
 
 std::string ControllerShell::MetricsText() const {
-  std::lock_guard<std::mutex> lock(published_mu_);
+  MutexLock lock(&published_mu_);
   return metrics_text_;
 }
 

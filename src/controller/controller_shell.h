@@ -26,7 +26,6 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -34,6 +33,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "controller/checkpoint_coordinator.h"
 #include "controller/controller.h"
 #include "controller/event_queue.h"
@@ -264,16 +264,16 @@ class ControllerShell final : public TransportSink {
   };
   std::map<int, KbEntry> kb_entries_;  // owned by the loop thread
 
-  mutable std::mutex conns_mu_;
-  std::map<ConnectionId, PendingHello> hellos_;      // GUARDED_BY(conns_mu_)
-  std::map<ConnectionId, core::NodeId> registered_;  // GUARDED_BY(conns_mu_)
-  std::map<core::NodeId, Agent> agents_;             // GUARDED_BY(conns_mu_); open streams only
-  int next_node_ = 0;                                // GUARDED_BY(conns_mu_)
-  std::vector<std::string> node_names_;              // GUARDED_BY(conns_mu_); that ever registered
-  std::map<std::string, Dropped> dropped_;           // GUARDED_BY(conns_mu_); by node name
+  mutable Mutex conns_mu_;
+  std::map<ConnectionId, PendingHello> hellos_ GUARDED_BY(conns_mu_);
+  std::map<ConnectionId, core::NodeId> registered_ GUARDED_BY(conns_mu_);
+  std::map<core::NodeId, Agent> agents_ GUARDED_BY(conns_mu_);  // open streams only
+  int next_node_ GUARDED_BY(conns_mu_) = 0;
+  std::vector<std::string> node_names_ GUARDED_BY(conns_mu_);     // that ever registered
+  std::map<std::string, Dropped> dropped_ GUARDED_BY(conns_mu_);  // by node name
   // Nodes whose stream's end is a lost node at once: cut for a flood, or
   // killed by an injected kill-agent fault (nothing comes back).
-  std::set<core::NodeId> lose_at_once_;  // GUARDED_BY(conns_mu_)
+  std::set<core::NodeId> lose_at_once_ GUARDED_BY(conns_mu_);
 
   EventQueue<Queued> queue_{kMaxQueuedPerAgent};
 
@@ -294,9 +294,9 @@ class ControllerShell final : public TransportSink {
   int64_t tokens_per_step_ = 0;
   std::deque<std::pair<core::TimePoint, int64_t>> recent_steps_;  // for the rate
 
-  mutable std::mutex published_mu_;
-  std::string status_json_ = "{}";  // GUARDED_BY(published_mu_)
-  std::string metrics_text_;        // GUARDED_BY(published_mu_)
+  mutable Mutex published_mu_;
+  std::string status_json_ GUARDED_BY(published_mu_) = "{}";
+  std::string metrics_text_ GUARDED_BY(published_mu_);
 };
 
 }  // namespace endure::controller

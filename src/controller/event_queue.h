@@ -10,12 +10,12 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <utility>
+
+#include "common/mutex.h"
 
 namespace endure::controller {
 
@@ -46,8 +46,9 @@ class EventQueue {
 
   // The next event, waiting for one until `deadline`; nullopt on timeout.
   std::optional<T> PopUntil(std::chrono::steady_clock::time_point deadline) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_until(lock, deadline, [&] { return !queue_.empty(); })) return std::nullopt;
+    MutexLock lock(&mu_);
+    if (!cv_.WaitUntil(lock, deadline, [&]() REQUIRES(mu_) { return !queue_.empty(); }))
+      return std::nullopt;
     Entry e = std::move(queue_.front());
     queue_.pop_front();
     if (e.source) --*e.source;
@@ -55,7 +56,7 @@ class EventQueue {
   }
 
   size_t size() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return queue_.size();
   }
 
@@ -66,20 +67,20 @@ class EventQueue {
   };
   void Push(Entry e, bool front) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (front) {
         queue_.push_front(std::move(e));
       } else {
         queue_.push_back(std::move(e));
       }
     }
-    cv_.notify_one();
+    cv_.NotifyOne();
   }
 
   const int max_per_source_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Entry> queue_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<Entry> queue_ GUARDED_BY(mu_);
 };
 
 }  // namespace endure::controller

@@ -11,7 +11,7 @@ Result<std::string> FakeTransport::Start(TransportSink* sink) {
 }
 
 bool FakeTransport::Send(ConnectionId id, const proto::AgentCommand& command) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = streams_.find(id);
   if (it == streams_.end() || !it->second.open) return false;
   it->second.sent.push_back(command);
@@ -19,7 +19,7 @@ bool FakeTransport::Send(ConnectionId id, const proto::AgentCommand& command) {
 }
 
 bool FakeTransport::End(ConnectionId id, const StreamVerdict& end, bool cut) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = streams_.find(id);
   if (it == streams_.end() || !it->second.open) return false;
   it->second.open = false;
@@ -35,7 +35,7 @@ void FakeTransport::Close(ConnectionId id) {
 void FakeTransport::Shutdown(Duration) {
   std::vector<ConnectionId> open;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const auto& [id, s] : streams_) {
       if (s.open) open.push_back(id);
     }
@@ -46,7 +46,7 @@ void FakeTransport::Shutdown(Duration) {
 ConnectionId FakeTransport::Open(const std::string& peer) {
   ConnectionId id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     id = ConnectionId{next_id_++};
     streams_[id] = Stream{};
   }
@@ -58,7 +58,7 @@ ConnectionId FakeTransport::Open(const std::string& peer) {
 bool FakeTransport::Deliver(ConnectionId id, const proto::AgentEvent& event) {
   bool hello;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = streams_.find(id);
     if (it == streams_.end() || !it->second.open) return false;
     hello = !it->second.said_hello;
@@ -73,7 +73,7 @@ bool FakeTransport::Deliver(ConnectionId id, const proto::AgentEvent& event) {
 void FakeTransport::HangUp(ConnectionId id) {
   bool said_hello;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = streams_.find(id);
     if (it == streams_.end()) return;
     said_hello = it->second.said_hello;
@@ -84,25 +84,25 @@ void FakeTransport::HangUp(ConnectionId id) {
 }
 
 bool FakeTransport::open(ConnectionId id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = streams_.find(id);
   return it != streams_.end() && it->second.open;
 }
 
 bool FakeTransport::cut(ConnectionId id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = streams_.find(id);
   return it != streams_.end() && it->second.cut;
 }
 
 StreamVerdict FakeTransport::ended_with(ConnectionId id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = streams_.find(id);
   return it == streams_.end() ? StreamVerdict::Accept() : it->second.end;
 }
 
 std::vector<proto::AgentCommand> FakeTransport::TakeCommands(ConnectionId id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = streams_.find(id);
   if (it == streams_.end()) return {};
   return std::exchange(it->second.sent, {});

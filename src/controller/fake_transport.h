@@ -6,10 +6,10 @@
 #pragma once
 
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "controller/transport.h"
 
 namespace endure::controller {
@@ -58,10 +58,10 @@ class FakeTransport final : public Transport {
   // Marks `id` ended; returns whether it was open (its OnClose is then due).
   bool End(ConnectionId id, const StreamVerdict& end, bool cut);
 
-  mutable std::mutex mu_;
-  TransportSink* sink_ = nullptr;           // set by Start, before any stream opens
-  std::map<ConnectionId, Stream> streams_;  // GUARDED_BY(mu_)
-  int64_t next_id_ = 0;                     // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  TransportSink* sink_ = nullptr;  // set by Start, before any stream opens
+  std::map<ConnectionId, Stream> streams_ GUARDED_BY(mu_);
+  int64_t next_id_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace endure::controller

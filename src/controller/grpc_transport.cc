@@ -66,7 +66,7 @@ Result<std::string> GrpcTransport::Start(TransportSink* sink) {
 }
 
 std::shared_ptr<GrpcTransport::Call> GrpcTransport::Find(ConnectionId id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = calls_.find(id);
   return it == calls_.end() ? nullptr : it->second;
 }
@@ -74,12 +74,12 @@ std::shared_ptr<GrpcTransport::Call> GrpcTransport::Find(ConnectionId id) {
 bool GrpcTransport::Send(ConnectionId id, const proto::AgentCommand& command) {
   std::shared_ptr<Call> call = Find(id);
   if (!call) return false;
-  std::lock_guard<std::mutex> lock(call->mu);
+  MutexLock lock(&call->mu);
   return call->open && call->stream->Write(command);
 }
 
 void GrpcTransport::Close(ConnectionId id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = calls_.find(id);
   // Under mu_: the call's Attach erases it, under mu_, before it returns and
   // its context goes away. The stream's Read then fails and OnClose follows.
@@ -88,7 +88,7 @@ void GrpcTransport::Close(ConnectionId id) {
 
 void GrpcTransport::Shutdown(Duration grace) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (shut_down_) return;
     shut_down_ = true;
   }
@@ -99,21 +99,19 @@ void GrpcTransport::Shutdown(Duration grace) {
 }
 
 grpc::Status GrpcTransport::Attach(grpc::ServerContext* context, Stream* stream) {
-  auto call = std::make_shared<Call>();
-  call->stream = stream;
-  call->context = context;
+  auto call = std::make_shared<Call>(stream, context);
   ConnectionId id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     id = ConnectionId{next_id_++};
     calls_[id] = call;
   }
   auto forget = [&] {
     {
-      std::lock_guard<std::mutex> lock(call->mu);
+      MutexLock lock(&call->mu);
       call->open = false;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     calls_.erase(id);
   };
   PeerInfo peer{.address = context->peer()};

@@ -6,10 +6,10 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 
+#include "common/mutex.h"
 #include "common/tls.h"
 #include "controller/transport.h"
 #include "proto/endure.grpc.pb.h"
@@ -45,10 +45,11 @@ class GrpcTransport final : public Transport, private proto::Controller::Service
   // One open Attach call. `stream` and `context` belong to it; `open` turns
   // false (under `mu`) before the call returns, after which nobody writes.
   struct Call {
-    std::mutex mu;
-    Stream* stream = nullptr;  // GUARDED_BY(mu); valid while open
-    bool open = true;          // GUARDED_BY(mu)
-    grpc::ServerContext* context = nullptr;
+    Call(Stream* s, grpc::ServerContext* c) : stream(s), context(c) {}
+    Mutex mu;
+    Stream* stream GUARDED_BY(mu);  // valid while open
+    bool open GUARDED_BY(mu) = true;
+    grpc::ServerContext* const context;
   };
 
   grpc::Status Attach(grpc::ServerContext* context, Stream* stream) override;
@@ -60,12 +61,12 @@ class GrpcTransport final : public Transport, private proto::Controller::Service
   const GrpcTransportOptions o_;
   TransportSink* sink_ = nullptr;  // set by Start, before any call arrives
   std::unique_ptr<grpc::Server> server_;
-  std::mutex mu_;
+  Mutex mu_;
   // Calls in progress: an Attach erases its own before it returns, so a
   // context found here is alive.
-  std::map<ConnectionId, std::shared_ptr<Call>> calls_;  // GUARDED_BY(mu_)
-  int64_t next_id_ = 0;                                  // GUARDED_BY(mu_)
-  bool shut_down_ = false;                               // GUARDED_BY(mu_)
+  std::map<ConnectionId, std::shared_ptr<Call>> calls_ GUARDED_BY(mu_);
+  int64_t next_id_ GUARDED_BY(mu_) = 0;
+  bool shut_down_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace endure::controller

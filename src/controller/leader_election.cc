@@ -271,12 +271,12 @@ void Candidate::KeepLeading(std::function<void(const std::string& why)> on_lost)
         return;
       }
       if (step.what == ElectionStep::Do::kWait) {
-        std::unique_lock<std::mutex> lock(mu_);
-        if (wake_.wait_until(lock, step.at, [this] { return stop_; })) return;
+        MutexLock lock(&mu_);
+        if (wake_.WaitUntil(lock, step.at, [this]() REQUIRES(mu_) { return stop_; })) return;
         continue;
       }
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         if (stop_) return;
       }
       Carry(step);
@@ -286,10 +286,10 @@ void Candidate::KeepLeading(std::function<void(const std::string& why)> on_lost)
 
 void Candidate::StopRenewing() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  wake_.notify_all();
+  wake_.NotifyAll();
   if (renewer_.joinable()) renewer_.join();
 }
 

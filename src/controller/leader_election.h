@@ -18,11 +18,9 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -30,6 +28,7 @@
 
 #include "common/clock.h"
 #include "common/duration.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "controller/etcd_client.h"
 
@@ -175,9 +174,9 @@ class Candidate {
   // it is joined) by Resign.
   LeaderElection election_;
   std::thread renewer_;
-  std::mutex mu_;
-  std::condition_variable wake_;
-  bool stop_ = false;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar wake_;
+  bool stop_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace endure::controller

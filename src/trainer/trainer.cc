@@ -13,7 +13,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -31,6 +30,7 @@
 
 #include "checkpoint/checkpoint_dir.h"
 #include "common/fault_injection_env.h"
+#include "common/mutex.h"
 #include "endure/client.h"
 #include "trainer/corpus.h"
 #include "trainer/exact_sum.h"
@@ -465,21 +465,21 @@ void WaitFor(c10d::Work& work, const Session* session) {
     return;
   }
   struct Done {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
+    Mutex mu;
+    CondVar cv;
+    bool done GUARDED_BY(mu) = false;
   };
   auto done = std::make_shared<Done>();
   work.getFuture()->addCallback([done](c10::ivalue::Future&) {
-    std::lock_guard<std::mutex> lock(done->mu);
+    MutexLock lock(&done->mu);
     done->done = true;
-    done->cv.notify_all();
+    done->cv.NotifyAll();
   });
   constexpr std::chrono::milliseconds kLook{20};
   while (true) {
     {
-      std::unique_lock<std::mutex> lock(done->mu);
-      if (done->cv.wait_for(lock, kLook, [&] { return done->done; })) break;
+      MutexLock lock(&done->mu);
+      if (done->cv.WaitFor(lock, kLook, [&]() REQUIRES(done->mu) { return done->done; })) break;
     }
     if (session->RejoinPending()) throw RejoinOffered();
   }

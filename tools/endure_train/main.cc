@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/worker_env.h"
 #include "endure/client.h"
 #include "trainer/trainer.h"
 
@@ -95,7 +96,7 @@ int main(int argc, char** argv) {
   }
   // A warm standby waits here, libtorch loaded and warmed up, for its rank
   // and rendezvous.
-  if (const char* standby = std::getenv("ENDURE_STANDBY"); standby && *standby == '1') {
+  if (const char* standby = std::getenv(endure::worker_env::kStandby); standby && *standby == '1') {
     endure::trainer::WarmUp(o);
   }
   endure::AwaitStandbyAssignment();
