@@ -240,8 +240,8 @@ Result<bool> SaveShard(Session& session, const PreparedShard& shard) {
 // The checkpoint copy of the step that just ended, made on a thread of its
 // own while the next step's forward and backward passes run: they read the
 // parameters and change neither them nor the optimizer's state. Wait()
-// before anything does (the optimizer step, a rejoin), and before a fault
-// ends the process. At most one copy is in flight.
+// before the next collective (and so before the update), before a rejoin,
+// and before a fault ends the process. At most one copy is in flight.
 class BackgroundSave {
  public:
   ~BackgroundSave() {
@@ -1130,6 +1130,16 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first
         reducer->TakeSlot(l.item<float>());
       }
       compute_s = SecondsSince(step_start);
+      // The last step's checkpoint copy (overlapped with this step's
+      // forward and backward passes) is done before the collective, and so
+      // before the update: once any rank is past the collective of step
+      // s + 1, every rank's copy of step s is complete, and a stop that a
+      // report of step s + 1 causes finds it in node memory.
+      if (background_save.pending()) {
+        const auto wait_start = Clock::now();
+        ENDURE_RETURN_IF_ERROR(finish_save());
+        ckpt_stall_s += SecondsSince(wait_start);
+      }
       const auto comm_start = Clock::now();
       // Injected comm-fail and comm-slow act here, inside the communication
       // time; also in a world of one, so that a fault behaves the same at any
@@ -1147,12 +1157,6 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first
         continue;
       }
       comm_s = SecondsSince(comm_start);
-      // The last step's checkpoint copy must be done before the update.
-      if (background_save.pending()) {
-        const auto wait_start = Clock::now();
-        ENDURE_RETURN_IF_ERROR(finish_save());
-        ckpt_stall_s += SecondsSince(wait_start);
-      }
       if (options.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, options.grad_clip);
       optimizer.step();
     }
