@@ -44,6 +44,7 @@
 #include "common/worker_env.h"
 #include "core/incident_match.h"
 #include "faults/fault.h"
+#include "proto/wire_enums.h"
 
 namespace endure::agent {
 namespace {
@@ -400,11 +401,12 @@ void Agent::HandleDatagram(std::string_view bytes) {
     tiers_->Notify({d.rank, m->step, m->shards, m->path});
     return;
   } else if (const auto* m = std::get_if<FaultMessage>(&d.message)) {
-    if (m->kind == "comm-fail" || m->kind == "comm-slow") {
+    if (m->kind == faults::FaultKind::kCommFail || m->kind == faults::FaultKind::kCommSlow) {
       // The node's network is what the fault breaks: its pairwise tests
       // fail (or crawl) from now on, as its collectives do.
-      const PairFault fault =
-          m->kind == "comm-fail" ? PairFault::Fail() : PairFault::Slow(CommSlowFactor(m->id));
+      const PairFault fault = m->kind == faults::FaultKind::kCommFail
+                                  ? PairFault::Fail()
+                                  : PairFault::Slow(CommSlowFactor(m->id));
       MutexLock lock(&command_mu_);
       pair_fault_ = fault;
       if (pair_server_) {
@@ -416,7 +418,7 @@ void Agent::HandleDatagram(std::string_view bytes) {
     auto* f = e.mutable_fault_fired();
     f->set_rank(d.rank);
     f->set_fault_id(m->id);
-    f->set_kind(m->kind);
+    f->set_kind(wire::ToWire(m->kind));
     f->set_step(m->step);
   } else {
     return;  // heartbeats: the worker's liveness is its process, progress its steps
@@ -479,7 +481,7 @@ void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
     lm->set_excerpt(core::BoundedExcerpt(evidence));
     if (std::optional<core::LogMatch> m = classifier_.Classify(evidence)) {
       lm->set_cause(m->cause);
-      lm->set_action(std::string(core::LogActionName(m->action)));
+      lm->set_action(wire::ToWire(m->action));
       lm->set_rule(m->rule);
       lm->set_line(m->line);
     }
@@ -785,7 +787,7 @@ void Agent::Stop(int64_t generation, double grace_s) {
     p->set_step(c.step);
     p->set_shard(c.shard);
     p->set_shards(c.shards);
-    p->set_tier(std::string(checkpoint::TierName(c.tier)));
+    p->set_tier(wire::ToWire(c.tier));
     p->set_path(c.path);
     p->set_bytes(c.bytes);
     p->set_xxh3(HexU64(c.xxh3));
@@ -823,38 +825,41 @@ void Agent::DumpStacks(int64_t generation, double timeout_s) {
 }
 
 void Agent::Inject(const proto::InjectFault& inject) {
-  if (inject.kind() == "kill-agent") {
-    // The node dies at once: no goodbye to the controller, workers with it.
-    std::fprintf(stderr, "endure agent %s: injected fault %s: the node dies now\n",
-                 o_.node_id.c_str(), inject.fault_id().c_str());
-    if (workers_) workers_->KillAll();
-    // Its memory goes with it.
-    if (Status st = seams_.env->RemoveAll(tiers_->shm_dir()); !st.ok()) {
-      std::fprintf(stderr, "endure agent %s: %s\n", o_.node_id.c_str(), st.message().c_str());
+  const std::optional<faults::FaultKind> kind = wire::FromWire(inject.kind());
+  if (!kind) return;  // none this agent knows (a newer controller's)
+  switch (*kind) {
+    case faults::FaultKind::kKillAgent:
+      // The node dies at once: no goodbye to the controller, workers with it.
+      std::fprintf(stderr, "endure agent %s: injected fault %s: the node dies now\n",
+                   o_.node_id.c_str(), inject.fault_id().c_str());
+      if (workers_) workers_->KillAll();
+      // Its memory goes with it.
+      if (Status st = seams_.env->RemoveAll(tiers_->shm_dir()); !st.ok()) {
+        std::fprintf(stderr, "endure agent %s: %s\n", o_.node_id.c_str(), st.message().c_str());
+      }
+      launcher_->KillAgent();
+      return;  // only where the launcher is a test's
+    case faults::FaultKind::kDiskFull:
+    case faults::FaultKind::kDiskError: {
+      const bool full = *kind == faults::FaultKind::kDiskFull;
+      std::fprintf(stderr,
+                   "endure agent %s: injected fault %s: persisting fails with %s from now on\n",
+                   o_.node_id.c_str(), inject.fault_id().c_str(), full ? "ENOSPC" : "EIO");
+      tiers_->FailPersistence(full ? InjectedError::kNoSpace : InjectedError::kIO);
+      return;
     }
-    launcher_->KillAgent();
-    return;  // only where the launcher is a test's
-  }
-  if (inject.kind() == "disk-full" || inject.kind() == "disk-error") {
-    std::fprintf(stderr,
-                 "endure agent %s: injected fault %s: persisting fails with %s from now on\n",
-                 o_.node_id.c_str(), inject.fault_id().c_str(),
-                 inject.kind() == "disk-full" ? "ENOSPC" : "EIO");
-    tiers_->FailPersistence(inject.kind() == "disk-full" ? InjectedError::kNoSpace
-                                                         : InjectedError::kIO);
-    return;
-  }
-  if (inject.kind() == "corrupt-t0" || inject.kind() == "corrupt-t1") {
-    pending_corruption_.emplace_back(
-        inject.kind() == "corrupt-t0" ? checkpoint::Tier::kT0 : checkpoint::Tier::kT1,
-        inject.rank());
-    return;
-  }
-  if (!workers_) return;
-  if (inject.kind() == "hang") {
-    workers_->Signal(inject.rank(), SIGSTOP);
-  } else {
-    workers_->Signal(inject.rank(), SIGKILL);
+    case faults::FaultKind::kCorruptT0:
+    case faults::FaultKind::kCorruptT1:
+      pending_corruption_.emplace_back(
+          *kind == faults::FaultKind::kCorruptT0 ? checkpoint::Tier::kT0 : checkpoint::Tier::kT1,
+          inject.rank());
+      return;
+    case faults::FaultKind::kHang:
+      if (workers_) workers_->Signal(inject.rank(), SIGSTOP);
+      return;
+    default:  // a kill, and a fault of any other kind keyed to a time
+      if (workers_) workers_->Signal(inject.rank(), SIGKILL);
+      return;
   }
 }
 

@@ -28,6 +28,7 @@
 #include "checkpoint/snapshot_file.h"
 #include "common/config_files.h"
 #include "common/hash.h"
+#include "proto/wire_enums.h"
 
 namespace endure::agent {
 namespace {
@@ -90,7 +91,7 @@ proto::AgentCommand StopCommand(int64_t generation, double grace_s) {
 
 proto::AgentCommand InjectCommand(int64_t generation, const std::string& kind, int rank) {
   proto::AgentCommand cmd = Command(generation);
-  cmd.mutable_inject()->set_kind(kind);
+  cmd.mutable_inject()->set_kind(wire::ToWire(faults::ParseFaultKind(kind).value()));
   cmd.mutable_inject()->set_rank(rank);
   cmd.mutable_inject()->set_fault_id("f1");
   return cmd;
@@ -358,7 +359,7 @@ TEST_F(AgentShellTest, TheKernelLogsHardwareRecordsOfTheGenerationJoinTheLastWor
   ASSERT_EQ(words.size(), 1u);
   const proto::LogMatch& m = words[0].log_match();
   EXPECT_EQ(m.cause(), "xid_79");
-  EXPECT_EQ(m.action(), "evict_node");
+  EXPECT_EQ(m.action(), proto::LOG_ACTION_EVICT_NODE);
   EXPECT_NE(m.excerpt().find("RuntimeError: CUDA error: unspecified launch failure\n"
                              "kernel: NVRM: Xid (PCI:0000:3b:00): 79"),
             std::string::npos)
@@ -390,7 +391,7 @@ TEST_F(AgentShellTest, AFailedWorkersLastWordsAreClassified) {
   EXPECT_EQ(disk.rank(), 1);
   EXPECT_EQ(disk.cause(), "disk_full");
   EXPECT_EQ(disk.rule(), "disk_full");
-  EXPECT_EQ(disk.action(), "stop_if_repeated");
+  EXPECT_EQ(disk.action(), proto::LOG_ACTION_STOP_IF_REPEATED);
   EXPECT_EQ(disk.line(), "OSError: [Errno 28] No space left on device");
   const proto::WorkerExited& x1 = after_start[1].worker_exited();
   EXPECT_EQ(x1.rank(), 1);
@@ -1030,7 +1031,7 @@ TEST_F(AgentShellTest, InjectedCorruptionShowsInTheNextStopsInventory) {
     const proto::ShardCopy& copy = stopped[i].stopped().inventory(0);
     EXPECT_EQ(copy.step(), 4);
     EXPECT_EQ(copy.shard(), 0);
-    EXPECT_EQ(copy.tier(), "T0");
+    EXPECT_EQ(copy.tier(), proto::TIER_T0);
     EXPECT_GT(stopped[i].stopped().t0_bytes(), 0u);
     if (i == 0) {
       EXPECT_EQ(copy.refused(), "");

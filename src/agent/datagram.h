@@ -19,6 +19,7 @@
 #include <variant>
 
 #include "common/status.h"
+#include "faults/fault.h"
 
 namespace endure::agent {
 
@@ -70,8 +71,8 @@ struct SnapshotMessage {
 
 // "fault": an injected fault is about to fire.
 struct FaultMessage {
-  std::string id;    // ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$
-  std::string kind;  // ^[a-z][a-z0-9-]{0,31}$
+  std::string id;                                     // ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$
+  faults::FaultKind kind = faults::FaultKind::kKill;  // one of faults::ParseFaultKind's names
   int64_t step = 0;
 };
 

@@ -108,7 +108,7 @@ TEST(ParseDatagram, ReadsEveryTypeTheClientSends) {
   d = Parse(fault);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(std::get<FaultMessage>(d->message).id, "fault-3");
-  EXPECT_EQ(std::get<FaultMessage>(d->message).kind, "kill-agent");
+  EXPECT_EQ(std::get<FaultMessage>(d->message).kind, faults::FaultKind::kKillAgent);
   d = Parse(stacks);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(std::get<StacksMessage>(d->message).signal, 12);
@@ -132,7 +132,7 @@ TEST(ParseDatagram, ReadsEveryTypeTheClientSends) {
     f.update({{"id", "f9"}, {"kind", kind}, {"step", 3}});
     d = Parse(f);
     ASSERT_TRUE(d.ok()) << kind << ": " << d.status().ToString();
-    EXPECT_EQ(std::get<FaultMessage>(d->message).kind, kind);
+    EXPECT_EQ(faults::FaultKindName(std::get<FaultMessage>(d->message).kind), kind);
   }
 }
 
@@ -223,6 +223,7 @@ TEST(ParseDatagram, RefusesMalformedInputWithAReasonAndNeverThrows) {
       {"fault", "id", "../../x", "field 'id'"},
       {"fault", "id", std::string(129, 'a'), "field 'id'"},
       {"fault", "kind", "Kill;rm", "field 'kind'"},
+      {"fault", "kind", "teleport", "field 'kind'"},  // well formed, but no kind
       {"fault", "step", "12", "field 'step'"},
       {"stacks", "signal", "SIGUSR1", "field 'signal'"},
       {"phase", "phase", nullptr, "field 'phase'"},

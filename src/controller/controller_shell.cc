@@ -21,6 +21,7 @@
 #include "core/incident_match.h"
 #include "core/job_codec.h"
 #include "core/stack_signature.h"
+#include "proto/wire_enums.h"
 
 namespace endure::controller {
 namespace {
@@ -443,8 +444,8 @@ ControllerShell::Queued ControllerShell::Translate(const proto::AgentEvent& e, N
       // Only the spec's faults are remembered: any other id would grow the
       // set of fired faults handed to every later generation.
       if (!fault_ids_.count(f.fault_id())) break;
-      Result<faults::FaultKind> kind = faults::ParseFaultKind(f.kind());
-      if (!kind.ok()) break;
+      const std::optional<faults::FaultKind> kind = wire::FromWire(f.kind());
+      if (!kind) break;
       // The worker's wall clock says when; map it onto the steady clock.
       const double ago = std::max(0.0, clock_->WallSeconds() - e.time_s());
       q.event = core::FaultFiredEvent{gen,   f.rank(), f.fault_id(),
@@ -869,8 +870,8 @@ void ControllerShell::RunOnce(bool block) {
     auto it = last_log_.find({exit->generation.value, exit->rank.value});
     if (it != last_log_.end()) {
       exit->log_cause = SanitizeUtf8(it->second.cause());  // bytes: a worker's output
-      // An action no rule has (a damaged message) is no action.
-      if (Result<core::LogAction> action = core::ParseLogAction(it->second.action()); action.ok()) {
+      // An action no rule has (none matched, or a newer agent's) is no action.
+      if (std::optional<core::LogAction> action = wire::FromWire(it->second.action())) {
         exit->log_action = *action;
       }
       exit->log_rule = it->second.rule();
@@ -1055,10 +1056,9 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
       Send(a->node, std::move(cmd));
     } else if (const auto* a = std::get_if<core::InjectFaultAction>(&action)) {
       proto::AgentCommand cmd;
-      const std::string kind(faults::FaultKindName(a->fault.kind));
       cmd.set_generation(a->generation.value);
       cmd.mutable_inject()->set_rank(a->fault.rank.value);
-      cmd.mutable_inject()->set_kind(kind);
+      cmd.mutable_inject()->set_kind(wire::ToWire(a->fault.kind));
       cmd.mutable_inject()->set_fault_id(a->fault.id);
       NodeId target = a->node;
       if (a->fault.kind == faults::FaultKind::kCorruptT1) {
@@ -1068,7 +1068,8 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
         target = machine_.NodeOfRank(core::Rank{((i + 1) % nodes) * spec.ranks_per_node});
       }
       std::fprintf(stderr, "endure controller: injecting fault %s (%s) on %s\n",
-                   a->fault.id.c_str(), kind.c_str(), machine_.NodeName(target).c_str());
+                   a->fault.id.c_str(), std::string(faults::FaultKindName(a->fault.kind)).c_str(),
+                   machine_.NodeName(target).c_str());
       if (a->fault.kind == faults::FaultKind::kKillAgent) {
         MutexLock lock(&conns_mu_);
         lose_at_once_.insert(target);  // the node dies: its stream's end is its loss
@@ -1206,8 +1207,8 @@ void ControllerShell::OnCheckpointEvent(const Queued& item) {
   if (item.stopped) {
     std::vector<checkpoint::ShardCopy> copies;
     for (const proto::ShardCopy& p : item.stopped->inventory()) {
-      Result<checkpoint::Tier> tier = checkpoint::TierFromName(p.tier());
-      if (!tier.ok()) continue;
+      const std::optional<checkpoint::Tier> tier = wire::FromWire(p.tier());
+      if (!tier) continue;
       checkpoint::ShardCopy c;
       c.step = p.step();
       c.shard = p.shard();
@@ -1331,8 +1332,8 @@ void ControllerShell::RecordInKnowledgeBase() {
     k.action = inc.action;
     if (auto it = last_log_.find({inc.generation.value, inc.rank.value}); it != last_log_.end()) {
       k.log_rule = it->second.rule();
-      // An action no rule has (a damaged message) is no action.
-      if (Result<core::LogAction> a = core::ParseLogAction(it->second.action()); a.ok()) {
+      // An action no rule has (none matched, or a newer agent's) is no action.
+      if (std::optional<core::LogAction> a = wire::FromWire(it->second.action())) {
         k.log_action = *a;
       }
       k.excerpt = SanitizeUtf8(it->second.excerpt());  // bytes: a worker's output

@@ -606,7 +606,7 @@ TEST_F(ControllerShellTest, AnXidInTheLogEvictsTheNodeAndAReplacementTakesItsRan
   proto::AgentEvent xid = Event(0);
   xid.mutable_log_match()->set_rank(1);
   xid.mutable_log_match()->set_cause("xid_79");
-  xid.mutable_log_match()->set_action("evict_node");
+  xid.mutable_log_match()->set_action(proto::LOG_ACTION_EVICT_NODE);
   xid.mutable_log_match()->set_rule("xid_hardware");
   xid.mutable_log_match()->set_line("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.");
   ASSERT_TRUE(transport_.Deliver(ids[1], xid));
