@@ -587,14 +587,6 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   Result<std::string> credential = RandomHex(16);
   bool read_progress = false;
   {
-    MutexLock lock(&reports_mu_);
-    gate_.generation = generation;
-    gate_.credential = credential.ok() ? *credential : "";
-    started_ = clock_->Now();
-    gate_.local_ranks.clear();
-    for (const proto::RankAssignment& r : start.ranks()) gate_.local_ranks.insert(r.rank());
-  }
-  {
     // The factor of each comm-slow fault of a local rank: the node's
     // pairwise tests crawl by it once it fires.
     MutexLock lock(&faults_mu_);
@@ -607,7 +599,14 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
     }
   }
   {
+    // The new generation's gate and a clean slate of reports, at once: a
+    // datagram the new gate admits is never cleared after it.
     MutexLock lock(&reports_mu_);
+    gate_.generation = generation;
+    gate_.credential = credential.ok() ? *credential : "";
+    started_ = clock_->Now();
+    gate_.local_ranks.clear();
+    for (const proto::RankAssignment& r : start.ranks()) gate_.local_ranks.insert(r.rank());
     if (!rejoin) stack_signals_.clear();  // a worker that rejoins announced its own once
     last_steps_.clear();
     last_words_.clear();
