@@ -6,6 +6,7 @@
 
 #include "common/duration.h"
 #include "core/crash_detector.h"
+#include "core/failure_decision.h"
 
 namespace endure::core {
 namespace {
@@ -779,8 +780,10 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
   int exit_code = 3;
   std::vector<NodeId> evict;
   Duration delay{0};
-  // The recovery policy's action, when it decided.
-  std::optional<RecoveryAction> policy_action;
+  std::optional<RouteDecision> route;
+  // A detector's own policy decided (a straggler's move, an SDC's or a loss
+  // anomaly's rollback), not DecideFailure.
+  const bool failure_decided = failure.decided_action.has_value() || failure.anomaly;
   if (failure.decided_action) {
     // The detector's own policy decided (its reason says why).
     inc.action = *failure.decided_action;
@@ -834,74 +837,44 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
       std::erase_if(checkpoints_, [&](StepNumber s) { return s > restore_step_; });
       std::erase_if(found_checkpoints_, [&](StepNumber s) { return s > restore_step_; });
     }
-  } else if (failure.log_action == LogAction::kStop || ConfirmsItsRecurrence(failure)) {
-    inc.action = "stop";
-    // A deterministic error: the verdict says so, and what the worker said.
-    if (failure.log_action == LogAction::kStop) {
-      reason +=
-          "; the matching log rule's action is stop: a restart cannot fix this error, it "
-          "fails the same way on every node";
-    } else {
-      reason += "; " + failure.cause.name +
-                " again, in the restart that was to confirm it (incident " +
-                std::to_string(incidents_.back().id) +
-                "): a restart cannot fix it; fix what the line says, then run the spec again "
-                "(it resumes from the newest checkpoint)";
-    }
-    if (!failure.log_line.empty()) {
+  } else {
+    // The failure policies, combined once (core::DecideFailure, which the
+    // simulator calls too).
+    FailureFacts facts;
+    const std::string node_name = NodeName(failure.node);
+    facts.event.node = failure.node;
+    facts.event.node_name = node_name;
+    facts.event.cause = failure.cause.name;
+    facts.event.step = inc.failed_at_step;
+    // Before this generation completed a step: a start-up failure.
+    facts.event.during_recovery = !productive_;
+    facts.event.spares_available = SparesAvailable();
+    facts.log_action = failure.log_action;
+    if (ConfirmsItsRecurrence(failure)) facts.confirms_incident = incidents_.back().id;
+    const FailureDecision d =
+        DecideFailure(recovery_, facts, now, [&](RecoveryAction action, bool node_leaves) {
+          // The controller waits for a component's repair with the node out
+          // of the job: it comes back when it registers again.
+          if (failure.node.valid() && (node_leaves || action == RecoveryAction::kWaitForRepair)) {
+            evict.push_back(failure.node);
+          }
+          return FactsFor(failure, action, evict);
+        });
+    inc.action = std::string(RecoveryActionName(d.action));
+    reason += "; " + d.reason;
+    stop = d.stops();
+    if ((failure.log_action == LogAction::kStop || facts.confirms_incident > 0) &&
+        !failure.log_line.empty()) {
+      // A deterministic error: the verdict says so, and what the worker said.
       reason += " (\"" + failure.log_line.substr(0, 200) +
                 (failure.log_line.size() > 200 ? "...\")" : "\")");
     }
-    stop = true;
-  } else {
-    FailureEvent fe;
-    const std::string node_name = NodeName(failure.node);
-    fe.node = failure.node;
-    fe.node_name = node_name;
-    fe.cause = failure.cause.name;
-    fe.step = inc.failed_at_step;
-    // Before this generation completed a step: a start-up failure.
-    fe.during_recovery = !productive_;
-    // The log says the node itself is bad (an Xid, an uncorrectable ECC
-    // error); the policy isolates the node unless the cause is software.
-    fe.node_fault_evidence = failure.log_action == LogAction::kEvictNode;
-    fe.spares_available = SparesAvailable();
-    RecoveryDecision d = recovery_.Step(fe, now);
-    policy_action = d.action;
-    inc.action = std::string(RecoveryActionName(d.action));
-    reason += "; " + d.reason;
-    if (failure.log_action == LogAction::kStopIfRepeated && d.action != RecoveryAction::kStop) {
-      reason += "; " + failure.cause.name +
-                " recurs unless what caused it changes: this restart confirms it, and the same "
-                "failure in it stops the job";
-    }
     delay = d.delay;
-    switch (d.action) {
-      case RecoveryAction::kStop:
-        stop = true;
-        break;
-      case RecoveryAction::kReplaceWithSpare:
-      case RecoveryAction::kEvictAndWaitForRepair:
-      case RecoveryAction::kWaitForRepair:
-        if (failure.node.valid()) evict.push_back(failure.node);
-        break;
-      case RecoveryAction::kRestartInPlace:
-      case RecoveryAction::kTolerate:
-        break;
-    }
-    // A hardware cause is a strike against the node in the health ledger
-    // (software follows the program; the ambiguous names no node). A hard
-    // one quarantines it at once: it leaves the job now.
-    if (failure.node.valid() && recovery_.ClassOf(fe) == CauseClass::kHardware) {
-      const bool hard = StrikeClassOf(failure.cause.name) == StrikeClass::kHard;
-      Strike(failure.node, failure.cause.name, failure.extra_reason, out);
-      if (hard && evict.empty() && !stop) {
-        evict.push_back(failure.node);
-        policy_action = fe.spares_available > 0 ? RecoveryAction::kReplaceWithSpare
-                                                : RecoveryAction::kEvictAndWaitForRepair;
-        inc.action = std::string(RecoveryActionName(*policy_action));
-        reason += "; " + failure.cause.name + " is a hard cause: the node is quarantined";
-      }
+    if (d.strike) Strike(failure.node, failure.cause.name, failure.extra_reason, out);
+    if (d.route) {
+      inc.route = d.route->route;
+      inc.route_reason = d.route->reason;
+      route = d.route;
     }
     // A crash restart resumes from the newest checkpoint that verifies: a
     // rollback removed the abandoned timeline's, so all that remain are of
@@ -910,13 +883,11 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     restore_step_ = StepNumber{-1};
     abandoned_from_ = StepNumber{-1};
   }
-  // How the job gets back to training.
-  std::optional<RouteDecision> route;
-  if (!stop) {
-    RecoveryAction action = policy_action.value_or(
-        evict.empty() ? RecoveryAction::kRestartInPlace : RecoveryAction::kReplaceWithSpare);
+  // How the job gets back to training, when a detector decided.
+  if (!stop && failure_decided) {
+    RecoveryAction action =
+        evict.empty() ? RecoveryAction::kRestartInPlace : RecoveryAction::kReplaceWithSpare;
     RouteFacts facts = FactsFor(failure, action, evict);
-    facts.backoff = delay > Duration(0);
     route = ChooseRoute(facts);
     inc.route = route->route;
     inc.route_reason = route->reason;

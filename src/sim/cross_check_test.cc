@@ -1,7 +1,11 @@
 // Issue 12, item 8: one scripted failure sequence driven through the
 // controller's decision core (core::JobMachine, with the controller shell's
 // strike judging) and through the simulator, which must take the same
-// decisions, for the same nodes, in the same order, at the same times.
+// decisions, for the same nodes, in the same order, at the same times. How
+// the failure policies combine is one function both call
+// (core::DecideFailure, tested in core/failure_decision_test.cc); what this
+// test holds together is the two event models: when each decision is asked,
+// with which facts, and what the job does on its timeline after it.
 //
 // The script, on 4 nodes and one spare (node 4), 10 s steps, a checkpoint
 // every 40 steps and an SDC check every 25:

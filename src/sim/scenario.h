@@ -124,10 +124,11 @@ struct SimConfig {
   int64_t sdc_check_every = 0;
   Duration sdc_undetected_cost = std::chrono::hours(6);
 
-  // Strikes and quarantine (core::JudgeNode): every failure of a cause that
-  // is not software strikes its node (class core::StrikeClassOf); a
-  // quarantined node leaves the job like an evicted one and comes back
-  // repaired (strikes cleared) after `repair`. Off: no strikes are kept.
+  // Strikes and quarantine (core::JudgeNode): a failure strikes its node
+  // as core::DecideFailure says (a hardware cause, of the class
+  // core::StrikeClassOf; a hard one takes the node out at once); a node
+  // quarantined by soft strikes leaves the job like an evicted one and comes
+  // back repaired (strikes cleared) after `repair`. Off: no strikes are kept.
   bool multi_strike = true;
   int64_t soft_strikes = 3;
   Duration soft_window = std::chrono::hours(24);

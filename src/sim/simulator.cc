@@ -9,6 +9,7 @@
 #include <queue>
 #include <utility>
 
+#include "core/failure_decision.h"
 #include "core/recovery_route.h"
 #include "core/sdc_check.h"
 #include "core/spare_pool.h"
@@ -561,15 +562,12 @@ class Run {
     return true;
   }
 
-  // The route of a restart after `f` (core::ChooseRoute, as the job
-  // machine asks it): the node's ranks fail, the others kept their state
-  // when the job was training.
-  core::RouteDecision RouteOf(const PendingFailure& f, const core::RecoveryDecision& d,
-                              int32_t spares) const {
+  // The facts of the job for the route of a restart after `f`, as the job
+  // machine gives them (core::DecideFailure asks): the node's ranks fail,
+  // the others kept their state when the job was training.
+  core::RouteFacts RouteFactsOf(const PendingFailure& f, bool node_leaves, int32_t spares) const {
     core::RouteFacts facts;
     facts.in_process_enabled = c_.in_process;
-    facts.action = d.action;
-    facts.backoff = d.delay > Duration(0);
     facts.hang = c_.causes[f.cause].name == "hang";
     // The job's nodes when it failed (the failed node is evicted only after
     // this decision).
@@ -578,9 +576,7 @@ class Run {
     facts.failed_ranks = static_cast<int>(c_.gpus_per_node);
     facts.nodes = static_cast<int>(std::min<int64_t>(members, 1 << 30));
     facts.min_nodes = static_cast<int>(c_.min_nodes);
-    const bool leaves = d.action == RecoveryAction::kReplaceWithSpare ||
-                        d.action == RecoveryAction::kEvictAndWaitForRepair;
-    facts.nodes_to_replace = leaves ? 1 : 0;
+    facts.nodes_to_replace = node_leaves ? 1 : 0;
     facts.spares_available = spares;
     facts.productive = !f.during_recovery;
     if (f.during_recovery) {
@@ -588,7 +584,7 @@ class Run {
     } else {
       facts.survivors_rejoining = facts.world_size - facts.failed_ranks;
     }
-    return core::ChooseRoute(facts);
+    return facts;
   }
 
   void Decide() {
@@ -598,24 +594,28 @@ class Run {
     bool in_place = !pending.empty();
     for (const PendingFailure& f : pending) {
       const CauseSpec& cause = c_.causes[f.cause];
-      core::FailureEvent event;
-      event.node = f.node;
-      event.cause = cause.name;
-      event.step = f.step;
-      event.during_recovery = f.during_recovery;
-      event.spares_available = SparesFree();
-      core::RecoveryDecision d = policy_.Step(event, At(now_));
+      // The failure policies, combined as the job machine combines them.
+      core::FailureFacts facts;
+      facts.event.node = f.node;
+      facts.event.cause = cause.name;
+      facts.event.step = f.step;
+      facts.event.during_recovery = f.during_recovery;
+      facts.event.spares_available = SparesFree();
+      facts.strikes = c_.multi_strike;
+      const core::FailureDecision d =
+          core::DecideFailure(policy_, facts, At(now_), [&](RecoveryAction, bool node_leaves) {
+            return RouteFactsOf(f, node_leaves, facts.event.spares_available);
+          });
       Incident incident{now_,       c_.DetectFor(cause),
-                        d.node,     IncidentKind::kFailure,
+                        f.node,     IncidentKind::kFailure,
                         cause.name, std::string(core::RecoveryActionName(d.action)),
                         d.reason,   {},
                         {},         {}};
-      if (d.action != RecoveryAction::kStop && d.action != RecoveryAction::kTolerate) {
-        const core::RouteDecision route = RouteOf(f, d, event.spares_available);
-        in_place = in_place && route.route != core::RecoveryRoute::kFullRestart;
-        if (route.route == core::RecoveryRoute::kShrink) ++result_.shrinks;
-        incident.route = route.route;
-        incident.route_reason = route.reason;
+      if (d.route) {
+        in_place = in_place && d.route->route != core::RecoveryRoute::kFullRestart;
+        if (d.route->route == core::RecoveryRoute::kShrink) ++result_.shrinks;
+        incident.route = d.route->route;
+        incident.route_reason = d.route->reason;
       } else {
         in_place = false;
       }
@@ -637,7 +637,7 @@ class Run {
           Stop(d.reason);
           return;
       }
-      StrikeAndJudge(f.node, cause.name, cause.name);
+      if (d.strike) StrikeAndJudge(f.node, cause.name, cause.name);
     }
     resume_in_place_ = in_place && segment_at_stake_;
     if (!resume_in_place_ && segment_at_stake_) {
@@ -692,9 +692,7 @@ class Run {
 
   // How many empty slots the job trains with (elastic: down to min_nodes;
   // the first start waits for every node, as the job machine's does).
-  int64_t Shrinkable() const {
-    return c_.min_nodes > 0 && started_ ? c_.nodes - c_.min_nodes : 0;
-  }
+  int64_t Shrinkable() const { return c_.min_nodes > 0 && started_ ? c_.nodes - c_.min_nodes : 0; }
 
   // A shrunk job grows back in process once a node is free for an empty
   // slot (as the job machine's MaybeGrow does at the next step): the ranks
