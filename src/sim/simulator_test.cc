@@ -246,6 +246,39 @@ TEST(Simulator, ScriptedDecisionsAreTheCores) {
   EXPECT_EQ(r.quarantines, 1);
 }
 
+// A collective timeout is no evidence against the node that reported it
+// (core::DecideFailure, as the controller decides): three on one node within
+// the soft window restart it in place and strike nothing, where three
+// node_failures quarantine it (above). The simulator once struck every cause
+// that was not software, so it quarantined nodes the controller keeps.
+TEST(Simulator, AnAmbiguousCauseStrikesNoNode) {
+  SimConfig c;
+  c.nodes = 8;
+  c.spares = 2;
+  c.failure_rate = 0;
+  c.duration = hours(24);
+  c.ckpt_interval = minutes(30);
+  c.health_check = false;
+  c.cause_mix = "llama3";
+  using K = ScriptedEvent::Kind;
+  c.script = {
+      {K::kFailure, hours(2), core::NodeId{5}, "nccl_watchdog_timeout", 1},
+      {K::kFailure, hours(5), core::NodeId{5}, "nccl_watchdog_timeout", 1},
+      {K::kFailure, hours(8), core::NodeId{5}, "nccl_watchdog_timeout", 1},
+  };
+  RunResult r = SimulateRun(Final(c), 1, 1000);
+  int restarts = 0;
+  for (const Incident& in : r.incidents) {
+    if (in.kind == IncidentKind::kFailure && in.node.value == 5) {
+      EXPECT_EQ(in.action, "restart_in_place");
+      ++restarts;
+    }
+  }
+  EXPECT_EQ(restarts, 3);
+  EXPECT_EQ(FindIncident(r, IncidentKind::kQuarantine, 5), nullptr);
+  EXPECT_EQ(r.quarantines, 0);
+}
+
 TEST(Simulator, SdcCheckRollsBackAndEvicts) {
   SimConfig c;
   c.nodes = 8;
