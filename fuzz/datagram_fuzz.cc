@@ -1,7 +1,8 @@
-// Fuzz target: agent::ParseDatagram, what an agent reads from any process
+// Fuzz target: contract::ParseDatagram, what an agent reads from any process
 // that can reach its worker socket, on any bytes. It never throws; what it
 // accepts is within the documented ranges, a snapshot names one of the
-// sender's own slots (kT0Slots), and the gate takes it only with the credential.
+// sender's own slots (kT0Slots), the gate takes it only with the credential,
+// and the client's encoding of what it accepted reads back the same.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +15,7 @@
 
 using namespace endure;
 using namespace endure::agent;
+using namespace endure::contract;
 
 namespace {
 
@@ -73,5 +75,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(gate.Admit(*d) == DatagramGate::Verdict::kAccept);
   gate.credential = d->token + "x";
   FUZZ_CHECK(gate.Admit(*d) == DatagramGate::Verdict::kBadCredential);
+  // The worker contract's two halves agree: what the agent accepted, the
+  // client's encoder writes so that it parses back to the same datagram.
+  const std::string encoded = EncodeDatagram(*d);
+  Result<Datagram> again = ParseDatagram(encoded, kContext);
+  FUZZ_CHECK(again.ok());
+  FUZZ_CHECK(EncodeDatagram(*again) == encoded);
   return 0;
 }

@@ -41,7 +41,7 @@
 #include "common/net.h"
 #include "common/secret.h"
 #include "common/tls.h"
-#include "common/worker_env.h"
+#include "contract/worker_contract.h"
 #include "core/incident_match.h"
 #include "faults/fault.h"
 #include "proto/wire_enums.h"

@@ -23,7 +23,7 @@
 //
 // Workers never see the job token: each generation gets a fresh random
 // credential (their ENDURE_TOKEN), and only datagrams that carry it, parsed
-// and checked by agent/datagram.h, are taken.
+// and checked by contract/worker_contract.h, pass agent/datagram.h's gate.
 #pragma once
 
 #include <atomic>

@@ -13,6 +13,8 @@ namespace endure::agent {
 namespace {
 
 using Json = nlohmann::json;
+using contract::kMaxCount;
+using contract::kMaxWorldSize;
 using namespace std::chrono_literals;
 
 const DatagramContext kContext{"/dev/shm/endure-42-node0/t0"};

@@ -13,7 +13,7 @@
 // verifies what the node holds, for the controller's choice of restore point.
 //
 // Everything a worker or a peer says is checked before it names a file: a
-// notice's path is the worker's own slot (agent/datagram.h), a slot header
+// notice's path is the worker's own slot (contract/worker_contract.h), a slot header
 // must name the worker's own shard, and a replica's node must be a valid
 // node name (common/names.h). A replica is bounded by the generation's
 // memory budget (else by ReplicaLimit's default) before its bytes arrive.

@@ -19,7 +19,7 @@
 
 #include "agent/progress_pattern.h"
 #include "common/secret.h"
-#include "common/worker_env.h"
+#include "contract/worker_contract.h"
 
 namespace endure::agent {
 namespace {

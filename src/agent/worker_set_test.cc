@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "common/subprocess.h"
-#include "common/worker_env.h"
+#include "contract/worker_contract.h"
 
 namespace endure::agent {
 namespace {

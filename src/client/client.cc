@@ -34,7 +34,7 @@
 #include "common/env.h"
 #include "common/hash.h"
 #include "common/mutex.h"
-#include "common/worker_env.h"
+#include "contract/worker_contract.h"
 #include "core/loss_anomaly_detector.h"
 #include "faults/fault.h"
 
@@ -88,44 +88,23 @@ Result<std::vector<int64_t>> ParseStepList(const char* name, const std::string& 
   return steps;
 }
 
-// JSON has no NaN or infinity: those travel as strings.
-nlohmann::json LossJson(double loss) {
-  if (std::isnan(loss)) return "nan";
-  if (std::isinf(loss)) return loss > 0 ? "inf" : "-inf";
-  return loss;
-}
-
-// Every datagram's common fields.
-nlohmann::json Envelope(const char* type, const std::string& token, int64_t generation, int rank) {
-  return {{"type", type},
-          {"token", token},
-          {"generation", generation},
-          {"rank", rank},
-          {"t", WallSeconds()}};
+// A datagram from this rank, stamped now, in the worker contract's
+// encoding (contract/worker_contract.h: what the agent parses).
+std::string Encode(const std::string& token, int64_t generation, int rank,
+                   contract::DatagramMessage message) {
+  contract::Datagram d;
+  d.token = token;
+  d.generation = generation;
+  d.rank = rank;
+  d.time_s = WallSeconds();
+  d.message = std::move(message);
+  return contract::EncodeDatagram(d);
 }
 
 struct PendingFault {
   Fault fault;
   bool fired = false;
 };
-
-// ^[a-z][a-z0-9_]{0,31}$: what the agent accepts as a phase name.
-bool IsPhaseName(std::string_view name) {
-  if (name.empty() || name.size() > 32 || name[0] < 'a' || name[0] > 'z') return false;
-  for (char c : name) {
-    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
-  }
-  return true;
-}
-
-// 16 lowercase hex digits, as Fingerprint writes them.
-bool IsFingerprint(std::string_view hex) {
-  if (hex.size() != 16) return false;
-  for (char c : hex) {
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  }
-  return true;
-}
 
 // The least a comm-slow fault stretches a collective by, per unit of
 // (factor - 1): a collective that took no measurable time (one rank, or the
@@ -429,19 +408,18 @@ bool Session::FingerprintDue(int64_t step_index) const {
 }
 
 Status Session::Phase(std::string_view name) {
-  if (!IsPhaseName(name)) {
+  if (!contract::IsPhaseName(name)) {
     return InvalidArgument("Phase: '" + std::string(name.substr(0, 64)) +
                            "' is not a phase name (^[a-z][a-z0-9_]{0,31}$, e.g. \"eval\")");
   }
   Impl& s = *impl_;
   s.phase = std::string(name);
   if (s.fd < 0) return Status::Ok();
-  nlohmann::json j = Envelope("phase", s.token, s.generation, s.rank);
-  j["phase"] = s.phase;
-  j["step"] = s.steps_done.load();
+  const std::string datagram =
+      Encode(s.token, s.generation, s.rank, contract::PhaseMessage{s.phase, s.steps_done.load()});
   // Retried: a lost "eval" would leave the agent timing a long evaluation
   // as a training step, and phases change a few times per evaluation at most.
-  s.Send(j.dump(), /*retry=*/true);
+  s.Send(datagram, /*retry=*/true);
   return Status::Ok();
 }
 
@@ -449,18 +427,17 @@ Status Session::ReportFingerprint(int64_t step_index, std::string_view fingerpri
   if (step_index < 0) {
     return InvalidArgument("ReportFingerprint: step index " + std::to_string(step_index) + " < 0");
   }
-  if (!IsFingerprint(fingerprint)) {
+  if (!contract::IsFingerprint(fingerprint)) {
     return InvalidArgument("ReportFingerprint: '" + std::string(fingerprint.substr(0, 64)) +
                            "' is not 16 lowercase hex digits (as Fingerprint returns)");
   }
   Impl& s = *impl_;
   if (s.fd < 0) return Status::Ok();
-  nlohmann::json j = Envelope("fingerprint", s.token, s.generation, s.rank);
-  j["step"] = step_index + 1;
-  j["fingerprint"] = std::string(fingerprint);
   // Not retried, like a step report: a lost one costs one check, and the
   // next check compares the same (still corrupted) parameters.
-  s.Send(j.dump(), /*retry=*/false);
+  s.Send(Encode(s.token, s.generation, s.rank,
+                contract::FingerprintMessage{step_index + 1, std::string(fingerprint)}),
+         /*retry=*/false);
   return Status::Ok();
 }
 
@@ -551,20 +528,17 @@ bool Session::Impl::Send(const std::string& datagram, bool retry) {
 
 void Session::Impl::SendFault(const PendingFault& p, int64_t step) {
   if (fd < 0) return;
-  nlohmann::json j = Envelope("fault", token, generation, rank);
-  j["id"] = p.fault.id;
-  j["kind"] = faults::FaultKindName(p.fault.kind);
-  j["step"] = step;
-  Send(j.dump(), /*retry=*/true);
+  Send(Encode(token, generation, rank, contract::FaultMessage{p.fault.id, p.fault.kind, step}),
+       /*retry=*/true);
 }
 
 void Session::Impl::HeartbeatLoop() {
   MutexLock lock(&mu);
   while (!stop) {
-    nlohmann::json j = Envelope("heartbeat", token, generation, rank);
-    j["step"] = steps_done.load();
+    const std::string datagram =
+        Encode(token, generation, rank, contract::HeartbeatMessage{steps_done.load()});
     lock.Unlock();
-    Send(j.dump(), /*retry=*/false);
+    Send(datagram, /*retry=*/false);
     lock.Lock();
     stop_cv.WaitFor(lock, heartbeat_interval, [this]() REQUIRES(mu) { return stop; });
   }
@@ -576,10 +550,9 @@ Status Session::AnnounceStackSignal(int signal) {
                            " is not SIGUSR1, SIGUSR2 or a real-time signal");
   }
   if (impl_->fd < 0) return Status::Ok();
-  nlohmann::json j = Envelope("stacks", impl_->token, impl_->generation, impl_->rank);
-  j["signal"] = signal;
   // Retried: unlike a step report, this one is sent once, at start-up.
-  impl_->Send(j.dump(), /*retry=*/true);
+  impl_->Send(Encode(impl_->token, impl_->generation, impl_->rank, contract::StacksMessage{signal}),
+              /*retry=*/true);
   return Status::Ok();
 }
 
@@ -587,13 +560,13 @@ void Session::Ready(int64_t start_step, double restore_s, double init_s) {
   Impl& s = *impl_;
   s.steps_done.store(start_step);
   if (s.fd < 0) return;
-  nlohmann::json j = Envelope("ready", s.token, s.generation, s.rank);
-  j["start_step"] = start_step;
-  j["restore_s"] = restore_s;
-  j["init_s"] = init_s;
-  if (s.declares_rejoin) j["rejoin"] = true;
-  if (s.declares_deterministic) j["deterministic"] = true;
-  s.Send(j.dump(), /*retry=*/false);
+  contract::ReadyMessage m;
+  m.start_step = start_step;
+  m.restore_s = restore_s;
+  m.init_s = init_s;
+  m.rejoin = s.declares_rejoin;
+  m.deterministic = s.declares_deterministic;
+  s.Send(Encode(s.token, s.generation, s.rank, m), /*retry=*/false);
 }
 
 bool Session::rejoin_offered_here() const { return !impl_->rejoin_file.empty(); }
@@ -771,16 +744,16 @@ std::optional<double> Session::EndStep(int64_t step_index, std::optional<double>
   s.injected_comm_s = 0;
   s.steps_done.store(step);
   if (s.fd >= 0) {
-    nlohmann::json j = Envelope("step", s.token, s.generation, s.rank);
-    j["step"] = step;
-    j["loss"] = logged ? LossJson(*logged) : nlohmann::json();
-    j["compute_s"] = compute_s;
-    j["comm_s"] = comm_s;
-    j["ckpt_stall_s"] = ckpt_stall_s;
-    j["checkpoint_step"] = checkpoint_step;
-    if (s.tokens_per_step > 0) j["tokens"] = s.tokens_per_step;
-    if (s.total_steps > 0) j["total_steps"] = s.total_steps;
-    s.Send(j.dump(), /*retry=*/false);
+    contract::StepMessage m;
+    m.step = step;
+    m.loss = logged;
+    m.compute_s = compute_s;
+    m.comm_s = comm_s;
+    m.ckpt_stall_s = ckpt_stall_s;
+    m.checkpoint_step = checkpoint_step;
+    m.tokens = std::max<int64_t>(0, s.tokens_per_step);
+    m.total_steps = std::max<int64_t>(0, s.total_steps);
+    s.Send(Encode(s.token, s.generation, s.rank, m), /*retry=*/false);
   }
   return logged;
 }
@@ -791,11 +764,12 @@ void Session::EndSkippedStep(int64_t step_index, double ckpt_stall_s, int64_t ch
   s.injected_comm_s = 0;  // a skipped step's collectives (if any) are not measured
   s.steps_done.store(step);
   if (s.fd < 0) return;
-  nlohmann::json j = Envelope("skip", s.token, s.generation, s.rank);
-  j["step"] = step;
-  j["ckpt_stall_s"] = ckpt_stall_s;
-  j["checkpoint_step"] = checkpoint_step;
-  s.Send(j.dump(), /*retry=*/false);
+  contract::StepMessage m;
+  m.skipped = true;
+  m.step = step;
+  m.ckpt_stall_s = ckpt_stall_s;
+  m.checkpoint_step = checkpoint_step;
+  s.Send(Encode(s.token, s.generation, s.rank, m), /*retry=*/false);
 }
 
 namespace {
@@ -858,16 +832,11 @@ Result<bool> Session::SaveSnapshot(int64_t step, int shards, const std::string& 
                         std::chrono::seconds(30)));
   if (!saved) return false;
   if (s.fd >= 0) {
-    nlohmann::json j = Envelope("snapshot", s.token, s.generation, s.rank);
-    j["step"] = step;
-    j["shard"] = s.rank;
-    j["shards"] = shards;
-    j["path"] = saved->path;
-    j["bytes"] = saved->bytes;
-    j["xxh3"] = HexU64(saved->xxh3);
+    const std::string datagram =
+        Encode(s.token, s.generation, s.rank, contract::SnapshotMessage{step, shards, saved->path});
     // Not retried: a training step never waits for the agent. The agent
     // also finds the slot when it next scans them.
-    s.Send(j.dump(), /*retry=*/false);
+    s.Send(datagram, /*retry=*/false);
   }
   return true;
 }

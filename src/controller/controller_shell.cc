@@ -16,7 +16,7 @@
 #include "common/names.h"
 #include "common/secret.h"
 #include "common/utf8.h"
-#include "common/worker_env.h"
+#include "contract/worker_contract.h"
 #include "controller/report.h"
 #include "core/incident_match.h"
 #include "core/job_codec.h"
@@ -366,12 +366,13 @@ ControllerShell::Queued ControllerShell::Translate(const proto::AgentEvent& e, N
       const auto& s = e.step();
       core::StepEnd step{
           gen, s.rank(), s.step(), s.loss(), s.ckpt_stall_s(), s.checkpoint_step(), s.skipped()};
-      // Hostile until checked: a negative or non-finite compute time, or a
-      // step count beyond what a double holds, is none.
-      if (std::isfinite(s.compute_s()) && s.compute_s() > 0 && s.compute_s() < 1e7) {
+      // Hostile until checked, by the worker contract's bounds: a negative
+      // or non-finite compute time, or a step count beyond what a double
+      // holds, is none.
+      if (contract::IsSeconds(s.compute_s()) && s.compute_s() > 0) {
         step.compute_s = s.compute_s();
       }
-      if (s.total_steps() > 0 && s.total_steps() < (int64_t{1} << 53)) {
+      if (s.total_steps() > 0 && s.total_steps() <= contract::kMaxCount) {
         step.total_steps = s.total_steps();
       }
       q.event = step;
@@ -380,20 +381,13 @@ ControllerShell::Queued ControllerShell::Translate(const proto::AgentEvent& e, N
     }
     case proto::AgentEvent::kPhase: {
       const std::string& phase = e.phase().phase();
-      if (phase.empty() || phase.size() > 32 ||
-          !std::islower(static_cast<unsigned char>(phase[0])) ||
-          !std::all_of(phase.begin(), phase.end(), [](char c) {
-            return std::islower(static_cast<unsigned char>(c)) ||
-                   std::isdigit(static_cast<unsigned char>(c)) || c == '_';
-          })) {
-        break;  // the agent checks it; a damaged one is dropped
-      }
+      if (!contract::IsPhaseName(phase)) break;  // the agent checks it; a damaged one is dropped
       q.event = core::PhaseChanged{gen, e.phase().rank(), phase};
       break;
     }
     case proto::AgentEvent::kFingerprint: {
       const auto& f = e.fingerprint();
-      if (!core::IsValidFingerprint(f.fingerprint())) break;
+      if (!contract::IsFingerprint(f.fingerprint())) break;
       q.event = core::FingerprintReported{gen, f.rank(), f.step(), f.fingerprint()};
       break;
     }

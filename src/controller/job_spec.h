@@ -21,6 +21,7 @@
 
 #include "common/duration.h"
 #include "common/status.h"
+#include "contract/worker_contract.h"
 #include "core/job_machine.h"
 #include "faults/fault.h"
 
@@ -29,9 +30,9 @@ namespace endure::controller {
 // Bounds that keep an absurd spec from crashing or exhausting the machine:
 // refused with the file, line and key like any other bad value.
 inline constexpr int kMaxNodes = 100'000;
-inline constexpr int kMaxRanksPerNode = 1024;        // workers (GPUs) of one machine
-inline constexpr int kMaxWorldSize = 1 << 20;        // nodes x ranks_per_node
-inline constexpr int kMaxDetectionWindow = 100'000;  // hang_window, loss_window (steps)
+inline constexpr int kMaxRanksPerNode = 1024;                  // workers (GPUs) of one machine
+inline constexpr int kMaxWorldSize = contract::kMaxWorldSize;  // nodes x ranks_per_node
+inline constexpr int kMaxDetectionWindow = 100'000;            // hang_window, loss_window (steps)
 inline constexpr Duration kMaxStopTimeout = std::chrono::hours(1);  // grace_period, stack_timeout
 inline constexpr Duration kMaxControllerGrace = std::chrono::hours(24 * 30);
 inline constexpr int64_t kMaxSpecBytes = 1 << 20;  // the spec file

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common/status.h"
+#include "contract/worker_contract.h"
 
 namespace endure::core {
 namespace {
@@ -31,12 +32,6 @@ std::string DescribeGroups(const std::vector<Group>& groups) {
 
 }  // namespace
 
-bool IsValidFingerprint(std::string_view fingerprint) {
-  return fingerprint.size() == 16 &&
-         std::all_of(fingerprint.begin(), fingerprint.end(),
-                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-}
-
 void SdcChecker::OnGenerationStart(int world_size) {
   ENDURE_CHECK(world_size >= 1);
   last_reported_.assign(world_size, std::nullopt);
@@ -47,7 +42,7 @@ std::optional<SdcVerdict> SdcChecker::OnFingerprint(Rank rank, StepNumber step,
                                                     std::string_view fingerprint) {
   const int world = static_cast<int>(last_reported_.size());
   if (rank.value < 0 || rank.value >= world) return std::nullopt;
-  if (!IsValidFingerprint(fingerprint)) return std::nullopt;
+  if (!contract::IsFingerprint(fingerprint)) return std::nullopt;
   std::optional<StepNumber>& last = last_reported_[rank.value];
   if (last.has_value() && step <= *last) return std::nullopt;
   last = step;

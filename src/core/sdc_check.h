@@ -26,9 +26,6 @@
 
 namespace endure::core {
 
-// True for exactly 16 lowercase hex digits: the form the client sends.
-bool IsValidFingerprint(std::string_view fingerprint);
-
 struct SdcVerdict {
   StepNumber step;
   // Every replica reported the same fingerprint (with one replica, trivially).

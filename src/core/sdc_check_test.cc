@@ -25,16 +25,6 @@ std::optional<SdcVerdict> Check(SdcChecker& checker, int64_t step,
                                StepNumber{step}, fingerprints.back());
 }
 
-TEST(SdcChecker, ValidatesFingerprints) {
-  EXPECT_TRUE(IsValidFingerprint(kGood));
-  EXPECT_TRUE(IsValidFingerprint("0123456789abcdef"));
-  EXPECT_FALSE(IsValidFingerprint("0123456789ABCDEF"));
-  EXPECT_FALSE(IsValidFingerprint("0123456789abcde"));
-  EXPECT_FALSE(IsValidFingerprint("0123456789abcdef0"));
-  EXPECT_FALSE(IsValidFingerprint("0123456789abcdeg"));
-  EXPECT_FALSE(IsValidFingerprint(""));
-}
-
 TEST(SdcChecker, AgreementAdvancesLastAgreed) {
   SdcChecker checker;
   EXPECT_EQ(checker.last_agreed(), StepNumber{-1});

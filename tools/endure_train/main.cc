@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "common/worker_env.h"
+#include "contract/worker_contract.h"
 #include "endure/client.h"
 #include "trainer/trainer.h"
 
