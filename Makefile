@@ -10,7 +10,7 @@ FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
 
-.PHONY: all deps configure build demo test unit integration integration-loaded bench format clean \
+.PHONY: all deps configure build demo test unit integration integration-loaded bench simtest format clean \
         fuzz-build fuzz fuzz-seeds
 
 all: build
@@ -49,6 +49,15 @@ integration-loaded: build
 
 bench: build
 	scripts/bench
+
+# The deterministic cluster simulation (src/sim/cluster_sim.h) over SEEDS
+# seeds from FIRST; prints the first seed that breaks an invariant and the
+# command that replays it. SIMFLAGS: e.g. "--nodes 8 --ranks 4 --faults 20".
+SEEDS ?= 1000
+FIRST ?= 1
+SIMFLAGS ?=
+simtest: build
+	$(BUILD)/bin/endure_simtest --seeds $(SEEDS) --first $(FIRST) $(SIMFLAGS)
 
 $(FUZZ_BUILD)/CMakeCache.txt:
 	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DENDURE_FUZZ=ON -DENDURE_WITH_TORCH=OFF \

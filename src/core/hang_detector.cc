@@ -169,6 +169,11 @@ Status HangDetector::OnStepEnd(int rank, StepNumber step, TimePoint now) {
   return Status::Ok();
 }
 
+bool HangDetector::AnyRankInOtherPhase() const {
+  return std::any_of(ranks_.begin(), ranks_.end(),
+                     [&](const RankProgress& p) { return !p.finished && InOtherPhase(p); });
+}
+
 void HangDetector::Resume(TimePoint now) {
   if (!active_) return;
   if (InStartup()) generation_start_ = std::max(generation_start_, now);

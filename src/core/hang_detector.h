@@ -143,6 +143,10 @@ class HangDetector {
   // one, or the start-up timeout while warming up).
   Duration StepTimeout() const;
 
+  // Whether some watched rank is in a phase other than "train" (an
+  // evaluation, a save): its silence is not a training step's.
+  bool AnyRankInOtherPhase() const;
+
   // p99 of the recorded step durations, or nullopt when none are recorded.
   std::optional<Duration> P99StepDuration() const;
 

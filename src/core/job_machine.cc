@@ -361,6 +361,7 @@ void JobMachine::OnWorkerReady(const WorkerReady& e, TimePoint now) {
   max_restore_s_ = std::max(max_restore_s_, e.restore_s);
   start_step_ = e.start_step;
   if (std::all_of(rank_ready_.begin(), rank_ready_.end(), [](bool b) { return b; })) {
+    all_ready_at_ = now;
     if (Incident* inc = OpenIncident()) {
       inc->ready_at = now;
       inc->restore_s = max_restore_s_;
@@ -368,6 +369,8 @@ void JobMachine::OnWorkerReady(const WorkerReady& e, TimePoint now) {
     }
     loss_.RollBackTo(e.start_step);
     sdc_.RollBackTo(e.start_step);
+    if (in_process_from_.value >= 0 && e.start_step < in_process_from_) ledger_.RollBack(now);
+    in_process_from_ = StepNumber{-1};
   }
 }
 
@@ -390,6 +393,7 @@ void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobActio
   if (!productive_ && job_step > start_step_) {
     // Every rank finished its first step of this generation.
     productive_ = true;
+    if (all_ready_at_) first_step_took_ = now - *all_ready_at_;
     ledger_.Enter(LedgerCategory::kProductive, now);
     if (Incident* inc = OpenIncident()) {
       inc->recovered_at = now;
@@ -749,9 +753,13 @@ bool JobMachine::ConfirmsItsRecurrence(const Failure& failure) const {
 void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<JobAction>& out) {
   if (phase_ != JobPhase::kRunning) return;
   // Time between the fault and now was not productive: it was detection.
+  // Nor was a stall before it: when no step completed for longer than a
+  // step takes, the training stopped then, whatever the failure's own time
+  // says (a collective that timed out on a dead peer, a node whose loss the
+  // heartbeat declared later).
   if (productive_) {
-    ledger_.Reclassify(std::max(Duration(0), now - failure.fault_at), LedgerCategory::kDetection,
-                       now);
+    const TimePoint stopped = std::min(failure.fault_at, StalledSince().value_or(now));
+    ledger_.Reclassify(std::max(Duration(0), now - stopped), LedgerCategory::kDetection, now);
   }
   ledger_.Enter(LedgerCategory::kRecovery, now);
 
@@ -898,8 +906,12 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
 
   if (route && route->route != RecoveryRoute::kFullRestart) {
     // In process: the ranks that kept their state lose nothing but the step
-    // in flight; the failed ones take the state from them.
-    ledger_.Commit(now);
+    // in flight; the failed ones take the state from them. What they trained
+    // since the last checkpoint stays at risk (uncommitted) until the next
+    // one: a later failure that restores it makes that time recompute, and
+    // so do ranks that come back at an older step than they had
+    // (OnWorkerReady).
+    in_process_from_ = job_step_;
     std::vector<NodeId> next = members_;
     std::vector<NodeId> spares;
     for (NodeId n : HealthyNodes()) {
@@ -1001,7 +1013,7 @@ void JobMachine::MaybeGrow(TimePoint now, std::vector<JobAction>& out) {
                                 " of " + std::to_string(options_.nodes) +
                                 " nodes in process at step " + std::to_string(job_step_.value) +
                                 ": " + added + " joined and took the state from a peer"});
-  ledger_.Commit(now);
+  in_process_from_ = job_step_;
   StartGeneration(std::move(next), /*rejoin=*/true, now, out);
 }
 
@@ -1064,6 +1076,7 @@ void JobMachine::StartGeneration(std::vector<NodeId> nodes, bool rejoin, TimePoi
   sdc_.OnGenerationStart(world_size());
   stacks_.clear();
   last_job_step_at_.reset();
+  all_ready_at_.reset();
   if (Incident* inc = OpenIncident()) inc->relaunched_at = now;
   phase_ = JobPhase::kRunning;
   out.push_back(StartGenerationAction{
@@ -1084,6 +1097,16 @@ void JobMachine::Finish(int code, std::string reason, TimePoint now, std::vector
 }
 
 // ---- Implicit failures and isolation ----
+
+std::optional<TimePoint> JobMachine::StalledSince() const {
+  if (!productive_ || !last_job_step_at_ || hang_.AnyRankInOtherPhase()) return std::nullopt;
+  // Before the job has measured its steps, the generation's first step
+  // (from every rank ready to its end) is the estimate.
+  Duration step = MedianStepTime();
+  if (step <= Duration(0) && first_step_took_) step = *first_step_took_;
+  if (step <= Duration(0)) return std::nullopt;
+  return *last_job_step_at_ + step;
+}
 
 Duration JobMachine::MedianStepTime() const {
   if (step_times_.empty()) return hang_.P99StepDuration().value_or(Duration(0));

@@ -537,6 +537,10 @@ class JobMachine {
   void EvictNode(NodeId node, const std::string& reason, std::vector<JobAction>& out);
   void Strike(NodeId node, std::string_view cause, std::string detail, std::vector<JobAction>& out);
   Duration MedianStepTime() const;
+  // When the training stopped, if it did: the last step's end plus a median
+  // step, once that is past (nullopt while not productive, before a step,
+  // or while a rank is in another phase, whose silence is no stall).
+  std::optional<TimePoint> StalledSince() const;
   StepNumber NewestCheckpoint() const;
   // Any phase: `node` is lost (at `fault_at`, the best estimate: its last
   // heartbeat, or now when its stream dropped); a failure when it is a
@@ -598,6 +602,15 @@ class JobMachine {
   Generation replay_generation_;
   double max_restore_s_ = 0;
   StepNumber job_step_;
+  // The job's step when an in-process restart or regrow was decided (-1:
+  // none pending): ranks ready at an older step restored a checkpoint, and
+  // the time trained since it is recompute.
+  StepNumber in_process_from_{-1};
+  // When every rank of this generation was ready, and how long the first
+  // step of the latest generation took from then (StalledSince's estimate
+  // of a step before the job has measured any).
+  std::optional<TimePoint> all_ready_at_;
+  std::optional<Duration> first_step_took_;
   StepNumber start_step_;    // step the current generation started from
   bool productive_ = false;  // the current generation has completed a step
   double last_loss_ = 0;

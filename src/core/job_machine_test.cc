@@ -267,6 +267,81 @@ TEST(JobMachine, ALostNodesFaultIsWhenItsStreamBroke) {
   EXPECT_NEAR(Seconds(job.m.ledger().total(LedgerCategory::kDetection)), 2.0, 1e-9);
 }
 
+// A collective failure reported long after the training stopped (a peer
+// died silently; the survivors' collective timed out 5 s later): no step
+// completed after the last one's end plus a step, so that time was the
+// fault's, not training. Found by the cluster simulation (endure_simtest):
+// it was booked productive.
+TEST(JobMachine, AStallBeforeACollectiveFailureIsNotProductive) {
+  Job job;
+  job.Up();
+  job.Ready(0);
+  job.Run(1, 20);  // steps of 0.15 s; step 20 ends at job.now
+  const double last = job.now;
+  const Duration productive = job.m.ledger().total(LedgerCategory::kProductive);
+  job.now = last + 5.0;
+  auto a = job.Do(WorkerExitEvent{0, 0, NodeId{0}, 1, std::nullopt});
+  ASSERT_EQ(Find<StopGenerationAction>(a).size(), 1u);
+  // Of the 5 s, the step in flight (0.15 s) counts as it did; the rest is
+  // detection.
+  EXPECT_NEAR(Seconds(job.m.ledger().total(LedgerCategory::kDetection)), 4.85, 1e-6);
+  EXPECT_NEAR(Seconds(job.m.ledger().total(LedgerCategory::kProductive) +
+                      job.m.ledger().total(LedgerCategory::kRecompute) - productive),
+              0.15, 1e-6);
+}
+
+// The same before the job has measured a step time: the generation's first
+// step (from every rank ready to its end) stands in. A rank hung after step
+// 1, unnoticed under the start-up timeout, until a node's stream broke 30 s
+// later (endure_simtest --nodes 8 --ranks 4 --faults 20 --steps 300, seed
+// 536, booked those 30 s as productive).
+TEST(JobMachine, AStallAfterTheFirstStepIsNotProductive) {
+  Job job;
+  job.Up();
+  job.now = 1;
+  job.Ready(0);
+  job.now = 1.2;
+  job.StepBoth(1);
+  job.now = 31.2;
+  auto a = job.Do(NodeDown{NodeId{1}, "the agent's stream closed", T(29.2)});
+  ASSERT_EQ(Find<StopGenerationAction>(a).size(), 1u);
+  // Step 1 took 0.2 s: from 1.4 on, nothing trained.
+  EXPECT_NEAR(Seconds(job.m.ledger().total(LedgerCategory::kDetection)), 29.8, 1e-6);
+}
+
+// An in-process restart keeps the steps since the last checkpoint only if
+// the ranks come back at the step they had. When they come back at an older
+// step (they restored the checkpoint instead), those steps are recompute:
+// the ledger once credited them when the route was decided, and counted
+// them twice. Found by the cluster simulation (endure_simtest).
+TEST(JobMachine, AnInProcessRestartThatRestoredACheckpointRecomputesTheStepsSinceIt) {
+  for (const bool kept : {true, false}) {
+    SCOPED_TRACE(kept ? "ready at the step it had" : "ready at the checkpoint");
+    Job job;
+    job.Up();
+    job.now = 1;
+    for (int r = 0; r < 2; ++r) job.Do(WorkerReady{0, r, 0, 0, /*rejoin=*/true});
+    job.Run(1, 25);  // a checkpoint at 10 and 20
+    job.now += 0.05;
+    auto a = job.Do(WorkerExitEvent{0, 1, NodeId{1}, std::nullopt, 9});
+    auto start = Find<StartGenerationAction>(a);
+    ASSERT_EQ(start.size(), 1u);
+    ASSERT_TRUE(start[0].rejoin);
+    const Duration recompute = job.m.ledger().total(LedgerCategory::kRecompute);
+    job.now += 0.3;
+    const int64_t at = kept ? 25 : 20;
+    for (int r = 0; r < 2; ++r) job.Do(WorkerReady{1, r, at, 0.05, true});
+    const Duration lost = job.m.ledger().total(LedgerCategory::kRecompute) - recompute;
+    if (kept) {
+      EXPECT_EQ(lost, Duration(0));
+    } else {
+      // Steps 21 to 25 (0.75 s), trained after the checkpoint of step 20,
+      // and the step in flight when the rank died (0.05 s).
+      EXPECT_NEAR(Seconds(lost), 0.80, 1e-6);
+    }
+  }
+}
+
 // A rule whose action is stop_if_repeated (a full disk): the first failure
 // restarts, and says that this restart confirms it; the same cause in that
 // restart stops the job with a verdict. Another cause in between, or a

@@ -1,0 +1,717 @@
+// The deterministic cluster simulation; see cluster_sim.h.
+#include "sim/cluster_sim.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <optional>
+#include <queue>
+#include <random>
+#include <set>
+#include <utility>
+#include <variant>
+
+#include "common/duration.h"
+#include "core/job_codec.h"
+#include "core/job_machine.h"
+
+namespace endure::sim {
+namespace {
+
+using namespace std::chrono_literals;
+using core::Generation;
+using core::JobAction;
+using core::JobEvent;
+using core::JobMachine;
+using core::NodeId;
+using core::Rank;
+using core::StepNumber;
+using core::TimePoint;
+
+constexpr Duration kStepTime = 1s;
+constexpr Duration kHeartbeatEvery = 1s;
+constexpr Duration kStartup = 3s;         // a new worker's launch and restore
+constexpr Duration kRejoin = 200ms;       // a survivor's rejoin in process
+constexpr Duration kStopTime = 500ms;     // the agent stops its workers
+constexpr Duration kCommTimeout = 5s;     // a collective with a dead peer fails
+constexpr Duration kStreamGrace = 2s;     // a closed stream's NodeDown
+constexpr Duration kRepair = 90s;         // an evicted or lost node returns
+constexpr Duration kControllerDown = 3s;  // a controller restart's outage
+constexpr Duration kDeadline = 4h;        // the job must be done by then
+// What the network's delays may add to the productive time the ledger books.
+constexpr Duration kLedgerSlack = 2s;
+
+enum class FaultKind {
+  kCrash,
+  kHang,
+  kNodeSilent,
+  kNodeClosed,
+  kControllerRestart,
+  kSlowNetwork,
+  kDiskError,
+};
+constexpr int kFaultKinds = 7;
+
+const char* FaultName(FaultKind k) {
+  switch (k) {
+    case FaultKind::kCrash:
+      return "crash";
+    case FaultKind::kHang:
+      return "hang";
+    case FaultKind::kNodeSilent:
+      return "node-silent";
+    case FaultKind::kNodeClosed:
+      return "node-closed";
+    case FaultKind::kControllerRestart:
+      return "controller-restart";
+    case FaultKind::kSlowNetwork:
+      return "slow-network";
+    case FaultKind::kDiskError:
+      return "disk-error";
+  }
+  return "?";
+}
+
+// A fault fires as the job reaches `step` (on the node running `rank`), or,
+// when `at` is set, at that time whatever the job is doing (starting,
+// stopping, recovering) on node `node`, a spare or an idle one included.
+struct PlannedFault {
+  FaultKind kind;
+  int64_t step = 0;
+  int rank = 0;
+  std::optional<Duration> at;
+  int node = 0;
+  int local = 0;
+  bool fired = false;
+};
+
+uint64_t Mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  h ^= h >> 31;
+  h *= 0xbf58476d1ce4e5b9ULL;
+  return h ^ (h >> 29);
+}
+
+// A rank's parameters after training `step` steps of a run without faults.
+uint64_t Reference(int64_t step) {
+  uint64_t h = 1;
+  for (int64_t s = 1; s <= step; ++s) h = Mix(h, static_cast<uint64_t>(s));
+  return h;
+}
+
+struct Process {
+  bool alive = false;
+  bool hung = false;
+  int64_t step = 0;  // steps trained
+  uint64_t params = 1;
+};
+
+struct SimNode {
+  std::string name;
+  bool up = false;           // running and registered
+  bool faulty = false;       // had a fault of its own since it joined
+  uint64_t incarnation = 0;  // its stream: messages of an older one are lost
+  int generation = -1;       // the generation its processes run
+  std::vector<Process> procs;
+  TimePoint last_delivery;  // the stream is FIFO
+  TimePoint slow_until;     // a slow-network fault delays its messages
+};
+
+class Cluster {
+ public:
+  Cluster(uint64_t seed, const ClusterSimOptions& o) : o_(o), rng_(seed), m_(Start()) {
+    result_.seed = seed;
+    const int all = o_.nodes + o_.spares;
+    nodes_.resize(all);
+    for (int n = 0; n < all; ++n) {
+      nodes_[n].name = "node" + std::to_string(n);
+      nodes_[n].procs.resize(o_.ranks_per_node);
+    }
+    // The faults, drawn up front so that the network's draws do not move
+    // them.
+    const int count = static_cast<int>(Draw(o_.max_faults + 1));
+    const int world = o_.nodes * o_.ranks_per_node;
+    const uint64_t span_ms = static_cast<uint64_t>(o_.total_steps) * 1500;
+    for (int i = 0; i < count; ++i) {
+      PlannedFault f;
+      f.kind = static_cast<FaultKind>(Draw(kFaultKinds));
+      f.step = 1 + static_cast<int64_t>(Draw(static_cast<uint64_t>(o_.total_steps - 1)));
+      f.rank = static_cast<int>(Draw(static_cast<uint64_t>(world)));
+      if (Draw(2) == 1) {
+        f.at = std::chrono::milliseconds(Draw(span_ms));
+        f.node = static_cast<int>(Draw(static_cast<uint64_t>(all)));
+        f.local = static_cast<int>(Draw(static_cast<uint64_t>(o_.ranks_per_node)));
+      }
+      faults_.push_back(f);
+    }
+  }
+
+  ClusterSimResult Run() {
+    core::JobMachineOptions options;
+    options.nodes = o_.nodes;
+    options.ranks_per_node = o_.ranks_per_node;
+    options.in_process = o_.in_process;
+    options.recovery.backoff_initial = Duration(0);
+    options.recovery.paths["node_lost"] = core::RecoveryPath::kEvictAndReplace;
+    options.isolation.pairwise_test = false;
+    options.replacement_timeout = Duration(0);
+    Input(core::Configure{options, {}});
+    for (size_t n = 0; n < nodes_.size(); ++n) Join(NodeId{static_cast<int>(n)});
+    for (PlannedFault& f : faults_) {
+      if (f.at) At(Start() + *f.at, [this, &f] { Fire(f); });
+    }
+    while (!queue_.empty() && result_.violation.empty() && !result_.finished) {
+      Timed next = queue_.top();
+      queue_.pop();
+      if (next.at > Start() + kDeadline) {
+        Violate("the job did not finish within " + FormatDuration(kDeadline) + " (phase " +
+                std::to_string(static_cast<int>(m_.phase())) + ", step " +
+                std::to_string(m_.step().value) + ")");
+        break;
+      }
+      now_ = next.at;
+      next.fn();
+    }
+    if (result_.violation.empty() && !result_.finished) Violate("nothing left to happen");
+    if (result_.violation.empty()) CheckOutcome();
+    if (result_.violation.empty()) CheckReplay("at the end");
+    result_.generations = m_.generations_started();
+    result_.ettr = m_.ledger().Ettr();
+    return std::move(result_);
+  }
+
+ private:
+  struct Timed {
+    TimePoint at;
+    uint64_t seq;
+    std::function<void()> fn;
+    bool operator<(const Timed& o) const {  // a min-heap on (at, seq)
+      return at != o.at ? at > o.at : seq > o.seq;
+    }
+  };
+
+  static TimePoint Start() { return TimePoint{} + std::chrono::hours(1); }
+
+  // Uniform in [0, n): the low bits of a 64-bit draw (mt19937_64's output
+  // is the same everywhere; the standard distributions are not).
+  uint64_t Draw(uint64_t n) { return n == 0 ? 0 : rng_() % n; }
+
+  void At(TimePoint t, std::function<void()> fn) { queue_.push({t, seq_++, std::move(fn)}); }
+
+  void Trace(const std::string& line) {
+    char t[32];
+    std::snprintf(t, sizeof t, "%.3f ", Seconds(now_ - Start()));
+    result_.trace.push_back(t + line);
+    result_.fingerprint = Mix(result_.fingerprint, std::hash<std::string>{}(result_.trace.back()));
+  }
+
+  void Violate(const std::string& what) {
+    if (!result_.violation.empty()) return;
+    result_.violation = what;
+    Trace("VIOLATION " + what);
+  }
+
+  // ---- The controller: its machine, its journal, its inputs ----
+
+  void Input(const JobEvent& e) {
+    if (controller_down_) {
+      held_.push_back(e);  // the agents hold their reports through the outage
+      return;
+    }
+    ++result_.inputs;
+    const std::string line = core::EncodeEvent(e);
+    journal_.push_back({now_, line});
+    Trace("< " + line);
+    const std::vector<JobAction> actions = m_.Step(e, now_);
+    for (const JobAction& a : actions) Trace("> " + core::EncodeAction(a));
+    for (const JobAction& a : actions) Carry(a);
+    CheckInvariants();
+    ScheduleTick();
+  }
+
+  void ScheduleTick() {
+    const std::optional<TimePoint> due = m_.NextDeadline();
+    if (!due || (tick_at_ && *tick_at_ <= *due && *tick_at_ > now_)) return;
+    tick_at_ = std::max(*due, now_);
+    At(*tick_at_, [this, t = *tick_at_] {
+      if (tick_at_ != t) return;
+      tick_at_.reset();
+      const std::optional<TimePoint> due = m_.NextDeadline();
+      if (due && *due <= now_ && !controller_down_) {
+        Input(core::Tick{});
+      } else {
+        ScheduleTick();
+      }
+    });
+  }
+
+  void RestartController() {
+    ++result_.controller_restarts;
+    Trace("controller restarts");
+    controller_down_ = true;
+    tick_at_.reset();
+    At(now_ + kControllerDown, [this] {
+      CheckReplay("after a controller restart");
+      if (!result_.violation.empty()) return;
+      m_ = Replayed();
+      controller_down_ = false;
+      Input(core::ControllerResumed{});
+      std::vector<JobEvent> held;
+      held.swap(held_);
+      for (const JobEvent& e : held) Input(e);
+    });
+  }
+
+  JobMachine Replayed() const {
+    JobMachine fresh(Start());
+    for (const auto& [at, line] : journal_) {
+      Result<JobEvent> e = core::DecodeEvent(line);
+      ENDURE_CHECK(e.ok());
+      fresh.Step(*e, at);
+    }
+    return fresh;
+  }
+
+  static std::string State(const JobMachine& m) {
+    std::string s = "phase " + std::to_string(static_cast<int>(m.phase())) + " generation " +
+                    std::to_string(m.generation().value) + " step " +
+                    std::to_string(m.step().value) + " checkpoints";
+    for (StepNumber c : m.checkpoints()) s += " " + std::to_string(c.value);
+    s += " members";
+    for (NodeId n : m.members()) s += " " + std::to_string(n.value);
+    s += " up";
+    for (NodeId n : m.NodesUp()) s += " " + std::to_string(n.value);
+    for (int c = 0; c <= static_cast<int>(core::LedgerCategory::kOther); ++c) {
+      s += " " + std::to_string(m.ledger().total(static_cast<core::LedgerCategory>(c)).count());
+    }
+    for (const core::Incident& i : m.incidents()) s += "\n" + core::EncodeIncident(i, Start());
+    return s;
+  }
+
+  void CheckReplay(const std::string& when) {
+    const std::string live = State(m_), replayed = State(Replayed());
+    if (live != replayed) {
+      Violate("the journal replays to another state " + when + ":\n  live:     " + live +
+              "\n  replayed: " + replayed);
+    }
+  }
+
+  // ---- Invariants ----
+
+  void CheckInvariants() {
+    const core::EttrLedger& ledger = m_.ledger();
+    Duration sum{0};
+    for (int c = 0; c <= static_cast<int>(core::LedgerCategory::kOther); ++c) {
+      sum += ledger.total(static_cast<core::LedgerCategory>(c));
+    }
+    if (sum != ledger.wall() || ledger.wall() > now_ - Start()) {
+      Violate("the ledger sums to " + FormatDuration(sum) + " of a wall time of " +
+              FormatDuration(ledger.wall()) + " at " + FormatDuration(now_ - Start()));
+    }
+    for (StepNumber c : counted_) {
+      if (std::find(m_.checkpoints().begin(), m_.checkpoints().end(), c) ==
+          m_.checkpoints().end()) {
+        Violate("checkpoint " + std::to_string(c.value) + " disappeared from the machine's list");
+      }
+    }
+    counted_.assign(m_.checkpoints().begin(), m_.checkpoints().end());
+    if (newest_committed_ > 0 && !durable_.count(newest_committed_)) {
+      Violate("the newest committed checkpoint (step " + std::to_string(newest_committed_) +
+              ") was deleted");
+    }
+  }
+
+  void CheckOutcome() {
+    if (exit_code_ != 0) {
+      Violate("the job ended with exit code " + std::to_string(exit_code_) + ": " + finish_reason_);
+      return;
+    }
+    // Every step that counts was trained once in a surviving timeline, in
+    // kStepTime: the ledger may book no more than that as productive (the
+    // network's delays aside). A recovery's first step is booked as
+    // recovery, and a controller outage as what it interrupted, so less is
+    // no violation.
+    const Duration productive = m_.ledger().total(core::LedgerCategory::kProductive);
+    const Duration trained = kStepTime * o_.total_steps;
+    if (productive > trained + kLedgerSlack) {
+      Violate("the ledger books " + FormatDuration(productive) + " as productive for " +
+              std::to_string(o_.total_steps) + " steps of " + FormatDuration(kStepTime) +
+              ": some steps were counted twice");
+      return;
+    }
+    const uint64_t expected = Reference(o_.total_steps);
+    for (NodeId n : m_.members()) {
+      const SimNode& node = nodes_[n.value];
+      for (size_t l = 0; l < node.procs.size(); ++l) {
+        const Process& p = node.procs[l];
+        if (p.step != o_.total_steps || p.params != expected) {
+          Violate(node.name + " process " + std::to_string(l) + " ended at step " +
+                  std::to_string(p.step) + " with parameters other than a run without faults");
+          return;
+        }
+      }
+    }
+  }
+
+  // ---- The network ----
+
+  // Sends `e` from `node` to the controller: delayed, FIFO per node, lost
+  // when the node's stream breaks before it arrives.
+  void Send(NodeId node, JobEvent e) {
+    SimNode& n = nodes_[node.value];
+    Duration delay = std::chrono::microseconds(100 + Draw(2000));
+    if (now_ < n.slow_until) delay += std::chrono::milliseconds(Draw(1500));
+    const TimePoint at = std::max(now_ + delay, n.last_delivery + 1ns);
+    n.last_delivery = at;
+    At(at, [this, node, e = std::move(e), inc = n.incarnation] {
+      if (nodes_[node.value].incarnation != inc) return;  // the stream broke
+      Input(e);
+    });
+  }
+
+  // ---- The nodes ----
+
+  void Join(NodeId id) {
+    SimNode& n = nodes_[id.value];
+    n.up = true;
+    n.faulty = false;
+    ++n.incarnation;
+    n.generation = -1;
+    for (Process& p : n.procs) p = Process{};
+    Send(id, core::NodeUp{id, n.name, o_.ranks_per_node, ""});
+    Heartbeat(id, n.incarnation);
+  }
+
+  void Heartbeat(NodeId id, uint64_t incarnation) {
+    SimNode& n = nodes_[id.value];
+    if (!n.up || n.incarnation != incarnation || result_.finished) return;
+    Send(id, core::NodeHeartbeat{id});
+    At(now_ + kHeartbeatEvery, [this, id, incarnation] { Heartbeat(id, incarnation); });
+  }
+
+  // The node goes away: its processes with it. `closed`: its stream closes
+  // and the controller hears of it; otherwise it falls silent.
+  void Lose(NodeId id, bool closed, bool repair) {
+    SimNode& n = nodes_[id.value];
+    if (!n.up) return;
+    n.up = false;
+    ++n.incarnation;
+    for (Process& p : n.procs) p.alive = false;
+    if (closed) {
+      const TimePoint since = now_;
+      At(now_ + kStreamGrace, [this, id, since] {
+        Input(core::NodeDown{id, "stream closed", since});
+      });
+    }
+    if (repair) At(now_ + kRepair, [this, id] { Join(id); });
+  }
+
+  SimNode* NodeRunning(int rank) {
+    const std::vector<NodeId>& members = gen_nodes_;
+    const size_t i = static_cast<size_t>(rank / o_.ranks_per_node);
+    return i < members.size() ? &nodes_[members[i].value] : nullptr;
+  }
+
+  // ---- The machine's actions ----
+
+  void Carry(const JobAction& a) {
+    if (const auto* s = std::get_if<core::StartGenerationAction>(&a)) {
+      StartGeneration(*s);
+    } else if (const auto* s = std::get_if<core::StopGenerationAction>(&a)) {
+      StopGeneration(s->generation);
+    } else if (const auto* e = std::get_if<core::EvictNodeAction>(&a)) {
+      const SimNode& n = nodes_[e->node.value];
+      if (n.up && !n.faulty) {
+        Violate("healthy " + n.name + " evicted: " + e->reason);
+        return;
+      }
+      Lose(e->node, /*closed=*/false, /*repair=*/n.up);
+    } else if (const auto* p = std::get_if<core::RunPairTestAction>(&a)) {
+      for (const auto& [x, y] : p->pairs) {
+        Send(x, core::PairTestResult{p->test, p->round, x, y, true, 0.01, ""});
+      }
+    } else if (const auto* f = std::get_if<core::FinishAction>(&a)) {
+      result_.finished = true;
+      exit_code_ = f->exit_code;
+      result_.exit_code = f->exit_code;
+      finish_reason_ = f->reason;
+    }
+  }
+
+  void StartGeneration(const core::StartGenerationAction& s) {
+    generation_ = s.generation.value;
+    gen_nodes_ = s.nodes;
+    ready_left_ = static_cast<int>(s.nodes.size()) * o_.ranks_per_node;
+    skip_ = std::set<int64_t>();
+    for (StepNumber k : s.skip_steps) skip_.insert(k.value);
+    // A peer's state, for the ranks that start in process.
+    std::optional<Process> peer;
+    if (s.rejoin) {
+      for (NodeId id : s.nodes) {
+        for (const Process& p : nodes_[id.value].procs) {
+          if (p.alive && !p.hung && nodes_[id.value].generation >= 0) peer = p;
+        }
+      }
+    }
+    for (size_t i = 0; i < s.nodes.size(); ++i) {
+      SimNode& n = nodes_[s.nodes[i].value];
+      // A node that is gone starts nothing: its ranks never become ready.
+      if (!n.up) continue;
+      const bool kept_node = n.generation >= 0;
+      n.generation = generation_;
+      for (int l = 0; l < o_.ranks_per_node; ++l) {
+        Process& p = n.procs[l];
+        const Rank rank{static_cast<int>(i) * o_.ranks_per_node + l};
+        const bool kept = s.rejoin && kept_node && p.alive && !p.hung;
+        if (!kept) {
+          p = Process{};
+          p.alive = true;
+          if (s.rejoin && peer) {
+            p.step = peer->step;
+            p.params = peer->params;
+          } else {
+            Restore(p, s.restore_step);
+          }
+        }
+        const Duration delay = kept ? kRejoin : kStartup;
+        At(now_ + delay, [this, id = s.nodes[i], l, rank, g = generation_] {
+          SimNode& node = nodes_[id.value];
+          if (node.generation != g || !node.procs[l].alive) return;
+          core::WorkerReady r{Generation{g}, rank, StepNumber{node.procs[l].step}, 0.1};
+          r.rejoin = true;
+          Send(id, r);
+          if (--ready_left_ == 0) At(now_ + kStepTime, [this, g] { TrainStep(g); });
+        });
+      }
+    }
+  }
+
+  void Restore(Process& p, StepNumber bound) {
+    int64_t from = 0;
+    for (const auto& [step, params] : durable_) {
+      if (bound.value < 0 || step <= bound.value) from = step;
+    }
+    p.step = from;
+    p.params = from > 0 ? durable_.at(from) : 1;
+    if (o_.bug == PlantedBug::kRestoreSkipsAStep && from > 0) ++p.step;
+  }
+
+  void StopGeneration(Generation g) {
+    if (g.value != generation_) return;
+    generation_ = -1;  // training stops
+    for (NodeId id : gen_nodes_) {
+      At(now_ + kStopTime, [this, id, g] {
+        SimNode& n = nodes_[id.value];
+        if (!n.up) return;
+        for (size_t l = 0; l < n.procs.size(); ++l) {
+          Process& p = n.procs[l];
+          if (!p.alive) continue;
+          p.alive = false;
+          core::WorkerExitEvent e;
+          e.generation = g;
+          e.rank = Rank{static_cast<int>(RankOf(id, l))};
+          e.node = id;
+          e.signal = 15;
+          e.stopped = true;
+          Send(id, e);
+        }
+        n.generation = -1;
+        Send(id, core::GenerationStoppedEvent{g, id});
+      });
+    }
+  }
+
+  int64_t RankOf(NodeId id, size_t local) const {
+    for (size_t i = 0; i < gen_nodes_.size(); ++i) {
+      if (gen_nodes_[i] == id) return static_cast<int64_t>(i) * o_.ranks_per_node + local;
+    }
+    return 0;
+  }
+
+  // One lockstep step of generation `g`: every rank trains it, or, with a
+  // dead or hung peer, the collective blocks (and fails after
+  // kCommTimeout where a peer died).
+  void TrainStep(int g) {
+    if (g != generation_ || result_.finished) return;
+    const int64_t step = JobStep() + 1;
+    for (PlannedFault& f : faults_) {
+      if (!f.fired && !f.at && f.step <= step) Fire(f);
+    }
+    if (g != generation_) return;
+    bool dead = false, hung = false;
+    for (NodeId id : gen_nodes_) {
+      for (const Process& p : nodes_[id.value].procs) {
+        dead = dead || !p.alive;
+        hung = hung || p.hung;
+      }
+    }
+    if (dead) {
+      At(now_ + kCommTimeout, [this, g] { FailCollective(g); });
+      return;
+    }
+    if (hung) return;  // blocked until the machine stops the generation
+    const bool skipped = skip_.count(step) > 0;
+    // Durable storage failing: the step's checkpoint is not committed, and
+    // the agent of rank 0 says so.
+    const bool disk_fails = step % o_.ckpt_every == 0 && now_ < disk_failing_until_;
+    const bool ckpt = step % o_.ckpt_every == 0 && !disk_fails;
+    if (disk_fails) {
+      Send(gen_nodes_[0], core::PersistFailedEvent{Generation{g}, 0, StepNumber{step},
+                                                   gen_nodes_[0], "No space left on device"});
+    }
+    for (size_t i = 0; i < gen_nodes_.size(); ++i) {
+      SimNode& n = nodes_[gen_nodes_[i].value];
+      for (int l = 0; l < o_.ranks_per_node; ++l) {
+        Process& p = n.procs[l];
+        p.step = step;
+        if (!skipped) p.params = Mix(p.params, static_cast<uint64_t>(step));
+        core::StepEnd e;
+        e.generation = Generation{g};
+        e.rank = Rank{static_cast<int>(i) * o_.ranks_per_node + l};
+        e.step = StepNumber{step};
+        e.loss = 3.0 - 0.001 * static_cast<double>(step);
+        e.skipped = skipped;
+        e.checkpoint_step = StepNumber{ckpt ? step : -1};
+        e.compute_s = 0.9;
+        e.total_steps = o_.total_steps;
+        Send(gen_nodes_[i], e);
+      }
+    }
+    if (ckpt) Commit(step, nodes_[gen_nodes_[0].value].procs[0].params);
+    if (step == o_.total_steps) {
+      for (size_t i = 0; i < gen_nodes_.size(); ++i) {
+        for (int l = 0; l < o_.ranks_per_node; ++l) {
+          core::WorkerExitEvent e;
+          e.generation = Generation{g};
+          e.rank = Rank{static_cast<int>(i) * o_.ranks_per_node + l};
+          e.node = gen_nodes_[i];
+          e.exit_code = 0;
+          Send(gen_nodes_[i], e);
+        }
+      }
+      return;
+    }
+    At(now_ + kStepTime, [this, g] { TrainStep(g); });
+  }
+
+  int64_t JobStep() const {
+    int64_t step = 0;
+    for (NodeId id : gen_nodes_) {
+      for (const Process& p : nodes_[id.value].procs) {
+        if (p.alive) step = std::max(step, p.step);
+      }
+    }
+    return step;
+  }
+
+  void Commit(int64_t step, uint64_t params) {
+    durable_[step] = params;
+    newest_committed_ = step;
+    while (static_cast<int>(durable_.size()) > o_.keep) {
+      durable_.erase(o_.bug == PlantedBug::kRetentionDropsNewest ? std::prev(durable_.end())
+                                                                 : durable_.begin());
+    }
+  }
+
+  void FailCollective(int g) {
+    if (g != generation_) return;
+    for (NodeId id : gen_nodes_) {
+      SimNode& n = nodes_[id.value];
+      if (!n.up) continue;
+      for (size_t l = 0; l < n.procs.size(); ++l) {
+        Process& p = n.procs[l];
+        if (!p.alive || p.hung) continue;
+        p.alive = false;
+        core::WorkerExitEvent e;
+        e.generation = Generation{g};
+        e.rank = Rank{static_cast<int>(RankOf(id, l))};
+        e.node = id;
+        e.exit_code = 1;
+        Send(id, e);
+      }
+    }
+  }
+
+  void Fire(PlannedFault& f) {
+    if (f.fired || result_.finished) return;
+    f.fired = true;
+    ++result_.faults;
+    SimNode* node = f.at ? &nodes_[f.node] : NodeRunning(f.rank);
+    if (node == nullptr || !node->up) return;
+    const NodeId id{static_cast<int>(node - nodes_.data())};
+    const size_t local = static_cast<size_t>(f.at ? f.local : f.rank % o_.ranks_per_node);
+    Trace(std::string("fault ") + FaultName(f.kind) + " on " + node->name + " process " +
+          std::to_string(local));
+    switch (f.kind) {
+      case FaultKind::kCrash: {
+        Process& p = node->procs[local];
+        if (!p.alive || node->generation < 0) return;
+        p.alive = false;
+        node->faulty = true;
+        core::WorkerExitEvent e;
+        e.generation = Generation{node->generation};
+        e.rank = Rank{static_cast<int>(RankOf(id, local))};
+        e.node = id;
+        e.signal = 9;
+        Send(id, e);
+        return;
+      }
+      case FaultKind::kHang:
+        if (!node->procs[local].alive) return;
+        node->procs[local].hung = true;
+        node->faulty = true;
+        return;
+      case FaultKind::kNodeSilent:
+      case FaultKind::kNodeClosed:
+        node->faulty = true;
+        Lose(id, f.kind == FaultKind::kNodeClosed, /*repair=*/true);
+        return;
+      case FaultKind::kControllerRestart:
+        if (!controller_down_) RestartController();
+        return;
+      case FaultKind::kSlowNetwork:
+        node->slow_until = now_ + 10s;
+        return;
+      case FaultKind::kDiskError:
+        disk_failing_until_ = now_ + 25s;
+        return;
+    }
+  }
+
+  const ClusterSimOptions o_;
+  std::mt19937_64 rng_;
+  JobMachine m_;
+  ClusterSimResult result_;
+  std::vector<SimNode> nodes_;
+  std::vector<PlannedFault> faults_;
+  std::priority_queue<Timed> queue_;
+  uint64_t seq_ = 0;
+  TimePoint now_ = Start();
+  std::optional<TimePoint> tick_at_;
+  std::vector<std::pair<TimePoint, std::string>> journal_;
+  bool controller_down_ = false;
+  std::vector<JobEvent> held_;
+  // The generation training now (-1: none), its nodes in rank order, the
+  // ranks not yet ready, the steps it skips.
+  int generation_ = -1;
+  std::vector<NodeId> gen_nodes_;
+  int ready_left_ = 0;
+  std::set<int64_t> skip_;
+  // The durable tier: committed step -> parameters.
+  std::map<int64_t, uint64_t> durable_;
+  int64_t newest_committed_ = 0;
+  TimePoint disk_failing_until_;
+  std::vector<StepNumber> counted_;
+  int exit_code_ = -1;
+  std::string finish_reason_;
+};
+
+}  // namespace
+
+ClusterSimResult RunClusterSim(uint64_t seed, const ClusterSimOptions& options) {
+  return Cluster(seed, options).Run();
+}
+
+}  // namespace endure::sim
