@@ -833,7 +833,9 @@ Result<bool> Session::SaveSnapshot(int64_t step, int shards, const std::string& 
   if (!saved) return false;
   if (s.fd >= 0) {
     const std::string datagram =
-        Encode(s.token, s.generation, s.rank, contract::SnapshotMessage{step, shards, saved->path});
+        Encode(s.token, s.generation, s.rank,
+               contract::SnapshotMessage{step, shards, saved->path,
+                                         static_cast<int64_t>(saved->bytes), HexU64(saved->xxh3)});
     // Not retried: a training step never waits for the agent. The agent
     // also finds the slot when it next scans them.
     s.Send(datagram, /*retry=*/false);

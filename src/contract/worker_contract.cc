@@ -185,6 +185,11 @@ Result<DatagramMessage> ParseMessage(const std::string& type, const Json& j, int
                              "' is not one of rank " + std::to_string(rank) + "'s slots in " +
                              context.t0_dir);
     }
+    ENDURE_ASSIGN_OR_RETURN(m.bytes, Int(j, "bytes", 0, kMaxCount, 0));
+    if (j.contains("xxh3")) {
+      ENDURE_ASSIGN_OR_RETURN(m.xxh3, Str(j, "xxh3", kFingerprintChars));
+      if (!IsFingerprint(m.xxh3)) return Bad("xxh3", "16 lowercase hex digits", &*j.find("xxh3"));
+    }
     return DatagramMessage(m);
   }
   if (type == "fault") {
@@ -288,6 +293,7 @@ Json LossJson(double loss) {
 
 struct Fields {
   Json& j;
+  int rank;
   void operator()(const ReadyMessage& m) const {
     j["start_step"] = m.start_step;
     j["restore_s"] = m.restore_s;
@@ -308,8 +314,11 @@ struct Fields {
   }
   void operator()(const SnapshotMessage& m) const {
     j["step"] = m.step;
+    j["shard"] = rank;
     j["shards"] = m.shards;
     j["path"] = m.path;
+    if (m.bytes > 0) j["bytes"] = m.bytes;
+    if (!m.xxh3.empty()) j["xxh3"] = m.xxh3;
   }
   void operator()(const FaultMessage& m) const {
     j["id"] = m.id;
@@ -335,7 +344,7 @@ std::string EncodeDatagram(const Datagram& d) {
             {"generation", d.generation},
             {"rank", d.rank}};
   if (d.time_s) j["t"] = *d.time_s;
-  std::visit(Fields{j}, d.message);
+  std::visit(Fields{j, d.rank}, d.message);
   // A string the program gave (a fault id, a path) that is not UTF-8 is
   // replaced, not thrown: ParseDatagram refuses what it cannot check.
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);

@@ -95,10 +95,16 @@ struct StepMessage {
 };
 
 // "snapshot": the worker saved a shard into one of its T0 slots.
+// The sender's shard is its rank (written as "shard" too, for readers that
+// build a restore plan from the message).
 struct SnapshotMessage {
   int64_t step = 0;
   int shards = 1;
   std::string path;  // one of the sender's T0 slots in this node's T0 directory
+  // The payload's size and XXH3-64 (16 lowercase hex digits), as a restore
+  // plan names them; 0 and empty when the sender did not say.
+  int64_t bytes = 0;
+  std::string xxh3;
 };
 
 // "fault": an injected fault is about to fire.

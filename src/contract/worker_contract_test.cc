@@ -88,7 +88,7 @@ TEST(WorkerContract, EveryMessageReadsBackAsItWasWritten) {
   const std::vector<Datagram> others = {
       From(0, HeartbeatMessage{-1}),
       From(kMaxWorldSize - 1, HeartbeatMessage{kMaxCount}),
-      From(1, SnapshotMessage{9, 2, slot}),
+      From(1, SnapshotMessage{9, 2, slot, 5 << 20, "0123456789abcdef"}),
       From(1, FaultMessage{"fault-3:a.b_c", faults::FaultKind::kCommSlow, 12}),
       From(1, StacksMessage{12}),
       From(1, PhaseMessage{"eval", -1}),
@@ -100,6 +100,10 @@ TEST(WorkerContract, EveryMessageReadsBackAsItWasWritten) {
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(std::get<SnapshotMessage>(back->message).path, slot);
   EXPECT_EQ(std::get<SnapshotMessage>(back->message).shards, 2);
+  EXPECT_EQ(std::get<SnapshotMessage>(back->message).bytes, 5 << 20);
+  EXPECT_EQ(std::get<SnapshotMessage>(back->message).xxh3, "0123456789abcdef");
+  // The shard travels too, for a reader that builds a restore plan from it.
+  EXPECT_NE(EncodeDatagram(others[2]).find("\"shard\":1"), std::string::npos);
   back = ParseDatagram(EncodeDatagram(others[3]), kContext);
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(std::get<FaultMessage>(back->message).kind, faults::FaultKind::kCommSlow);
