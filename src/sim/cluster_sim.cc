@@ -509,18 +509,26 @@ class Cluster {
           Process& p = n.procs[l];
           if (!p.alive) continue;
           p.alive = false;
-          core::WorkerExitEvent e;
-          e.generation = g;
-          e.rank = Rank{static_cast<int>(RankOf(id, l))};
-          e.node = id;
-          e.signal = 15;
-          e.stopped = true;
-          Send(id, e);
+          SendExit(id, g.value, RankOf(id, l), std::nullopt, 15, /*stopped=*/true);
         }
         n.generation = -1;
         Send(id, core::GenerationStoppedEvent{g, id});
       });
     }
+  }
+
+  // A worker of generation `g` on `node` ended: by `exit_code`, by `signal`,
+  // or stopped by its agent.
+  void SendExit(NodeId node, int g, int64_t rank, std::optional<int> exit_code,
+                std::optional<int> signal, bool stopped = false) {
+    core::WorkerExitEvent e;
+    e.generation = Generation{g};
+    e.rank = Rank{static_cast<int>(rank)};
+    e.node = node;
+    e.exit_code = exit_code;
+    e.signal = signal;
+    e.stopped = stopped;
+    Send(node, e);
   }
 
   int64_t RankOf(NodeId id, size_t local) const {
@@ -583,12 +591,8 @@ class Cluster {
     if (step == o_.total_steps) {
       for (size_t i = 0; i < gen_nodes_.size(); ++i) {
         for (int l = 0; l < o_.ranks_per_node; ++l) {
-          core::WorkerExitEvent e;
-          e.generation = Generation{g};
-          e.rank = Rank{static_cast<int>(i) * o_.ranks_per_node + l};
-          e.node = gen_nodes_[i];
-          e.exit_code = 0;
-          Send(gen_nodes_[i], e);
+          SendExit(gen_nodes_[i], g, static_cast<int64_t>(i) * o_.ranks_per_node + l, 0,
+                   std::nullopt);
         }
       }
       return;
@@ -624,12 +628,7 @@ class Cluster {
         Process& p = n.procs[l];
         if (!p.alive || p.hung) continue;
         p.alive = false;
-        core::WorkerExitEvent e;
-        e.generation = Generation{g};
-        e.rank = Rank{static_cast<int>(RankOf(id, l))};
-        e.node = id;
-        e.exit_code = 1;
-        Send(id, e);
+        SendExit(id, g, RankOf(id, l), 1, std::nullopt);
       }
     }
   }
@@ -650,12 +649,7 @@ class Cluster {
         if (!p.alive || node->generation < 0) return;
         p.alive = false;
         node->faulty = true;
-        core::WorkerExitEvent e;
-        e.generation = Generation{node->generation};
-        e.rank = Rank{static_cast<int>(RankOf(id, local))};
-        e.node = id;
-        e.signal = 9;
-        Send(id, e);
+        SendExit(id, node->generation, RankOf(id, local), std::nullopt, 9);
         return;
       }
       case FaultKind::kHang:
