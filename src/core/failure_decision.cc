@@ -22,17 +22,17 @@ FailureDecision DecideFailure(RecoveryPolicy& policy, const FailureFacts& facts,
   // 1. The log says a restart cannot fix it.
   if (facts.log_action == LogAction::kStop) {
     d.action = RecoveryAction::kStop;
-    Add(d.reason,
+    d.reason =
         "the matching log rule's action is stop: a restart cannot fix this error, it fails the "
-        "same way on every node");
+        "same way on every node";
     return d;
   }
   if (facts.confirms_incident > 0) {
     d.action = RecoveryAction::kStop;
-    Add(d.reason, cause + " again, in the restart that was to confirm it (incident " +
-                      std::to_string(facts.confirms_incident) +
-                      "): a restart cannot fix it; fix what the line says, then run the spec "
-                      "again (it resumes from the newest checkpoint)");
+    d.reason = cause + " again, in the restart that was to confirm it (incident " +
+               std::to_string(facts.confirms_incident) +
+               "): a restart cannot fix it; fix what the line says, then run the spec again (it "
+               "resumes from the newest checkpoint)";
     return d;
   }
 
@@ -44,7 +44,7 @@ FailureDecision DecideFailure(RecoveryPolicy& policy, const FailureFacts& facts,
   const RecoveryDecision r = policy.Step(event, now);
   d.action = r.action;
   d.delay = r.delay;
-  Add(d.reason, r.reason);
+  d.reason = r.reason;
   if (facts.log_action == LogAction::kStopIfRepeated && !d.stops()) {
     Add(d.reason, cause +
                       " recurs unless what caused it changes: this restart confirms it, and the "

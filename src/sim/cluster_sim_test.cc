@@ -19,6 +19,14 @@ std::string Story(const ClusterSimResult& r) {
   return s;
 }
 
+// Runs seeds [first, last) with `o`; each must hold every invariant.
+void ExpectSeedsHold(const ClusterSimOptions& o, uint64_t first, uint64_t last) {
+  for (uint64_t seed = first; seed < last; ++seed) {
+    const ClusterSimResult r = RunClusterSim(seed, o);
+    ASSERT_TRUE(r.violation.empty()) << Story(r);
+  }
+}
+
 TEST(ClusterSim, AFixedSetOfSeedsHoldsEveryInvariant) {
   int faults = 0, restarts = 0, generations = 0;
   for (uint64_t seed = 1; seed <= 60; ++seed) {
@@ -42,10 +50,7 @@ TEST(ClusterSim, WithoutInProcessRestartsTooAndOnOneRankPerNode) {
   o.in_process = false;
   o.ranks_per_node = 1;
   o.nodes = 4;
-  for (uint64_t seed = 100; seed < 130; ++seed) {
-    const ClusterSimResult r = RunClusterSim(seed, o);
-    ASSERT_TRUE(r.violation.empty()) << Story(r);
-  }
+  ExpectSeedsHold(o, 100, 130);
 }
 
 // Larger jobs with many faults: seed 536 here found a stall booked as
@@ -56,10 +61,7 @@ TEST(ClusterSim, ALargerJobWithManyFaultsHoldsEveryInvariant) {
   o.ranks_per_node = 4;
   o.max_faults = 20;
   o.total_steps = 300;
-  for (uint64_t seed = 530; seed < 545; ++seed) {
-    const ClusterSimResult r = RunClusterSim(seed, o);
-    ASSERT_TRUE(r.violation.empty()) << Story(r);
-  }
+  ExpectSeedsHold(o, 530, 545);
 }
 
 TEST(ClusterSim, ASeedReproducesItsRunEventForEvent) {

@@ -176,6 +176,18 @@ const Incident* FindIncident(const RunResult& r, IncidentKind kind, int32_t node
   return nullptr;
 }
 
+// How many failures of `node` the run had; each must have restarted in place.
+int RestartsInPlaceOf(const RunResult& r, int32_t node) {
+  int restarts = 0;
+  for (const Incident& in : r.incidents) {
+    if (in.kind == IncidentKind::kFailure && in.node.value == node) {
+      EXPECT_EQ(in.action, "restart_in_place");
+      ++restarts;
+    }
+  }
+  return restarts;
+}
+
 int64_t Ms(Duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); }
 
 // Issue 12, item 4: one scripted failure sequence; every decision in the
@@ -219,14 +231,7 @@ TEST(Simulator, ScriptedDecisionsAreTheCores) {
 
   // Node 5: three soft strikes (node_failure) within 24h; the policy
   // restarts in place each time, JudgeNode quarantines it at the third.
-  int restarts = 0;
-  for (const Incident& in : r.incidents) {
-    if (in.kind == IncidentKind::kFailure && in.node.value == 5) {
-      EXPECT_EQ(in.action, "restart_in_place");
-      ++restarts;
-    }
-  }
-  EXPECT_EQ(restarts, 3);
+  EXPECT_EQ(RestartsInPlaceOf(r, 5), 3);
   const Incident* q = FindIncident(r, IncidentKind::kQuarantine, 5);
   ASSERT_NE(q, nullptr);
   const Duration detect = c.detect;
@@ -267,14 +272,7 @@ TEST(Simulator, AnAmbiguousCauseStrikesNoNode) {
       {K::kFailure, hours(8), core::NodeId{5}, "nccl_watchdog_timeout", 1},
   };
   RunResult r = SimulateRun(Final(c), 1, 1000);
-  int restarts = 0;
-  for (const Incident& in : r.incidents) {
-    if (in.kind == IncidentKind::kFailure && in.node.value == 5) {
-      EXPECT_EQ(in.action, "restart_in_place");
-      ++restarts;
-    }
-  }
-  EXPECT_EQ(restarts, 3);
+  EXPECT_EQ(RestartsInPlaceOf(r, 5), 3);
   EXPECT_EQ(FindIncident(r, IncidentKind::kQuarantine, 5), nullptr);
   EXPECT_EQ(r.quarantines, 0);
 }
