@@ -9,12 +9,12 @@
 #include <filesystem>
 #include <string>
 
-#include "agent/datagram.h"
+#include "core/datagram_gate.h"
 #include "checkpoint/snapshot_file.h"
 #include "fuzz/fuzz_util.h"
 
 using namespace endure;
-using namespace endure::agent;
+using namespace endure::core;
 using namespace endure::contract;
 
 namespace {

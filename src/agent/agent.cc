@@ -123,20 +123,6 @@ double ClampSeconds(double s, double max) {
   return std::isfinite(s) ? std::clamp(s, 0.0, max) : 0.0;
 }
 
-// The fingerprint a trainer printed in its last words: the first
-// "param_fingerprint=" followed by 16 lowercase hex digits.
-std::string FindFingerprint(std::string_view tail) {
-  constexpr std::string_view kKey = "param_fingerprint=";
-  for (size_t pos = tail.find(kKey); pos != std::string_view::npos;
-       pos = tail.find(kKey, pos + 1)) {
-    const std::string_view hex = tail.substr(pos + kKey.size(), 16);
-    if (hex.size() == 16 && hex.find_first_not_of("0123456789abcdef") == std::string_view::npos) {
-      return std::string(hex);
-    }
-  }
-  return "";
-}
-
 // The names of the agent's environment variables whose value holds
 // `secret`: none of them may reach a worker.
 std::vector<std::string> VariablesHolding(const std::string& secret) {
@@ -151,34 +137,6 @@ std::vector<std::string> VariablesHolding(const std::string& secret) {
     }
   }
   return names;
-}
-
-// Signals a worker may ask to be sent for a stack dump: never one whose
-// default action a program relies on (SIGTERM, SIGINT, ...) or that cannot
-// be caught (SIGKILL, SIGSTOP).
-// A command for a generation older than the newest one started on this
-// stream crossed a newer Start on the wire: carried out, it would stop (or
-// dump, or start again) the current generation while its reply names the old
-// one, which the controller drops. Shutdown and faults belong to no
-// generation. A stop for a generation this node never ran (newer) is
-// answered: the controller waits for every node's. Judged per stream: a
-// controller that restarted without its state numbers generations anew.
-bool IsStale(const proto::AgentCommand& cmd, int64_t current) {
-  switch (cmd.command_case()) {
-    case proto::AgentCommand::kShutdown:
-    case proto::AgentCommand::kInject:
-    case proto::AgentCommand::kPrepare:
-      return false;
-    case proto::AgentCommand::kStart:
-      return cmd.generation() <= current;
-    default:
-      return cmd.generation() < current;
-  }
-}
-
-bool AcceptableStackSignal(int64_t sig) {
-  if (sig < 1 || sig > 64) return false;
-  return sig == SIGUSR1 || sig == SIGUSR2 || (sig >= SIGRTMIN && sig <= SIGRTMAX);
 }
 
 // A TCP port free on every address of this host a moment ago (bound to port
@@ -226,35 +184,67 @@ Agent::Agent(AgentOptions options, core::LogClassifier classifier, AgentSeams se
       clock_(seams_.clock),
       transport_(seams_.transport),
       launcher_(seams_.launcher),
-      grace_s_(kDefaultGraceS),
-      refusal_log_(kRefusalLogBurst, std::chrono::seconds(1)) {
+      grace_s_(kDefaultGraceS) {
   ENDURE_CHECK(clock_ != nullptr && transport_ != nullptr && launcher_ != nullptr &&
                seams_.env != nullptr);
 }
 
-void Agent::Send(proto::AgentEvent event, int64_t generation) {
-  event.set_token(o_.token);
-  event.set_generation(generation);
-  event.set_time_s(clock_->WallSeconds());
-  Emit(std::move(event));
+core::NodeTime Agent::Now() const { return {clock_->Now(), clock_->WallSeconds()}; }
+
+bool Agent::Feed(const core::NodeInput& input) {
+  MutexLock lock(&node_mu_);
+  return CarryOut(machine_->Step(input, Now()));
 }
 
-void Agent::Emit(proto::AgentEvent event) {
-  MutexLock lock(&write_mu_);
-  switch (link_) {
-    case Link::kOpen:
-      if (transport_->Send(event)) return;
-      // The stream broke under this send: the outage starts here, and the
-      // event is the first the next stream carries.
-      link_ = Link::kOutage;
-      outage_.Push(std::move(event));
-      return;
-    case Link::kOutage:
-      outage_.Push(std::move(event));
-      return;
-    case Link::kNone:
-      return;
+bool Agent::CarryOut(std::vector<core::NodeAction> actions) {
+  bool carry_out = false;
+  // Writes after one that failed are not tried: they go back to the core,
+  // in order, for the next stream.
+  std::vector<proto::AgentEvent> unsent;
+  for (core::NodeAction& action : actions) {
+    if (auto* t = std::get_if<core::Transmit>(&action)) {
+      if (!unsent.empty() || !transport_->Send(t->event)) unsent.push_back(std::move(t->event));
+    } else if (const auto* line = std::get_if<core::LogLine>(&action)) {
+      std::fprintf(stderr, "endure agent %s: %s\n", o_.node_id.c_str(), line->text.c_str());
+    } else if (std::holds_alternative<core::CarryOut>(action)) {
+      carry_out = true;
+    } else if (const auto* refill = std::get_if<core::RefillStandbys>(&action)) {
+      while (static_cast<int>(standbys_.size()) < refill->count) {
+        Result<Standby> standby = launcher_->StartStandby(refill->argv, {}, secret_variables_);
+        if (!standby.ok()) break;  // cold starts still work
+        standbys_.push_back(std::move(standby).value());
+      }
+    } else if (const auto* keep = std::get_if<core::DiscardOtherStandbys>(&action)) {
+      std::erase_if(standbys_, [&](Standby& standby) {
+        if (standby.argv == keep->argv) return false;
+        launcher_->DiscardStandby(standby);
+        return true;
+      });
+    } else if (const auto* n = std::get_if<core::NotifySnapshot>(&action)) {
+      tiers_->Notify({n->rank, n->step, n->shards, n->path});
+    } else if (const auto* b = std::get_if<core::BreakPairTests>(&action)) {
+      pair_fault_ = b->fail ? PairFault::Fail() : PairFault::Slow(b->slow_factor);
+      if (pair_server_) {
+        if (Status st = pair_server_->set_fault(pair_fault_); !st.ok()) {
+          std::fprintf(stderr, "endure agent %s: %s\n", o_.node_id.c_str(), st.message().c_str());
+        }
+      }
+    }
   }
+  if (!unsent.empty()) {
+    std::vector<core::NodeAction> none = machine_->Step(core::TransmitFailed{std::move(unsent)}, Now());
+    ENDURE_CHECK(none.empty());
+  }
+  return carry_out;
+}
+
+void Agent::Send(proto::AgentEvent event, int64_t generation) {
+  Feed(core::Report{std::move(event), generation});
+}
+
+int64_t Agent::CurrentGeneration() {
+  MutexLock lock(&node_mu_);
+  return machine_->generation();
 }
 
 Status Agent::OpenSocket() {
@@ -280,8 +270,8 @@ Status Agent::OpenSocket() {
 
 void Agent::ReceiveDatagrams() {
   // One byte more than the largest datagram accepted; MSG_TRUNC makes recv
-  // return the real size of a larger one, which is refused.
-  std::vector<char> buf(kMaxDatagramBytes + 1);
+  // return the real size of a larger one, which the core refuses.
+  std::vector<char> buf(contract::kMaxDatagramBytes + 1);
   Clock::TimePoint next_beat = clock_->Now();
   while (!done_) {
     // The controller hears from the agent every second, whatever the
@@ -289,17 +279,13 @@ void Agent::ReceiveDatagrams() {
     if (clock_->Now() >= next_beat) {
       proto::AgentEvent beat;
       beat.mutable_heartbeat();
-      Send(std::move(beat), generation_);
+      Send(std::move(beat));
       next_beat += std::chrono::seconds(1);
     }
     const ssize_t n = ::recv(socket_fd_, buf.data(), buf.size(), MSG_TRUNC);
     if (n <= 0) continue;
-    if (static_cast<size_t>(n) > kMaxDatagramBytes) {
-      Refuse("a datagram of " + std::to_string(n) + " bytes; the limit is " +
-             std::to_string(kMaxDatagramBytes));
-      continue;
-    }
-    HandleDatagram(std::string_view(buf.data(), static_cast<size_t>(n)));
+    const size_t size = static_cast<size_t>(n);
+    Feed(core::DatagramArrived{std::string_view(buf.data(), std::min(size, buf.size())), size});
   }
 }
 
@@ -315,207 +301,32 @@ void Agent::WakeReceiver() {
   ::close(fd);
 }
 
-void Agent::Refuse(const std::string& why) {
-  MutexLock lock(&refusal_mu_);
-  ++refused_;
-  int64_t held_back = 0;
-  if (!refusal_log_.Allow(clock_->Now(), &held_back)) return;
-  std::string line = "endure agent " + o_.node_id + ": refused a datagram (" +
-                     std::to_string(refused_) + " so far";
-  if (held_back > 0) line += ", " + std::to_string(held_back) + " not shown";
-  line += "): " + QuoteForLog(why, 300) + "\n";
-  std::fputs(line.c_str(), stderr);
-}
-
-void Agent::HandleDatagram(std::string_view bytes) {
-  Result<Datagram> parsed = ParseDatagram(bytes, datagram_context_);
-  if (!parsed.ok()) {
-    Refuse(parsed.status().message());
-    return;
-  }
-  const Datagram& d = *parsed;
-  {
-    MutexLock lock(&reports_mu_);
-    const DatagramGate::Verdict verdict = gate_.Admit(d);
-    if (verdict == DatagramGate::Verdict::kStale) return;  // a straggler's, late
-    if (verdict != DatagramGate::Verdict::kAccept) {
-      Refuse("a \"" + std::string(DatagramType(d)) + "\" datagram from rank " +
-             std::to_string(d.rank) + " of generation " + std::to_string(d.generation) + ": " +
-             std::string(VerdictName(verdict)));
-      return;
-    }
-    if (const auto* stacks = std::get_if<StacksMessage>(&d.message)) {
-      // Only with a signal meant for that: never one whose default action a
-      // program relies on (SIGTERM, SIGINT, ...) or that cannot be caught.
-      if (!AcceptableStackSignal(stacks->signal)) {
-        Refuse("ignored a \"stacks\" datagram from rank " + std::to_string(d.rank) + ": signal " +
-               std::to_string(stacks->signal) +
-               ": only SIGUSR1, SIGUSR2 or a real-time signal may be used");
-        return;
-      }
-      stack_signals_[d.rank] = stacks->signal;
-      return;  // nothing for the controller
-    }
-    if (output_) output_->OnDatagram(d.rank, DatagramType(d));
-    if (const auto* m = std::get_if<StepMessage>(&d.message)) {
-      int64_t& last = last_steps_[d.rank];
-      last = std::max(last, m->step);
-    }
-  }
-  proto::AgentEvent e;
-  if (const auto* m = std::get_if<StepMessage>(&d.message)) {
-    if (!m->skipped) RefillStandbys();
-    auto* s = e.mutable_step();
-    s->set_rank(d.rank);
-    s->set_step(m->step);
-    // A step without a loss (null: the program does not know it) is
-    // progress with nothing to judge, like a skipped one.
-    const bool no_loss = m->skipped || !m->loss.has_value();
-    s->set_skipped(no_loss);
-    s->set_tokens(m->tokens);
-    s->set_total_steps(m->total_steps);
-    s->set_loss(no_loss ? 0.0 : *m->loss);
-    s->set_compute_s(m->compute_s);
-    s->set_comm_s(m->comm_s);
-    s->set_ckpt_stall_s(m->ckpt_stall_s);
-    s->set_checkpoint_step(m->checkpoint_step);
-  } else if (const auto* m = std::get_if<PhaseMessage>(&d.message)) {
-    auto* p = e.mutable_phase();
-    p->set_rank(d.rank);
-    p->set_phase(m->name);
-    p->set_step(m->step);
-  } else if (const auto* m = std::get_if<FingerprintMessage>(&d.message)) {
-    auto* f = e.mutable_fingerprint();
-    f->set_rank(d.rank);
-    f->set_step(m->step);
-    f->set_fingerprint(m->fingerprint);
-  } else if (const auto* m = std::get_if<ReadyMessage>(&d.message)) {
-    auto* r = e.mutable_worker_ready();
-    r->set_rank(d.rank);
-    r->set_start_step(m->start_step);
-    r->set_restore_s(m->restore_s);
-    r->set_init_s(m->init_s);
-    r->set_rejoin(m->rejoin);
-    r->set_deterministic(m->deterministic);
-  } else if (const auto* m = std::get_if<SnapshotMessage>(&d.message)) {
-    tiers_->Notify({d.rank, m->step, m->shards, m->path});
-    return;
-  } else if (const auto* m = std::get_if<FaultMessage>(&d.message)) {
-    if (m->kind == faults::FaultKind::kCommFail || m->kind == faults::FaultKind::kCommSlow) {
-      // The node's network is what the fault breaks: its pairwise tests
-      // fail (or crawl) from now on, as its collectives do.
-      const PairFault fault = m->kind == faults::FaultKind::kCommFail
-                                  ? PairFault::Fail()
-                                  : PairFault::Slow(CommSlowFactor(m->id));
-      MutexLock lock(&command_mu_);
-      pair_fault_ = fault;
-      if (pair_server_) {
-        if (Status st = pair_server_->set_fault(fault); !st.ok()) {
-          std::fprintf(stderr, "endure agent %s: %s\n", o_.node_id.c_str(), st.message().c_str());
-        }
-      }
-    }
-    auto* f = e.mutable_fault_fired();
-    f->set_rank(d.rank);
-    f->set_fault_id(m->id);
-    f->set_kind(wire::ToWire(m->kind));
-    f->set_step(m->step);
-  } else {
-    return;  // heartbeats: the worker's liveness is its process, progress its steps
-  }
-  e.set_token(o_.token);
-  e.set_generation(d.generation);
-  // The worker's own clock says when it happened (a fault fires just before
-  // its process dies); the controller maps it onto its own clock.
-  e.set_time_s(d.time_s.value_or(clock_->WallSeconds()));
-  Emit(std::move(e));
-}
-
 void Agent::OnWorkerLine(int64_t generation, int rank, std::string_view line) {
-  bool stepped = false;
-  {
-    MutexLock lock(&reports_mu_);
-    if (generation != gate_.generation || !output_) return;
-    const double init_s = Seconds(clock_->Now() - started_);
-    for (const OutputReport& r : output_->OnLine(rank, line)) {
-      proto::AgentEvent e;
-      if (r.kind == OutputReport::Kind::kReady) {
-        auto* w = e.mutable_worker_ready();
-        w->set_rank(r.rank);
-        w->set_start_step(0);  // what an unmodified program restored is unknown
-        w->set_init_s(init_s);
-      } else {
-        auto* s = e.mutable_step();
-        s->set_rank(r.rank);
-        s->set_step(r.step);
-        s->set_checkpoint_step(-1);
-        // Without a loss there is nothing to judge (the loss detector would
-        // take a missing one for NaN).
-        s->set_skipped(!r.loss.has_value());
-        s->set_loss(r.loss.value_or(0.0));
-        int64_t& last = last_steps_[r.rank];
-        last = std::max(last, r.step);
-        stepped = true;
-      }
-      Send(std::move(e), generation);
-    }
-  }
-  if (stepped) RefillStandbys();
+  Feed(core::OutputLine{generation, rank, line});
 }
 
 void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
   // A worker that finished leaves its final state durable before the
   // controller hears that it finished.
   if (end.status.Success()) tiers_->PersistNewest(end.rank);
-  std::vector<proto::AgentEvent> words;
-  if (!end.status.Success()) {
-    // What the worker said last, and the node's kernel records of this
-    // generation (an Xid the worker only saw as a CUDA error): classified as
-    // one excerpt, and kept by the controller with the incident, matched or
-    // not, to recognize the failure when it recurs.
-    const std::string evidence =
-        end.tail + (seams_.kernel_log != nullptr ? seams_.kernel_log->After(kernel_mark_) : "");
-    proto::AgentEvent e;
-    auto* lm = e.mutable_log_match();
-    lm->set_rank(end.rank);
-    lm->set_excerpt(core::BoundedExcerpt(evidence));
-    if (std::optional<core::LogMatch> m = classifier_.Classify(evidence)) {
-      lm->set_cause(m->cause);
-      lm->set_action(wire::ToWire(m->action));
-      lm->set_rule(m->rule);
-      lm->set_line(m->line);
-    }
-    words.push_back(std::move(e));
+  core::WorkerExited exited;
+  exited.generation = generation;
+  exited.rank = end.rank;
+  exited.exited = end.status.exited;
+  exited.exit_code = end.status.code;
+  exited.signal = end.status.signal;
+  exited.stopped = end.stopped;
+  exited.tail = end.tail;
+  // The node's kernel records of this generation (an Xid the worker only saw
+  // as a CUDA error) are evidence too.
+  if (!end.status.Success() && seams_.kernel_log != nullptr) {
+    exited.kernel_records = seams_.kernel_log->After(kernel_mark_);
   }
-  proto::AgentEvent e;
-  auto* x = e.mutable_worker_exited();
-  x->set_rank(end.rank);
-  x->set_exited(end.status.exited);
-  x->set_exit_code(end.status.code);
-  x->set_signal(end.status.signal);
-  x->set_param_fingerprint(FindFingerprint(end.tail));
-  x->set_stopped(end.stopped);
-  words.push_back(std::move(e));
-  {
-    MutexLock lock(&reports_mu_);
-    if (generation == generation_.load()) last_words_[end.rank] = words;
-  }
-  for (proto::AgentEvent& w : words) Send(std::move(w), generation);
-}
-
-void Agent::RefillStandbys() {
-  MutexLock lock(&standby_mu_);
-  if (!refill_pending_) return;
-  refill_pending_ = false;
-  while (static_cast<int>(standbys_.size()) < standby_count_) {
-    Result<Standby> s = launcher_->StartStandby(standby_argv_, {}, secret_variables_);
-    if (!s.ok()) break;  // cold starts still work
-    standbys_.push_back(std::move(s).value());
-  }
+  Feed(exited);
 }
 
 std::optional<Standby> Agent::TakeStandby(const std::vector<std::string>& argv) {
-  MutexLock lock(&standby_mu_);
+  MutexLock lock(&node_mu_);
   for (auto it = standbys_.begin(); it != standbys_.end(); ++it) {
     if (it->argv == argv) {
       Standby s = std::move(*it);
@@ -527,24 +338,10 @@ std::optional<Standby> Agent::TakeStandby(const std::vector<std::string>& argv) 
 }
 
 void Agent::Prepare(const proto::Prepare& prepare) {
-  if (!o_.standby || workers_ || prepare.command().empty()) return;  // a member has its own
+  if (prepare.command().empty()) return;
   std::vector<std::string> argv(prepare.command().begin(), prepare.command().end());
   argv[0] = ResolveProgram(argv[0]);
-  KeepStandbys(argv, std::clamp(prepare.standbys(), 0, o_.slots));
-  RefillStandbys();
-}
-
-void Agent::KeepStandbys(const std::vector<std::string>& argv, int count) {
-  MutexLock lock(&standby_mu_);
-  // Standbys of another program (a changed command) are of no use.
-  std::erase_if(standbys_, [&](Standby& s) {
-    if (s.argv == argv) return false;
-    launcher_->DiscardStandby(s);
-    return true;
-  });
-  standby_argv_ = argv;
-  standby_count_ = count;
-  refill_pending_ = true;
+  Feed(core::StandbysWanted{std::move(argv), prepare.standbys()});
 }
 
 void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
@@ -561,8 +358,8 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
     // (an elastic shrink or regrow). Its earlier output is forgotten.
     std::vector<int> before;
     {
-      MutexLock lock(&reports_mu_);
-      before.assign(gate_.local_ranks.begin(), gate_.local_ranks.end());
+      MutexLock lock(&node_mu_);
+      before.assign(machine_->local_ranks().begin(), machine_->local_ranks().end());
     }
     std::map<int, int> rank_of_local;
     for (const proto::RankAssignment& r : start.ranks()) rank_of_local[r.local_rank()] = r.rank();
@@ -579,68 +376,48 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   } else if (workers_) {
     workers_->StopAll(std::chrono::milliseconds(0));
   }
-  generation_ = generation;
   if (seams_.kernel_log != nullptr) kernel_mark_ = seams_.kernel_log->Mark();
   // This generation's credential: its workers' ENDURE_TOKEN, and the only
   // one their datagrams are taken with. A failure to make one fails the
   // start of every rank (reported as exits, like a program that will not run).
   Result<std::string> credential = RandomHex(16);
-  bool read_progress = false;
-  {
+  std::vector<std::string> argv(start.command().begin(), start.command().end());
+  if (!argv.empty()) argv[0] = ResolveProgram(argv[0]);
+  // The new generation's gate and a clean slate of reports, at once, before
+  // any of its workers runs: a datagram the new gate admits is never
+  // cleared after it.
+  core::GenerationStarted started;
+  started.generation = generation;
+  started.credential = credential.ok() ? *credential : "";
+  for (const proto::RankAssignment& r : start.ranks()) {
+    started.ranks.insert(r.rank());
     // The factor of each comm-slow fault of a local rank: the node's
     // pairwise tests crawl by it once it fires.
-    MutexLock lock(&faults_mu_);
-    for (const proto::RankAssignment& r : start.ranks()) {
-      Result<std::vector<faults::Fault>> faults = faults::DecodeFaults(r.faults_json());
-      if (!faults.ok()) continue;
-      for (const faults::Fault& f : *faults) {
-        if (f.kind == faults::FaultKind::kCommSlow) comm_slow_factors_[f.id] = f.factor;
-      }
+    Result<std::vector<faults::Fault>> faults = faults::DecodeFaults(r.faults_json());
+    if (!faults.ok()) continue;
+    for (const faults::Fault& f : *faults) {
+      if (f.kind == faults::FaultKind::kCommSlow) started.comm_slow_factors[f.id] = f.factor;
     }
   }
-  {
-    // The new generation's gate and a clean slate of reports, at once: a
-    // datagram the new gate admits is never cleared after it.
-    MutexLock lock(&reports_mu_);
-    gate_.generation = generation;
-    gate_.credential = credential.ok() ? *credential : "";
-    started_ = clock_->Now();
-    gate_.local_ranks.clear();
-    for (const proto::RankAssignment& r : start.ranks()) gate_.local_ranks.insert(r.rank());
-    if (!rejoin) stack_signals_.clear();  // a worker that rejoins announced its own once
-    last_steps_.clear();
-    last_words_.clear();
-    output_.reset();
-    if (!start.progress_pattern().empty()) {
-      // The controller validated it (job_spec.cc); a refusal here means
-      // the two disagree, and training goes on without it.
-      Result<ProgressPattern> p = ProgressPattern::Compile(start.progress_pattern());
-      if (p.ok()) {
-        output_.emplace(std::move(p).value(), std::clamp(start.world_size(), 0, 1 << 20));
-      } else {
-        std::fprintf(stderr, "endure agent %s: progress_pattern ignored: %s\n", o_.node_id.c_str(),
-                     p.status().message().c_str());
-      }
-    }
-    read_progress = output_.has_value();
-  }
+  started.rejoin = rejoin;
+  started.progress_pattern = start.progress_pattern();
+  started.world_size = start.world_size();
+  started.standby_argv = argv;
+  Feed(started);
   WorkerSet::LineObserver on_line;
-  if (read_progress) {
+  if (!start.progress_pattern().empty()) {
     on_line = [this](int rank, std::string_view line) {
-      OnWorkerLine(generation_.load(), rank, line);
+      OnWorkerLine(CurrentGeneration(), rank, line);
     };
   }
   // A worker reports its exit in the generation it serves when it exits:
   // one that rejoined serves the newest.
   if (!rejoin) {
-    workers_ =
-        launcher_->NewGroup([this](const WorkerEnd& end) { OnWorkerExit(generation_.load(), end); },
-                            std::move(on_line));
+    workers_ = launcher_->NewGroup(
+        [this](const WorkerEnd& end) { OnWorkerExit(CurrentGeneration(), end); },
+        std::move(on_line));
   }
-  std::vector<std::string> argv(start.command().begin(), start.command().end());
   if (argv.empty()) return;
-  argv[0] = ResolveProgram(argv[0]);
-  KeepStandbys(argv, o_.standby ? start.ranks_size() : 0);
   const proto::CheckpointConfig& ckpt = start.checkpoint();
   // T2 as this host sees it: the controller sends the spec's directory.
   const std::string durable_dir = ResolveCheckpointDir(ckpt.dir());
@@ -726,9 +503,16 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
       std::error_code ignored;
       std::filesystem::remove(rejoin_path(r.rank()), ignored);
     }
-    if (start.rejoin() && !keep) spec.env.emplace_back(worker_env::kPeerRestore, "1");
-    if (!plan_path.empty() && !start.rejoin()) {
-      spec.env.emplace_back(worker_env::kRestorePlanFile, plan_path);
+    switch (core::RestoreRouteOf(start.rejoin(), keep, !plan_path.empty())) {
+      case core::RestoreRoute::kFromPeers:
+        spec.env.emplace_back(worker_env::kPeerRestore, "1");
+        break;
+      case core::RestoreRoute::kFromPlan:
+        spec.env.emplace_back(worker_env::kRestorePlanFile, plan_path);
+        break;
+      case core::RestoreRoute::kKeepsItsState:
+      case core::RestoreRoute::kFromScratch:
+        break;
     }
     Status st = Unavailable("no standby");
     if (!credential.ok()) {
@@ -806,8 +590,8 @@ void Agent::DumpStacks(int64_t generation, double timeout_s) {
   const Clock::TimePoint start = clock_->Now();
   std::map<int, int> signals;  // ranks that dump their own stacks
   {
-    MutexLock lock(&reports_mu_);
-    if (generation == gate_.generation) signals = stack_signals_;
+    MutexLock lock(&node_mu_);
+    signals = machine_->stack_signals(generation);
   }
   std::map<int, std::string> stacks = workers_->CaptureStacks(
       std::chrono::milliseconds(static_cast<int64_t>(ClampSeconds(timeout_s, 600) * 1000)),
@@ -862,12 +646,6 @@ void Agent::Inject(const proto::InjectFault& inject) {
   }
 }
 
-double Agent::CommSlowFactor(const std::string& fault_id) const {
-  MutexLock lock(&faults_mu_);
-  auto it = comm_slow_factors_.find(fault_id);
-  return it == comm_slow_factors_.end() ? 3.0 : it->second;
-}
-
 void Agent::CheckHealth() {
   HealthCheckOptions options;
   options.disk_dir = o_.work_dir;
@@ -888,7 +666,12 @@ void Agent::RunPairTest(int64_t generation, const proto::PairTest& test) {
   target.bytes = std::clamp<uint64_t>(test.bytes() / 4 * 4, 4, 64ull << 20);
   target.timeout = FromSeconds(std::clamp(test.timeout_s(), 0.1, 60.0));
   target.tls = seams_.tls;
-  Result<PairOutcome> outcome = agent::RunPairTest(target, pair_fault_);
+  PairFault fault;
+  {
+    MutexLock lock(&node_mu_);
+    fault = pair_fault_;
+  }
+  Result<PairOutcome> outcome = agent::RunPairTest(target, fault);
   proto::AgentEvent e;
   auto* done = e.mutable_pair_test();
   done->set_test(test.test());
@@ -906,10 +689,7 @@ void Agent::RunPairTest(int64_t generation, const proto::PairTest& test) {
                o_.node_id.c_str(), test.test(), test.round(), test.peer_node().c_str(),
                done->ok() ? "ok" : "FAILED", done->seconds(), done->error().empty() ? "" : ": ",
                done->error().c_str());
-  e.set_token(o_.token);
-  e.set_generation(generation);
-  e.set_time_s(clock_->WallSeconds());
-  Emit(std::move(e));
+  Send(std::move(e), generation);
 }
 
 int Agent::FreePort() {
@@ -941,7 +721,7 @@ void Agent::OnPersisted(const PersistReport& report) {
   const MemoryUsage used = tiers_->Usage();
   p->set_t0_bytes(used.t0_bytes);
   p->set_t1_bytes(used.t1_bytes);
-  Send(std::move(e), generation_);
+  Send(std::move(e));
 }
 
 void Agent::AwaitSignal() {
@@ -957,10 +737,11 @@ void Agent::AwaitSignal() {
 }
 
 void Agent::DiscardStandbys() {
-  MutexLock lock(&standby_mu_);
+  MutexLock lock(&node_mu_);
   for (Standby& s : standbys_) launcher_->DiscardStandby(s);
   standbys_.clear();
-  standby_count_ = 0;
+  std::vector<core::NodeAction> none = machine_->Step(core::StandbysDiscarded{}, Now());
+  ENDURE_CHECK(none.empty());
 }
 
 int64_t Agent::StopWorkersAndPersist() {
@@ -973,8 +754,8 @@ int64_t Agent::StopWorkersAndPersist() {
   }
   DiscardStandbys();
   {
-    MutexLock lock(&reports_mu_);
-    ranks.insert(gate_.local_ranks.begin(), gate_.local_ranks.end());
+    MutexLock lock(&node_mu_);
+    ranks.insert(machine_->local_ranks().begin(), machine_->local_ranks().end());
   }
   // The node's newest complete step goes to the durable directory if there
   // is time; the reports go up while the stream lasts, for the controller
@@ -1015,23 +796,14 @@ bool Agent::Signalled() {
 
 bool Agent::CarryOutCommands() {
   proto::AgentCommand cmd;
-  int64_t started_on_stream = -1;  // the newest generation started on this stream
   while (transport_->Read(&cmd)) {
     MutexLock lock(&command_mu_);
     if (signalled_) return false;
-    if (!ConstantTimeEquals(cmd.token(), o_.token)) continue;
-    if (IsStale(cmd, started_on_stream)) {
-      std::fprintf(stderr,
-                   "endure agent %s: dropped a command of generation %lld: generation %lld "
-                   "started since\n",
-                   o_.node_id.c_str(), static_cast<long long>(cmd.generation()),
-                   static_cast<long long>(started_on_stream));
-      continue;
-    }
+    // Only the job's, and none that crossed a newer start on the wire.
+    if (!Feed(core::CommandArrived{&cmd})) continue;
     switch (cmd.command_case()) {
       case proto::AgentCommand::kStart:
         Start(cmd.generation(), cmd.start());
-        started_on_stream = cmd.generation();
         break;
       case proto::AgentCommand::kStop:
         Stop(cmd.generation(), cmd.stop().grace_s());
@@ -1079,14 +851,13 @@ proto::AgentEvent Agent::Hello(bool resuming) {
       MutexLock lock(&command_mu_);
       if (workers_) alive = workers_->Pids();
     }
-    MutexLock lock(&reports_mu_);
-    generation = generation_.load();
-    bool all_alive = !gate_.local_ranks.empty();
-    for (int rank : gate_.local_ranks) {
+    MutexLock lock(&node_mu_);
+    generation = machine_->generation();
+    bool all_alive = !machine_->local_ranks().empty();
+    for (int rank : machine_->local_ranks()) {
       proto::RankResume* r = reg->add_ranks();
       r->set_rank(rank);
-      auto last = last_steps_.find(rank);
-      r->set_last_step(last == last_steps_.end() ? 0 : last->second);
+      r->set_last_step(machine_->last_step(rank));
       r->set_alive(alive.count(rank) > 0);
       all_alive = all_alive && r->alive();
     }
@@ -1137,45 +908,25 @@ std::optional<Status> Agent::RideOutOutage(const std::string& why) {
     if (Signalled()) return Status::Ok();
   }
   if (last.ok()) {
-    // The resuming hello first, then what happened meanwhile, in order:
-    // events made while this runs wait behind write_mu_ and follow.
-    // Then the ranks' last words of this generation again (see
-    // last_words_).
+    // The resuming hello first, then what happened meanwhile, in order,
+    // then the ranks' last words of this generation again (the core's
+    // link). A stream that broke again ends the next Read: a new outage.
     proto::AgentEvent hello = Hello(/*resuming=*/true);
-    std::vector<proto::AgentEvent> words;
-    {
-      MutexLock lock(&reports_mu_);
-      for (const auto& [rank, events] : last_words_) {
-        for (proto::AgentEvent e : events) {
-          e.set_token(o_.token);
-          e.set_generation(generation_.load());
-          e.set_time_s(clock_->WallSeconds());
-          words.push_back(std::move(e));
-        }
-      }
-    }
+    const int64_t generation = hello.register_().generation();
     size_t kept = 0;
     int64_t dropped = 0;
     {
-      MutexLock lock(&write_mu_);
-      kept = outage_.size();
-      dropped = outage_.dropped();
-      hello.mutable_register_()->set_events_dropped(dropped);
-      bool sent = transport_->Send(hello);
-      while (sent && !outage_.empty()) {
-        sent = transport_->Send(outage_.front());
-        if (sent) outage_.PopFront();
-      }
-      for (size_t i = 0; sent && i < words.size(); ++i) sent = transport_->Send(words[i]);
-      // A stream that broke again ends the next Read: a new outage.
-      link_ = sent ? Link::kOpen : Link::kOutage;
+      MutexLock lock(&node_mu_);
+      kept = machine_->outage_size();
+      dropped = machine_->outage_dropped();
+      CarryOut(machine_->Step(core::StreamOpened{std::move(hello), true}, Now()));
     }
     std::fprintf(stderr,
                  "endure agent %s: reconnected to the controller after %s (%d attempt(s)); "
                  "resumed generation %lld, %zu event(s) sent from the outage (%lld dropped in "
                  "all)\n",
                  o_.node_id.c_str(), FormatDuration(clock_->Now() - since).c_str(), attempts,
-                 static_cast<long long>(hello.register_().generation()), kept,
+                 static_cast<long long>(generation), kept,
                  static_cast<long long>(dropped));
     return std::nullopt;
   }
@@ -1218,7 +969,16 @@ Status Agent::Run() {
   tier_options.tls = seams_.tls;
   ENDURE_ASSIGN_OR_RETURN(
       tiers_, TierStore::Start(tier_options, [this](const PersistReport& r) { OnPersisted(r); }));
-  datagram_context_.t0_dir = tiers_->t0_dir();
+  {
+    core::NodeMachineOptions node;
+    node.token = o_.token;
+    node.standby = o_.standby;
+    node.slots = o_.slots;
+    node.refusal_log_burst = kRefusalLogBurst;
+    MutexLock lock(&node_mu_);
+    machine_.emplace(std::move(node), std::move(classifier_),
+                     contract::DatagramContext{tiers_->t0_dir()});
+  }
   {
     PairTestServerOptions pair;
     pair.host = o_.host;
@@ -1234,11 +994,11 @@ Status Agent::Run() {
   // what Run() holds, on every way out.
   const auto finish = [&] {
     {
-      MutexLock lock(&refusal_mu_);
-      if (refused_ > 0) {
+      MutexLock lock(&node_mu_);
+      if (machine_->refused() > 0) {
         std::fprintf(stderr, "endure agent %s: refused %lld datagram(s) in all (%lld not shown)\n",
-                     o_.node_id.c_str(), static_cast<long long>(refused_),
-                     static_cast<long long>(refusal_log_.held_back()));
+                     o_.node_id.c_str(), static_cast<long long>(machine_->refused()),
+                     static_cast<long long>(machine_->refusals_not_logged()));
       }
     }
     const uint64_t one = 1;
@@ -1257,13 +1017,8 @@ Status Agent::Run() {
     if (signalled()) return Status::Ok();
     return attached;
   }
-  {
-    proto::AgentEvent hello = Hello(/*resuming=*/false);
-    MutexLock lock(&write_mu_);
-    link_ = Link::kOpen;
-    // Registration is the first word the controller hears.
-    if (!transport_->Send(hello)) link_ = Link::kOutage;
-  }
+  // Registration is the first word the controller hears.
+  Feed(core::StreamOpened{Hello(/*resuming=*/false), false});
   if (signalled()) transport_->Cancel();  // a signal came while attaching
   std::thread receiver(&Agent::ReceiveDatagrams, this);
 
@@ -1275,10 +1030,7 @@ Status Agent::Run() {
   while (true) {
     shutdown = CarryOutCommands();
     if (shutdown || signalled()) break;
-    {
-      MutexLock lock(&write_mu_);
-      if (link_ == Link::kOpen) link_ = Link::kOutage;
-    }
+    Feed(core::StreamLost{});
     const Status end = transport_->Finish();
     stream_open = false;
     if (end.code() == StatusCode::kInvalidArgument) {
@@ -1307,9 +1059,9 @@ Status Agent::Run() {
   }
   DiscardStandbys();
   {
-    MutexLock lock(&write_mu_);
+    MutexLock lock(&node_mu_);
     if (stream_open) transport_->CloseWrites();
-    link_ = Link::kNone;
+    CarryOut(machine_->Step(core::StreamClosed{}, Now()));
   }
   if (stream_open) {
     // A signal cancelled the stream (its end says so); after a shutdown it

@@ -8,22 +8,26 @@
 // the memory tiers carry on; Run()'s thread reconnects with backoff
 // (agent/reconnect.h) and registers again saying that it resumes (its
 // generation, its ranks' last steps, whether their workers still run), and
-// what happened meanwhile, kept in an OutageBuffer, follows in order. Only
+// what happened meanwhile, kept in the core's outage buffer, follows in order. Only
 // past AgentOptions::controller_grace without a controller are the workers
 // stopped, as on SIGTERM, and Run() returns kUnavailable.
 //
+// Decisions: the node's core (core/node_machine.h) decides what the agent's
+// inputs mean (the datagram gate, the outage buffer, the last words, the
+// standby rule, stale commands); the Agent is its shell, which feeds it and
+// carries out what it decides, including every write to the stream.
+//
 // Threads: Run()'s thread reads commands and carries them out in order; one
 // thread receives worker datagrams (and sends the heartbeat); the workers'
-// threads (WorkerGroup) report exits and, with a progress pattern, turn
-// output lines into progress; one thread waits for SIGTERM/SIGINT and shuts
-// the node down. command_mu_ serialises carrying out a command with that
-// shutdown; writes to the transport are serialised by write_mu_; what the
-// generation's ranks reported (the datagram gate, progress from output,
-// stack signals) by reports_mu_, taken before write_mu_ where both are held.
+// threads (WorkerGroup) report exits and, with a progress pattern, output
+// lines; one thread waits for SIGTERM/SIGINT and shuts the node down. Each
+// steps the core under node_mu_ and carries out its actions there, in
+// order. command_mu_ serialises carrying out a command with that shutdown,
+// and is taken before node_mu_ where both are held.
 //
 // Workers never see the job token: each generation gets a fresh random
 // credential (their ENDURE_TOKEN), and only datagrams that carry it, parsed
-// and checked by contract/worker_contract.h, pass agent/datagram.h's gate.
+// and checked by contract/worker_contract.h, pass the core's gate.
 #pragma once
 
 #include <atomic>
@@ -38,12 +42,10 @@
 #include <vector>
 
 #include "agent/agent.h"
-#include "agent/datagram.h"
 #include "agent/health_check.h"
 #include "agent/kernel_log.h"
 #include "agent/pair_test.h"
 #include "agent/process_launcher.h"
-#include "agent/progress_pattern.h"
 #include "agent/reconnect.h"
 #include "agent/tier_store.h"
 #include "agent/transport.h"
@@ -52,6 +54,7 @@
 #include "common/env.h"
 #include "common/mutex.h"
 #include "core/log_classifier.h"
+#include "core/node_machine.h"
 #include "proto/endure.pb.h"
 
 namespace endure::agent {
@@ -105,11 +108,14 @@ class Agent {
   void ShutDownOnSignal(int sig);
 
  private:
-  void Send(proto::AgentEvent event, int64_t generation);
-  // Sends a finished event up the stream while one is open, keeps it for
-  // the next one during an outage (a failed send starts one), and drops it
-  // before the first stream and after the last.
-  void Emit(proto::AgentEvent event);
+  // Steps the node's core with `input` and carries out what it decides, in
+  // order; true when it said to carry out the command that arrived.
+  bool Feed(const core::NodeInput& input) EXCLUDES(node_mu_);
+  bool CarryOut(std::vector<core::NodeAction> actions) REQUIRES(node_mu_);
+  core::NodeTime Now() const;
+  // Reports `event` to the controller as of `generation` (< 0: the current one).
+  void Send(proto::AgentEvent event, int64_t generation = -1);
+  int64_t CurrentGeneration() EXCLUDES(node_mu_);
   bool Signalled();
   // Carries out commands until the stream ends; true when it was a shutdown.
   bool CarryOutCommands();
@@ -130,12 +136,6 @@ class Agent {
   void ReceiveDatagrams();
   // Ends the receiver's wait for a datagram (once done_ is set).
   void WakeReceiver();
-  // One datagram from a worker: parsed, checked against the gate, turned
-  // into an event for the controller. Refusals are counted and logged at a
-  // rate limit; nothing a worker sends can throw here.
-  void HandleDatagram(std::string_view bytes);
-  // Logs a refused datagram, unless too many were refused lately.
-  void Refuse(const std::string& why);
   void OnWorkerExit(int64_t generation, const WorkerEnd& end);
   // A line of a worker's output (a group's thread); only with a progress pattern.
   void OnWorkerLine(int64_t generation, int rank, std::string_view line);
@@ -143,9 +143,6 @@ class Agent {
   void AwaitSignal();
   // A spare node keeps warm standbys of the job's program (proto Prepare).
   void Prepare(const proto::Prepare& prepare) REQUIRES(command_mu_);
-  // Keeps `count` standbys of `argv` from now on (refilled on the next
-  // step); those of another program are discarded.
-  void KeepStandbys(const std::vector<std::string>& argv, int count);
   // The commands, carried out one at a time under command_mu_.
   void Start(int64_t generation, const proto::StartGeneration& start) REQUIRES(command_mu_);
   void Stop(int64_t generation, double grace_s) REQUIRES(command_mu_);
@@ -155,7 +152,6 @@ class Agent {
   void RunPairTest(int64_t generation, const proto::PairTest& test) REQUIRES(command_mu_);
   // Before a registration that is no resume: the node's health check.
   void CheckHealth();
-  double CommSlowFactor(const std::string& fault_id) const;
   void OnPersisted(const PersistReport& report);
   // A port free on this host (AgentSeams::pick_port); 0: none.
   int FreePort();
@@ -164,11 +160,10 @@ class Agent {
   std::string ResolveCheckpointDir(const std::string& dir) const;
 
   // Warm standbys: workers started ahead of the next generation so that a
-  // restart skips loading the program. Refilled once a generation has made
-  // its first step, so that their start does not slow the restart itself.
-  void RefillStandbys();
-  std::optional<Standby> TakeStandby(const std::vector<std::string>& argv);
-  void DiscardStandbys();
+  // restart skips loading the program (when to refill them is the core's
+  // standby rule).
+  std::optional<Standby> TakeStandby(const std::vector<std::string>& argv) EXCLUDES(node_mu_);
+  void DiscardStandbys() EXCLUDES(node_mu_);
 
   AgentOptions o_;
   core::LogClassifier classifier_;
@@ -176,18 +171,10 @@ class Agent {
   Clock* const clock_;
   Transport* const transport_;
   ProcessLauncher* const launcher_;
-  Mutex standby_mu_;
-  std::vector<Standby> standbys_ GUARDED_BY(standby_mu_);
-  std::vector<std::string> standby_argv_ GUARDED_BY(standby_mu_);
-  int standby_count_ GUARDED_BY(standby_mu_) = 0;
-  bool refill_pending_ GUARDED_BY(standby_mu_) = false;
-  // Events go to the transport only while a stream is open, and into the
-  // outage buffer while the agent reconnects.
-  enum class Link { kNone, kOpen, kOutage };
-  Mutex write_mu_;
-  Link link_ GUARDED_BY(write_mu_) = Link::kNone;
-  OutageBuffer outage_ GUARDED_BY(write_mu_);
-  std::atomic<int64_t> generation_{-1};
+  // The node's core, what it decides about, and the stream's writes.
+  Mutex node_mu_ ACQUIRED_AFTER(command_mu_);
+  std::optional<core::NodeMachine> machine_ GUARDED_BY(node_mu_);  // made in Run()
+  std::vector<Standby> standbys_ GUARDED_BY(node_mu_);
   // Where the kernel log stood when the generation started: its later
   // hardware records are this generation's evidence.
   std::atomic<uint64_t> kernel_mark_{0};
@@ -201,41 +188,19 @@ class Agent {
   // The pairwise test's listener; its fault (and the one this node's own
   // tests apply) follow an injected comm-fail / comm-slow of a local rank.
   std::unique_ptr<PairTestServer> pair_server_;
-  PairFault pair_fault_ GUARDED_BY(command_mu_);
+  PairFault pair_fault_ GUARDED_BY(node_mu_);
   HealthReport health_;  // the last health check (before each fresh registration)
-  mutable Mutex faults_mu_;
-  std::map<std::string, double> comm_slow_factors_ GUARDED_BY(faults_mu_);  // fault id -> factor
   bool health_checked_ = false;
   // Injected memory corruption (tier, shard), applied once the workers stop.
   std::vector<std::pair<checkpoint::Tier, int>> pending_corruption_ GUARDED_BY(command_mu_);
   // The agent's variables that hold the job token (ENDURE_TOKEN among them):
   // removed from every worker's environment. Set before the first worker.
   std::vector<std::string> secret_variables_;
-  DatagramContext datagram_context_;  // set before the receiver starts
   int socket_fd_ = -1;
   std::string socket_path_;
   std::atomic<bool> done_{false};
   int wake_fd_ = -1;  // an eventfd that ends the shutdown thread's wait at the end of Run()
 
-  // Refused datagrams: counted, and logged at a rate limit.
-  Mutex refusal_mu_;
-  int64_t refused_ GUARDED_BY(refusal_mu_) = 0;
-  LogRateLimiter refusal_log_ GUARDED_BY(refusal_mu_);
-
-  // What the ranks of the current generation reported.
-  Mutex reports_mu_;
-  // This generation, its credential and its ranks on this node; the
-  // generation is also what output lines and stack dumps are checked against.
-  DatagramGate gate_ GUARDED_BY(reports_mu_);
-  std::optional<OutputReports> output_ GUARDED_BY(reports_mu_);  // with a pattern
-  std::map<int, int> stack_signals_ GUARDED_BY(reports_mu_);     // rank -> signal
-  std::map<int, int64_t> last_steps_ GUARDED_BY(reports_mu_);    // rank -> last step reported
-  // Each local rank's last words in this generation
-  // (its log match and its exit), sent again after every resume: the
-  // controller that hears them may be a new one, and the first copies may
-  // have died with the old one in flight. Repeated, they change nothing.
-  std::map<int, std::vector<proto::AgentEvent>> last_words_ GUARDED_BY(reports_mu_);
-  Clock::TimePoint started_ GUARDED_BY(reports_mu_);
 };
 
 }  // namespace endure::agent

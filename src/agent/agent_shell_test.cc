@@ -684,7 +684,7 @@ TEST_F(AgentShellTest, ABreakWithinTheGraceKeepsTheWorkersAndResumesWithWhatHapp
   proto::AgentCommand start = StartCommand(3, {0, 1}, 2);
   start.mutable_start()->set_progress_pattern(R"(step (?P<step>\d+))");
   Do(start);
-  // Rank 0's output stands for both ranks (agent/progress_pattern.h).
+  // Rank 0's output stands for both ranks (core/progress_pattern.h).
   ASSERT_TRUE(launcher_.Print(0, "step 4"));
   transport_.FailAttach(Unavailable("connection refused"));
   transport_.Break();
@@ -837,48 +837,6 @@ TEST(ReconnectBackoff, StartsAtOnceThenDoublesJitteredUpToItsBound) {
   EXPECT_EQ(previous_nominal, o.max) << "bounded after enough attempts";
   o.max = 100ms;
   EXPECT_FALSE(o.Validate().ok());
-}
-
-TEST(OutageBuffer, KeepsTheNewestInOrderAndDropsProgressBeforeReports) {
-  auto step = [](int64_t s) {
-    proto::AgentEvent e;
-    e.mutable_step()->set_step(s);
-    return e;
-  };
-  auto exit = [](int rank) {
-    proto::AgentEvent e;
-    e.mutable_worker_exited()->set_rank(rank);
-    return e;
-  };
-  OutageBuffer buffer(4);
-  proto::AgentEvent beat;
-  beat.mutable_heartbeat();
-  buffer.Push(beat);  // never kept
-  buffer.Push(step(1));
-  buffer.Push(exit(0));
-  buffer.Push(step(2));
-  buffer.Push(step(3));
-  buffer.Push(step(4));  // full: step 1 goes
-  proto::AgentEvent persisted;
-  persisted.mutable_persisted()->set_step(3);
-  buffer.Push(persisted);  // step 2 goes
-  EXPECT_EQ(buffer.dropped(), 2);
-  std::vector<std::string> kept;
-  for (OutageBuffer copy = buffer; !copy.empty(); copy.PopFront()) {
-    const proto::AgentEvent& e = copy.front();
-    kept.push_back(e.has_step()            ? "step " + std::to_string(e.step().step())
-                   : e.has_worker_exited() ? "exit"
-                                           : "persisted");
-  }
-  EXPECT_EQ(kept, (std::vector<std::string>{"exit", "step 3", "step 4", "persisted"}));
-  // With no progress left to drop, the oldest report goes.
-  OutageBuffer reports(2);
-  reports.Push(exit(0));
-  reports.Push(exit(1));
-  reports.Push(exit(2));
-  EXPECT_EQ(reports.size(), 2u);
-  EXPECT_EQ(reports.front().worker_exited().rank(), 1);
-  EXPECT_EQ(reports.dropped(), 1);
 }
 
 TEST_F(AgentShellTest, AStreamTheControllerClosesWithARefusalIsNotRiddenOut) {

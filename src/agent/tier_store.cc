@@ -22,6 +22,7 @@
 #include "common/env.h"
 #include "common/hash.h"
 #include "common/names.h"
+#include "core/node_machine.h"
 
 namespace endure::agent {
 namespace {
@@ -322,7 +323,7 @@ void TierStore::Send(const checkpoint::SnapshotInfo& info, std::string_view payl
     }
   }
   const bool due = !config.durable_dir.empty() &&
-                   (config.persist_every_steps <= 0 || info.step % config.persist_every_steps == 0);
+                   core::DurableStepDue(info.step, config.persist_every_steps);
   if (due) Persist(info.shard, info.shards, info.step, payload, info.xxh3);
 }
 

@@ -17,7 +17,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "agent/progress_pattern.h"
+#include "core/progress_pattern.h"
 #include "common/secret.h"
 #include "contract/worker_contract.h"
 
@@ -313,7 +313,7 @@ void WorkerSet::Watch(Worker* worker, Subprocess process, int out_fd, std::strin
     tail.clear();
     tail_bytes = 0;
   };
-  LineSplitter lines;
+  core::LineSplitter lines;
   const auto on_line = [&](std::string_view line) {
     forget_earlier_generations();
     tail.emplace_back(line);

@@ -94,7 +94,7 @@ class WorkerSet {
   // `on_exit` runs on a watcher thread, once per worker, after the worker
   // exited and its output was drained (to its end, or for kDrainAfterExit
   // after the exit). `on_line` (optional) runs on the same thread
-  // for each line of output (see LineSplitter: '\r' ends a line too, and a
+  // for each line of output (see core::LineSplitter: '\r' ends a line too, and a
   // line is cut at kMaxLineBytes), before the exit. Neither may call back
   // into this WorkerSet.
   explicit WorkerSet(std::function<void(const WorkerEnd&)> on_exit, LineObserver on_line = nullptr);

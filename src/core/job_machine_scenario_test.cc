@@ -56,83 +56,22 @@
 
 #include "core/job_codec.h"
 #include "core/job_machine.h"
+#include "tests/support/scenario_files.h"
 
 namespace endure::core {
 namespace {
 
-namespace fs = std::filesystem;
+using testing_support::FormatSecondsNs;
+using testing_support::KeyValues;
+using testing_support::Num;
+using testing_support::ParseBool;
+using testing_support::ParseDouble;
+using testing_support::ParseInt;
+using testing_support::ParseSecondsNs;
+using testing_support::Trim;
+using testing_support::Words;
 
 // ---- Small parsers ----
-
-std::string Trim(std::string_view s) {
-  const size_t b = s.find_first_not_of(" \t");
-  if (b == std::string_view::npos) return "";
-  const size_t e = s.find_last_not_of(" \t");
-  return std::string(s.substr(b, e - b + 1));
-}
-
-std::vector<std::string> Words(std::string_view s) {
-  std::vector<std::string> out;
-  std::istringstream in{std::string(s)};
-  for (std::string w; in >> w;) out.push_back(w);
-  return out;
-}
-
-// "12", "0.15", "6.05": seconds, read exactly into nanoseconds (no binary
-// rounding, so that times print back as written).
-Result<int64_t> ParseSecondsNs(std::string_view s) {
-  const size_t dot = s.find('.');
-  const std::string_view whole = s.substr(0, dot);
-  std::string_view frac = dot == std::string_view::npos ? "" : s.substr(dot + 1);
-  int64_t w = 0;
-  auto [end, ec] = std::from_chars(whole.data(), whole.data() + whole.size(), w);
-  if (whole.empty() || ec != std::errc() || end != whole.data() + whole.size() || w < 0 ||
-      frac.size() > 9) {
-    return InvalidArgument("expected seconds such as 12 or 0.15, got '" + std::string(s) + "'");
-  }
-  int64_t f = 0;
-  for (size_t i = 0; i < 9; ++i) {
-    const char c = i < frac.size() ? frac[i] : '0';
-    if (c < '0' || c > '9') {
-      return InvalidArgument("expected seconds such as 12 or 0.15, got '" + std::string(s) + "'");
-    }
-    f = f * 10 + (c - '0');
-  }
-  return w * 1'000'000'000 + f;
-}
-
-std::string FormatSecondsNs(int64_t ns) {
-  std::string frac = std::to_string(ns % 1'000'000'000);
-  frac.insert(0, 9 - frac.size(), '0');
-  while (!frac.empty() && frac.back() == '0') frac.pop_back();
-  return std::to_string(ns / 1'000'000'000) + (frac.empty() ? "" : "." + frac);
-}
-
-Result<int64_t> ParseInt(std::string_view s) {
-  int64_t v = 0;
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc() || end != s.data() + s.size()) {
-    return InvalidArgument("expected an integer, got '" + std::string(s) + "'");
-  }
-  return v;
-}
-
-Result<double> ParseDouble(std::string_view s) {
-  if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
-  if (s == "inf") return std::numeric_limits<double>::infinity();
-  double v = 0;
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc() || end != s.data() + s.size()) {
-    return InvalidArgument("expected a number, got '" + std::string(s) + "'");
-  }
-  return v;
-}
-
-Result<bool> ParseBool(std::string_view s) {
-  if (s == "true") return true;
-  if (s == "false") return false;
-  return InvalidArgument("expected true or false, got '" + std::string(s) + "'");
-}
 
 Result<std::vector<NodeId>> ParseNodes(std::string_view s) {
   std::vector<NodeId> out;
@@ -143,18 +82,6 @@ Result<std::vector<NodeId>> ParseNodes(std::string_view s) {
     if (!n.ok()) return n.status();
     out.push_back(NodeId{static_cast<int32_t>(*n)});
     s.remove_prefix(std::min(s.size(), comma + 1));
-  }
-  return out;
-}
-
-// `key=value` words after the positional ones.
-Result<std::map<std::string, std::string>> KeyValues(const std::vector<std::string>& words,
-                                                     size_t from) {
-  std::map<std::string, std::string> out;
-  for (size_t i = from; i < words.size(); ++i) {
-    const size_t eq = words[i].find('=');
-    if (eq == std::string::npos) return InvalidArgument("expected key=value, got " + words[i]);
-    out[words[i].substr(0, eq)] = words[i].substr(eq + 1);
   }
   return out;
 }
@@ -501,12 +428,6 @@ class Scenario {
     return Status::Ok();
   }
 
-  static std::string Num(double v) {
-    char buf[64];
-    auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
-    return std::string(buf, end);
-  }
-
   // Steps the machine at the current time and writes what came out: the
   // actions, then every incident the input created or changed. Outputs of a
   // helper's events carry their time.
@@ -534,67 +455,18 @@ class Scenario {
 
 // ---- The test: one per file ----
 
-std::vector<std::string> ScenarioFiles() {
-  std::vector<std::string> out;
-  for (const fs::directory_entry& e : fs::directory_iterator(ENDURE_SCENARIO_DIR)) {
-    if (e.path().extension() == ".txt") out.push_back(e.path().filename().string());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-bool Rewriting() {
-  const char* v = std::getenv("ENDURE_REWRITE_TESTDATA");
-  return v != nullptr && std::string_view(v) == "1";
-}
-
-// Where two texts first differ, as "line N: expected / got".
-std::string FirstDifference(const std::string& want, const std::string& got) {
-  std::istringstream a(want), b(got);
-  std::string x, y;
-  for (int n = 1;; ++n) {
-    const bool more_a = static_cast<bool>(std::getline(a, x));
-    const bool more_b = static_cast<bool>(std::getline(b, y));
-    if (!more_a && !more_b) return "no difference";
-    if (!more_a) x = "<end of file>";
-    if (!more_b) y = "<end of output>";
-    if (x != y || !more_a || !more_b) {
-      return "line " + std::to_string(n) + ":\n  file: " + x + "\n  now:  " + y;
-    }
-  }
-}
-
 class JobMachineScenario : public testing::TestWithParam<std::string> {};
 
 TEST_P(JobMachineScenario, OutputMatchesTheFile) {
-  const fs::path path = fs::path(ENDURE_SCENARIO_DIR) / GetParam();
-  std::ifstream in(path);
-  ASSERT_TRUE(in) << "cannot read " << path;
-  std::stringstream buf;
-  buf << in.rdbuf();
-  const std::string text = buf.str();
-  Result<std::string> got = Scenario::Run(text);
-  ASSERT_TRUE(got.ok()) << path.string() << ": " << got.status().message();
-  if (Rewriting()) {
-    if (*got != text) {
-      std::ofstream(path) << *got;
-      std::cout << "rewrote " << path.string() << "\n";
-    }
-    return;
-  }
-  // Only where they differ: the whole texts would bury it.
-  EXPECT_TRUE(*got == text) << path.string() << " differs at " << FirstDifference(text, *got)
-                            << "\n(if the change is intended: ENDURE_REWRITE_TESTDATA=1 "
-                               "job_machine_scenario_test, then review the diff)";
+  const std::string failure = testing_support::CheckScenarioFile(
+      ENDURE_SCENARIO_DIR, GetParam(), Scenario::Run, "job_machine_scenario_test");
+  EXPECT_TRUE(failure.empty()) << failure;
 }
 
-INSTANTIATE_TEST_SUITE_P(Files, JobMachineScenario, testing::ValuesIn(ScenarioFiles()),
+INSTANTIATE_TEST_SUITE_P(Files, JobMachineScenario,
+                         testing::ValuesIn(testing_support::ScenarioFiles(ENDURE_SCENARIO_DIR)),
                          [](const testing::TestParamInfo<std::string>& info) {
-                           std::string name = fs::path(info.param).stem().string();
-                           for (char& c : name) {
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           }
-                           return name;
+                           return testing_support::ScenarioTestName(info.param);
                          });
 
 }  // namespace

@@ -1,11 +1,11 @@
 // The agent's gate on worker datagrams, and its log rate limiter.
-#include "agent/datagram.h"
+#include "core/datagram_gate.h"
 
 #include <algorithm>
 
 #include "common/secret.h"
 
-namespace endure::agent {
+namespace endure::core {
 
 DatagramGate::Verdict DatagramGate::Admit(const Datagram& d) const {
   if (d.generation != generation) return Verdict::kStale;
@@ -48,4 +48,4 @@ bool LogRateLimiter::Allow(Clock::time_point now, int64_t* suppressed) {
   return true;
 }
 
-}  // namespace endure::agent
+}  // namespace endure::core

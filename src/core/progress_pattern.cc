@@ -1,5 +1,5 @@
 // Progress from worker output; see progress_pattern.h.
-#include "agent/progress_pattern.h"
+#include "core/progress_pattern.h"
 
 #include <re2/re2.h>
 
@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <vector>
 
-namespace endure::agent {
+namespace endure::core {
 
 void LineSplitter::Feed(std::string_view bytes,
                         const std::function<void(std::string_view)>& on_line) {
@@ -166,4 +166,4 @@ std::vector<OutputReport> OutputReports::OnLine(int rank, std::string_view line)
   return out;
 }
 
-}  // namespace endure::agent
+}  // namespace endure::core

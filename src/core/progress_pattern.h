@@ -35,7 +35,7 @@ namespace re2 {
 class RE2;
 }
 
-namespace endure::agent {
+namespace endure::core {
 
 // The longest line matched or kept; the rest of a longer line is dropped.
 inline constexpr size_t kMaxLineBytes = 64 * 1024;
@@ -159,4 +159,4 @@ class OutputReports {
   std::vector<Rank> ranks_;
 };
 
-}  // namespace endure::agent
+}  // namespace endure::core

@@ -16,7 +16,7 @@
 
 #include "contract/worker_contract.h"
 
-namespace endure::agent {
+namespace endure::core {
 
 using contract::Datagram;
 using contract::DatagramContext;
@@ -76,4 +76,4 @@ class LogRateLimiter {
   int64_t held_back_ = 0;
 };
 
-}  // namespace endure::agent
+}  // namespace endure::core

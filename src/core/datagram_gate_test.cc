@@ -1,6 +1,6 @@
 // ParseDatagram, DatagramGate and LogRateLimiter: what the agent takes from
 // its workers' socket, and what it refuses (with a reason, never a throw).
-#include "agent/datagram.h"
+#include "core/datagram_gate.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 
 #include "checkpoint/snapshot_file.h"
 
-namespace endure::agent {
+namespace endure::core {
 namespace {
 
 using Json = nlohmann::json;
@@ -360,4 +360,4 @@ TEST(LogRateLimiter, LetsABurstThroughThenOnePerIntervalAndCountsTheRest) {
 }
 
 }  // namespace
-}  // namespace endure::agent
+}  // namespace endure::core

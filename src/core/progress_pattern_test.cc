@@ -2,7 +2,7 @@
 // length bound), the pattern, the step counter, the reports an agent sends,
 // and every pattern docs/progress_pattern.md documents, against the sample
 // lines it shows.
-#include "agent/progress_pattern.h"
+#include "core/progress_pattern.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace endure::agent {
+namespace endure::core {
 namespace {
 
 using testing::ElementsAre;
@@ -236,4 +236,4 @@ TEST(DocumentedPatterns, IgnoreTheLinesTheyShouldIgnore) {
 }
 
 }  // namespace
-}  // namespace endure::agent
+}  // namespace endure::core

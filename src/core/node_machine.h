@@ -1,0 +1,274 @@
+// NodeMachine: the agent's decision core for one node, as JobMachine is the
+// controller's. Sans-I/O: Step(input, now) -> actions. The agent's shell
+// (agent/agent_shell.h) feeds it what its threads see (worker datagrams,
+// output lines and exits, commands, the stream opening and breaking) and
+// carries out the actions (writes to the stream, log lines, standby
+// processes, the tier store, the pairwise test's fault); scenario files under
+// tests/testdata/node_machine/ feed it scripted inputs. Deterministic and not
+// thread-safe: the shell steps it under one mutex.
+//
+// What it decides:
+//   - the datagram gate: which worker datagrams the node takes (the current
+//     generation's credential, from a rank it runs), what each becomes for
+//     the controller, and which refusals are worth a log line;
+//   - the link: events go up while a stream is open, into the outage buffer
+//     while the agent reconnects (a failed write starts an outage), nowhere
+//     before the first stream and after the last; on a resume the buffer
+//     goes first, then each rank's last words again;
+//   - the last words: each local rank's log match and exit in this
+//     generation, kept to be said again after a resume (the controller that
+//     hears them may be a new one);
+//   - the standby rule: standbys of the job's program are refilled once a
+//     generation made its first step, never during the restart itself;
+//   - stale commands: one of a generation older than the newest started on
+//     this stream crossed a newer start on the wire and is dropped;
+//   - the restore route of each rank a generation starts (RestoreRouteOf)
+//     and the durable cadence (DurableStepDue).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/clock.h"
+#include "contract/worker_contract.h"
+#include "core/datagram_gate.h"
+#include "core/log_classifier.h"
+#include "core/outage_buffer.h"
+#include "core/progress_pattern.h"
+#include "proto/endure.pb.h"
+
+namespace endure::core {
+
+// ---- Inputs ----
+
+// A time on both clocks: the agent's (durations, rate limits) and the wall's
+// (the time stamp of what goes to the controller).
+struct NodeTime {
+  Clock::TimePoint now;
+  double wall_s = 0;
+};
+
+// A new stream is open (the first, or again after an outage): `hello` is the
+// registration the shell built for it, which goes first. On a resume the
+// machine says how many events the outage dropped in it, and the outage
+// buffer follows in order, then the ranks' last words again.
+struct StreamOpened {
+  proto::AgentEvent hello;
+  bool resuming = false;
+};
+// The stream ended (or broke under a write): events wait in the outage buffer.
+struct StreamLost {};
+// The last stream closed for good: events are dropped from now on.
+struct StreamClosed {};
+// Writes that failed, in order: the stream broke under them (an outage
+// starts, and they are the first the next stream carries; a registration
+// is its own stream's only and is not kept).
+struct TransmitFailed {
+  std::vector<proto::AgentEvent> unsent;
+};
+// A command the controller sent, before the shell carries it out.
+struct CommandArrived {
+  const proto::AgentCommand* command = nullptr;
+};
+// A generation starts on this node (the shell carried out the start's first
+// half: the credential, the workers it keeps).
+struct GenerationStarted {
+  int64_t generation = 0;
+  std::string credential;     // its workers' ENDURE_TOKEN ("" when none could be made)
+  std::set<int> ranks;        // its ranks on this node
+  bool rejoin = false;        // live workers were kept (an in-process restart)
+  std::string progress_pattern;  // "" when the job reports by datagram only
+  int world_size = 0;
+  // The factor of each comm-slow fault of a local rank (fault id -> factor).
+  std::map<std::string, double> comm_slow_factors;
+  // The program its standbys run (argv[0] resolved), and how many to keep.
+  std::vector<std::string> standby_argv;
+  int standby_count = 0;
+};
+// A spare node is asked to keep standbys of the job's program (only an
+// agent with --standby that runs no generation does; it fills them at once).
+struct StandbysWanted {
+  std::vector<std::string> argv;
+  int count = 0;
+};
+// The shell discarded every standby (the node is shutting down): none is
+// started again.
+struct StandbysDiscarded {};
+// Bytes from the worker socket, parsed and checked here.
+struct DatagramArrived {
+  std::string_view bytes;
+  size_t size = 0;  // its real size where the socket cut it short (MSG_TRUNC); else 0
+};
+// A line of a worker's output (only read with a progress pattern).
+struct OutputLine {
+  int64_t generation = 0;
+  int rank = 0;
+  std::string_view line;
+};
+// A worker's process ended. The shell persists the newest snapshot of one
+// that finished cleanly before it steps this: its final state is durable
+// before the controller hears that it finished.
+struct WorkerExited {
+  int64_t generation = 0;
+  int rank = 0;
+  bool exited = false;  // by exit(); else by a signal
+  int exit_code = 0;
+  int signal = 0;
+  bool stopped = false;  // the agent stopped it (no failure of its own)
+  std::string tail;      // the last lines of its output
+  std::string kernel_records;  // the node's kernel log since the generation started
+};
+// Something the shell itself reports (a start, a stop, stack dumps, a
+// persisted shard, a heartbeat, a pair test): stamped and routed like the
+// rest. `generation` < 0: the node's current generation.
+struct Report {
+  proto::AgentEvent event;
+  int64_t generation = -1;
+};
+
+using NodeInput = std::variant<StreamOpened, StreamLost, StreamClosed, TransmitFailed,
+                               CommandArrived, GenerationStarted, StandbysWanted,
+                               StandbysDiscarded, DatagramArrived, OutputLine, WorkerExited,
+                               Report>;
+
+// ---- Actions, carried out in order ----
+
+// Write to the controller's stream; on failure step TransmitFailed with it
+// and every Transmit after it in the same batch.
+struct Transmit {
+  proto::AgentEvent event;
+};
+// A line for the agent's log (stderr), without the "endure agent NODE: ".
+struct LogLine {
+  std::string text;
+};
+// Carry out the command that arrived (it is for this stream's generation).
+struct CarryOut {};
+// Start standbys of `argv` until `count` are kept.
+struct RefillStandbys {
+  std::vector<std::string> argv;
+  int count = 0;
+};
+// Discard the standbys of any other program than `argv`.
+struct DiscardOtherStandbys {
+  std::vector<std::string> argv;
+};
+// Queue a worker's snapshot for replication and persistence.
+struct NotifySnapshot {
+  int rank = 0;
+  int64_t step = 0;
+  int shards = 1;
+  std::string path;
+};
+// The node's network is broken by a fault: pairwise tests fail, or crawl by
+// `slow_factor`.
+struct BreakPairTests {
+  bool fail = false;
+  double slow_factor = 1;
+};
+using NodeAction = std::variant<Transmit, LogLine, CarryOut, RefillStandbys, DiscardOtherStandbys,
+                                NotifySnapshot, BreakPairTests>;
+
+// ---- Pure rules the shell applies beside the machine ----
+
+// How a rank of a starting generation gets its state.
+enum class RestoreRoute {
+  kKeepsItsState,  // a live worker kept through an in-process restart: offered the generation
+  kFromPeers,      // a fresh worker joining an in-process restart: a healthy replica's state
+  kFromPlan,       // a fresh worker of a full restart with a restore plan: the plan's sources
+  kFromScratch,    // neither: whatever the program does on its own (its restore step)
+};
+RestoreRoute RestoreRouteOf(bool rejoin, bool kept_alive, bool has_plan);
+std::string_view RestoreRouteName(RestoreRoute route);
+
+// Whether the snapshot of `step` is due in durable storage when every
+// `persist_every_steps`-th step is (0 or less: every snapshot).
+bool DurableStepDue(int64_t step, int64_t persist_every_steps);
+
+// ---- The machine ----
+
+struct NodeMachineOptions {
+  std::string token;     // the job token: stamped on every event, required on commands
+  bool standby = false;  // this agent keeps warm standbys (--standby)
+  int slots = 1;         // the most standbys a spare keeps
+  // The outage buffer's bound (OutageBuffer::kDefaultCapacity by default).
+  size_t outage_capacity = OutageBuffer::kDefaultCapacity;
+  // Refused datagrams: at most this many log lines at once, then one per interval.
+  int refusal_log_burst = 10;
+  Clock::TimePoint::duration refusal_log_interval = std::chrono::seconds(1);
+};
+
+class NodeMachine {
+ public:
+  NodeMachine(NodeMachineOptions options, LogClassifier classifier,
+              contract::DatagramContext datagram_context);
+
+  std::vector<NodeAction> Step(const NodeInput& input, NodeTime time);
+
+  // What a resuming registration says and the shell's commands need.
+  int64_t generation() const { return gate_.generation; }
+  const std::set<int>& local_ranks() const { return gate_.local_ranks; }
+  // The last step `rank` reported in this generation (0: none).
+  int64_t last_step(int rank) const;
+  // The ranks of `generation` that dump their own stacks, and with which signal.
+  std::map<int, int> stack_signals(int64_t generation) const;
+  // The slow-down of the comm-slow fault `fault_id` (3 when none was named).
+  double comm_slow_factor(const std::string& fault_id) const;
+  bool member() const { return member_; }
+  bool reads_output() const { return output_.has_value(); }
+  int64_t refused() const { return refused_; }
+  int64_t refusals_not_logged() const { return refusal_log_.held_back(); }
+  size_t outage_size() const { return outage_.size(); }
+  int64_t outage_dropped() const { return outage_.dropped(); }
+
+ private:
+  enum class Link { kNone, kOpen, kOutage };
+
+  void Route(proto::AgentEvent event, std::vector<NodeAction>* out);
+  void Stamp(proto::AgentEvent* event, int64_t generation, double wall_s) const;
+  void Refuse(const std::string& why, NodeTime time, std::vector<NodeAction>* out);
+  void OnStreamOpened(const StreamOpened& in, NodeTime time, std::vector<NodeAction>* out);
+  void OnCommand(const proto::AgentCommand& cmd, std::vector<NodeAction>* out);
+  void OnGenerationStarted(const GenerationStarted& in, NodeTime time,
+                           std::vector<NodeAction>* out);
+  // Keeps `count` standbys of `argv` from now on, filled at once or on the
+  // next step.
+  void KeepStandbys(const std::vector<std::string>& argv, int count, bool fill_now,
+                    std::vector<NodeAction>* out);
+  void OnDatagram(std::string_view bytes, size_t size, NodeTime time,
+                  std::vector<NodeAction>* out);
+  void OnOutputLine(const OutputLine& in, NodeTime time, std::vector<NodeAction>* out);
+  void OnWorkerExited(const WorkerExited& in, NodeTime time, std::vector<NodeAction>* out);
+  void Stepped(std::vector<NodeAction>* out);  // a step was made: the standby rule
+
+  NodeMachineOptions o_;
+  LogClassifier classifier_;
+  contract::DatagramContext datagram_context_;
+
+  Link link_ = Link::kNone;
+  OutageBuffer outage_;
+  int64_t started_on_stream_ = -1;  // the newest generation started on this stream
+
+  DatagramGate gate_;  // this generation, its credential and its ranks here
+  bool member_ = false;  // a generation ran here (a spare keeps standbys only before)
+  Clock::TimePoint started_{};
+  std::optional<OutputReports> output_;  // with a progress pattern
+  std::map<int, int> stack_signals_;     // rank -> signal
+  std::map<int, int64_t> last_steps_;    // rank -> last step reported
+  std::map<int, std::vector<proto::AgentEvent>> last_words_;  // rank -> log match, exit
+  std::map<std::string, double> comm_slow_factors_;
+
+  std::vector<std::string> standby_argv_;
+  int standby_count_ = 0;
+  bool refill_pending_ = false;
+
+  int64_t refused_ = 0;
+  LogRateLimiter refusal_log_;
+};
+
+}  // namespace endure::core

@@ -1,0 +1,168 @@
+// NodeMachine's rules outside the scenario files: the restore route of a
+// starting rank, the durable cadence, and the link's order under failing
+// writes, checked over many interleavings.
+#include "core/node_machine.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+
+namespace endure::core {
+namespace {
+
+TEST(RestoreRouteOf, FollowsTheRestartAndWhatTheWorkerKept) {
+  // An in-process restart: a live worker keeps its state, a fresh one takes
+  // a healthy replica's, whatever the plan says.
+  EXPECT_EQ(RestoreRouteOf(true, true, true), RestoreRoute::kKeepsItsState);
+  EXPECT_EQ(RestoreRouteOf(true, true, false), RestoreRoute::kKeepsItsState);
+  EXPECT_EQ(RestoreRouteOf(true, false, true), RestoreRoute::kFromPeers);
+  EXPECT_EQ(RestoreRouteOf(true, false, false), RestoreRoute::kFromPeers);
+  // A full restart: the plan when there is one.
+  EXPECT_EQ(RestoreRouteOf(false, false, true), RestoreRoute::kFromPlan);
+  EXPECT_EQ(RestoreRouteOf(false, false, false), RestoreRoute::kFromScratch);
+  EXPECT_EQ(RestoreRouteName(RestoreRoute::kFromPeers), "from_peers");
+}
+
+TEST(DurableStepDue, EveryNthStepOrEverySnapshot) {
+  EXPECT_TRUE(DurableStepDue(7, 0));
+  EXPECT_TRUE(DurableStepDue(7, -3));
+  EXPECT_TRUE(DurableStepDue(20, 10));
+  EXPECT_FALSE(DurableStepDue(25, 10));
+  EXPECT_TRUE(DurableStepDue(0, 10));
+}
+
+TEST(OutageBuffer, KeepsTheNewestInOrderAndDropsProgressBeforeReports) {
+  auto step = [](int64_t s) {
+    proto::AgentEvent e;
+    e.mutable_step()->set_step(s);
+    return e;
+  };
+  auto exit = [](int rank) {
+    proto::AgentEvent e;
+    e.mutable_worker_exited()->set_rank(rank);
+    return e;
+  };
+  OutageBuffer buffer(4);
+  proto::AgentEvent beat;
+  beat.mutable_heartbeat();
+  buffer.Push(beat);  // never kept
+  buffer.Push(step(1));
+  buffer.Push(exit(0));
+  buffer.Push(step(2));
+  buffer.Push(step(3));
+  buffer.Push(step(4));  // full: step 1 goes
+  proto::AgentEvent persisted;
+  persisted.mutable_persisted()->set_step(3);
+  buffer.Push(persisted);  // step 2 goes
+  EXPECT_EQ(buffer.dropped(), 2);
+  std::vector<std::string> kept;
+  for (OutageBuffer copy = buffer; !copy.empty(); copy.PopFront()) {
+    const proto::AgentEvent& e = copy.front();
+    kept.push_back(e.has_step()            ? "step " + std::to_string(e.step().step())
+                   : e.has_worker_exited() ? "exit"
+                                           : "persisted");
+  }
+  EXPECT_EQ(kept, (std::vector<std::string>{"exit", "step 3", "step 4", "persisted"}));
+  // With no progress left to drop, the oldest report goes.
+  OutageBuffer reports(2);
+  reports.Push(exit(0));
+  reports.Push(exit(1));
+  reports.Push(exit(2));
+  EXPECT_EQ(reports.size(), 2u);
+  EXPECT_EQ(reports.front().worker_exited().rank(), 1);
+  EXPECT_EQ(reports.dropped(), 1);
+}
+
+proto::AgentEvent Hello(bool resuming) {
+  proto::AgentEvent hello;
+  hello.mutable_register_()->set_node_id("node0");
+  hello.mutable_register_()->set_resuming(resuming);
+  return hello;
+}
+
+// Whatever the pattern of broken writes and reconnections, the controller
+// hears every step report a rank made exactly once, in order (the outage
+// buffer is large enough to drop none), and each stream starts with a
+// registration.
+TEST(NodeMachineLink, EveryStepReportArrivesOnceAndInOrderThroughOutages) {
+  for (uint64_t seed = 1; seed <= 50; ++seed) {
+    Result<LogClassifier> classifier = LogClassifier::FromToml(R"(
+[[rule]]
+name = "oom"
+pattern = 'CUDA out of memory'
+cause = "cuda_oom"
+action = "restart"
+)",
+                                                               "one rule");
+    ASSERT_TRUE(classifier.ok()) << classifier.status().message();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    NodeMachineOptions options;
+    options.token = "job";
+    NodeMachine m(options, std::move(classifier).value(), {});
+    NodeTime time{Clock::TimePoint{}, 1e9};
+    bool broken = false;
+    std::vector<int64_t> heard;  // the steps the controller received
+    bool registered = false;
+    const auto feed = [&](const NodeInput& in) {
+      std::vector<proto::AgentEvent> unsent;
+      for (NodeAction& a : m.Step(in, time)) {
+        auto* t = std::get_if<Transmit>(&a);
+        if (t == nullptr) continue;
+        if (broken || !unsent.empty()) {
+          unsent.push_back(t->event);
+          continue;
+        }
+        if (t->event.has_register_()) registered = true;
+        if (t->event.has_step()) {
+          ASSERT_TRUE(registered);
+          heard.push_back(t->event.step().step());
+        }
+      }
+      if (!unsent.empty()) m.Step(TransmitFailed{unsent}, time);
+    };
+    feed(StreamOpened{Hello(false), false});
+    GenerationStarted g;
+    g.generation = 1;
+    g.credential = "c1";
+    g.ranks = {0};
+    feed(g);
+    bool open = true;
+    int64_t step = 0;
+    for (int i = 0; i < 200; ++i) {
+      time.now += std::chrono::milliseconds(100);
+      time.wall_s += 0.1;
+      const int r = static_cast<int>(rng() % 10);
+      if (r == 0 && open) {
+        broken = true;  // the stream breaks; the shell notices at its next read
+      } else if (r == 1 && (broken || !open)) {
+        feed(StreamLost{});
+        broken = false;
+        open = false;
+        registered = false;
+      } else if (r == 2 && !open) {
+        open = true;
+        feed(StreamOpened{Hello(true), true});
+      } else {
+        contract::Datagram d;
+        d.token = "c1";
+        d.generation = 1;
+        d.rank = 0;
+        d.message = contract::StepMessage{false, ++step, 2.0};
+        const std::string bytes = contract::EncodeDatagram(d);
+        feed(DatagramArrived{bytes, 0});
+      }
+    }
+    // A last reconnection carries whatever is still kept.
+    feed(StreamLost{});
+    broken = false;
+    feed(StreamOpened{Hello(true), true});
+    std::vector<int64_t> want(static_cast<size_t>(step));
+    for (int64_t s = 1; s <= step; ++s) want[static_cast<size_t>(s - 1)] = s;
+    EXPECT_EQ(heard, want);
+  }
+}
+
+}  // namespace
+}  // namespace endure::core
