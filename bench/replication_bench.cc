@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
       {"T0 only (taken up, nothing to send)", TierConfig{}},
       {"T0 + T1 replica to the peer", TierConfig{.replica_peer = peer}},
       {"T0 + T1 + T2 on every snapshot",
-       TierConfig{.durable_dir = dir, .persist_every_steps = 1, .replica_peer = peer}},
+       TierConfig{.durable_dir = dir, .replica_peer = peer}},
   };
   std::printf("%zu snapshots of %.2f MB each\n", static_cast<size_t>(snapshots),
               static_cast<double>(floats) * 4 / 1e6);

@@ -191,9 +191,18 @@ Agent::Agent(AgentOptions options, core::LogClassifier classifier, AgentSeams se
 
 core::NodeTime Agent::Now() const { return {clock_->Now(), clock_->WallSeconds()}; }
 
-bool Agent::Feed(const core::NodeInput& input) {
-  MutexLock lock(&node_mu_);
-  return CarryOut(machine_->Step(input, Now()));
+void Agent::Post(core::NodeInput input) {
+  loop_.Post([this, input = std::move(input)] {
+    loop_.AssertOnLoop();
+    if (machine_) CarryOut(machine_->Step(input, Now()));
+  });
+}
+
+bool Agent::Decide(const core::NodeInput& input) {
+  return loop_.Call([&] {
+    loop_.AssertOnLoop();
+    return machine_ && CarryOut(machine_->Step(input, Now()));
+  });
 }
 
 bool Agent::CarryOut(std::vector<core::NodeAction> actions) {
@@ -221,7 +230,7 @@ bool Agent::CarryOut(std::vector<core::NodeAction> actions) {
         return true;
       });
     } else if (const auto* n = std::get_if<core::NotifySnapshot>(&action)) {
-      tiers_->Notify({n->rank, n->step, n->shards, n->path});
+      tiers_->Notify({n->rank, n->step, n->shards, n->path, n->durable});
     } else if (const auto* b = std::get_if<core::BreakPairTests>(&action)) {
       pair_fault_ = b->fail ? PairFault::Fail() : PairFault::Slow(b->slow_factor);
       if (pair_server_) {
@@ -239,12 +248,7 @@ bool Agent::CarryOut(std::vector<core::NodeAction> actions) {
 }
 
 void Agent::Send(proto::AgentEvent event, int64_t generation) {
-  Feed(core::Report{std::move(event), generation});
-}
-
-int64_t Agent::CurrentGeneration() {
-  MutexLock lock(&node_mu_);
-  return machine_->generation();
+  Post(core::Report{std::move(event), generation});
 }
 
 Status Agent::OpenSocket() {
@@ -285,7 +289,7 @@ void Agent::ReceiveDatagrams() {
     const ssize_t n = ::recv(socket_fd_, buf.data(), buf.size(), MSG_TRUNC);
     if (n <= 0) continue;
     const size_t size = static_cast<size_t>(n);
-    Feed(core::DatagramArrived{std::string_view(buf.data(), std::min(size, buf.size())), size});
+    Post(core::DatagramArrived{std::string(buf.data(), std::min(size, buf.size())), size});
   }
 }
 
@@ -302,7 +306,7 @@ void Agent::WakeReceiver() {
 }
 
 void Agent::OnWorkerLine(int64_t generation, int rank, std::string_view line) {
-  Feed(core::OutputLine{generation, rank, line});
+  Post(core::OutputLine{generation, rank, std::string(line)});
 }
 
 void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
@@ -322,26 +326,28 @@ void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
   if (!end.status.Success() && seams_.kernel_log != nullptr) {
     exited.kernel_records = seams_.kernel_log->After(kernel_mark_);
   }
-  Feed(exited);
+  Post(std::move(exited));
 }
 
 std::optional<Standby> Agent::TakeStandby(const std::vector<std::string>& argv) {
-  MutexLock lock(&node_mu_);
-  for (auto it = standbys_.begin(); it != standbys_.end(); ++it) {
-    if (it->argv == argv) {
-      Standby s = std::move(*it);
-      standbys_.erase(it);
-      return s;
+  return loop_.Call([&]() -> std::optional<Standby> {
+    loop_.AssertOnLoop();
+    for (auto it = standbys_.begin(); it != standbys_.end(); ++it) {
+      if (it->argv == argv) {
+        Standby s = std::move(*it);
+        standbys_.erase(it);
+        return s;
+      }
     }
-  }
-  return std::nullopt;
+    return std::nullopt;
+  });
 }
 
 void Agent::Prepare(const proto::Prepare& prepare) {
   if (prepare.command().empty()) return;
   std::vector<std::string> argv(prepare.command().begin(), prepare.command().end());
   argv[0] = ResolveProgram(argv[0]);
-  Feed(core::StandbysWanted{std::move(argv), prepare.standbys()});
+  Post(core::StandbysWanted{std::move(argv), prepare.standbys()});
 }
 
 void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
@@ -356,11 +362,7 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
     // A live worker keeps its place on the node (its local rank); its rank
     // changes when the generation has fewer or more nodes before this one
     // (an elastic shrink or regrow). Its earlier output is forgotten.
-    std::vector<int> before;
-    {
-      MutexLock lock(&node_mu_);
-      before.assign(machine_->local_ranks().begin(), machine_->local_ranks().end());
-    }
+    const std::vector<int> before = LocalRanks();
     std::map<int, int> rank_of_local;
     for (const proto::RankAssignment& r : start.ranks()) rank_of_local[r.local_rank()] = r.rank();
     for (const auto& [rank, pid] : workers_->Pids()) {
@@ -403,18 +405,20 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   started.progress_pattern = start.progress_pattern();
   started.world_size = start.world_size();
   started.standby_argv = argv;
-  Feed(started);
+  started.persist_every_steps = start.checkpoint().persist_every_steps();
+  generation_ = generation;
+  Post(std::move(started));
   WorkerSet::LineObserver on_line;
   if (!start.progress_pattern().empty()) {
     on_line = [this](int rank, std::string_view line) {
-      OnWorkerLine(CurrentGeneration(), rank, line);
+      OnWorkerLine(generation_, rank, line);
     };
   }
   // A worker reports its exit in the generation it serves when it exits:
   // one that rejoined serves the newest.
   if (!rejoin) {
     workers_ = launcher_->NewGroup(
-        [this](const WorkerEnd& end) { OnWorkerExit(CurrentGeneration(), end); },
+        [this](const WorkerEnd& end) { OnWorkerExit(generation_, end); },
         std::move(on_line));
   }
   if (argv.empty()) return;
@@ -423,7 +427,6 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   const std::string durable_dir = ResolveCheckpointDir(ckpt.dir());
   TierConfig tiers;
   tiers.durable_dir = durable_dir;
-  tiers.persist_every_steps = ckpt.persist_every_steps();
   tiers.replica_peer = ckpt.replica_peer();
   tiers.memory_budget = ckpt.memory_budget();
   // An in-process restart keeps what the tiers do unless the replica peer
@@ -557,7 +560,9 @@ void Agent::Stop(int64_t generation, double grace_s) {
     workers_->StopAll(std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000)));
   }
   const double teardown_s = Seconds(clock_->Now() - start);
-  // With the workers gone the memory tiers hold still: report them, verified.
+  // With the workers gone the memory tiers hold still: report them, verified,
+  // once every snapshot the loop took in has gone to the tier store.
+  loop_.Call([] {});
   tiers_->Drain();
   for (const auto& [tier, shard] : pending_corruption_) tiers_->Corrupt(tier, shard);
   pending_corruption_.clear();
@@ -589,10 +594,10 @@ void Agent::DumpStacks(int64_t generation, double timeout_s) {
   if (!workers_) return;
   const Clock::TimePoint start = clock_->Now();
   std::map<int, int> signals;  // ranks that dump their own stacks
-  {
-    MutexLock lock(&node_mu_);
-    signals = machine_->stack_signals(generation);
-  }
+  signals = loop_.Call([&] {
+    loop_.AssertOnLoop();
+    return machine_->stack_signals(generation);
+  });
   std::map<int, std::string> stacks = workers_->CaptureStacks(
       std::chrono::milliseconds(static_cast<int64_t>(ClampSeconds(timeout_s, 600) * 1000)),
       signals);
@@ -666,11 +671,10 @@ void Agent::RunPairTest(int64_t generation, const proto::PairTest& test) {
   target.bytes = std::clamp<uint64_t>(test.bytes() / 4 * 4, 4, 64ull << 20);
   target.timeout = FromSeconds(std::clamp(test.timeout_s(), 0.1, 60.0));
   target.tls = seams_.tls;
-  PairFault fault;
-  {
-    MutexLock lock(&node_mu_);
-    fault = pair_fault_;
-  }
+  const PairFault fault = loop_.Call([&] {
+    loop_.AssertOnLoop();
+    return pair_fault_;
+  });
   Result<PairOutcome> outcome = agent::RunPairTest(target, fault);
   proto::AgentEvent e;
   auto* done = e.mutable_pair_test();
@@ -737,11 +741,19 @@ void Agent::AwaitSignal() {
 }
 
 void Agent::DiscardStandbys() {
-  MutexLock lock(&node_mu_);
-  for (Standby& s : standbys_) launcher_->DiscardStandby(s);
-  standbys_.clear();
-  std::vector<core::NodeAction> none = machine_->Step(core::StandbysDiscarded{}, Now());
-  ENDURE_CHECK(none.empty());
+  loop_.Call([&] {
+    loop_.AssertOnLoop();
+    for (Standby& s : standbys_) launcher_->DiscardStandby(s);
+    standbys_.clear();
+    CarryOut(machine_->Step(core::StandbysDiscarded{}, Now()));
+  });
+}
+
+std::vector<int> Agent::LocalRanks() {
+  return loop_.Call([&] {
+    loop_.AssertOnLoop();
+    return std::vector<int>(machine_->local_ranks().begin(), machine_->local_ranks().end());
+  });
 }
 
 int64_t Agent::StopWorkersAndPersist() {
@@ -753,10 +765,7 @@ int64_t Agent::StopWorkersAndPersist() {
     workers_->StopAll(std::chrono::milliseconds(static_cast<int64_t>(grace_s_ * 1000)));
   }
   DiscardStandbys();
-  {
-    MutexLock lock(&node_mu_);
-    ranks.insert(machine_->local_ranks().begin(), machine_->local_ranks().end());
-  }
+  for (int rank : LocalRanks()) ranks.insert(rank);
   // The node's newest complete step goes to the durable directory if there
   // is time; the reports go up while the stream lasts, for the controller
   // to commit the step if it still runs. (The deadline is TierStore's, on
@@ -767,6 +776,7 @@ int64_t Agent::StopWorkersAndPersist() {
     std::fprintf(stderr, "endure agent %s: persisted step %lld of this node's ranks\n",
                  o_.node_id.c_str(), static_cast<long long>(step));
   }
+  loop_.Call([] {});  // the exits and the persisted shards are written before this returns
   return step;
 }
 
@@ -800,7 +810,7 @@ bool Agent::CarryOutCommands() {
     MutexLock lock(&command_mu_);
     if (signalled_) return false;
     // Only the job's, and none that crossed a newer start on the wire.
-    if (!Feed(core::CommandArrived{&cmd})) continue;
+    if (!Decide(core::CommandArrived{&cmd})) continue;
     switch (cmd.command_case()) {
       case proto::AgentCommand::kStart:
         Start(cmd.generation(), cmd.start());
@@ -825,6 +835,9 @@ bool Agent::CarryOutCommands() {
       default:
         break;
     }
+    // What the command made (its reports, the exits it caused) has gone to
+    // the loop: the next command is read once it is written.
+    loop_.Call([] {});
   }
   return false;
 }
@@ -851,13 +864,20 @@ proto::AgentEvent Agent::Hello(bool resuming) {
       MutexLock lock(&command_mu_);
       if (workers_) alive = workers_->Pids();
     }
-    MutexLock lock(&node_mu_);
-    generation = machine_->generation();
-    bool all_alive = !machine_->local_ranks().empty();
-    for (int rank : machine_->local_ranks()) {
+    // The generation and each local rank's last step, as the core knows them.
+    std::vector<std::pair<int, int64_t>> last_steps;
+    generation = loop_.Call([&] {
+      loop_.AssertOnLoop();
+      for (int rank : machine_->local_ranks()) {
+        last_steps.emplace_back(rank, machine_->last_step(rank));
+      }
+      return machine_->generation();
+    });
+    bool all_alive = !last_steps.empty();
+    for (const auto& [rank, last_step] : last_steps) {
       proto::RankResume* r = reg->add_ranks();
       r->set_rank(rank);
-      r->set_last_step(machine_->last_step(rank));
+      r->set_last_step(last_step);
       r->set_alive(alive.count(rank) > 0);
       all_alive = all_alive && r->alive();
     }
@@ -915,12 +935,12 @@ std::optional<Status> Agent::RideOutOutage(const std::string& why) {
     const int64_t generation = hello.register_().generation();
     size_t kept = 0;
     int64_t dropped = 0;
-    {
-      MutexLock lock(&node_mu_);
+    loop_.Call([&] {
+      loop_.AssertOnLoop();
       kept = machine_->outage_size();
       dropped = machine_->outage_dropped();
       CarryOut(machine_->Step(core::StreamOpened{std::move(hello), true}, Now()));
-    }
+    });
     std::fprintf(stderr,
                  "endure agent %s: reconnected to the controller after %s (%d attempt(s)); "
                  "resumed generation %lld, %zu event(s) sent from the outage (%lld dropped in "
@@ -975,9 +995,11 @@ Status Agent::Run() {
     node.standby = o_.standby;
     node.slots = o_.slots;
     node.refusal_log_burst = kRefusalLogBurst;
-    MutexLock lock(&node_mu_);
-    machine_.emplace(std::move(node), std::move(classifier_),
-                     contract::DatagramContext{tiers_->t0_dir()});
+    loop_.Call([&] {
+      loop_.AssertOnLoop();
+      machine_.emplace(std::move(node), std::move(classifier_),
+                       contract::DatagramContext{tiers_->t0_dir()});
+    });
   }
   {
     PairTestServerOptions pair;
@@ -993,14 +1015,6 @@ Status Agent::Run() {
   // Ends the shutdown thread (unless it is the one shutting down) and frees
   // what Run() holds, on every way out.
   const auto finish = [&] {
-    {
-      MutexLock lock(&node_mu_);
-      if (machine_->refused() > 0) {
-        std::fprintf(stderr, "endure agent %s: refused %lld datagram(s) in all (%lld not shown)\n",
-                     o_.node_id.c_str(), static_cast<long long>(machine_->refused()),
-                     static_cast<long long>(machine_->refusals_not_logged()));
-      }
-    }
     const uint64_t one = 1;
     const ssize_t ignored = ::write(wake_fd_, &one, sizeof one);
     (void)ignored;
@@ -1008,6 +1022,17 @@ Status Agent::Run() {
     ::close(wake_fd_);
     ::close(socket_fd_);
     ::unlink(socket_path_.c_str());
+    // The core's loop ends after every thread that hands it work but the
+    // tier store's (whose reports it drops from now on).
+    loop_.Call([&] {
+      loop_.AssertOnLoop();
+      if (machine_->refused() > 0) {
+        std::fprintf(stderr, "endure agent %s: refused %lld datagram(s) in all (%lld not shown)\n",
+                     o_.node_id.c_str(), static_cast<long long>(machine_->refused()),
+                     static_cast<long long>(machine_->refusals_not_logged()));
+      }
+    });
+    loop_.Stop();
     tiers_.reset();  // removes the node's shared memory
   };
 
@@ -1018,7 +1043,7 @@ Status Agent::Run() {
     return attached;
   }
   // Registration is the first word the controller hears.
-  Feed(core::StreamOpened{Hello(/*resuming=*/false), false});
+  Decide(core::StreamOpened{Hello(/*resuming=*/false), false});
   if (signalled()) transport_->Cancel();  // a signal came while attaching
   std::thread receiver(&Agent::ReceiveDatagrams, this);
 
@@ -1030,7 +1055,9 @@ Status Agent::Run() {
   while (true) {
     shutdown = CarryOutCommands();
     if (shutdown || signalled()) break;
-    Feed(core::StreamLost{});
+    // Nothing is written to this stream from now on (the core's link),
+    // before it is finished.
+    Decide(core::StreamLost{});
     const Status end = transport_->Finish();
     stream_open = false;
     if (end.code() == StatusCode::kInvalidArgument) {
@@ -1058,11 +1085,11 @@ Status Agent::Run() {
     workers_.reset();
   }
   DiscardStandbys();
-  {
-    MutexLock lock(&node_mu_);
+  loop_.Call([&] {
+    loop_.AssertOnLoop();
     if (stream_open) transport_->CloseWrites();
     CarryOut(machine_->Step(core::StreamClosed{}, Now()));
-  }
+  });
   if (stream_open) {
     // A signal cancelled the stream (its end says so); after a shutdown it
     // should end cleanly.

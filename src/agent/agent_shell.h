@@ -17,13 +17,15 @@
 // standby rule, stale commands); the Agent is its shell, which feeds it and
 // carries out what it decides, including every write to the stream.
 //
-// Threads: Run()'s thread reads commands and carries them out in order; one
-// thread receives worker datagrams (and sends the heartbeat); the workers'
-// threads (WorkerGroup) report exits and, with a progress pattern, output
-// lines; one thread waits for SIGTERM/SIGINT and shuts the node down. Each
-// steps the core under node_mu_ and carries out its actions there, in
-// order. command_mu_ serialises carrying out a command with that shutdown,
-// and is taken before node_mu_ where both are held.
+// Threads: one loop thread (agent/node_loop.h) owns the core: it steps it
+// with each input and carries out the actions, writes to the stream
+// included, one input at a time in the order they came. The others hand it
+// their inputs: Run()'s thread reads commands (the core says which to carry
+// out) and carries them out in order; one thread receives worker datagrams
+// (and makes the heartbeat); the workers' threads (WorkerGroup) report exits
+// and, with a progress pattern, output lines; the tier store reports
+// persisted shards; one thread waits for SIGTERM/SIGINT and shuts the node
+// down. command_mu_ serialises carrying out a command with that shutdown.
 //
 // Workers never see the job token: each generation gets a fresh random
 // credential (their ENDURE_TOKEN), and only datagrams that carry it, parsed
@@ -44,6 +46,7 @@
 #include "agent/agent.h"
 #include "agent/health_check.h"
 #include "agent/kernel_log.h"
+#include "agent/node_loop.h"
 #include "agent/pair_test.h"
 #include "agent/process_launcher.h"
 #include "agent/reconnect.h"
@@ -108,14 +111,20 @@ class Agent {
   void ShutDownOnSignal(int sig);
 
  private:
-  // Steps the node's core with `input` and carries out what it decides, in
-  // order; true when it said to carry out the command that arrived.
-  bool Feed(const core::NodeInput& input) EXCLUDES(node_mu_);
-  bool CarryOut(std::vector<core::NodeAction> actions) REQUIRES(node_mu_);
+  // Hands `input` to the core's loop, which steps the core with it after
+  // what came before and carries out what it decides.
+  void Post(core::NodeInput input);
+  // The same, waiting until it is done; true when the core said to carry
+  // out the command that arrived.
+  bool Decide(const core::NodeInput& input);
+  // On the loop: carries out the core's actions in order; true when one
+  // said to carry out a command.
+  bool CarryOut(std::vector<core::NodeAction> actions) REQUIRES(loop_);
   core::NodeTime Now() const;
   // Reports `event` to the controller as of `generation` (< 0: the current one).
   void Send(proto::AgentEvent event, int64_t generation = -1);
-  int64_t CurrentGeneration() EXCLUDES(node_mu_);
+  // The ranks of the current generation on this node, as the core knows them.
+  std::vector<int> LocalRanks();
   bool Signalled();
   // Carries out commands until the stream ends; true when it was a shutdown.
   bool CarryOutCommands();
@@ -162,8 +171,8 @@ class Agent {
   // Warm standbys: workers started ahead of the next generation so that a
   // restart skips loading the program (when to refill them is the core's
   // standby rule).
-  std::optional<Standby> TakeStandby(const std::vector<std::string>& argv) EXCLUDES(node_mu_);
-  void DiscardStandbys() EXCLUDES(node_mu_);
+  std::optional<Standby> TakeStandby(const std::vector<std::string>& argv);
+  void DiscardStandbys();
 
   AgentOptions o_;
   core::LogClassifier classifier_;
@@ -171,10 +180,13 @@ class Agent {
   Clock* const clock_;
   Transport* const transport_;
   ProcessLauncher* const launcher_;
-  // The node's core, what it decides about, and the stream's writes.
-  Mutex node_mu_ ACQUIRED_AFTER(command_mu_);
-  std::optional<core::NodeMachine> machine_ GUARDED_BY(node_mu_);  // made in Run()
-  std::vector<Standby> standbys_ GUARDED_BY(node_mu_);
+  // The node's core and what its actions act on, the loop's alone (the
+  // loop is declared last: its thread goes first).
+  std::optional<core::NodeMachine> machine_ GUARDED_BY(loop_);  // made in Run()
+  std::vector<Standby> standbys_ GUARDED_BY(loop_);
+  // The generation this node's workers serve (the last started): what their
+  // exits and output lines are reported in.
+  std::atomic<int64_t> generation_{-1};
   // Where the kernel log stood when the generation started: its later
   // hardware records are this generation's evidence.
   std::atomic<uint64_t> kernel_mark_{0};
@@ -188,7 +200,7 @@ class Agent {
   // The pairwise test's listener; its fault (and the one this node's own
   // tests apply) follow an injected comm-fail / comm-slow of a local rank.
   std::unique_ptr<PairTestServer> pair_server_;
-  PairFault pair_fault_ GUARDED_BY(node_mu_);
+  PairFault pair_fault_ GUARDED_BY(loop_);
   HealthReport health_;  // the last health check (before each fresh registration)
   bool health_checked_ = false;
   // Injected memory corruption (tier, shard), applied once the workers stop.
@@ -200,6 +212,7 @@ class Agent {
   std::string socket_path_;
   std::atomic<bool> done_{false};
   int wake_fd_ = -1;  // an eventfd that ends the shutdown thread's wait at the end of Run()
+  NodeLoop loop_;     // last: its thread uses the members above
 
 };
 

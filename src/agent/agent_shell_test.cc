@@ -193,6 +193,13 @@ class AgentShellTest : public ::testing::Test {
     return done();
   }
 
+  // Waits in real time until `done` (what the agent's loop carries out
+  // after the call that caused it); false after 10 s.
+  static bool WaitFor(const std::function<bool()>& done) {
+    for (int i = 0; i < 10000 && !done(); ++i) std::this_thread::sleep_for(1ms);
+    return done();
+  }
+
   // The events since the agent started, heartbeats left out.
   std::vector<proto::AgentEvent> Events() const { return transport_.EventsWhere(NotHeartbeat); }
 
@@ -379,6 +386,7 @@ TEST_F(AgentShellTest, AFailedWorkersLastWordsAreClassified) {
       0, ExitStatus{false, 0, SIGABRT},
       "step 41\nRuntimeError: CUDA error: an illegal memory access was encountered\n"));
 
+  ASSERT_EQ(transport_.WaitForEvents(Is(Case::kWorkerExited), 2).size(), 2u);
   const std::vector<proto::AgentEvent> events = Events();
   std::vector<proto::AgentEvent> after_start;
   for (const proto::AgentEvent& e : events) {
@@ -422,6 +430,7 @@ TEST_F(AgentShellTest, ACleanExitIsASuccessMadeDurableBeforeItIsReported) {
   // Its last words would match a rule, but a success is not classified.
   ASSERT_TRUE(launcher_.Exit(0, ExitStatus{true, 0, 0}, "retrying: No space left on device\ndone"));
 
+  ASSERT_TRUE(transport_.WaitForEvent(Is(Case::kWorkerExited)));
   std::vector<proto::AgentEvent> events;
   for (const proto::AgentEvent& e : Events()) {
     if (e.has_persisted() || e.has_worker_exited() || e.has_log_match()) events.push_back(e);
@@ -686,6 +695,7 @@ TEST_F(AgentShellTest, ABreakWithinTheGraceKeepsTheWorkersAndResumesWithWhatHapp
   Do(start);
   // Rank 0's output stands for both ranks (core/progress_pattern.h).
   ASSERT_TRUE(launcher_.Print(0, "step 4"));
+  ASSERT_EQ(transport_.WaitForEvents(Is(Case::kStep), 2).size(), 2u);  // before the break
   transport_.FailAttach(Unavailable("connection refused"));
   transport_.Break();
   // Meanwhile: the ranks step on, and rank 1's worker fails.
@@ -744,6 +754,7 @@ TEST_F(AgentShellTest, ABreakWithinTheGraceKeepsTheWorkersAndResumesWithWhatHapp
   EXPECT_TRUE(launcher_.stops().empty());
   EXPECT_EQ(launcher_.kill_alls(), 0);
   ASSERT_TRUE(launcher_.Print(0, "step 7"));
+  ASSERT_EQ(transport_.WaitForEvents(Is(Case::kStep), 8).size(), 8u);
   EXPECT_EQ(transport_.EventsWhere(Is(Case::kStep)).back().step().step(), 7);
   Do(StopCommand(3, 1.5));
   EXPECT_EQ(launcher_.stops(), (std::vector<std::chrono::milliseconds>{1500ms}));
@@ -1035,6 +1046,7 @@ TEST_F(AgentShellTest, OutputLinesBecomeProgressWithAProgressPattern) {
   ASSERT_TRUE(launcher_.Print(0, "step 1 loss 2.5"));
   ASSERT_TRUE(launcher_.Print(0, "loading data"));
   ASSERT_TRUE(launcher_.Print(0, "step 2 loss 2.25"));
+  ASSERT_EQ(transport_.WaitForEvents(Is(Case::kStep), 2).size(), 2u);
   const std::vector<proto::AgentEvent> ready = transport_.EventsWhere(Is(Case::kWorkerReady));
   ASSERT_EQ(ready.size(), 1u);
   EXPECT_EQ(ready[0].generation(), 2);
@@ -1058,6 +1070,7 @@ TEST_F(AgentShellTest, StandbysStartAfterTheFirstStepAndServeTheNextGeneration) 
   Do(start);
   EXPECT_TRUE(launcher_.standbys_started().empty());  // not while the generation starts
   ASSERT_TRUE(launcher_.Print(0, "step 1"));
+  ASSERT_TRUE(WaitFor([&] { return launcher_.standbys_started().size() == 2; }));
   std::vector<FakeProcessLauncher::StandbyStart> standbys = launcher_.standbys_started();
   ASSERT_EQ(standbys.size(), 2u);
   for (const auto& s : standbys) {
@@ -1065,6 +1078,7 @@ TEST_F(AgentShellTest, StandbysStartAfterTheFirstStepAndServeTheNextGeneration) 
     EXPECT_NE(std::find(s.unset_env.begin(), s.unset_env.end(), "ENDURE_TOKEN"), s.unset_env.end());
   }
   ASSERT_TRUE(launcher_.Print(0, "step 2"));
+  ASSERT_EQ(transport_.WaitForEvents(Is(Case::kStep), 4).size(), 4u);
   EXPECT_EQ(launcher_.standbys_started().size(), 2u);  // once per generation
 
   start.set_generation(2);
@@ -1076,7 +1090,7 @@ TEST_F(AgentShellTest, StandbysStartAfterTheFirstStepAndServeTheNextGeneration) 
 
   // A changed program: the standbys of the old one are discarded.
   ASSERT_TRUE(launcher_.Print(0, "step 1"));
-  ASSERT_EQ(launcher_.standbys_started().size(), 4u);
+  ASSERT_TRUE(WaitFor([&] { return launcher_.standbys_started().size() == 4; }));
   start.set_generation(3);
   start.mutable_start()->set_command(0, "/opt/endure/train-v2");
   Do(start);

@@ -22,7 +22,7 @@
 #include "common/env.h"
 #include "common/hash.h"
 #include "common/names.h"
-#include "core/node_machine.h"
+#include "core/snapshot_queue.h"
 
 namespace endure::agent {
 namespace {
@@ -235,14 +235,7 @@ TierConfig TierStore::config() const {
 void TierStore::Notify(SnapshotNotice notice) {
   {
     MutexLock lock(&mu_);
-    // ReplicateLoop would skip all but the newest notice of a rank anyway.
-    auto same = std::find_if(queue_.begin(), queue_.end(),
-                             [&](const SnapshotNotice& q) { return q.rank == notice.rank; });
-    if (same == queue_.end()) {
-      queue_.push_back(std::move(notice));
-    } else if (notice.step >= same->step) {
-      *same = std::move(notice);
-    }
+    core::QueueSnapshot(queue_, std::move(notice));
   }
   cv_.NotifyAll();
 }
@@ -298,11 +291,12 @@ void TierStore::Replicate(const SnapshotNotice& n) {
     return;
   }
   Result<std::string_view> payload = (*f)->payload();
-  if (payload.ok()) Send(info, *payload);
+  if (payload.ok()) Send(info, *payload, n.durable);
   (*f)->Unpin();
 }
 
-void TierStore::Send(const checkpoint::SnapshotInfo& info, std::string_view payload) {
+void TierStore::Send(const checkpoint::SnapshotInfo& info, std::string_view payload,
+                     bool durable) {
   // The worker's checksum travels with the bytes: the peer checks it as they
   // arrive, and Persist before reporting a shard durable.
   TierConfig config;
@@ -322,9 +316,9 @@ void TierStore::Send(const checkpoint::SnapshotInfo& info, std::string_view payl
                    config.replica_peer.c_str(), st.message().c_str());
     }
   }
-  const bool due = !config.durable_dir.empty() &&
-                   core::DurableStepDue(info.step, config.persist_every_steps);
-  if (due) Persist(info.shard, info.shards, info.step, payload, info.xxh3);
+  if (durable && !config.durable_dir.empty()) {
+    Persist(info.shard, info.shards, info.step, payload, info.xxh3);
+  }
 }
 
 void TierStore::Persist(int shard, int shards, int64_t step, std::string_view payload,

@@ -58,7 +58,6 @@ struct TierStoreOptions {
 // What a generation asks of the store.
 struct TierConfig {
   std::string durable_dir;          // T2; empty: no persistence
-  int64_t persist_every_steps = 0;  // persist every N-th step; 0: every snapshot
   std::string replica_peer;         // host:port; empty: no T1 copy of this node
   uint64_t memory_budget = 0;       // T0 + T1 bytes on this node; 0: no limit
 
@@ -88,6 +87,7 @@ struct SnapshotNotice {
   int64_t step = 0;
   int shards = 1;
   std::string path;
+  bool durable = true;  // its step is due in T2 (the node core's cadence)
 };
 
 struct PersistReport {
@@ -119,11 +119,12 @@ class TierStore {
   // The configuration of the last Configure.
   TierConfig config() const;
 
-  // Queues a worker's snapshot for replication and persistence. Only the
-  // newest notice of each rank is kept: a flood of notices cannot grow the
-  // queue beyond one per rank.
+  // Queues a worker's snapshot for replication and, when it is due there,
+  // persistence. At most two notices of each rank wait (core/snapshot_queue.h:
+  // the newest due in T2, and the newest of all): a flood of notices cannot
+  // grow the queue, nor skip a durable step.
   void Notify(SnapshotNotice notice);
-  // Notices queued and not yet taken up (at most one per rank).
+  // Notices queued and not yet taken up (at most two per rank).
   size_t pending_notices() const;
   // Waits until the queued work is done.
   void Drain();
@@ -156,7 +157,9 @@ class TierStore {
   void ReplicateLoop();  // idle CPU: replication and persistence, one snapshot at a time
   // Pins the snapshot a notice names, sends and persists it from its slot.
   void Replicate(const SnapshotNotice& notice);
-  void Send(const checkpoint::SnapshotInfo& info, std::string_view payload);
+  // Sends it to the replica peer, and persists it when `durable` (its step
+  // is due in T2).
+  void Send(const checkpoint::SnapshotInfo& info, std::string_view payload, bool durable);
   // Writes a shard to T2; `xxh3` is what the worker saved, which the bytes
   // written must match.
   void Persist(int shard, int shards, int64_t step, std::string_view payload, uint64_t xxh3);

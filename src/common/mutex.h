@@ -30,6 +30,13 @@
 #define ENDURE_THREAD_ANNOTATION(x)
 #endif
 
+// abseil (through gRPC's headers) defines some of the same names, to the
+// same attributes: ours replace them.
+#undef GUARDED_BY
+#undef PT_GUARDED_BY
+#undef ACQUIRED_BEFORE
+#undef ACQUIRED_AFTER
+#undef NO_THREAD_SAFETY_ANALYSIS
 #define CAPABILITY(x) ENDURE_THREAD_ANNOTATION(capability(x))
 #define SCOPED_CAPABILITY ENDURE_THREAD_ANNOTATION(scoped_lockable)
 #define GUARDED_BY(x) ENDURE_THREAD_ANNOTATION(guarded_by(x))
@@ -42,6 +49,7 @@
 #define EXCLUDES(...) ENDURE_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
 #define RETURN_CAPABILITY(x) ENDURE_THREAD_ANNOTATION(lock_returned(x))
 #define NO_THREAD_SAFETY_ANALYSIS ENDURE_THREAD_ANNOTATION(no_thread_safety_analysis)
+#define ASSERT_CAPABILITY(x) ENDURE_THREAD_ANNOTATION(assert_capability(x))
 
 namespace endure {
 

@@ -276,6 +276,7 @@ void NodeMachine::OnGenerationStarted(const GenerationStarted& in, NodeTime time
   last_words_.clear();
   output_.reset();
   for (const auto& [id, factor] : in.comm_slow_factors) comm_slow_factors_[id] = factor;
+  persist_every_steps_ = in.persist_every_steps;
   if (!in.progress_pattern.empty()) {
     // The controller validated it (job_spec.cc); a refusal here means the
     // two disagree, and training goes on without it.
@@ -344,7 +345,8 @@ void NodeMachine::OnDatagram(std::string_view bytes, size_t size, NodeTime time,
   }
   if (output_) output_->OnDatagram(d.rank, contract::DatagramType(d));
   if (const auto* m = std::get_if<contract::SnapshotMessage>(&d.message)) {
-    out->push_back(NotifySnapshot{d.rank, m->step, m->shards, m->path});
+    out->push_back(NotifySnapshot{d.rank, m->step, m->shards, m->path,
+                                  DurableStepDue(m->step, persist_every_steps_)});
     return;
   }
   if (const auto* m = std::get_if<contract::StepMessage>(&d.message)) {

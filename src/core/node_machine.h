@@ -22,8 +22,9 @@
 //     generation made its first step, never during the restart itself;
 //   - stale commands: one of a generation older than the newest started on
 //     this stream crossed a newer start on the wire and is dropped;
-//   - the restore route of each rank a generation starts (RestoreRouteOf)
-//     and the durable cadence (DurableStepDue).
+//   - the durable cadence: which snapshots are due in T2 (DurableStepDue;
+//     core/snapshot_queue.h keeps the tier store from skipping one);
+//   - the restore route of each rank a generation starts (RestoreRouteOf).
 #pragma once
 
 #include <cstdint>
@@ -86,9 +87,11 @@ struct GenerationStarted {
   int world_size = 0;
   // The factor of each comm-slow fault of a local rank (fault id -> factor).
   std::map<std::string, double> comm_slow_factors;
-  // The program its standbys run (argv[0] resolved), and how many to keep.
+  // The program its standbys run (argv[0] resolved); empty: none.
   std::vector<std::string> standby_argv;
-  int standby_count = 0;
+  // The durable cadence: every this many steps a snapshot is due in T2 (0:
+  // every snapshot).
+  int64_t persist_every_steps = 0;
 };
 // A spare node is asked to keep standbys of the job's program (only an
 // agent with --standby that runs no generation does; it fills them at once).
@@ -101,14 +104,14 @@ struct StandbysWanted {
 struct StandbysDiscarded {};
 // Bytes from the worker socket, parsed and checked here.
 struct DatagramArrived {
-  std::string_view bytes;
+  std::string bytes;
   size_t size = 0;  // its real size where the socket cut it short (MSG_TRUNC); else 0
 };
 // A line of a worker's output (only read with a progress pattern).
 struct OutputLine {
   int64_t generation = 0;
   int rank = 0;
-  std::string_view line;
+  std::string line;
 };
 // A worker's process ended. The shell persists the newest snapshot of one
 // that finished cleanly before it steps this: its final state is durable
@@ -158,12 +161,14 @@ struct RefillStandbys {
 struct DiscardOtherStandbys {
   std::vector<std::string> argv;
 };
-// Queue a worker's snapshot for replication and persistence.
+// Queue a worker's snapshot for replication and, when `durable` (its step is
+// due in T2 by the durable cadence), persistence.
 struct NotifySnapshot {
   int rank = 0;
   int64_t step = 0;
   int shards = 1;
   std::string path;
+  bool durable = false;
 };
 // The node's network is broken by a fault: pairwise tests fail, or crawl by
 // `slow_factor`.
@@ -262,6 +267,7 @@ class NodeMachine {
   std::map<int, int64_t> last_steps_;    // rank -> last step reported
   std::map<int, std::vector<proto::AgentEvent>> last_words_;  // rank -> log match, exit
   std::map<std::string, double> comm_slow_factors_;
+  int64_t persist_every_steps_ = 0;
 
   std::vector<std::string> standby_argv_;
   int standby_count_ = 0;

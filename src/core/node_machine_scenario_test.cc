@@ -19,7 +19,7 @@
 //   at T command KIND gen=G [token=X] a command (start, stop, dump_stacks,
 //                                     inject, prepare, pair_test, shutdown)
 //   at T started gen=G cred=C ranks=0,1 [rejoin=true] [pattern=RE] [world=N]
-//                [argv=a,b] [slow=ID:FACTOR]
+//                [argv=a,b] [slow=ID:FACTOR] [persist_every=N]
 //   at T standbys argv=a,b count=N    a spare is asked for standbys
 //   at T datagram TYPE gen=G cred=C rank=R [step=S] [loss=X|none] [signal=N]
 //                [name=PHASE] [kind=K id=ID] [path=P shards=N] [t=WALL]
@@ -315,6 +315,9 @@ class Scenario {
     }
     s.progress_pattern = a.Take("pattern").value_or("");
     s.standby_argv = SplitCommas(a.Take("argv").value_or(""));
+    Result<int64_t> every = a.Int("persist_every", 0);
+    if (!every.ok()) return every.status();
+    s.persist_every_steps = *every;
     if (std::optional<std::string> v = a.Take("slow")) {
       const size_t colon = v->find(':');
       Result<double> f = ParseDouble(colon == std::string::npos ? "" : v->substr(colon + 1));
@@ -380,8 +383,7 @@ class Scenario {
     } else {
       return InvalidArgument("unknown datagram type " + type);
     }
-    bytes_ = contract::EncodeDatagram(d);
-    return Feed(DatagramArrived{bytes_, 0}, a);
+    return Feed(DatagramArrived{contract::EncodeDatagram(d), 0}, a);
   }
 
   Status Exit(Args& a) {
@@ -483,7 +485,7 @@ class Scenario {
           } else if constexpr (std::is_same_v<T, NotifySnapshot>) {
             return "notify_snapshot rank=" + std::to_string(a.rank) +
                    " step=" + std::to_string(a.step) + " shards=" + std::to_string(a.shards) +
-                   " path=" + a.path;
+                   " path=" + a.path + (a.durable ? " durable" : "");
           } else if constexpr (std::is_same_v<T, BreakPairTests>) {
             return a.fail ? "break_pair_tests fail" : "break_pair_tests slow=" + Num(a.slow_factor);
           } else {
@@ -497,7 +499,6 @@ class Scenario {
   std::string token_;
   int64_t now_ns_ = 0;
   bool broken_ = false;
-  std::string bytes_;  // the datagram being fed (the input holds a view of it)
   std::string out_;
 };
 

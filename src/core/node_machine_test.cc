@@ -2,10 +2,12 @@
 // starting rank, the durable cadence, and the link's order under failing
 // writes, checked over many interleavings.
 #include "core/node_machine.h"
+#include "core/snapshot_queue.h"
 
 #include <gtest/gtest.h>
 
 #include <random>
+#include <set>
 
 
 namespace endure::core {
@@ -72,6 +74,56 @@ TEST(OutageBuffer, KeepsTheNewestInOrderAndDropsProgressBeforeReports) {
   EXPECT_EQ(reports.size(), 2u);
   EXPECT_EQ(reports.front().worker_exited().rank(), 1);
   EXPECT_EQ(reports.dropped(), 1);
+}
+
+struct Notice {
+  int rank = 0;
+  int64_t step = 0;
+  bool durable = false;
+  bool operator==(const Notice&) const = default;
+};
+
+TEST(QueueSnapshot, KeepsTheNewestOfEachRankAndNeverSupersedesADueStep) {
+  std::deque<Notice> q;
+  QueueSnapshot(q, Notice{0, 9, false});
+  QueueSnapshot(q, Notice{1, 9, false});
+  QueueSnapshot(q, Notice{0, 10, true});  // due: supersedes step 9
+  QueueSnapshot(q, Notice{0, 11, false});  // waits behind the due step 10
+  QueueSnapshot(q, Notice{0, 12, false});  // supersedes 11, not 10
+  QueueSnapshot(q, Notice{1, 10, true});
+  EXPECT_EQ(q, (std::deque<Notice>{{0, 10, true}, {0, 12, false}, {1, 10, true}}));
+  QueueSnapshot(q, Notice{0, 11, false});  // late: dropped
+  QueueSnapshot(q, Notice{0, 20, true});   // a newer due step supersedes both
+  EXPECT_EQ(q, (std::deque<Notice>{{1, 10, true}, {0, 20, true}}));
+}
+
+// However far the store lags, a due step leaves the queue only by being taken
+// up or by a newer due step of its rank: never for a newer step that is not
+// due (with one notice per rank, as before, most due steps were lost so).
+TEST(QueueSnapshot, ALaggingStoreLosesNoDueStepToANewerStepThatIsNotDue) {
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    std::deque<Notice> q;
+    std::set<int64_t> waiting;  // due steps announced, neither taken nor superseded by a due one
+    const int64_t every = 1 + static_cast<int64_t>(rng() % 7);
+    const uint64_t lag = 1 + rng() % 6;  // the store takes a notice up one time in `lag`
+    for (int64_t step = 1; step <= 300; ++step) {
+      const bool due = step % every == 0;
+      if (due) waiting.clear();  // a newer due step supersedes the ones waiting
+      QueueSnapshot(q, Notice{0, step, due});
+      if (due) waiting.insert(step);
+      ASSERT_LE(q.size(), 2u);
+      if (rng() % lag == 0 && !q.empty()) {
+        if (q.front().durable) waiting.erase(q.front().step);
+        q.pop_front();
+      }
+    }
+    for (; !q.empty(); q.pop_front()) {
+      if (q.front().durable) waiting.erase(q.front().step);
+    }
+    EXPECT_TRUE(waiting.empty()) << "due step " << *waiting.begin() << " was lost";
+  }
 }
 
 proto::AgentEvent Hello(bool resuming) {
