@@ -18,11 +18,14 @@ namespace endure::agent {
 // controller went away).
 //
 // Thread safety: Cancel() may be called from any thread at any time, also
-// before Attach() and after Finish(). Send() is called by one thread at a
-// time (the agent serialises its writes), concurrently with Read(), and
-// never while Attach() runs. The rest is called by the thread that runs the
-// agent, in this order, once per stream: Attach, then Read until it returns
-// false (or the agent stops reading), CloseWrites (optional), Finish.
+// before Attach() and after Finish(). Send() and CloseWrites() are called by
+// the agent's loop thread only (agent/node_loop.h), concurrently with Read(),
+// and never while Attach() or Finish() runs: the node core's link makes no
+// write between a stream's loss and the next stream, and the agent waits
+// for the loop to take in the loss before it finishes the stream. The rest
+// is called by the thread that runs the agent, in this order, once per
+// stream: Attach, then Read until it returns false (or the agent stops
+// reading), CloseWrites (optional, on the loop), Finish.
 class Transport {
  public:
   virtual ~Transport() = default;
