@@ -2,7 +2,10 @@
 // other threads (its commands, the worker socket, the workers' exits and
 // output, the tier store, the signal) hand it work in one queue; it runs one
 // task at a time, in the order they came: steps the core and carries out its
-// actions, writes to the controller's stream included. Post() does not wait;
+// actions, writes to the controller's stream included. Post() does not wait
+// for its task (but for room in the queue: a worker flooding the agent with
+// datagrams while the loop waits on a slow controller meets the socket's
+// bound, as it did when the receiver wrote itself, not the agent's memory);
 // Call() waits for its function's result.
 //
 // What only the loop touches is GUARDED_BY the loop (a capability held on
@@ -25,12 +28,17 @@ namespace endure::agent {
 
 class CAPABILITY("thread") NodeLoop {
  public:
-  NodeLoop();
+  // At most this many posted tasks wait; Post() blocks beyond it.
+  static constexpr size_t kMaxPosted = 1024;
+
+  explicit NodeLoop(size_t max_posted = kMaxPosted);
   ~NodeLoop();  // Stop()
   NodeLoop(const NodeLoop&) = delete;
   NodeLoop& operator=(const NodeLoop&) = delete;
 
-  // Runs `task` on the loop after what is queued; dropped once stopped.
+  // Runs `task` on the loop after what is queued, once fewer than the bound
+  // wait (it waits for room); dropped once stopped. Never from the loop's
+  // own thread.
   void Post(std::function<void()> task) EXCLUDES(mu_);
 
   // Runs `f` on the loop after what is queued and returns its result. Once
@@ -41,7 +49,7 @@ class CAPABILITY("thread") NodeLoop {
     using R = std::invoke_result_t<F>;
     auto task = std::make_shared<std::packaged_task<R()>>(std::move(f));
     std::future<R> result = task->get_future();
-    if (!Enqueue([task] { (*task)(); })) (*task)();
+    if (!Enqueue([task] { (*task)(); }, /*wait_for_room=*/false)) (*task)();
     return result.get();
   }
 
@@ -53,11 +61,14 @@ class CAPABILITY("thread") NodeLoop {
   void AssertOnLoop() const ASSERT_CAPABILITY(this);
 
  private:
-  bool Enqueue(std::function<void()> task) EXCLUDES(mu_);
+  // False once stopped.
+  bool Enqueue(std::function<void()> task, bool wait_for_room) EXCLUDES(mu_);
   void Run();
 
+  const size_t max_posted_;
   Mutex mu_;
-  CondVar cv_;
+  CondVar cv_;       // work for the loop
+  CondVar room_cv_;  // room in the queue
   std::deque<std::function<void()>> queue_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
   std::atomic<bool> stopped_{false};  // the thread has ended
