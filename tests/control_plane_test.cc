@@ -642,18 +642,21 @@ TEST_F(ControlPlaneTest, ASpikeTheReplayDoesNotReproduceIsAFaultOnItsNode) {
 }
 
 // Every step in node memory: the NaN at step 13 rolls back to step 12, the
-// step before it, which each worker held back in T0 when it saw the loss
-// (however many steps ran before the stop came). No disk read, no step lost.
-// (A rank whose own loss looked normal holds nothing: with a per-rank
-// injected NaN, its step 12 survives only if the stop comes within two
-// steps.)
+// step before it, from T0. No disk read, no step lost. Rank 0, which saw the
+// NaN, held its step 12 back in T0 (however many steps ran before the stop
+// came); rank 1, whose loss looked normal, holds nothing back: its step 12
+// is still in its three T0 slots unless both ranks finished two more steps
+// (14 and 15) before the stop, which follows rank 0's report of step 13 at
+// once. (The NaN used to be injected into both ranks' reports, as every rank
+// of endure-train, which reports the summed loss, would see it, so that each
+// held its step back; but a worker is stopped wherever it is, and rank 1,
+// stopped between the step's collective and its report, fired its fault in
+// the replay instead: a second incident, by the machine's speed, in 2 of 4
+// full runs on a 2-core machine. Two steps of margin against a few
+// microseconds.)
 TEST_F(ControlPlaneTest, AnAnomalysRollbackRestoresTheStepBeforeItFromNodeMemory) {
-  // Every rank sees the NaN, as every rank of endure-train (which reports
-  // the summed loss) would: each holds its own shard of step 12.
-  nlohmann::json inc = ExpectRecovered(
-      "nant0",
-      "kind = \"nan\"\nrank = 0\nstep = 13\n[[faults]]\nkind = \"nan\"\nrank = 1\nstep = 13\n",
-      "loss_nan", "in_process = false\n", kEveryStepTiers);
+  nlohmann::json inc = ExpectRecovered("nant0", "kind = \"nan\"\nrank = 0\nstep = 13\n",
+                                       "loss_nan", "in_process = false\n", kEveryStepTiers);
   EXPECT_EQ(inc.value("restored_step", -1), 12) << inc.dump(2);
   EXPECT_EQ(inc.value("steps_lost", -1), 0) << inc.dump(2);
   EXPECT_EQ(inc.value("restore", "").rfind("step 12 from T0", 0), 0u) << inc.dump(2);
