@@ -54,9 +54,11 @@ std::unique_ptr<TierStore> Store(const std::string& node, const std::string& shm
   o.node = node;
   o.shm_dir = shm;
   o.token = "bench-token";
-  return Check(TierStore::Start(o, [](const endure::agent::PersistReport& r) {
-                 if (!r.error.empty()) std::fprintf(stderr, "persist: %s\n", r.error.c_str());
-               }),
+  return Check(TierStore::Start(o,
+                                [](const endure::agent::PersistReport& r) {
+                                  if (!r.error.empty())
+                                    std::fprintf(stderr, "persist: %s\n", r.error.c_str());
+                                }),
                "start a tier store");
 }
 
@@ -88,8 +90,11 @@ int main(int argc, char** argv) {
   }
   std::vector<endure::checkpoint::TensorView> views;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    views.push_back({"t" + std::to_string(i), "float32", {static_cast<int64_t>(tensors[i].size())},
-                     tensors[i].data(), tensors[i].size() * sizeof(float)});
+    views.push_back({"t" + std::to_string(i),
+                     "float32",
+                     {static_cast<int64_t>(tensors[i].size())},
+                     tensors[i].data(),
+                     tensors[i].size() * sizeof(float)});
   }
   views = endure::checkpoint::ShardViews("{\"step\":0}", std::move(views));
   auto writer = Check(endure::checkpoint::SnapshotWriter::Open(sender->t0_dir(), 0, 2, 0),
@@ -102,8 +107,7 @@ int main(int argc, char** argv) {
   const std::vector<Case> cases = {
       {"T0 only (taken up, nothing to send)", TierConfig{}},
       {"T0 + T1 replica to the peer", TierConfig{.replica_peer = peer}},
-      {"T0 + T1 + T2 on every snapshot",
-       TierConfig{.durable_dir = dir, .replica_peer = peer}},
+      {"T0 + T1 + T2 on every snapshot", TierConfig{.durable_dir = dir, .replica_peer = peer}},
   };
   std::printf("%zu snapshots of %.2f MB each\n", static_cast<size_t>(snapshots),
               static_cast<double>(floats) * 4 / 1e6);

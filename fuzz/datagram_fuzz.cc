@@ -9,8 +9,8 @@
 #include <filesystem>
 #include <string>
 
-#include "core/datagram_gate.h"
 #include "checkpoint/snapshot_file.h"
+#include "core/datagram_gate.h"
 #include "fuzz/fuzz_util.h"
 
 using namespace endure;

@@ -655,8 +655,8 @@ TEST_F(ControlPlaneTest, ASpikeTheReplayDoesNotReproduceIsAFaultOnItsNode) {
 // full runs on a 2-core machine. Two steps of margin against a few
 // microseconds.)
 TEST_F(ControlPlaneTest, AnAnomalysRollbackRestoresTheStepBeforeItFromNodeMemory) {
-  nlohmann::json inc = ExpectRecovered("nant0", "kind = \"nan\"\nrank = 0\nstep = 13\n",
-                                       "loss_nan", "in_process = false\n", kEveryStepTiers);
+  nlohmann::json inc = ExpectRecovered("nant0", "kind = \"nan\"\nrank = 0\nstep = 13\n", "loss_nan",
+                                       "in_process = false\n", kEveryStepTiers);
   EXPECT_EQ(inc.value("restored_step", -1), 12) << inc.dump(2);
   EXPECT_EQ(inc.value("steps_lost", -1), 0) << inc.dump(2);
   EXPECT_EQ(inc.value("restore", "").rfind("step 12 from T0", 0), 0u) << inc.dump(2);

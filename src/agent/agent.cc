@@ -241,7 +241,8 @@ bool Agent::CarryOut(std::vector<core::NodeAction> actions) {
     }
   }
   if (!unsent.empty()) {
-    std::vector<core::NodeAction> none = machine_->Step(core::TransmitFailed{std::move(unsent)}, Now());
+    std::vector<core::NodeAction> none =
+        machine_->Step(core::TransmitFailed{std::move(unsent)}, Now());
     ENDURE_CHECK(none.empty());
   }
   return carry_out;
@@ -410,16 +411,13 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   Post(std::move(started));
   WorkerSet::LineObserver on_line;
   if (!start.progress_pattern().empty()) {
-    on_line = [this](int rank, std::string_view line) {
-      OnWorkerLine(generation_, rank, line);
-    };
+    on_line = [this](int rank, std::string_view line) { OnWorkerLine(generation_, rank, line); };
   }
   // A worker reports its exit in the generation it serves when it exits:
   // one that rejoined serves the newest.
   if (!rejoin) {
-    workers_ = launcher_->NewGroup(
-        [this](const WorkerEnd& end) { OnWorkerExit(generation_, end); },
-        std::move(on_line));
+    workers_ = launcher_->NewGroup([this](const WorkerEnd& end) { OnWorkerExit(generation_, end); },
+                                   std::move(on_line));
   }
   if (argv.empty()) return;
   const proto::CheckpointConfig& ckpt = start.checkpoint();
@@ -946,8 +944,7 @@ std::optional<Status> Agent::RideOutOutage(const std::string& why) {
                  "resumed generation %lld, %zu event(s) sent from the outage (%lld dropped in "
                  "all)\n",
                  o_.node_id.c_str(), FormatDuration(clock_->Now() - since).c_str(), attempts,
-                 static_cast<long long>(generation), kept,
-                 static_cast<long long>(dropped));
+                 static_cast<long long>(generation), kept, static_cast<long long>(dropped));
     return std::nullopt;
   }
   // The controller stayed away past the grace: stop as on SIGTERM.

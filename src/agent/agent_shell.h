@@ -213,7 +213,6 @@ class Agent {
   std::atomic<bool> done_{false};
   int wake_fd_ = -1;  // an eventfd that ends the shutdown thread's wait at the end of Run()
   NodeLoop loop_;     // last: its thread uses the members above
-
 };
 
 }  // namespace endure::agent

@@ -18,9 +18,8 @@ void NodeLoop::Post(std::function<void()> task) {
 bool NodeLoop::Enqueue(std::function<void()> task, bool wait_for_room) {
   MutexLock lock(&mu_);
   if (wait_for_room) {
-    room_cv_.Wait(lock, [this]() REQUIRES(mu_) {
-      return stopping_ || queue_.size() < max_posted_;
-    });
+    room_cv_.Wait(lock,
+                  [this]() REQUIRES(mu_) { return stopping_ || queue_.size() < max_posted_; });
   }
   if (stopping_) return false;
   queue_.push_back(std::move(task));

@@ -72,7 +72,7 @@ class CAPABILITY("thread") NodeLoop {
   std::deque<std::function<void()>> queue_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
   std::atomic<bool> stopped_{false};  // the thread has ended
-  std::thread thread_;  // last: it uses the members above
+  std::thread thread_;                // last: it uses the members above
 };
 
 }  // namespace endure::agent

@@ -44,7 +44,8 @@ TEST(NodeLoop, APostWaitsForRoomWhileTheLoopIsBusy) {
   });
   // However long the loop stays busy, the poster gets no further than the
   // bound (plus the one task taken up).
-  for (int i = 0; i < 200 && posted < 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (int i = 0; i < 200 && posted < 4; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_LE(posted.load(), 5);
   release = true;

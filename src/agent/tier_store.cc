@@ -295,8 +295,7 @@ void TierStore::Replicate(const SnapshotNotice& n) {
   (*f)->Unpin();
 }
 
-void TierStore::Send(const checkpoint::SnapshotInfo& info, std::string_view payload,
-                     bool durable) {
+void TierStore::Send(const checkpoint::SnapshotInfo& info, std::string_view payload, bool durable) {
   // The worker's checksum travels with the bytes: the peer checks it as they
   // arrive, and Persist before reporting a shard durable.
   TierConfig config;

@@ -57,9 +57,9 @@ struct TierStoreOptions {
 
 // What a generation asks of the store.
 struct TierConfig {
-  std::string durable_dir;          // T2; empty: no persistence
-  std::string replica_peer;         // host:port; empty: no T1 copy of this node
-  uint64_t memory_budget = 0;       // T0 + T1 bytes on this node; 0: no limit
+  std::string durable_dir;     // T2; empty: no persistence
+  std::string replica_peer;    // host:port; empty: no T1 copy of this node
+  uint64_t memory_budget = 0;  // T0 + T1 bytes on this node; 0: no limit
 
   bool operator==(const TierConfig&) const = default;
 };

@@ -116,8 +116,7 @@ TEST_F(TierStoreTest, AFloodOfSnapshotNoticesKeepsAtMostTwoPerRank) {
   size_t most = 0;
   for (int i = 0; i < 100000; ++i) {
     const int rank = i % 3;
-    store_->Notify(
-        {rank, i, 3, checkpoint::SlotPath(store_->t0_dir(), rank, i % 2), i % 30 < 3});
+    store_->Notify({rank, i, 3, checkpoint::SlotPath(store_->t0_dir(), rank, i % 2), i % 30 < 3});
     most = std::max(most, store_->pending_notices());
   }
   EXPECT_LE(most, 6u);

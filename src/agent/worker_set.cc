@@ -17,9 +17,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/progress_pattern.h"
 #include "common/secret.h"
 #include "contract/worker_contract.h"
+#include "core/progress_pattern.h"
 
 namespace endure::agent {
 namespace {

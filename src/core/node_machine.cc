@@ -4,9 +4,9 @@
 #include <csignal>
 #include <utility>
 
-#include "common/status.h"
 #include "common/names.h"
 #include "common/secret.h"
+#include "common/status.h"
 #include "core/incident_match.h"
 #include "proto/wire_enums.h"
 
@@ -370,8 +370,7 @@ void NodeMachine::OnDatagram(std::string_view bytes, size_t size, NodeTime time,
   Route(std::move(*e), out);
 }
 
-void NodeMachine::OnOutputLine(const OutputLine& in, NodeTime time,
-                               std::vector<NodeAction>* out) {
+void NodeMachine::OnOutputLine(const OutputLine& in, NodeTime time, std::vector<NodeAction>* out) {
   if (in.generation != gate_.generation || !output_) return;
   const double init_s = Seconds(time.now - started_);
   bool stepped = false;

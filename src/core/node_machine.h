@@ -80,9 +80,9 @@ struct CommandArrived {
 // half: the credential, the workers it keeps).
 struct GenerationStarted {
   int64_t generation = 0;
-  std::string credential;     // its workers' ENDURE_TOKEN ("" when none could be made)
-  std::set<int> ranks;        // its ranks on this node
-  bool rejoin = false;        // live workers were kept (an in-process restart)
+  std::string credential;        // its workers' ENDURE_TOKEN ("" when none could be made)
+  std::set<int> ranks;           // its ranks on this node
+  bool rejoin = false;           // live workers were kept (an in-process restart)
   std::string progress_pattern;  // "" when the job reports by datagram only
   int world_size = 0;
   // The factor of each comm-slow fault of a local rank (fault id -> factor).
@@ -122,8 +122,8 @@ struct WorkerExited {
   bool exited = false;  // by exit(); else by a signal
   int exit_code = 0;
   int signal = 0;
-  bool stopped = false;  // the agent stopped it (no failure of its own)
-  std::string tail;      // the last lines of its output
+  bool stopped = false;        // the agent stopped it (no failure of its own)
+  std::string tail;            // the last lines of its output
   std::string kernel_records;  // the node's kernel log since the generation started
 };
 // Something the shell itself reports (a start, a stop, stack dumps, a
@@ -135,9 +135,8 @@ struct Report {
 };
 
 using NodeInput = std::variant<StreamOpened, StreamLost, StreamClosed, TransmitFailed,
-                               CommandArrived, GenerationStarted, StandbysWanted,
-                               StandbysDiscarded, DatagramArrived, OutputLine, WorkerExited,
-                               Report>;
+                               CommandArrived, GenerationStarted, StandbysWanted, StandbysDiscarded,
+                               DatagramArrived, OutputLine, WorkerExited, Report>;
 
 // ---- Actions, carried out in order ----
 
@@ -245,8 +244,7 @@ class NodeMachine {
   // next step.
   void KeepStandbys(const std::vector<std::string>& argv, int count, bool fill_now,
                     std::vector<NodeAction>* out);
-  void OnDatagram(std::string_view bytes, size_t size, NodeTime time,
-                  std::vector<NodeAction>* out);
+  void OnDatagram(std::string_view bytes, size_t size, NodeTime time, std::vector<NodeAction>* out);
   void OnOutputLine(const OutputLine& in, NodeTime time, std::vector<NodeAction>* out);
   void OnWorkerExited(const WorkerExited& in, NodeTime time, std::vector<NodeAction>* out);
   void Stepped(std::vector<NodeAction>* out);  // a step was made: the standby rule
@@ -259,12 +257,12 @@ class NodeMachine {
   OutageBuffer outage_;
   int64_t started_on_stream_ = -1;  // the newest generation started on this stream
 
-  DatagramGate gate_;  // this generation, its credential and its ranks here
+  DatagramGate gate_;    // this generation, its credential and its ranks here
   bool member_ = false;  // a generation ran here (a spare keeps standbys only before)
   Clock::TimePoint started_{};
-  std::optional<OutputReports> output_;  // with a progress pattern
-  std::map<int, int> stack_signals_;     // rank -> signal
-  std::map<int, int64_t> last_steps_;    // rank -> last step reported
+  std::optional<OutputReports> output_;                       // with a progress pattern
+  std::map<int, int> stack_signals_;                          // rank -> signal
+  std::map<int, int64_t> last_steps_;                         // rank -> last step reported
   std::map<int, std::vector<proto::AgentEvent>> last_words_;  // rank -> log match, exit
   std::map<std::string, double> comm_slow_factors_;
   int64_t persist_every_steps_ = 0;

@@ -204,8 +204,8 @@ class Scenario {
       const std::string rest = Trim(line.substr(line.find("raw") + 3));
       return Feed(DatagramArrived{rest, 0});
     }
-    const bool positional = what == "command" || what == "datagram" || what == "report" ||
-                            what == "oversize";
+    const bool positional =
+        what == "command" || what == "datagram" || what == "report" || what == "oversize";
     if (positional && w.size() < 4) return InvalidArgument(what + ": what kind?");
     Result<std::map<std::string, std::string>> kv = KeyValues(w, positional ? 4 : 3);
     if (!kv.ok()) return kv.status();
@@ -424,7 +424,8 @@ class Scenario {
       signals += (signals.empty() ? "" : ",") + std::to_string(rank) + ":" + std::to_string(sig);
     }
     out_ += "> state generation=" + std::to_string(m().generation()) +
-            " ranks=" + (ranks.empty() ? "-" : ranks) + " last_steps=" + (steps.empty() ? "-" : steps) +
+            " ranks=" + (ranks.empty() ? "-" : ranks) +
+            " last_steps=" + (steps.empty() ? "-" : steps) +
             " stack_signals=" + (signals.empty() ? "-" : signals) +
             " member=" + (m().member() ? "true" : "false") +
             " reads_output=" + (m().reads_output() ? "true" : "false") +

@@ -2,13 +2,13 @@
 // starting rank, the durable cadence, and the link's order under failing
 // writes, checked over many interleavings.
 #include "core/node_machine.h"
-#include "core/snapshot_queue.h"
 
 #include <gtest/gtest.h>
 
 #include <random>
 #include <set>
 
+#include "core/snapshot_queue.h"
 
 namespace endure::core {
 namespace {
@@ -87,7 +87,7 @@ TEST(QueueSnapshot, KeepsTheNewestOfEachRankAndNeverSupersedesADueStep) {
   std::deque<Notice> q;
   QueueSnapshot(q, Notice{0, 9, false});
   QueueSnapshot(q, Notice{1, 9, false});
-  QueueSnapshot(q, Notice{0, 10, true});  // due: supersedes step 9
+  QueueSnapshot(q, Notice{0, 10, true});   // due: supersedes step 9
   QueueSnapshot(q, Notice{0, 11, false});  // waits behind the due step 10
   QueueSnapshot(q, Notice{0, 12, false});  // supersedes 11, not 10
   QueueSnapshot(q, Notice{1, 10, true});
