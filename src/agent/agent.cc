@@ -42,7 +42,6 @@
 #include "common/secret.h"
 #include "common/tls.h"
 #include "contract/worker_contract.h"
-#include "core/incident_match.h"
 #include "faults/fault.h"
 #include "proto/wire_enums.h"
 
@@ -560,7 +559,7 @@ void Agent::Stop(int64_t generation, double grace_s) {
   const double teardown_s = Seconds(clock_->Now() - start);
   // With the workers gone the memory tiers hold still: report them, verified,
   // once every snapshot the loop took in has gone to the tier store.
-  loop_.Call([] {});
+  loop_.Flush();
   tiers_->Drain();
   for (const auto& [tier, shard] : pending_corruption_) tiers_->Corrupt(tier, shard);
   pending_corruption_.clear();
@@ -774,7 +773,7 @@ int64_t Agent::StopWorkersAndPersist() {
     std::fprintf(stderr, "endure agent %s: persisted step %lld of this node's ranks\n",
                  o_.node_id.c_str(), static_cast<long long>(step));
   }
-  loop_.Call([] {});  // the exits and the persisted shards are written before this returns
+  loop_.Flush();  // the exits and the persisted shards are written before this returns
   return step;
 }
 
@@ -835,7 +834,7 @@ bool Agent::CarryOutCommands() {
     }
     // What the command made (its reports, the exits it caused) has gone to
     // the loop: the next command is read once it is written.
-    loop_.Call([] {});
+    loop_.Flush();
   }
   return false;
 }

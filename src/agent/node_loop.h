@@ -53,6 +53,11 @@ class CAPABILITY("thread") NodeLoop {
     return result.get();
   }
 
+  // Waits until everything queued before this call has run.
+  void Flush() {
+    Call([] {});
+  }
+
   // Runs what is queued, then ends the thread; later posts are dropped.
   void Stop() EXCLUDES(mu_);
 

@@ -76,13 +76,9 @@ using testing_support::Words;
 Result<std::vector<NodeId>> ParseNodes(std::string_view s) {
   std::vector<NodeId> out;
   if (s == "-") return out;
-  while (!s.empty()) {
-    const size_t comma = std::min(s.find(','), s.size());
-    Result<int64_t> n = ParseInt(s.substr(0, comma));
-    if (!n.ok()) return n.status();
-    out.push_back(NodeId{static_cast<int32_t>(*n)});
-    s.remove_prefix(std::min(s.size(), comma + 1));
-  }
+  Result<std::vector<int64_t>> ints = testing_support::ParseInts(s);
+  if (!ints.ok()) return ints.status();
+  for (int64_t n : *ints) out.push_back(NodeId{static_cast<int32_t>(n)});
   return out;
 }
 

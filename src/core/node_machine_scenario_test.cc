@@ -52,24 +52,13 @@ using testing_support::Num;
 using testing_support::ParseBool;
 using testing_support::ParseDouble;
 using testing_support::ParseInt;
+using testing_support::ParseInts;
 using testing_support::ParseSecondsNs;
 using testing_support::QuotedWords;
 using testing_support::Trim;
 
 // The wall clock of the scenario's time 0.
 constexpr double kWall0 = 1'700'000'000;
-
-Result<std::vector<int>> ParseInts(std::string_view s) {
-  std::vector<int> out;
-  while (!s.empty()) {
-    const size_t comma = std::min(s.find(','), s.size());
-    Result<int64_t> n = ParseInt(s.substr(0, comma));
-    if (!n.ok()) return n.status();
-    out.push_back(static_cast<int>(*n));
-    s.remove_prefix(std::min(s.size(), comma + 1));
-  }
-  return out;
-}
 
 std::vector<std::string> SplitCommas(std::string_view s) {
   std::vector<std::string> out;
@@ -300,13 +289,13 @@ class Scenario {
     GenerationStarted s;
     Result<int64_t> gen = a.Int("gen", 0);
     Result<int64_t> world = a.Int("world", 0);
-    Result<std::vector<int>> ranks = ParseInts(a.Take("ranks").value_or(""));
+    Result<std::vector<int64_t>> ranks = ParseInts(a.Take("ranks").value_or(""));
     if (!gen.ok()) return gen.status();
     if (!world.ok()) return world.status();
     if (!ranks.ok()) return ranks.status();
     s.generation = *gen;
     s.world_size = static_cast<int>(*world);
-    s.ranks.insert(ranks->begin(), ranks->end());
+    for (int64_t r : *ranks) s.ranks.insert(static_cast<int>(r));
     s.credential = a.Take("cred").value_or("");
     if (std::optional<std::string> v = a.Take("rejoin")) {
       Result<bool> b = ParseBool(*v);

@@ -155,6 +155,18 @@ Result<int64_t> ParseInt(std::string_view s) {
   return v;
 }
 
+Result<std::vector<int64_t>> ParseInts(std::string_view s) {
+  std::vector<int64_t> out;
+  while (!s.empty()) {
+    const size_t comma = std::min(s.find(','), s.size());
+    Result<int64_t> n = ParseInt(s.substr(0, comma));
+    if (!n.ok()) return n.status();
+    out.push_back(*n);
+    s.remove_prefix(std::min(s.size(), comma + 1));
+  }
+  return out;
+}
+
 Result<double> ParseDouble(std::string_view s) {
   if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
   if (s == "inf") return std::numeric_limits<double>::infinity();

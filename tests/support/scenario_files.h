@@ -46,6 +46,8 @@ Result<std::vector<std::string>> QuotedWords(std::string_view s);
 Result<int64_t> ParseSecondsNs(std::string_view s);
 std::string FormatSecondsNs(int64_t ns);
 Result<int64_t> ParseInt(std::string_view s);
+// "3,0,12": integers separated by commas ("" is none).
+Result<std::vector<int64_t>> ParseInts(std::string_view s);
 // Also "nan" and "inf".
 Result<double> ParseDouble(std::string_view s);
 Result<bool> ParseBool(std::string_view s);
