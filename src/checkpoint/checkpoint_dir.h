@@ -88,6 +88,10 @@ class CheckpointDir {
 
   // Reads one shard of a committed step and checks it against the manifest.
   Result<std::string> ReadShard(int64_t step, int shard) const;
+  // The same with the step's manifest already read (CommittedShards): a
+  // caller that reads several shards of a step parses its manifest once.
+  Result<std::string> ReadListedShard(int64_t step, int shard,
+                                      const std::vector<ShardEntry>& shards) const;
 
   // Loads and verifies `step` (every shard, merged).
   Result<TrainingState> Load(int64_t step) const;
@@ -121,9 +125,6 @@ class CheckpointDir {
 
  private:
   Result<nlohmann::json> ReadManifest(int64_t step) const;
-  // ReadShard with the step's manifest already read.
-  Result<std::string> ReadListedShard(int64_t step, int shard,
-                                      const std::vector<ShardEntry>& shards) const;
 
   Env* env_;
   std::string root_;

@@ -43,15 +43,10 @@ std::string SignalName(int sig) {
   }
 }
 
-CoordinatorOptions CoordinatorFor(const JobSpec& spec) {
+// The durable directory (T2) where this host mounts it.
+std::string DurableDir(const JobSpec& spec) {
   std::error_code ec;
-  CoordinatorOptions o;
-  o.dir = std::filesystem::absolute(spec.checkpoint.dir, ec).string();
-  o.keep = spec.checkpoint.keep;
-  o.ranks_per_node = spec.ranks_per_node;
-  o.memory_budget = static_cast<uint64_t>(spec.checkpoint.memory_budget_bytes);
-  o.replicas = spec.checkpoint.replicas;
-  return o;
+  return std::filesystem::absolute(spec.checkpoint.dir, ec).string();
 }
 
 }  // namespace
@@ -68,7 +63,7 @@ ControllerShell::ControllerShell(ControllerOptions options, Clock* clock, Transp
       start_unix_(clock_->WallSeconds()),
       stream_grace_(MachineOptions(o_.spec).heartbeat.drop_grace),
       machine_(MachineOptions(o_.spec), ExternalFaults(o_.spec), start_),
-      checkpoints_(Env::Default(), CoordinatorFor(o_.spec)) {
+      durable_(Env::Default(), DurableDir(o_.spec)) {
   for (const faults::Fault& f : o_.spec.faults) fault_ids_.insert(f.id);
 }
 
@@ -452,9 +447,19 @@ ControllerShell::Queued ControllerShell::Translate(const proto::AgentEvent& e, N
       break;
     case proto::AgentEvent::kPersisted: {
       const auto& p = e.persisted();
-      q.persisted = p;
       if (!p.error().empty()) {
         q.event = core::PersistFailedEvent{gen, p.shard(), p.step(), node, p.error()};
+      } else {
+        // Its ranges are the book's to check (it ignores a shard out of them).
+        q.event = core::ShardPersisted{gen,
+                                       node,
+                                       core::StepNumber{p.step()},
+                                       p.shard(),
+                                       p.shards(),
+                                       p.bytes(),
+                                       std::strtoull(p.xxh3().c_str(), nullptr, 16),
+                                       p.t0_bytes(),
+                                       p.t1_bytes()};
       }
       break;
     }
@@ -589,7 +594,7 @@ bool ControllerShell::EveryAgentStopped() const {
 }
 
 void ControllerShell::FinishStop() {
-  const nlohmann::json newest = checkpoints_.ReportJson()["newest_durable_step"];
+  const nlohmann::json newest = CheckpointJson()["newest_durable_step"];
   finish_ = core::FinishAction{
       128 + stop_signal_,
       "stopped by " + stopped_by_ + " at step " + std::to_string(machine_.step().value) +
@@ -629,6 +634,9 @@ Status ControllerShell::Start() {
     // watched meanwhile.
     const TimePoint now = Now();
     Execute(Input(core::ControllerResumed{}, now), now);
+    // The durable directory may have changed meanwhile (a manifest this
+    // controller asked for and never heard of, a step removed by hand).
+    Execute({core::ListDurableAction{}}, now);
     WriteStatus(now, true);
     return Status::Ok();
   }
@@ -649,18 +657,9 @@ Status ControllerShell::Start() {
   }
   // What the durable directory already holds (an earlier run in this state
   // directory): a rollback before this run's first checkpoint goes there.
-  if (!checkpoints_.found_steps().empty()) {
-    const std::vector<int64_t>& found = checkpoints_.found_steps();
-    std::fprintf(stderr,
-                 "endure controller: the durable directory holds %zu committed step(s), "
-                 "the newest %lld\n",
-                 found.size(), static_cast<long long>(found.back()));
-    const TimePoint now = Now();
-    core::CheckpointsFound event;
-    for (int64_t step : found) event.steps.push_back(core::StepNumber{step});
-    Execute(Input(event, now), now);
-  }
-  WriteStatus(Now(), true);
+  const TimePoint now = Now();
+  Execute({core::ListDurableAction{}}, now);
+  WriteStatus(now, true);
   return Status::Ok();
 }
 
@@ -807,6 +806,10 @@ Result<bool> ControllerShell::CarryOn() {
 }
 
 std::vector<core::JobAction> ControllerShell::Input(const core::JobEvent& event, TimePoint at) {
+  // The machine's time never goes backwards: an input stepped at an earlier
+  // time than the last one is stepped at the last one's.
+  last_step_at_ = std::max(last_step_at_, at);
+  at = last_step_at_;
   bool open = false;
   if (store_) {
     Status st = store_->BeginTransaction();
@@ -842,7 +845,13 @@ void ControllerShell::RunOnce(bool block) {
     return;
   }
   if (stop_deadline_) {
-    OnCheckpointEvent(item);
+    // No decision is made any more, but what the tiers report is still
+    // taken: a step the agents persist on their way out commits.
+    OnInventory(item);
+    if (item.event && std::holds_alternative<core::ShardPersisted>(*item.event)) {
+      last_step_at_ = std::max(last_step_at_, std::min(item.at, now));
+      Execute(Input(*item.event, last_step_at_), now);
+    }
     if (item.stopped) stopped_nodes_.insert(item.node);
     if (EveryAgentStopped() || now >= *stop_deadline_) FinishStop();
     return;
@@ -858,7 +867,7 @@ void ControllerShell::RunOnce(bool block) {
     }
     return;
   }
-  OnCheckpointEvent(item);
+  OnInventory(item);
   if (!item.event) return;
   if (auto* exit = std::get_if<core::WorkerExitEvent>(&*item.event)) {
     auto it = last_log_.find({exit->generation.value, exit->rank.value});
@@ -939,7 +948,7 @@ Result<int> ControllerShell::Finish() {
     in.nodes = node_names_;
   }
   nlohmann::json report = BuildReport(in);
-  report["checkpoint"] = checkpoints_.ReportJson();
+  report["checkpoint"] = CheckpointJson();
   if (store_) Journal("the run history", AddRunHistory(*store_, report));
   if (store_) Journal("the report", store_->SaveReport(report));
   job_.finished_at_unix = clock_->WallSeconds();
@@ -955,7 +964,9 @@ Result<int> ControllerShell::Finish() {
 void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimePoint now) {
   const JobSpec& spec = o_.spec;
   for (const core::JobAction& action : actions) {
-    if (const auto* a = std::get_if<core::StartGenerationAction>(&action)) {
+    if (IsCheckpointAction(action)) {
+      CarryOutCheckpoint(action, now);
+    } else if (const auto* a = std::get_if<core::StartGenerationAction>(&action)) {
       // The rendezvous (c10d's store) runs where rank 0 does: on a port its
       // node found free on its own host, each report used once; failing
       // that, one free on the controller's host.
@@ -1005,9 +1016,8 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
         cmd.set_generation(a->generation.value);
         *cmd.mutable_start() = start;
         // Each node replicates to the next one, never to itself.
-        if (spec.checkpoint.replicas > 0 && a->nodes.size() > 1) {
-          std::optional<Agent> peer = AgentOf(a->nodes[(i + 1) % a->nodes.size()]);
-          if (peer) {
+        if (std::optional<NodeId> next = core::ReplicaPeerOf(a->nodes, i, spec.checkpoint.replicas)) {
+          if (std::optional<Agent> peer = AgentOf(*next)) {
             cmd.mutable_start()->mutable_checkpoint()->set_replica_peer(peer->replica_address);
           }
         }
@@ -1197,48 +1207,49 @@ std::string ControllerShell::MetricsText() const {
   return metrics_text_;
 }
 
-void ControllerShell::OnCheckpointEvent(const Queued& item) {
-  if (item.stopped) {
-    std::vector<checkpoint::ShardCopy> copies;
-    for (const proto::ShardCopy& p : item.stopped->inventory()) {
-      const std::optional<checkpoint::Tier> tier = wire::FromWire(p.tier());
-      if (!tier) continue;
-      checkpoint::ShardCopy c;
-      c.step = p.step();
-      c.shard = p.shard();
-      c.shards = p.shards();
-      c.tier = *tier;
-      c.node = NameOf(item.node);
-      c.path = p.path();
-      c.bytes = p.bytes();
-      c.xxh3 = std::strtoull(p.xxh3().c_str(), nullptr, 16);
-      c.refused = p.refused();
-      copies.push_back(std::move(c));
-    }
-    checkpoints_.OnInventory(NameOf(item.node), std::move(copies), item.stopped->t0_bytes(),
-                             item.stopped->t1_bytes());
+void ControllerShell::OnInventory(const Queued& item) {
+  if (!item.stopped) return;
+  core::InventoryReported inventory{item.node, {}, item.stopped->t0_bytes(),
+                                    item.stopped->t1_bytes()};
+  for (const proto::ShardCopy& p : item.stopped->inventory()) {
+    const std::optional<checkpoint::Tier> tier = wire::FromWire(p.tier());
+    if (!tier || p.shards() < 1 || p.shard() < 0 || p.shard() >= p.shards()) continue;
+    checkpoint::ShardCopy c;
+    c.step = p.step();
+    c.shard = p.shard();
+    c.shards = p.shards();
+    c.tier = *tier;
+    c.node = NameOf(item.node);
+    c.path = p.path();
+    c.bytes = p.bytes();
+    c.xxh3 = std::strtoull(p.xxh3().c_str(), nullptr, 16);
+    c.refused = p.refused();
+    inventory.copies.push_back(std::move(c));
   }
-  if (item.persisted) {
-    const proto::ShardPersisted& p = *item.persisted;
-    checkpoints_.OnMemory(p.t0_bytes(), p.t1_bytes());
-    if (!p.error().empty()) {
-      checkpoints_.OnPersistFailed();
-    } else {
-      Status st =
-          checkpoints_.OnPersisted(p.step(), p.shard(), p.shards(),
-                                   {p.bytes(), std::strtoull(p.xxh3().c_str(), nullptr, 16)});
-      if (!st.ok()) {
-        std::fprintf(stderr, "endure controller: committing step %lld failed: %s\n",
-                     static_cast<long long>(p.step()), st.message().c_str());
-        checkpoints_.OnPersistFailed();
-      }
-    }
+  last_step_at_ = std::max(last_step_at_, std::min(item.at, Now()));
+  Execute(Input(inventory, last_step_at_), Now());
+}
+
+void ControllerShell::CarryOutCheckpoint(const core::JobAction& action, TimePoint now) {
+  if (std::optional<core::JobEvent> result = durable_.CarryOut(action)) {
+    Execute(Input(*result, last_step_at_), now);
   }
-  if (item.event) {
-    if (const auto* down = std::get_if<core::NodeDown>(&*item.event)) {
-      checkpoints_.OnNodeGone(NameOf(down->node));
-    }
+}
+
+nlohmann::json ControllerShell::CheckpointJson() const {
+  const core::CheckpointTotals t = machine_.checkpoints().totals();
+  nlohmann::json shards = nlohmann::json::object();
+  for (const auto& [tier, n] : t.restored_shards_by_tier) {
+    if (n > 0) shards[tier] = n;
   }
+  return {{"durable_commits", t.durable_commits},
+          {"newest_durable_step", t.newest_durable.value < 0 ? nlohmann::json()
+                                                             : nlohmann::json(t.newest_durable.value)},
+          {"persist_failures", t.persist_failures},
+          {"memory_budget_bytes", o_.spec.checkpoint.memory_budget_bytes},
+          {"peak_t0_bytes", t.peak_t0_bytes},
+          {"peak_t1_bytes", t.peak_t1_bytes},
+          {"restored_shards_by_tier", shards}};
 }
 
 proto::CheckpointConfig ControllerShell::CheckpointFor(const core::StartGenerationAction& a) {
@@ -1261,18 +1272,18 @@ proto::CheckpointConfig ControllerShell::CheckpointFor(const core::StartGenerati
   c.set_dir(spec.dir);
   c.set_persist_every_steps(spec.persist_every_steps);
   c.set_memory_budget(static_cast<uint64_t>(spec.memory_budget_bytes));
-  c.set_slot_bytes(checkpoints_.SlotBytes());
+  c.set_slot_bytes(machine_.checkpoints().SlotBytes());
   if (a.rejoin) {
     c.set_discard_after(-1);  // the snapshots already taken stay
     return c;
   }
-  std::vector<std::string> members;
-  for (NodeId n : a.nodes) members.push_back(NameOf(n));
   checkpoint::RestorePlan plan =
-      checkpoints_.Plan(members, a.restore_step.value, a.abandoned_from.value);
+      VerifiedPlan(machine_, durable_, a, [this](const core::JobEvent& refused) {
+        Execute(Input(refused, last_step_at_), Now());
+      });
   c.set_discard_after(a.generation.value > 0 ? plan.step : -1);
   // Durable copies go down relative to the T2 directory, which the
-  // coordinator reads where this host mounts it and each agent where its
+  // controller reads where this host mounts it and each agent where its
   // own host does.
   checkpoint::RestorePlan sent = plan;
   std::error_code ec;
@@ -1282,11 +1293,9 @@ proto::CheckpointConfig ControllerShell::CheckpointFor(const core::StartGenerati
     s.copy.path = std::filesystem::path(s.copy.path).lexically_relative(t2).string();
   }
   c.set_restore_plan_json(checkpoint::RestorePlanToJson(sent).dump());
-  std::string note = plan.Summary();
-  for (const std::string& n : plan.notes) note += "; " + n;
-  // An input to the machine like any other; it asks for nothing.
-  const std::vector<core::JobAction> none =
-      Input(core::RestoreChosen{a.generation, note}, last_step_at_);
+  // An input to the machine like any other (it asks for nothing): the
+  // book's new timeline begins at the restore point.
+  const std::vector<core::JobAction> none = Input(RestoreChosenFor(a.generation, plan), last_step_at_);
   ENDURE_CHECK(none.empty());
   return c;
 }

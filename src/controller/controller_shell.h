@@ -34,8 +34,9 @@
 
 #include "common/clock.h"
 #include "common/mutex.h"
-#include "controller/checkpoint_coordinator.h"
+#include "checkpoint/restore_plan.h"
 #include "controller/controller.h"
+#include "controller/durable_tier.h"
 #include "controller/event_queue.h"
 #include "controller/incident_kb.h"
 #include "controller/node_ledger.h"
@@ -127,7 +128,6 @@ class ControllerShell final : public TransportSink {
     std::string fingerprint;                          // from a worker's last words
     int64_t tokens = 0;                               // tokens of a step
     std::optional<proto::GenerationStopped> stopped;  // with the node's checkpoint inventory
-    std::optional<proto::ShardPersisted> persisted;
     core::NodeId node;
     core::TimePoint at;
     int stop_signal = 0;  // > 0: stop the job, a signal asked for it
@@ -235,10 +235,17 @@ class ControllerShell final : public TransportSink {
   void RecordStrike(const core::StrikeNodeAction& strike);
   int64_t WallMs() const;
   void LedgerError(const std::string& what, const Status& st) const;
-  // Inventories, durable shards and lost nodes, for the checkpoint engine.
-  void OnCheckpointEvent(const Queued& item);
+  // A node's memory tiers, reported with its workers' stop: an input of the
+  // checkpoint book, before the stop itself (which may start the next
+  // generation, whose restore point they are).
+  void OnInventory(const Queued& item);
+  // The checkpoint book's actions, carried out on the durable directory,
+  // each result an input of the machine.
+  void CarryOutCheckpoint(const core::JobAction& action, core::TimePoint now);
   // The checkpoint part of a StartGeneration.
   proto::CheckpointConfig CheckpointFor(const core::StartGenerationAction& start);
+  // "checkpoint" in the report, from the book's totals.
+  nlohmann::json CheckpointJson() const;
 
   const ControllerOptions o_;
   Clock* const clock_;
@@ -249,7 +256,7 @@ class ControllerShell final : public TransportSink {
   const Duration stream_grace_;        // a dropped node's time to come back
   std::set<std::string> fault_ids_;    // the spec's; immutable after construction
   core::JobMachine machine_;           // owned by the loop thread
-  CheckpointCoordinator checkpoints_;  // owned by the loop thread
+  DurableTier durable_;                // T2, as this host mounts it; the loop thread's
   std::optional<StateStore> store_;    // owned by the loop thread
   std::optional<NodeLedger> nodes_;    // the node health ledger; owned by the loop thread
   JobRecord job_;                      // owned by the loop thread

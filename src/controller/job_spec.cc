@@ -1093,6 +1093,12 @@ core::JobMachineOptions MachineOptions(const JobSpec& spec) {
   o.in_process = r.in_process;
   o.recovery.paths.clear();
   for (const auto& [cause, path] : r.paths) o.recovery.paths[cause] = path;
+  const CheckpointSpec& c = spec.checkpoint;
+  o.checkpoint.keep = c.keep;
+  o.checkpoint.replicas = c.replicas;
+  o.checkpoint.persist_every_steps = c.persist_every_steps;
+  o.checkpoint.memory_budget = static_cast<uint64_t>(c.memory_budget_bytes);
+  o.checkpoint.ranks_per_node = spec.ranks_per_node;
   return o;
 }
 

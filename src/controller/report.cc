@@ -190,7 +190,7 @@ Json BuildReport(const ReportInputs& in) {
   report["steps"] = in.steps;
   report["last_loss"] = std::isfinite(in.last_loss) ? Json(in.last_loss) : Json(nullptr);
   report["generations"] = m.generations_started();
-  report["checkpoints"] = m.checkpoints().size();
+  report["checkpoints"] = m.checkpoints().totals().copies_taken;
   report["nodes"] = in.nodes;
   // Nodes that registered but may not run the job, and why.
   Json refused = Json::object();

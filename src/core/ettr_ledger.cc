@@ -61,7 +61,7 @@ void EttrLedger::SetSlowdown(double factor, LedgerCategory lost_to, TimePoint no
   slowdown_lost_to_ = lost_to;
 }
 
-void EttrLedger::Commit(TimePoint now) {
+void EttrLedger::CopyTaken(TimePoint now) {
   Advance(now);
   uncommitted_ = Duration(0);
 }

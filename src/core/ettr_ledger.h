@@ -4,7 +4,10 @@
 // Sans-I/O: time arrives as an argument. Not thread-safe; one owner drives it.
 //
 // Productive time is first held as uncommitted: it survives only when a
-// checkpoint commits it (Commit). A rollback (RollBack) moves it to recompute,
+// checkpoint copy of the job's state is taken after it (CopyTaken: a copy in
+// node memory is enough, since a restart restores the newest copy from any
+// tier; a durable step committed is the checkpoint book's other event, and
+// changes nothing here). A rollback (RollBack) moves it to recompute,
 // because that much work has to be run again; the re-run is then productive
 // time in its own right, so productive counts each surviving step once.
 #pragma once
@@ -49,8 +52,8 @@ class EttrLedger {
   // `lost_to`. Factor 1 restores full speed. Charges up to `now` first.
   void SetSlowdown(double factor, LedgerCategory lost_to, TimePoint now);
 
-  // A checkpoint became durable at `now`: uncommitted productive time survives.
-  void Commit(TimePoint now);
+  // A checkpoint copy was taken at `now`: uncommitted productive time survives.
+  void CopyTaken(TimePoint now);
 
   // The job rolled back to its last checkpoint at `now`: uncommitted
   // productive time is lost and charged to kRecompute.

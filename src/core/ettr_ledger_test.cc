@@ -19,7 +19,7 @@ TEST(EttrLedger, EverySecondInExactlyOneCategory) {
   l.Enter(C::kProductive, At(seconds(10)));  // 10 s startup
   l.Enter(C::kCheckpointStall, At(seconds(100)));
   l.Enter(C::kProductive, At(seconds(105)));
-  l.Commit(At(seconds(105)));
+  l.CopyTaken(At(seconds(105)));
   l.Enter(C::kDetection, At(seconds(145)));  // 40 s of work lost
   l.RollBack(At(seconds(145)));
   l.Enter(C::kRecovery, At(seconds(175)));
@@ -59,7 +59,7 @@ TEST(EttrLedger, SlowdownChargesTheLostShareElsewhere) {
 TEST(EttrLedger, ReclassifyMovesRecentUncommittedTime) {
   EttrLedger l(At(seconds(0)));
   l.Enter(C::kProductive, At(seconds(0)));
-  l.Commit(At(seconds(10)));
+  l.CopyTaken(At(seconds(10)));
   // A fault hit at 14 s and was detected at 15 s.
   l.Reclassify(seconds(1), C::kDetection, At(seconds(15)));
   EXPECT_EQ(l.total(C::kDetection), seconds(1));

@@ -83,12 +83,35 @@ void Fields(PersistFailedEvent& e, F& f) {
       f("error", e.error);
 }
 template <typename F>
-void Fields(CheckpointsFound& e, F& f) {
-  f("steps", e.steps);
+void Fields(DurableListed& e, F& f) {
+  f("committed", e.committed), f("leftovers", e.leftovers);
+}
+template <typename F>
+void Fields(ShardPersisted& e, F& f) {
+  f("generation", e.generation), f("node", e.node), f("step", e.step), f("shard", e.shard),
+      f("shards", e.shards), f("bytes", e.bytes), f("xxh3", e.xxh3), f("t0_bytes", e.t0_bytes),
+      f("t1_bytes", e.t1_bytes);
+}
+template <typename F>
+void Fields(ManifestWritten& e, F& f) {
+  f("step", e.step), f("error", e.error);
+}
+template <typename F>
+void Fields(StepRemoved& e, F& f) {
+  f("step", e.step), f("error", e.error);
+}
+template <typename F>
+void Fields(InventoryReported& e, F& f) {
+  f("node", e.node), f("copies", e.copies), f("t0_bytes", e.t0_bytes), f("t1_bytes", e.t1_bytes);
+}
+template <typename F>
+void Fields(ShardRefused& e, F& f) {
+  f("step", e.step), f("shard", e.shard), f("why", e.why);
 }
 template <typename F>
 void Fields(RestoreChosen& e, F& f) {
-  f("generation", e.generation), f("text", e.text);
+  f("generation", e.generation), f("text", e.text), f("restored_step", e.restored_step),
+      f("from_t0", e.from_t0), f("from_t1", e.from_t1), f("from_t2", e.from_t2);
 }
 template <typename F>
 void Fields(ControllerResumed&, F&) {}
@@ -135,7 +158,10 @@ void Fields(Configure& c, F& f) {
       f("isolation.health.soft_window", o.isolation.health.soft_window),
       f("isolation.straggler_horizon", o.isolation.straggler_horizon),
       f("isolation.restart_cost", o.isolation.restart_cost),
-      f("isolation.replacement_wait", o.isolation.replacement_wait), f("faults", c.faults);
+      f("isolation.replacement_wait", o.isolation.replacement_wait),
+      f("checkpoint.keep", o.checkpoint.keep), f("checkpoint.replicas", o.checkpoint.replicas),
+      f("checkpoint.persist_every_steps", o.checkpoint.persist_every_steps),
+      f("checkpoint.memory_budget", o.checkpoint.memory_budget), f("faults", c.faults);
 }
 
 template <typename F>
@@ -170,6 +196,16 @@ template <typename F>
 void Fields(RunPairTestAction& a, F& f) {
   f("test", a.test), f("round", a.round), f("pairs", a.pairs);
 }
+template <typename F>
+void Fields(ListDurableAction&, F&) {}
+template <typename F>
+void Fields(WriteManifestAction& a, F& f) {
+  f("step", a.step), f("shards", a.shards);
+}
+template <typename F>
+void Fields(RemoveStepAction& a, F& f) {
+  f("step", a.step), f("reason", a.reason);
+}
 
 // The kinds' names, in the variants' order.
 constexpr std::string_view kEventKinds[] = {"node_up",
@@ -182,7 +218,7 @@ constexpr std::string_view kEventKinds[] = {"node_up",
                                             "generation_stopped",
                                             "stack_dump",
                                             "persist_failed",
-                                            "checkpoints_found",
+                                            "durable_listed",
                                             "restore_chosen",
                                             "controller_resumed",
                                             "configure",
@@ -190,11 +226,17 @@ constexpr std::string_view kEventKinds[] = {"node_up",
                                             "phase",
                                             "fingerprint",
                                             "pair_test_result",
-                                            "node_quarantined"};
+                                            "node_quarantined",
+                                            "shard_persisted",
+                                            "manifest_written",
+                                            "step_removed",
+                                            "inventory",
+                                            "shard_refused"};
 static_assert(std::size(kEventKinds) == std::variant_size_v<JobEvent>);
 constexpr std::string_view kActionKinds[] = {"start_generation", "stop_generation", "evict_node",
                                              "inject_fault",     "finish",          "strike_node",
-                                             "run_pair_test"};
+                                             "run_pair_test",    "list_durable",    "write_manifest",
+                                             "remove_step"};
 static_assert(std::size(kActionKinds) == std::variant_size_v<JobAction>);
 
 // ---- Writing ----
@@ -218,6 +260,7 @@ struct Writer {
   }
   void Value(int v) { Number(v, out); }
   void Value(int64_t v) { Number(v, out); }
+  void Value(uint64_t v) { Number(v, out); }
   void Value(double v) { Number(v, out); }  // shortest form that reads back exactly
   void Value(bool v) { out += v ? "true" : "false"; }
   void Value(const std::string& v) { Quote(v, out); }
@@ -277,6 +320,53 @@ struct Writer {
     List(items);
   }
   void Value(const std::vector<std::string>& v) { List(v); }
+  // "step:shards,...".
+  void Value(const std::vector<ListedStep>& steps) {
+    std::vector<std::string> items;
+    for (const ListedStep& s : steps) {
+      items.push_back(std::to_string(s.step.value) + ":" + std::to_string(s.shards));
+    }
+    bool first = true;
+    for (const std::string& item : items) {
+      if (!first) out += ',';
+      first = false;
+      out += item;
+    }
+    if (first) out += '-';
+  }
+  // Step, shard, shards, tier, node, path, bytes, xxh3 (hex), refused, for
+  // each copy.
+  void Value(const std::vector<checkpoint::ShardCopy>& copies) {
+    std::vector<std::string> items;
+    for (const checkpoint::ShardCopy& c : copies) {
+      char xxh3[17];
+      std::snprintf(xxh3, sizeof xxh3, "%016llx", static_cast<unsigned long long>(c.xxh3));
+      items.push_back(std::to_string(c.step));
+      items.push_back(std::to_string(c.shard));
+      items.push_back(std::to_string(c.shards));
+      items.emplace_back(checkpoint::TierName(c.tier));
+      items.push_back(c.node);
+      items.push_back(c.path);
+      items.push_back(std::to_string(c.bytes));
+      items.push_back(xxh3);
+      items.push_back(c.refused);
+    }
+    List(items);
+  }
+  // "bytes:xxh3,...": actions only.
+  void Value(const std::vector<std::pair<uint64_t, uint64_t>>& shards) {
+    bool first = true;
+    for (const auto& [bytes, xxh3] : shards) {
+      if (!first) out += ',';
+      first = false;
+      char buf[48];
+      std::snprintf(buf, sizeof buf, "%llu:%016llx", static_cast<unsigned long long>(bytes),
+                    static_cast<unsigned long long>(xxh3));
+      out += buf;
+    }
+    if (first) out += '-';
+  }
+  void Value(RemoveReason v) { out += RemoveReasonName(v); }
   // "0-1,2-3": actions only (they are written, never read).
   void Value(const std::vector<std::pair<NodeId, NodeId>>& pairs) {
     std::vector<std::string> items;
@@ -406,7 +496,15 @@ Result<std::vector<Token>> Tokenize(std::string_view s, size_t i) {
 }
 
 // Fields that lines written before them lack (schema 4, issue 12).
-const std::set<std::string_view> kAddedFields = {"since",                             // issue 28
+const std::set<std::string_view> kAddedFields = {"restored_step",                     // issue 28
+                                                 "from_t0",                           // issue 28
+                                                 "from_t1",                           // issue 28
+                                                 "from_t2",                           // issue 28
+                                                 "checkpoint.keep",                   // issue 28
+                                                 "checkpoint.replicas",               // issue 28
+                                                 "checkpoint.persist_every_steps",    // issue 28
+                                                 "checkpoint.memory_budget",          // issue 28
+                                                 "since",                             // issue 28
                                                  "stopped",                           // issue 28
                                                  "deterministic",                     // issue 27
                                                  "loss.min_jump",                     // issue 27
@@ -562,6 +660,56 @@ class Reader {
         f.at = Duration{ns};
       }
       v.push_back(std::move(f));
+    }
+    return Status::Ok();
+  }
+  static Status Parse(const Token& t, uint64_t& v) {
+    ENDURE_RETURN_IF_ERROR(Bare(t));
+    return Integer(t.value, v);
+  }
+  static Status Parse(const Token& t, std::vector<ListedStep>& v) {
+    ENDURE_RETURN_IF_ERROR(Bare(t));
+    v.clear();
+    if (t.value == "-") return Status::Ok();
+    std::string_view rest = t.value;
+    while (true) {
+      const size_t comma = rest.find(',');
+      const std::string_view item = rest.substr(0, comma);
+      const size_t colon = item.find(':');
+      if (colon == std::string_view::npos) {
+        return InvalidArgument("expected step:shards, got '" + std::string(item) + "'");
+      }
+      ListedStep s;
+      ENDURE_RETURN_IF_ERROR(Integer(item.substr(0, colon), s.step.value));
+      ENDURE_RETURN_IF_ERROR(Integer(item.substr(colon + 1), s.shards));
+      if (s.shards < 1) return InvalidArgument("a committed step has at least one shard");
+      v.push_back(s);
+      if (comma == std::string_view::npos) return Status::Ok();
+      rest.remove_prefix(comma + 1);
+    }
+  }
+  static Status Parse(const Token& t, std::vector<checkpoint::ShardCopy>& v) {
+    ENDURE_ASSIGN_OR_RETURN(const std::vector<std::string> items, Items(t, 9));
+    v.clear();
+    for (size_t i = 0; i < items.size(); i += 9) {
+      checkpoint::ShardCopy c;
+      ENDURE_RETURN_IF_ERROR(Integer(items[i], c.step));
+      ENDURE_RETURN_IF_ERROR(Integer(items[i + 1], c.shard));
+      ENDURE_RETURN_IF_ERROR(Integer(items[i + 2], c.shards));
+      ENDURE_ASSIGN_OR_RETURN(c.tier, checkpoint::TierFromName(items[i + 3]));
+      c.node = items[i + 4];
+      c.path = items[i + 5];
+      ENDURE_RETURN_IF_ERROR(Integer(items[i + 6], c.bytes));
+      auto [end, ec] = std::from_chars(items[i + 7].data(),
+                                       items[i + 7].data() + items[i + 7].size(), c.xxh3, 16);
+      if (ec != std::errc() || end != items[i + 7].data() + items[i + 7].size()) {
+        return InvalidArgument("expected a hex checksum, got '" + items[i + 7] + "'");
+      }
+      c.refused = items[i + 8];
+      if (c.shards < 1 || c.shard < 0 || c.shard >= c.shards) {
+        return InvalidArgument("shard " + items[i + 1] + " of " + items[i + 2] + " is out of range");
+      }
+      v.push_back(std::move(c));
     }
     return Status::Ok();
   }

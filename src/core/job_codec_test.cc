@@ -33,9 +33,24 @@ TEST(JobCodec, EveryEventKindRoundTrips) {
       GenerationStoppedEvent{4, NodeId{2}},
       StackDumpEvent{1, 0, "#0 0x1 in main ()\n#1 ..."},
       PersistFailedEvent{0, 1, 5, NodeId{1}, "No space left on device"},
-      CheckpointsFound{{StepNumber{10}, StepNumber{20}, StepNumber{30}}},
-      CheckpointsFound{{}},
+      DurableListed{{{StepNumber{10}, 2}, {StepNumber{20}, 4}}, {StepNumber{30}}},
+      DurableListed{{}, {}},
       RestoreChosen{1, "step 10 from T0 x2"},
+      RestoreChosen{1, "step 10 from T0 x1, T2 x1", StepNumber{10}, 1, 0, 1},
+      ShardPersisted{Generation{2}, NodeId{1}, StepNumber{40}, 1, 2, 1 << 20,
+                     0xfedcba9876543210u, 3u << 30, 1u << 30},
+      ManifestWritten{StepNumber{40}, ""},
+      ManifestWritten{StepNumber{40}, "No space left on device"},
+      StepRemoved{StepNumber{30}, "Permission \"denied\""},
+      InventoryReported{NodeId{1},
+                        {checkpoint::ShardCopy{12, 0, 2, checkpoint::Tier::kT0, "node1",
+                                               "/dev/shm/a b,\"c\"", 1024, 0xabcdefu, ""},
+                         checkpoint::ShardCopy{12, 1, 2, checkpoint::Tier::kT1, "node1", "/x",
+                                               1024, 0, "checksum mismatch"}},
+                        4096,
+                        2048},
+      InventoryReported{NodeId{0}, {}, 0, 0},
+      ShardRefused{StepNumber{20}, 1, "checksum mismatch"},
       ControllerResumed{},
       Tick{},
   };
@@ -101,7 +116,16 @@ TEST(JobCodec, MalformedLinesSayWhatIsWrong) {
       {"step_end generation=0 rank=0 step=1 loss=1 ckpt_stall_s=0 checkpoint_step=-1 "
        "skipped=yes",
        "skipped: expected true or false, got 'yes'"},
-      {"checkpoints_found steps=1,,2", "steps: expected an integer, got ''"},
+      {"durable_listed committed=1:2,,2:2 leftovers=-", "committed: expected step:shards, got ''"},
+      {"durable_listed committed=1:0 leftovers=-", "a committed step has at least one shard"},
+      {"inventory node=1 copies=\"1\",\"0\" t0_bytes=0 t1_bytes=0",
+       "copies: expected quoted strings in groups of 9"},
+      {"inventory node=1 copies=\"1\",\"2\",\"2\",\"T0\",\"n\",\"/p\",\"1\",\"ff\",\"\" "
+       "t0_bytes=0 t1_bytes=0",
+       "shard 2 of 2 is out of range"},
+      {"shard_persisted generation=0 node=0 step=5 shard=0 shards=1 bytes=-1 xxh3=0 t0_bytes=0 "
+       "t1_bytes=0",
+       "bytes: expected an integer, got '-1'"},
       {"fault_fired generation=0 rank=1 id=\"f1\" kind=\"kil\" step=3 at=0",
        "fault_fired: kind: unknown fault kind 'kil'"},
       {"fault_fired generation=0 rank=1 id=\"f1\" kind=kill step=3 at=0",
@@ -250,12 +274,33 @@ class RandomJob {
       case 15:
         return {PersistFailedEvent{gen, static_cast<int>(Range(0, 3)), Range(0, 40), node, "EIO"},
                 at};
-      case 16:
-        if (Pick(2)) {
-          return {CheckpointsFound{{StepNumber{Range(0, 10) * 5}, StepNumber{Range(0, 10) * 5}}},
-                  at};
+      case 16: {
+        const StepNumber ckpt{Range(1, 8) * 5};
+        switch (Pick(7)) {
+          case 0:
+            return {DurableListed{{{StepNumber{Range(0, 4) * 5}, 2}, {ckpt, 4}}, {StepNumber{3}}},
+                    at};
+          case 1:
+            return {ShardPersisted{gen, node, ckpt, static_cast<int>(Range(0, 3)), 4, 10, 7, 0, 0},
+                    at};
+          case 2:
+            return {ManifestWritten{ckpt, Pick(3) == 0 ? "EIO" : ""}, at};
+          case 3:
+            return {StepRemoved{ckpt, Pick(3) == 0 ? "EACCES" : ""}, at};
+          case 4:
+            return {InventoryReported{node,
+                                      {checkpoint::ShardCopy{ckpt.value, 0, 1,
+                                                             checkpoint::Tier::kT0, "node0",
+                                                             "/dev/shm/x", 10, 7, ""}},
+                                      10,
+                                      0},
+                    at};
+          case 5:
+            return {ShardRefused{ckpt, 0, "checksum mismatch"}, at};
+          default:
+            return {RestoreChosen{m.generation(), "step 10 from T0", ckpt, 1, 0, 0}, at};
         }
-        return {RestoreChosen{m.generation(), "step 10 from T0"}, at};
+      }
       case 17:
         if (Pick(4) == 0) {
           now_ += std::chrono::seconds(Range(0, 200));
@@ -315,7 +360,12 @@ std::string Fingerprint(const JobMachine& m) {
     out += std::to_string(m.ledger().total(static_cast<LedgerCategory>(i)).count()) + " ";
   }
   out += std::to_string(m.ledger().wall().count()) + "\ncheckpoints";
-  for (StepNumber s : m.checkpoints()) out += " " + std::to_string(s.value);
+  for (StepNumber s : m.checkpoints().Restorable()) out += " " + std::to_string(s.value);
+  const CheckpointTotals t = m.checkpoints().totals();
+  out += " taken=" + std::to_string(t.copies_taken) +
+         " commits=" + std::to_string(t.durable_commits) +
+         " durable=" + std::to_string(t.newest_durable.value) +
+         " failures=" + std::to_string(t.persist_failures);
   out += "\nfired";
   for (const std::string& f : m.fired_faults()) out += " " + f;
   const std::optional<TimePoint> next = m.NextDeadline();

@@ -11,6 +11,10 @@
 namespace endure::core {
 namespace {
 
+JobAction ToJobAction(BookAction action) {
+  return std::visit([](auto&& a) -> JobAction { return std::move(a); }, std::move(action));
+}
+
 using faults::FaultKind;
 
 double SecondsBetween(TimePoint a, TimePoint b) { return Seconds(b - a); }
@@ -66,6 +70,7 @@ Status JobMachineOptions::Validate() const {
   ENDURE_RETURN_IF_ERROR(loss.Validate());
   ENDURE_RETURN_IF_ERROR(anomaly.Validate());
   ENDURE_RETURN_IF_ERROR(isolation.Validate());
+  ENDURE_RETURN_IF_ERROR(checkpoint.Validate());
   return recovery.Validate();
 }
 
@@ -98,6 +103,9 @@ void JobMachine::OnConfigure(const Configure& c) {
   anomaly_ = AnomalyPolicy(options_.anomaly);
   recovery_ = RecoveryPolicy(options_.recovery);
   stragglers_ = StragglerDetector(options_.isolation.straggler);
+  CheckpointBookOptions book = options_.checkpoint;
+  book.ranks_per_node = options_.ranks_per_node;
+  book_ = CheckpointBook(book);
   generation_ = Generation{options_.first_generation.value - 1};
 }
 
@@ -226,6 +234,7 @@ bool JobMachine::StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<
 
   } else if (const auto* e = std::get_if<NodeDown>(&event)) {
     heartbeats_.Remove(e->node);
+    book_.OnNodeGone(NodeName(e->node));  // and its memory tiers with it
     OnNodeLost(e->node, e->reason, std::min(now, e->since.value_or(now)), now, out);
 
   } else if (const auto* e = std::get_if<FaultFiredEvent>(&event)) {
@@ -233,6 +242,7 @@ bool JobMachine::StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<
     fired_events_.push_back({e->generation, *e});
 
   } else if (const auto* e = std::get_if<PersistFailedEvent>(&event)) {
+    book_.OnPersistFailed();
     if (e->generation == generation_ && !persist_failure_reported_ && !incident_open_) {
       persist_failure_reported_ = true;
       Incident inc;
@@ -251,16 +261,38 @@ bool JobMachine::StepAnyPhase(const JobEvent& event, TimePoint now, std::vector<
       incidents_.push_back(std::move(inc));
     }
 
-  } else if (const auto* e = std::get_if<CheckpointsFound>(&event)) {
-    for (StepNumber step : e->steps) {
-      auto at = std::lower_bound(found_checkpoints_.begin(), found_checkpoints_.end(), step);
-      if (at == found_checkpoints_.end() || *at != step) found_checkpoints_.insert(at, step);
+  } else if (const auto* e = std::get_if<DurableListed>(&event)) {
+    book_.OnListed(*e);
+
+  } else if (const auto* e = std::get_if<ShardPersisted>(&event)) {
+    for (BookAction& a : book_.OnShardPersisted(*e)) out.push_back(ToJobAction(std::move(a)));
+
+  } else if (const auto* e = std::get_if<ManifestWritten>(&event)) {
+    bool committed = false;
+    for (BookAction& a : book_.OnManifestWritten(*e, &committed)) {
+      out.push_back(ToJobAction(std::move(a)));
     }
 
+  } else if (const auto* e = std::get_if<StepRemoved>(&event)) {
+    book_.OnStepRemoved(*e);
+
+  } else if (const auto* e = std::get_if<InventoryReported>(&event)) {
+    book_.OnInventory(*e, NodeName(e->node));
+
+  } else if (const auto* e = std::get_if<ShardRefused>(&event)) {
+    book_.OnShardRefused(*e);
+
   } else if (const auto* e = std::get_if<RestoreChosen>(&event)) {
+    std::string text = e->text;
+    if (e->restored_step.value >= 0) {
+      book_.OnRestored(e->generation, e->restored_step,
+                       {{"T0", e->from_t0}, {"T1", e->from_t1}, {"T2", e->from_t2}});
+      for (const std::string& note : rollback_notes_) text += "; " + note;
+      rollback_notes_.clear();
+    }
     for (auto it = incidents_.rbegin(); it != incidents_.rend(); ++it) {
       if (it->generation.Next() == e->generation && it->relaunched_at) {
-        it->restore = e->text;
+        it->restore = text;
         break;
       }
     }
@@ -415,10 +447,10 @@ void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobActio
     if (productive_ && e.ckpt_stall_s > 0) {
       ledger_.Reclassify(FromSeconds(e.ckpt_stall_s), LedgerCategory::kCheckpointStall, now);
     }
-    if (e.checkpoint_step.value >= 0 &&
-        (checkpoints_.empty() || e.checkpoint_step > checkpoints_.back())) {
-      checkpoints_.push_back(e.checkpoint_step);
-      ledger_.Commit(now);
+    // The book's first event: a copy taken, which the productive time
+    // before it survives.
+    if (e.checkpoint_step.value >= 0 && book_.OnCopyTaken(e.checkpoint_step)) {
+      ledger_.CopyTaken(now);
     }
   }
   if (!e.skipped) rank_loss_[e.rank.value] = {e.step, e.loss};
@@ -802,8 +834,7 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
       restore_step_ = *failure.rollback_to;
       abandoned_from_ = StepNumber{failure.rollback_to->value + 1};
       skip_steps_.clear();
-      std::erase_if(checkpoints_, [&](StepNumber s) { return s > restore_step_; });
-      std::erase_if(found_checkpoints_, [&](StepNumber s) { return s > restore_step_; });
+      RollBackCheckpoints(out);
       sdc_.RollBackTo(*failure.rollback_to);
     } else {
       restore_step_ = StepNumber{-1};
@@ -812,8 +843,7 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
   } else if (failure.anomaly) {
     // What this run reported and what the tiers held before it: a job
     // resumed from an earlier run's checkpoint rolls back to it, not to 0.
-    std::vector<StepNumber> ckpts = checkpoints_;
-    ckpts.insert(ckpts.end(), found_checkpoints_.begin(), found_checkpoints_.end());
+    const std::vector<StepNumber> ckpts = book_.Restorable();
     const bool replay = anomaly_mode() == "replay";
     std::vector<RankLoss> losses;
     for (int r = 0; r < world_size(); ++r) {
@@ -842,8 +872,7 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
       restore_step_ = StepNumber{std::max<int64_t>(0, anomalous.value - 1)};
       abandoned_from_ = anomalous;
       skip_steps_ = d.skip_steps;
-      std::erase_if(checkpoints_, [&](StepNumber s) { return s > restore_step_; });
-      std::erase_if(found_checkpoints_, [&](StepNumber s) { return s > restore_step_; });
+      RollBackCheckpoints(out);
     }
   } else {
     // The failure policies, combined once (core::DecideFailure, which the
@@ -1115,11 +1144,23 @@ Duration JobMachine::MedianStepTime() const {
   return sorted[sorted.size() / 2];
 }
 
-StepNumber JobMachine::NewestCheckpoint() const {
-  StepNumber newest{-1};
-  if (!checkpoints_.empty()) newest = std::max(newest, checkpoints_.back());
-  if (!found_checkpoints_.empty()) newest = std::max(newest, found_checkpoints_.back());
-  return newest;
+StepNumber JobMachine::NewestCheckpoint() const { return book_.Newest(); }
+
+void JobMachine::RollBackCheckpoints(std::vector<JobAction>& out) {
+  for (BookAction& a : book_.OnRollback(restore_step_, abandoned_from_, &rollback_notes_)) {
+    out.push_back(ToJobAction(std::move(a)));
+  }
+}
+
+checkpoint::RestorePlan JobMachine::PlanRestore(const StartGenerationAction& start) const {
+  std::map<std::string, std::vector<int>> node_ranks;
+  for (size_t i = 0; i < start.nodes.size(); ++i) {
+    std::vector<int>& ranks = node_ranks[NodeName(start.nodes[i])];
+    for (int l = 0; l < options_.ranks_per_node; ++l) {
+      ranks.push_back(static_cast<int>(i) * options_.ranks_per_node + l);
+    }
+  }
+  return book_.Plan(node_ranks, start.restore_step);
 }
 
 void JobMachine::EvictNode(NodeId node, const std::string& reason, std::vector<JobAction>& out) {

@@ -27,6 +27,7 @@
 #include "common/duration.h"
 #include "core/anomaly_policy.h"
 #include "core/cause.h"
+#include "core/checkpoint_book.h"
 #include "core/ettr_ledger.h"
 #include "core/hang_detector.h"
 #include "core/heartbeat_monitor.h"
@@ -99,6 +100,9 @@ struct JobMachineOptions {
   // runs' ones, so that a message of an earlier controller's generation (a
   // resuming agent's old workers ending) is never taken for one of its own.
   Generation first_generation;
+  // The checkpoints: retention, replicas, the durable cadence, the memory
+  // budget (its ranks_per_node is the machine's own).
+  CheckpointBookOptions checkpoint;
 
   Status Validate() const;
 };
@@ -231,19 +235,23 @@ struct PersistFailedEvent {
   std::string error;
 };
 
-// Committed checkpoints that exist although this run never reported them:
-// the shell lists the durable directory at start (an earlier run in the same
-// state directory may have left steps there). A rollback counts them.
-struct CheckpointsFound {
-  std::vector<StepNumber> steps;
-};
+// The checkpoint book's inputs (core/checkpoint_book.h): DurableListed,
+// ShardPersisted, ManifestWritten, StepRemoved, InventoryReported and
+// ShardRefused. An inventory arrives before its node's GenerationStopped.
 
-// Where generation `generation` restores from, as the shell's checkpoint
-// engine planned it (the copies it chose across the tiers, and what it
-// refused): recorded on the incident that generation recovers from.
+// Where generation `generation` restores from, as the shell planned it from
+// the book (CheckpointBook::Plan, the durable copies verified): the text
+// (the copies it chose across the tiers, and what it refused) is recorded
+// on the incident that generation recovers from, and the book's timeline
+// begins at `restored_step`.
 struct RestoreChosen {
   Generation generation;
   std::string text;
+  // The step restored (0: a fresh start); -1: nothing was restored from the
+  // tiers (the ranks that kept their state hand it on, in process).
+  StepNumber restored_step{-1};
+  // The shards taken from each tier.
+  int from_t0 = 0, from_t1 = 0, from_t2 = 0;
 };
 
 // The controller carried on after an outage of its own (a restart that
@@ -265,8 +273,9 @@ struct Tick {};
 using JobEvent =
     std::variant<NodeUp, NodeDown, NodeHeartbeat, WorkerReady, StepEnd, WorkerExitEvent,
                  FaultFiredEvent, GenerationStoppedEvent, StackDumpEvent, PersistFailedEvent,
-                 CheckpointsFound, RestoreChosen, ControllerResumed, Configure, Tick, PhaseChanged,
-                 FingerprintReported, PairTestResult, NodeQuarantined>;
+                 DurableListed, RestoreChosen, ControllerResumed, Configure, Tick, PhaseChanged,
+                 FingerprintReported, PairTestResult, NodeQuarantined, ShardPersisted,
+                 ManifestWritten, StepRemoved, InventoryReported, ShardRefused>;
 
 // ---- Actions ----
 struct StartGenerationAction {
@@ -322,9 +331,12 @@ struct FinishAction {
   int exit_code = 0;  // 0 success, 3 gave up
   std::string reason;
 };
+// The checkpoint book's actions (ListDurableAction, WriteManifestAction,
+// RemoveStepAction: core/checkpoint_book.h) are the machine's too.
 using JobAction =
     std::variant<StartGenerationAction, StopGenerationAction, EvictNodeAction, InjectFaultAction,
-                 FinishAction, StrikeNodeAction, RunPairTestAction>;
+                 FinishAction, StrikeNodeAction, RunPairTestAction, ListDurableAction,
+                 WriteManifestAction, RemoveStepAction>;
 
 // The job changed size without a failure: a shrunk job grew back, in
 // process, when healthy nodes registered (a shrink is an incident's route).
@@ -432,7 +444,11 @@ class JobMachine {
   // [i * ranks_per_node, (i+1) * ranks_per_node)).
   const std::vector<NodeId>& members() const { return members_; }
   const EttrLedger& ledger() const { return ledger_; }
-  const std::vector<StepNumber>& checkpoints() const { return checkpoints_; }
+  // What the job knows of its checkpoints, and where it restores from.
+  const CheckpointBook& checkpoints() const { return book_; }
+  // The restore point for `start` (a generation that does not rejoin), from
+  // the book: its nodes' memory tiers and the durable steps of this timeline.
+  checkpoint::RestorePlan PlanRestore(const StartGenerationAction& start) const;
   const std::set<std::string>& fired_faults() const { return fired_; }
   std::string NodeName(NodeId node) const;
   // The node running `rank` in the current generation (invalid if none).
@@ -542,6 +558,9 @@ class JobMachine {
   // or while a rank is in another phase, whose silence is no stall).
   std::optional<TimePoint> StalledSince() const;
   StepNumber NewestCheckpoint() const;
+  // A rollback to restore_step_ was decided: the book abandons the
+  // checkpoints from abandoned_from_ (removals go into `out`).
+  void RollBackCheckpoints(std::vector<JobAction>& out);
   // Any phase: `node` is lost (at `fault_at`, the best estimate: its last
   // heartbeat, or now when its stream dropped); a failure when it is a
   // member of the running generation, the end of its stop when the
@@ -614,8 +633,10 @@ class JobMachine {
   StepNumber start_step_;    // step the current generation started from
   bool productive_ = false;  // the current generation has completed a step
   double last_loss_ = 0;
-  std::vector<StepNumber> checkpoints_;        // reported in this run, this timeline
-  std::vector<StepNumber> found_checkpoints_;  // CheckpointsFound, ascending
+  CheckpointBook book_;
+  // What a rollback's book kept (another run's steps after its target), for
+  // the restore text of the generation that recovers.
+  std::vector<std::string> rollback_notes_;
   std::set<std::string> fired_;
   std::map<std::string, TimePoint> fired_at_;  // fault id -> time, current generation
   std::vector<std::pair<Generation, FaultFiredEvent>> fired_events_;

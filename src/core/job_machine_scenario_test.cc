@@ -407,7 +407,7 @@ class Scenario {
   Status State() {
     const EttrLedger& l = m().ledger();
     std::string ckpts;
-    for (StepNumber s : m().checkpoints()) {
+    for (StepNumber s : m().checkpoints().Restorable()) {
       ckpts += (ckpts.empty() ? "" : ",") + std::to_string(s.value);
     }
     out_ += "> state phase=" + std::string(JobPhaseName(m().phase())) +

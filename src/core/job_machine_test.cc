@@ -451,7 +451,7 @@ TEST(JobMachine, KilledRankIsDetectedAtOnceAndRestartedFromTheLastCheckpoint) {
 // checkpoints this run reported.
 TEST(JobMachine, ARollbackBeforeTheRunsFirstCheckpointAsksForTheEarlierRunsOne) {
   Job job;
-  job.Do(CheckpointsFound{{StepNumber{10}, StepNumber{15}, StepNumber{20}}});
+  job.Do(DurableListed{{{StepNumber{10}, 2}, {StepNumber{15}, 2}, {StepNumber{20}, 2}}, {}});
   job.Up();
   job.Ready(20);
   job.Run(21, 24);
@@ -477,7 +477,8 @@ TEST(JobMachine, ARollbackBeforeTheRunsFirstCheckpointAsksForTheEarlierRunsOne) 
   EXPECT_EQ(restart[0].restore_step.value, -1);
   EXPECT_EQ(restart[0].abandoned_from.value, -1);
   // The earlier run's steps are not this run's checkpoints in the report.
-  EXPECT_TRUE(job.m.checkpoints().empty());
+  EXPECT_EQ(job.m.checkpoints().totals().copies_taken, 0);
+  EXPECT_EQ(job.m.checkpoints().totals().durable_commits, 0);
 }
 
 TEST(JobMachine, HangIsDetectedAfterTheTimeoutWithStacks) {
@@ -985,7 +986,7 @@ TEST(JobMachine, MessagesOfAStaleGenerationAreDropped) {
       1u);
   ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
   ASSERT_EQ(job.m.generation().value, 1);
-  const std::vector<StepNumber> checkpoints = job.m.checkpoints();
+  const std::vector<StepNumber> checkpoints = job.m.checkpoints().Restorable();
   const StepNumber step = job.m.step();
   const double loss = job.m.last_loss();
 
@@ -1011,7 +1012,7 @@ TEST(JobMachine, MessagesOfAStaleGenerationAreDropped) {
   EXPECT_EQ(job.m.generation().value, 1);
   EXPECT_EQ(job.m.step(), step);
   EXPECT_EQ(job.m.last_loss(), loss);
-  EXPECT_EQ(job.m.checkpoints(), checkpoints);
+  EXPECT_EQ(job.m.checkpoints().Restorable(), checkpoints);
   ASSERT_EQ(job.m.incidents().size(), 1u);
   EXPECT_FALSE(job.m.incidents()[0].ready_at.has_value());  // generation 1 is not ready
   EXPECT_FALSE(job.m.incidents()[0].recovered_at.has_value());

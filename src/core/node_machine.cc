@@ -125,10 +125,6 @@ std::string_view RestoreRouteName(RestoreRoute route) {
   return "?";
 }
 
-bool DurableStepDue(int64_t step, int64_t persist_every_steps) {
-  return persist_every_steps <= 0 || step % persist_every_steps == 0;
-}
-
 NodeMachine::NodeMachine(NodeMachineOptions options, LogClassifier classifier,
                          contract::DatagramContext datagram_context)
     : o_(std::move(options)),

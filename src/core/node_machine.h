@@ -37,6 +37,7 @@
 
 #include "common/clock.h"
 #include "contract/worker_contract.h"
+#include "core/checkpoint_book.h"
 #include "core/datagram_gate.h"
 #include "core/log_classifier.h"
 #include "core/outage_buffer.h"
@@ -190,9 +191,7 @@ enum class RestoreRoute {
 RestoreRoute RestoreRouteOf(bool rejoin, bool kept_alive, bool has_plan);
 std::string_view RestoreRouteName(RestoreRoute route);
 
-// Whether the snapshot of `step` is due in durable storage when every
-// `persist_every_steps`-th step is (0 or less: every snapshot).
-bool DurableStepDue(int64_t step, int64_t persist_every_steps);
+// The durable cadence (DurableStepDue) is the checkpoint book's.
 
 // ---- The machine ----
 

@@ -157,7 +157,9 @@ class Cluster {
     options.recovery.paths["node_lost"] = core::RecoveryPath::kEvictAndReplace;
     options.isolation.pairwise_test = false;
     options.replacement_timeout = Duration(0);
+    options.checkpoint.keep = o_.keep;
     Input(core::Configure{options, {}});
+    Carry(core::ListDurableAction{});  // as the shell does at the start
     for (size_t n = 0; n < nodes_.size(); ++n) Join(NodeId{static_cast<int>(n)});
     for (PlannedFault& f : faults_) {
       if (f.at) At(Start() + *f.at, [this, &f] { Fire(f); });
@@ -258,6 +260,7 @@ class Cluster {
       m_ = Replayed();
       controller_down_ = false;
       Input(core::ControllerResumed{});
+      Carry(core::ListDurableAction{});
       std::vector<JobEvent> held;
       held.swap(held_);
       for (const JobEvent& e : held) Input(e);
@@ -278,7 +281,10 @@ class Cluster {
     std::string s = "phase " + std::to_string(static_cast<int>(m.phase())) + " generation " +
                     std::to_string(m.generation().value) + " step " +
                     std::to_string(m.step().value) + " checkpoints";
-    for (StepNumber c : m.checkpoints()) s += " " + std::to_string(c.value);
+    for (StepNumber c : m.checkpoints().Restorable()) s += " " + std::to_string(c.value);
+    const core::CheckpointTotals t = m.checkpoints().totals();
+    s += " commits " + std::to_string(t.durable_commits) + " durable " +
+         std::to_string(t.newest_durable.value);
     s += " members";
     for (NodeId n : m.members()) s += " " + std::to_string(n.value);
     s += " up";
@@ -310,15 +316,11 @@ class Cluster {
       Violate("the ledger sums to " + FormatDuration(sum) + " of a wall time of " +
               FormatDuration(ledger.wall()) + " at " + FormatDuration(now_ - Start()));
     }
-    for (StepNumber c : counted_) {
-      if (std::find(m_.checkpoints().begin(), m_.checkpoints().end(), c) ==
-          m_.checkpoints().end()) {
-        Violate("checkpoint " + std::to_string(c.value) + " disappeared from the machine's list");
-      }
-    }
-    counted_.assign(m_.checkpoints().begin(), m_.checkpoints().end());
-    if (newest_committed_ > 0 && !durable_.count(newest_committed_)) {
-      Violate("the newest committed checkpoint (step " + std::to_string(newest_committed_) +
+    // What the book holds as the newest durable step of the timeline is on
+    // the disk (a restore may need it).
+    const StepNumber newest = m_.checkpoints().totals().newest_durable;
+    if (newest.value > 0 && !durable_.count(newest.value)) {
+      Violate("the newest committed checkpoint (step " + std::to_string(newest.value) +
               ") was deleted");
     }
   }
@@ -417,7 +419,22 @@ class Cluster {
   // ---- The machine's actions ----
 
   void Carry(const JobAction& a) {
-    if (const auto* s = std::get_if<core::StartGenerationAction>(&a)) {
+    if (std::holds_alternative<core::ListDurableAction>(a)) {
+      core::DurableListed listed;
+      for (const auto& [step, d] : durable_) listed.committed.push_back({StepNumber{step}, d.shards});
+      Input(listed);
+    } else if (const auto* w = std::get_if<core::WriteManifestAction>(&a)) {
+      durable_[w->step.value] = Durable{saved_.at(w->step.value), static_cast<int>(w->shards.size())};
+      Input(core::ManifestWritten{w->step, ""});
+    } else if (const auto* r = std::get_if<core::RemoveStepAction>(&a)) {
+      auto it = durable_.find(r->step.value);
+      if (o_.bug == PlantedBug::kRetentionDropsNewest && r->reason == core::RemoveReason::kRetention &&
+          !durable_.empty()) {
+        it = std::prev(durable_.end());
+      }
+      if (it != durable_.end()) durable_.erase(it);
+      Input(core::StepRemoved{r->step, ""});
+    } else if (const auto* s = std::get_if<core::StartGenerationAction>(&a)) {
       StartGeneration(*s);
     } else if (const auto* s = std::get_if<core::StopGenerationAction>(&a)) {
       StopGeneration(s->generation);
@@ -455,6 +472,25 @@ class Cluster {
         }
       }
     }
+    // The restore point, as the shell chooses it: the book's plan, its
+    // durable copies checked against the disk (the book chooses again
+    // without one that is missing).
+    int64_t restore = 0;
+    if (!s.rejoin) {
+      checkpoint::RestorePlan plan;
+      for (bool refused = true; refused;) {
+        plan = m_.PlanRestore(s);
+        refused = false;
+        for (const checkpoint::RestoreSource& src : plan.sources) {
+          if (durable_.count(src.copy.step)) continue;
+          refused = true;
+          Input(core::ShardRefused{StepNumber{src.copy.step}, src.copy.shard, "missing"});
+        }
+      }
+      restore = plan.step;
+      Input(core::RestoreChosen{s.generation, plan.Summary(), StepNumber{plan.step}, 0, 0,
+                                static_cast<int>(plan.sources.size())});
+    }
     for (size_t i = 0; i < s.nodes.size(); ++i) {
       SimNode& n = nodes_[s.nodes[i].value];
       // A node that is gone starts nothing: its ranks never become ready.
@@ -472,7 +508,7 @@ class Cluster {
             p.step = peer->step;
             p.params = peer->params;
           } else {
-            Restore(p, s.restore_step);
+            Restore(p, restore);
           }
         }
         const Duration delay = kept ? kRejoin : kStartup;
@@ -488,13 +524,9 @@ class Cluster {
     }
   }
 
-  void Restore(Process& p, StepNumber bound) {
-    int64_t from = 0;
-    for (const auto& [step, params] : durable_) {
-      if (bound.value < 0 || step <= bound.value) from = step;
-    }
+  void Restore(Process& p, int64_t from) {
     p.step = from;
-    p.params = from > 0 ? durable_.at(from) : 1;
+    p.params = from > 0 ? durable_.at(from).params : 1;
     if (o_.bug == PlantedBug::kRestoreSkipsAStep && from > 0) ++p.step;
   }
 
@@ -587,7 +619,19 @@ class Cluster {
         Send(gen_nodes_[i], e);
       }
     }
-    if (ckpt) Commit(step, nodes_[gen_nodes_[0].value].procs[0].params);
+    if (ckpt) {
+      // Each node persists its ranks' shards (T2), behind training.
+      saved_[step] = nodes_[gen_nodes_[0].value].procs[0].params;
+      const int world = static_cast<int>(gen_nodes_.size()) * o_.ranks_per_node;
+      for (size_t i = 0; i < gen_nodes_.size(); ++i) {
+        for (int l = 0; l < o_.ranks_per_node; ++l) {
+          const int shard = static_cast<int>(i) * o_.ranks_per_node + l;
+          Send(gen_nodes_[i], core::ShardPersisted{Generation{g}, gen_nodes_[i], StepNumber{step},
+                                                   shard, world, 64, static_cast<uint64_t>(step),
+                                                   0, 0});
+        }
+      }
+    }
     if (step == o_.total_steps) {
       for (size_t i = 0; i < gen_nodes_.size(); ++i) {
         for (int l = 0; l < o_.ranks_per_node; ++l) {
@@ -608,15 +652,6 @@ class Cluster {
       }
     }
     return step;
-  }
-
-  void Commit(int64_t step, uint64_t params) {
-    durable_[step] = params;
-    newest_committed_ = step;
-    while (static_cast<int>(durable_.size()) > o_.keep) {
-      durable_.erase(o_.bug == PlantedBug::kRetentionDropsNewest ? std::prev(durable_.end())
-                                                                 : durable_.begin());
-    }
   }
 
   void FailCollective(int g) {
@@ -693,11 +728,15 @@ class Cluster {
   std::vector<NodeId> gen_nodes_;
   int ready_left_ = 0;
   std::set<int64_t> skip_;
-  // The durable tier: committed step -> parameters.
-  std::map<int64_t, uint64_t> durable_;
-  int64_t newest_committed_ = 0;
+  // The durable tier: committed step -> parameters, and its shards; the
+  // parameters each checkpointed step saved.
+  struct Durable {
+    uint64_t params = 1;
+    int shards = 1;
+  };
+  std::map<int64_t, Durable> durable_;
+  std::map<int64_t, uint64_t> saved_;
   TimePoint disk_failing_until_;
-  std::vector<StepNumber> counted_;
   int exit_code_ = -1;
   std::string finish_reason_;
 };

@@ -11,9 +11,12 @@
 //   ledger     the ETTR ledger's categories sum to its wall time, which is
 //              the simulated time the machine has seen;
 //   eviction   no node is evicted that had no fault of its own;
-//   retention  the newest committed durable checkpoint is never deleted,
-//              and no checkpoint the machine counted disappears (no
-//              rollback is ever due: no loss anomaly is injected);
+//   retention  the newest durable checkpoint the machine's checkpoint book
+//              holds is on the simulated disk (the book's commits,
+//              retention and restore points are carried out here as the
+//              controller's shell carries them out: manifests written,
+//              steps removed, a restore plan's copies checked, each result
+//              an input);
 //   replay     the journal, replayed into a fresh machine, gives the same
 //              state (at every controller restart and at the end);
 //   outcome    the job finishes (exit 0) within the simulated deadline, and
@@ -23,8 +26,9 @@
 //
 // The same seed gives the same run, event for event (the result's
 // fingerprint). What it does not model yet: the agent's own decisions (its
-// node core, issue 28 item 2) and the checkpoint book (item 3); the nodes
-// here restore the newest durable checkpoint the machine's bound allows.
+// node core, core::NodeMachine) and the memory tiers: every node persists its
+// ranks' shards of each checkpointed step to the simulated disk, and a
+// generation restores what the book's plan chose there.
 // Single-threaded; no I/O.
 #pragma once
 
@@ -38,7 +42,8 @@ namespace endure::sim {
 // invariants find one (cluster_sim_test).
 enum class PlantedBug {
   kNone,
-  // Retention removes the newest durable checkpoint instead of the oldest.
+  // The disk removes the newest durable checkpoint where retention named
+  // an older one.
   kRetentionDropsNewest,
   // A restarted rank resumes one step after the checkpoint it restored.
   kRestoreSkipsAStep,

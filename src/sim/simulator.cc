@@ -215,7 +215,7 @@ class Run {
     }
     now_ = std::max(now_, horizon);
     if (phase_ == Phase::kTraining || phase_ == Phase::kCheckpoint) {
-      ledger_.Commit(At(horizon));  // the final checkpoint at the end of the run
+      ledger_.CopyTaken(At(horizon));  // the final checkpoint at the end of the run
     } else {
       ledger_.Advance(At(horizon));
     }
@@ -435,7 +435,7 @@ class Run {
         Enter(Phase::kCheckpoint, LedgerCategory::kCheckpointStall, c_.ckpt_write);
         break;
       case Phase::kCheckpoint:
-        ledger_.Commit(At(now_));
+        ledger_.CopyTaken(At(now_));
         committed_ += c_.ckpt_interval;
         segment_done_ = Duration(0);
         ++result_.checkpoints;
