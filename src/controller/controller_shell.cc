@@ -1016,7 +1016,8 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
         cmd.set_generation(a->generation.value);
         *cmd.mutable_start() = start;
         // Each node replicates to the next one, never to itself.
-        if (std::optional<NodeId> next = core::ReplicaPeerOf(a->nodes, i, spec.checkpoint.replicas)) {
+        if (std::optional<NodeId> next =
+                core::ReplicaPeerOf(a->nodes, i, spec.checkpoint.replicas)) {
           if (std::optional<Agent> peer = AgentOf(*next)) {
             cmd.mutable_start()->mutable_checkpoint()->set_replica_peer(peer->replica_address);
           }
@@ -1209,8 +1210,8 @@ std::string ControllerShell::MetricsText() const {
 
 void ControllerShell::OnInventory(const Queued& item) {
   if (!item.stopped) return;
-  core::InventoryReported inventory{item.node, {}, item.stopped->t0_bytes(),
-                                    item.stopped->t1_bytes()};
+  core::InventoryReported inventory{
+      item.node, {}, item.stopped->t0_bytes(), item.stopped->t1_bytes()};
   for (const proto::ShardCopy& p : item.stopped->inventory()) {
     const std::optional<checkpoint::Tier> tier = wire::FromWire(p.tier());
     if (!tier || p.shards() < 1 || p.shard() < 0 || p.shard() >= p.shards()) continue;
@@ -1243,8 +1244,8 @@ nlohmann::json ControllerShell::CheckpointJson() const {
     if (n > 0) shards[tier] = n;
   }
   return {{"durable_commits", t.durable_commits},
-          {"newest_durable_step", t.newest_durable.value < 0 ? nlohmann::json()
-                                                             : nlohmann::json(t.newest_durable.value)},
+          {"newest_durable_step",
+           t.newest_durable.value < 0 ? nlohmann::json() : nlohmann::json(t.newest_durable.value)},
           {"persist_failures", t.persist_failures},
           {"memory_budget_bytes", o_.spec.checkpoint.memory_budget_bytes},
           {"peak_t0_bytes", t.peak_t0_bytes},
@@ -1277,10 +1278,9 @@ proto::CheckpointConfig ControllerShell::CheckpointFor(const core::StartGenerati
     c.set_discard_after(-1);  // the snapshots already taken stay
     return c;
   }
-  checkpoint::RestorePlan plan =
-      VerifiedPlan(machine_, durable_, a, [this](const core::JobEvent& refused) {
-        Execute(Input(refused, last_step_at_), Now());
-      });
+  checkpoint::RestorePlan plan = VerifiedPlan(
+      machine_, durable_, a,
+      [this](const core::JobEvent& refused) { Execute(Input(refused, last_step_at_), Now()); });
   c.set_discard_after(a.generation.value > 0 ? plan.step : -1);
   // Durable copies go down relative to the T2 directory, which the
   // controller reads where this host mounts it and each agent where its
@@ -1295,7 +1295,8 @@ proto::CheckpointConfig ControllerShell::CheckpointFor(const core::StartGenerati
   c.set_restore_plan_json(checkpoint::RestorePlanToJson(sent).dump());
   // An input to the machine like any other (it asks for nothing): the
   // book's new timeline begins at the restore point.
-  const std::vector<core::JobAction> none = Input(RestoreChosenFor(a.generation, plan), last_step_at_);
+  const std::vector<core::JobAction> none =
+      Input(RestoreChosenFor(a.generation, plan), last_step_at_);
   ENDURE_CHECK(none.empty());
   return c;
 }

@@ -32,9 +32,9 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/restore_plan.h"
 #include "common/clock.h"
 #include "common/mutex.h"
-#include "checkpoint/restore_plan.h"
 #include "controller/controller.h"
 #include "controller/durable_tier.h"
 #include "controller/event_queue.h"
@@ -253,15 +253,15 @@ class ControllerShell final : public TransportSink {
   const PortPicker pick_port_;
   core::TimePoint start_;  // the run's start (CarryOn: the earlier controller's)
   double start_unix_;
-  const Duration stream_grace_;        // a dropped node's time to come back
-  std::set<std::string> fault_ids_;    // the spec's; immutable after construction
-  core::JobMachine machine_;           // owned by the loop thread
-  DurableTier durable_;                // T2, as this host mounts it; the loop thread's
-  std::optional<StateStore> store_;    // owned by the loop thread
-  std::optional<NodeLedger> nodes_;    // the node health ledger; owned by the loop thread
-  JobRecord job_;                      // owned by the loop thread
-  std::string ledger_dir_;             // where nodes.db and incidents.db are
-  std::optional<IncidentKb> kb_;       // the incident knowledge base; owned by the loop thread
+  const Duration stream_grace_;      // a dropped node's time to come back
+  std::set<std::string> fault_ids_;  // the spec's; immutable after construction
+  core::JobMachine machine_;         // owned by the loop thread
+  DurableTier durable_;              // T2, as this host mounts it; the loop thread's
+  std::optional<StateStore> store_;  // owned by the loop thread
+  std::optional<NodeLedger> nodes_;  // the node health ledger; owned by the loop thread
+  JobRecord job_;                    // owned by the loop thread
+  std::string ledger_dir_;           // where nodes.db and incidents.db are
+  std::optional<IncidentKb> kb_;     // the incident knowledge base; owned by the loop thread
   // The incidents of this run recorded in kb_, by incident id: their id
   // there, the action last recorded, and the earlier incidents like them.
   struct KbEntry {

@@ -1072,7 +1072,7 @@ TEST_F(ControllerShellTest, ARunIsCarriedOnOnlyWhenUnfinishedUnderTheSameSpecAnd
     EXPECT_EQ(store->run(), 2);
     EXPECT_EQ(store->LoadIncidents(core::TimePoint{}, 1).value().size(), 1u);
   }
-  // Run 2 is unfinished with a journal (its CheckpointsFound or nothing):
+  // Run 2 is unfinished with a journal (its durable listing or nothing):
   // damage the journal of run 1 is beside the point; damage run 2's.
   shell_.reset();
   dead_.reset();

@@ -31,8 +31,8 @@ class MiniController {
   }
 
   std::vector<core::JobAction> Step(const core::JobEvent& e) {
-    return Carry(machine_.Step(e, core::At(std::chrono::duration_cast<Duration>(
-                                       std::chrono::duration<double>(now_)))));
+    return Carry(machine_.Step(
+        e, core::At(std::chrono::duration_cast<Duration>(std::chrono::duration<double>(now_)))));
   }
   std::vector<core::JobAction> Carry(const std::vector<core::JobAction>& actions) {
     std::vector<core::JobAction> rest;

@@ -55,8 +55,8 @@ void CheckpointBook::OnListed(const DurableListed& listed) {
     it->second.shards = s.shards;
     if (added) {
       // Beyond the restore point of this timeline: another timeline's.
-      it->second.origin = restored_step_ && s.step > *restored_step_ ? Origin::kOther
-                                                                     : Origin::kBefore;
+      it->second.origin =
+          restored_step_ && s.step > *restored_step_ ? Origin::kOther : Origin::kBefore;
     }
     if (it->second.origin != Origin::kOther) newest_commit_ = std::max(newest_commit_, s.step);
   }

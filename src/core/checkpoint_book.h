@@ -142,11 +142,11 @@ using BookAction = std::variant<ListDurableAction, WriteManifestAction, RemoveSt
 
 // What the report says of the checkpoints.
 struct CheckpointTotals {
-  int64_t copies_taken = 0;        // checkpoints taken (T0 copies rank 0 reported)
-  int64_t durable_commits = 0;     // manifests this run wrote
-  StepNumber newest_durable{-1};   // the newest committed step of this timeline; -1: none
-  int64_t persist_failures = 0;    // shards that failed to persist, manifests that failed
-  uint64_t peak_t0_bytes = 0;      // the most one node's tiers held
+  int64_t copies_taken = 0;       // checkpoints taken (T0 copies rank 0 reported)
+  int64_t durable_commits = 0;    // manifests this run wrote
+  StepNumber newest_durable{-1};  // the newest committed step of this timeline; -1: none
+  int64_t persist_failures = 0;   // shards that failed to persist, manifests that failed
+  uint64_t peak_t0_bytes = 0;     // the most one node's tiers held
   uint64_t peak_t1_bytes = 0;
   std::map<std::string, int> restored_shards_by_tier;  // "T0", "T1", "T2"
 };
@@ -194,7 +194,8 @@ class CheckpointBook {
   // `by_tier` shards from each tier: the new timeline begins there. What is
   // newer is not this timeline's any more: copies and pending shards are
   // forgotten, durable steps beyond it become another timeline's.
-  void OnRestored(Generation generation, StepNumber step, const std::map<std::string, int>& by_tier);
+  void OnRestored(Generation generation, StepNumber step,
+                  const std::map<std::string, int>& by_tier);
 
   // The restore point for a generation whose nodes are `node_ranks` (node
   // name -> its ranks): the newest step at or before `limit` (-1: any; 0: a
@@ -240,13 +241,13 @@ class CheckpointBook {
   std::map<StepNumber, Durable> durable_;  // committed, in the directory
   std::set<StepNumber> leftovers_;         // uncommitted, in the directory
   std::map<StepNumber, std::map<int, std::pair<uint64_t, uint64_t>>> pending_;
-  std::map<StepNumber, int> pending_shards_;      // the world each pending step was saved by
-  std::map<StepNumber, int> writing_;             // manifests asked for, with their shards
-  std::map<StepNumber, RemoveReason> removing_;   // removals asked for
-  std::set<StepNumber> abandoned_;                // abandoned steps whose removal failed
-  std::map<std::pair<int64_t, int>, std::string> refused_;  // (step, shard) -> why
+  std::map<StepNumber, int> pending_shards_;     // the world each pending step was saved by
+  std::map<StepNumber, int> writing_;            // manifests asked for, with their shards
+  std::map<StepNumber, RemoveReason> removing_;  // removals asked for
+  std::set<StepNumber> abandoned_;               // abandoned steps whose removal failed
+  std::map<std::pair<int64_t, int>, std::string> refused_;                 // (step, shard) -> why
   std::map<std::string, std::vector<checkpoint::ShardCopy>> inventories_;  // by node name
-  StepNumber newest_commit_{-1};  // of this timeline: shards at or below it are ignored
+  StepNumber newest_commit_{-1};              // of this timeline: shards at or below it are ignored
   std::optional<StepNumber> abandoned_from_;  // a rollback decided, not yet restored
   std::optional<StepNumber> restored_step_;   // the timeline's start; none before a restore
   Generation restored_generation_;

@@ -98,7 +98,8 @@ TEST(CheckpointBookTest, CommitsCompleteStepsAndRetainsTheNewest) {
   ASSERT_EQ(write.size(), 1u);
   ASSERT_TRUE(std::holds_alternative<WriteManifestAction>(write[0]));
   bool committed = true;
-  EXPECT_TRUE(b.book.OnManifestWritten(ManifestWritten{S(25), "No space left"}, &committed).empty());
+  EXPECT_TRUE(
+      b.book.OnManifestWritten(ManifestWritten{S(25), "No space left"}, &committed).empty());
   EXPECT_FALSE(committed);
   EXPECT_EQ(b.book.totals().persist_failures, 1);
   EXPECT_EQ(b.book.totals().newest_durable, S(20));
@@ -112,13 +113,13 @@ TEST(CheckpointBookTest, PlansFromMemoryFirstAndNeverFromARefusedCopy) {
   b.Persist(10);
   b.Persist(20);
   // node1 is gone; node0 holds its own shard 0 and a replica of shard 1.
-  b.book.OnInventory(InventoryReported{NodeId{0},
-                                       {Memory(22, 0, Tier::kT0, "node0"),
-                                        Memory(22, 1, Tier::kT1, "node0"),
-                                        Memory(21, 0, Tier::kT0, "node0")},
-                                       300,
-                                       300},
-                     "node0");
+  b.book.OnInventory(
+      InventoryReported{NodeId{0},
+                        {Memory(22, 0, Tier::kT0, "node0"), Memory(22, 1, Tier::kT1, "node0"),
+                         Memory(21, 0, Tier::kT0, "node0")},
+                        300,
+                        300},
+      "node0");
   b.book.OnInventory(InventoryReported{NodeId{1}, {Memory(22, 1, Tier::kT0, "node1")}, 300, 300},
                      "node1");
   b.book.OnNodeGone("node1");
@@ -159,11 +160,12 @@ TEST(CheckpointBookTest, ARollbackRemovesOnlyThisTimelinesStepsAndNeverRestoresT
   EXPECT_FALSE(b.book.OnCopyTaken(S(22)));
   b.Persist(22);
   EXPECT_EQ(b.Steps(), (std::vector<int64_t>{20, 22, 40}));  // keep 3 counts 40 too
-  EXPECT_EQ(b.removed, (std::vector<std::pair<int64_t, RemoveReason>>{{15, RemoveReason::kRetention}}));
+  EXPECT_EQ(b.removed,
+            (std::vector<std::pair<int64_t, RemoveReason>>{{15, RemoveReason::kRetention}}));
   b.removed.clear();
   std::vector<std::string> notes;
   b.Carry(b.book.OnRollback(S(24), S(25), &notes));
-  EXPECT_TRUE(b.removed.empty());  // nothing of this timeline is at or after 25
+  EXPECT_TRUE(b.removed.empty());          // nothing of this timeline is at or after 25
   EXPECT_TRUE(notes.empty()) << notes[0];  // 40 was already another timeline's
   // A shard of step 26, saved on the way out of the abandoned timeline.
   b.Persist(26, 2, Generation{0});
@@ -183,7 +185,8 @@ TEST(CheckpointBookTest, ARollbackRemovesOnlyThisTimelinesStepsAndNeverRestoresT
   EXPECT_EQ(b.Steps(), (std::vector<int64_t>{30, 32, 40}));
   b.removed.clear();
   b.Carry(b.book.OnRollback(S(30), S(31), &notes));
-  EXPECT_EQ(b.removed, (std::vector<std::pair<int64_t, RemoveReason>>{{32, RemoveReason::kAbandoned}}));
+  EXPECT_EQ(b.removed,
+            (std::vector<std::pair<int64_t, RemoveReason>>{{32, RemoveReason::kAbandoned}}));
   EXPECT_EQ(b.Steps(), (std::vector<int64_t>{30, 40}));
   // A crash restart after the rollback takes the newest of this timeline,
   // never another run's 40.
@@ -218,7 +221,8 @@ TEST(CheckpointBookTest, AnAbandonedStepThatCannotBeRemovedIsNeverRestoredAndRet
   b.fail_removals = false;
   b.removed.clear();
   b.Persist(12, 2, Generation{1});
-  EXPECT_EQ(b.removed, (std::vector<std::pair<int64_t, RemoveReason>>{{20, RemoveReason::kAbandoned}}));
+  EXPECT_EQ(b.removed,
+            (std::vector<std::pair<int64_t, RemoveReason>>{{20, RemoveReason::kAbandoned}}));
   EXPECT_EQ(b.Steps(), (std::vector<int64_t>{10, 12}));
 }
 

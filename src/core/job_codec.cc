@@ -233,10 +233,9 @@ constexpr std::string_view kEventKinds[] = {"node_up",
                                             "inventory",
                                             "shard_refused"};
 static_assert(std::size(kEventKinds) == std::variant_size_v<JobEvent>);
-constexpr std::string_view kActionKinds[] = {"start_generation", "stop_generation", "evict_node",
-                                             "inject_fault",     "finish",          "strike_node",
-                                             "run_pair_test",    "list_durable",    "write_manifest",
-                                             "remove_step"};
+constexpr std::string_view kActionKinds[] = {
+    "start_generation", "stop_generation", "evict_node",   "inject_fault",   "finish",
+    "strike_node",      "run_pair_test",   "list_durable", "write_manifest", "remove_step"};
 static_assert(std::size(kActionKinds) == std::variant_size_v<JobAction>);
 
 // ---- Writing ----
@@ -707,7 +706,8 @@ class Reader {
       }
       c.refused = items[i + 8];
       if (c.shards < 1 || c.shard < 0 || c.shard >= c.shards) {
-        return InvalidArgument("shard " + items[i + 1] + " of " + items[i + 2] + " is out of range");
+        return InvalidArgument("shard " + items[i + 1] + " of " + items[i + 2] +
+                               " is out of range");
       }
       v.push_back(std::move(c));
     }

@@ -37,16 +37,16 @@ TEST(JobCodec, EveryEventKindRoundTrips) {
       DurableListed{{}, {}},
       RestoreChosen{1, "step 10 from T0 x2"},
       RestoreChosen{1, "step 10 from T0 x1, T2 x1", StepNumber{10}, 1, 0, 1},
-      ShardPersisted{Generation{2}, NodeId{1}, StepNumber{40}, 1, 2, 1 << 20,
-                     0xfedcba9876543210u, 3u << 30, 1u << 30},
+      ShardPersisted{Generation{2}, NodeId{1}, StepNumber{40}, 1, 2, 1 << 20, 0xfedcba9876543210u,
+                     3u << 30, 1u << 30},
       ManifestWritten{StepNumber{40}, ""},
       ManifestWritten{StepNumber{40}, "No space left on device"},
       StepRemoved{StepNumber{30}, "Permission \"denied\""},
       InventoryReported{NodeId{1},
                         {checkpoint::ShardCopy{12, 0, 2, checkpoint::Tier::kT0, "node1",
                                                "/dev/shm/a b,\"c\"", 1024, 0xabcdefu, ""},
-                         checkpoint::ShardCopy{12, 1, 2, checkpoint::Tier::kT1, "node1", "/x",
-                                               1024, 0, "checksum mismatch"}},
+                         checkpoint::ShardCopy{12, 1, 2, checkpoint::Tier::kT1, "node1", "/x", 1024,
+                                               0, "checksum mismatch"}},
                         4096,
                         2048},
       InventoryReported{NodeId{0}, {}, 0, 0},
@@ -288,13 +288,13 @@ class RandomJob {
           case 3:
             return {StepRemoved{ckpt, Pick(3) == 0 ? "EACCES" : ""}, at};
           case 4:
-            return {InventoryReported{node,
-                                      {checkpoint::ShardCopy{ckpt.value, 0, 1,
-                                                             checkpoint::Tier::kT0, "node0",
-                                                             "/dev/shm/x", 10, 7, ""}},
-                                      10,
-                                      0},
-                    at};
+            return {
+                InventoryReported{node,
+                                  {checkpoint::ShardCopy{ckpt.value, 0, 1, checkpoint::Tier::kT0,
+                                                         "node0", "/dev/shm/x", 10, 7, ""}},
+                                  10,
+                                  0},
+                at};
           case 5:
             return {ShardRefused{ckpt, 0, "checksum mismatch"}, at};
           default:

@@ -333,10 +333,9 @@ struct FinishAction {
 };
 // The checkpoint book's actions (ListDurableAction, WriteManifestAction,
 // RemoveStepAction: core/checkpoint_book.h) are the machine's too.
-using JobAction =
-    std::variant<StartGenerationAction, StopGenerationAction, EvictNodeAction, InjectFaultAction,
-                 FinishAction, StrikeNodeAction, RunPairTestAction, ListDurableAction,
-                 WriteManifestAction, RemoveStepAction>;
+using JobAction = std::variant<StartGenerationAction, StopGenerationAction, EvictNodeAction,
+                               InjectFaultAction, FinishAction, StrikeNodeAction, RunPairTestAction,
+                               ListDurableAction, WriteManifestAction, RemoveStepAction>;
 
 // The job changed size without a failure: a shrunk job grew back, in
 // process, when healthy nodes registered (a shrink is an incident's route).

@@ -421,15 +421,17 @@ class Cluster {
   void Carry(const JobAction& a) {
     if (std::holds_alternative<core::ListDurableAction>(a)) {
       core::DurableListed listed;
-      for (const auto& [step, d] : durable_) listed.committed.push_back({StepNumber{step}, d.shards});
+      for (const auto& [step, d] : durable_)
+        listed.committed.push_back({StepNumber{step}, d.shards});
       Input(listed);
     } else if (const auto* w = std::get_if<core::WriteManifestAction>(&a)) {
-      durable_[w->step.value] = Durable{saved_.at(w->step.value), static_cast<int>(w->shards.size())};
+      durable_[w->step.value] =
+          Durable{saved_.at(w->step.value), static_cast<int>(w->shards.size())};
       Input(core::ManifestWritten{w->step, ""});
     } else if (const auto* r = std::get_if<core::RemoveStepAction>(&a)) {
       auto it = durable_.find(r->step.value);
-      if (o_.bug == PlantedBug::kRetentionDropsNewest && r->reason == core::RemoveReason::kRetention &&
-          !durable_.empty()) {
+      if (o_.bug == PlantedBug::kRetentionDropsNewest &&
+          r->reason == core::RemoveReason::kRetention && !durable_.empty()) {
         it = std::prev(durable_.end());
       }
       if (it != durable_.end()) durable_.erase(it);
@@ -626,9 +628,9 @@ class Cluster {
       for (size_t i = 0; i < gen_nodes_.size(); ++i) {
         for (int l = 0; l < o_.ranks_per_node; ++l) {
           const int shard = static_cast<int>(i) * o_.ranks_per_node + l;
-          Send(gen_nodes_[i], core::ShardPersisted{Generation{g}, gen_nodes_[i], StepNumber{step},
-                                                   shard, world, 64, static_cast<uint64_t>(step),
-                                                   0, 0});
+          Send(gen_nodes_[i],
+               core::ShardPersisted{Generation{g}, gen_nodes_[i], StepNumber{step}, shard, world,
+                                    64, static_cast<uint64_t>(step), 0, 0});
         }
       }
     }
