@@ -45,6 +45,8 @@ void HangDetector::OnGenerationStart(int generation, int world_size, TimePoint n
   generation_ = generation;
   generation_start_ = now;
   ranks_.assign(world_size, RankProgress{});
+  in_phase_.clear();
+  RebuildProgressIndex();
   ranks_done_startup_ = 0;
   reported_ = false;
   frontier_step_ = StepNumber{0};
@@ -72,12 +74,45 @@ Status HangDetector::OnPhase(int rank, std::string_view phase, TimePoint now) {
   EndPhase(p, now);
   p.phase = std::string(phase);
   p.phase_since = now;
+  FileInPhase(p);
+  Reindex(rank);
   reported_ = false;
   return Status::Ok();
 }
 
+void HangDetector::Reindex(int r) {
+  RankProgress& p = ranks_[r];
+  if (p.indexed) by_progress_.erase({*p.indexed, r});
+  p.indexed.reset();
+  if (p.finished || InOtherPhase(p)) return;
+  p.indexed = p.last_progress;
+  by_progress_.insert({p.last_progress, r});
+}
+
+void HangDetector::RebuildProgressIndex() {
+  by_progress_.clear();
+  for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) {
+    ranks_[r].indexed.reset();
+    Reindex(r);
+  }
+}
+
+void HangDetector::FileInPhase(const RankProgress& p) {
+  if (InOtherPhase(p) && !p.finished) in_phase_[p.phase].insert(p.phase_since);
+}
+
+void HangDetector::UnfileInPhase(const RankProgress& p) {
+  if (!InOtherPhase(p) || p.finished) return;
+  auto it = in_phase_.find(p.phase);
+  if (it == in_phase_.end()) return;
+  auto at = it->second.find(p.phase_since);
+  if (at != it->second.end()) it->second.erase(at);
+  if (it->second.empty()) in_phase_.erase(it);
+}
+
 void HangDetector::EndPhase(RankProgress& p, TimePoint now) {
   if (!InOtherPhase(p)) return;
+  UnfileInPhase(p);
   // The end of a run is no repeated phase to learn a timeout from: a rank
   // that goes on from it into its final evaluation leaves it at once, and
   // that would make another rank's teardown a hang after the floor.
@@ -101,13 +136,18 @@ void HangDetector::EndPhase(RankProgress& p, TimePoint now) {
   const TimePoint from = std::max(p.phase_since, phases_taken_out_until_);
   const Duration uncovered = now > from ? now - from : Duration::zero();
   phases_taken_out_until_ = std::max(phases_taken_out_until_, now);
-  for (RankProgress& r : ranks_) r.last_progress = std::min(now, r.last_progress + uncovered);
+  if (uncovered > Duration::zero()) {
+    for (RankProgress& r : ranks_) r.last_progress = std::min(now, r.last_progress + uncovered);
+    RebuildProgressIndex();
+  }
   frontier_time_ = std::min(now, frontier_time_ + uncovered);
 }
 
 Status HangDetector::OnRankFinished(int rank) {
   ENDURE_RETURN_IF_ERROR(CheckRank(rank, "a rank's end"));
+  UnfileInPhase(ranks_[rank]);
   ranks_[rank].finished = true;
+  Reindex(rank);
   return Status::Ok();
 }
 
@@ -126,9 +166,8 @@ TimePoint HangDetector::PhaseDeadlineOf(const RankProgress& p) const {
 
 std::optional<TimePoint> HangDetector::LatestPhaseDeadline() const {
   std::optional<TimePoint> latest;
-  for (const RankProgress& r : ranks_) {
-    if (!InOtherPhase(r) || r.finished) continue;
-    const TimePoint d = PhaseDeadlineOf(r);
+  for (const auto& [phase, since] : in_phase_) {
+    const TimePoint d = *since.rbegin() + PhaseTimeout(phase);
     if (!latest || d > *latest) latest = d;
   }
   return latest;
@@ -159,6 +198,7 @@ Status HangDetector::OnStepEnd(int rank, StepNumber step, TimePoint now) {
   }
   p.last_step = step;
   p.last_progress = now;
+  Reindex(rank);
   reported_ = false;
 
   if (!InStartup() && step > frontier_step_) {
@@ -169,15 +209,13 @@ Status HangDetector::OnStepEnd(int rank, StepNumber step, TimePoint now) {
   return Status::Ok();
 }
 
-bool HangDetector::AnyRankInOtherPhase() const {
-  return std::any_of(ranks_.begin(), ranks_.end(),
-                     [&](const RankProgress& p) { return !p.finished && InOtherPhase(p); });
-}
+bool HangDetector::AnyRankInOtherPhase() const { return !in_phase_.empty(); }
 
 void HangDetector::Resume(TimePoint now) {
   if (!active_) return;
   if (InStartup()) generation_start_ = std::max(generation_start_, now);
   for (RankProgress& p : ranks_) p.last_progress = std::max(p.last_progress, now);
+  RebuildProgressIndex();
   frontier_time_ = std::max(frontier_time_, now);
 }
 
@@ -208,7 +246,7 @@ Duration HangDetector::StepTimeout() const {
   return std::max(options_.floor, std::chrono::duration_cast<Duration>(cached_p99_ * options_.k));
 }
 
-TimePoint HangDetector::DeadlineOf(const RankProgress& p) const {
+TimePoint HangDetector::DeadlineOf(const RankProgress& p, std::optional<TimePoint> waiting) const {
   TimePoint deadline;
   if (InStartup()) {
     deadline = generation_start_ + options_.startup_timeout;
@@ -226,9 +264,7 @@ TimePoint HangDetector::DeadlineOf(const RankProgress& p) const {
     const TimePoint phase = PhaseDeadlineOf(p);
     return InStartup() ? std::max(deadline, phase) : phase;
   }
-  if (std::optional<TimePoint> waiting = LatestPhaseDeadline()) {
-    deadline = std::max(deadline, *waiting);
-  }
+  if (waiting) deadline = std::max(deadline, *waiting);
   return deadline;
 }
 
@@ -253,8 +289,9 @@ std::optional<HangVerdict> HangDetector::Check(TimePoint now) {
   v.during_startup = InStartup();
   // A rank stalled inside a phase of its own is the verdict's subject: the
   // ranks in "train" that stall with it are waiting for it.
+  const std::optional<TimePoint> waiting = LatestPhaseDeadline();
   for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) {
-    if (ranks_[r].finished || DeadlineOf(ranks_[r]) > now) continue;
+    if (ranks_[r].finished || DeadlineOf(ranks_[r], waiting) > now) continue;
     v.stalled_ranks.push_back(r);
     if (InOtherPhase(ranks_[r]) && v.phase == kTrainPhase) v.phase = ranks_[r].phase;
   }
@@ -267,7 +304,7 @@ std::optional<HangVerdict> HangDetector::Check(TimePoint now) {
                                                       : generation_start_;
     if (first || since < v.stalled_since) {
       v.stalled_since = since;
-      v.timeout = DeadlineOf(p) - since;
+      v.timeout = DeadlineOf(p, waiting) - since;
     }
     first = false;
   }
@@ -332,13 +369,36 @@ std::optional<HangVerdict> HangDetector::Check(TimePoint now) {
   return v;
 }
 
+std::optional<TimePoint> HangDetector::EarliestTrainDeadline() const {
+  if (by_progress_.empty()) return std::nullopt;
+  if (InStartup()) return generation_start_ + options_.startup_timeout;
+  const Duration timeout = StepTimeout();
+  std::optional<TimePoint> best;
+  for (const auto& [progress, r] : by_progress_) {
+    // Every rank from here on has at least this much: none is earlier.
+    if (best && progress + timeout >= *best) break;
+    Duration own = timeout;
+    if (const std::optional<Duration>& d = ranks_[r].last_duration) {
+      own = std::max(own, std::chrono::duration_cast<Duration>(*d * options_.k));
+    }
+    if (!best || progress + own < *best) best = progress + own;
+  }
+  return best;
+}
+
+// The same as the earliest DeadlineOf over the watched ranks, by parts: the
+// ranks in "train" wait for the latest phase deadline; a rank in a phase of
+// its own has that phase's (the earliest entry of each phase), and in
+// start-up no deadline before start-up's.
 std::optional<TimePoint> HangDetector::NextDeadline() const {
   if (!active_ || reported_) return std::nullopt;
-  std::optional<TimePoint> earliest;
-  for (const RankProgress& p : ranks_) {
-    if (p.finished) continue;
-    const TimePoint d = DeadlineOf(p);
-    if (!earliest.has_value() || d < *earliest) earliest = d;
+  const std::optional<TimePoint> waiting = LatestPhaseDeadline();
+  std::optional<TimePoint> earliest = EarliestTrainDeadline();
+  if (earliest && waiting) earliest = std::max(*earliest, *waiting);
+  for (const auto& [phase, since] : in_phase_) {
+    TimePoint d = *since.begin() + PhaseTimeout(phase);
+    if (InStartup()) d = std::max(d, generation_start_ + options_.startup_timeout);
+    if (!earliest || d < *earliest) earliest = d;
   }
   return earliest;
 }

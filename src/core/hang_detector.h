@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -162,6 +163,7 @@ class HangDetector {
     std::string phase = std::string(kTrainPhase);  // the rank's current phase
     bool finished = false;                         // ended with code 0: not watched
     TimePoint phase_since{};                       // when it entered it
+    std::optional<TimePoint> indexed;              // its key in by_progress_, if there
   };
   struct PhaseStats {
     std::vector<Duration> samples;  // the most recent `window`, a ring
@@ -172,13 +174,28 @@ class HangDetector {
   bool InOtherPhase(const RankProgress& p) const { return p.phase != kTrainPhase; }
   TimePoint PhaseDeadlineOf(const RankProgress& p) const;
   // The latest deadline of a rank in another phase: every rank waits for it.
+  // O(phases), from in_phase_.
   std::optional<TimePoint> LatestPhaseDeadline() const;
+  // Files `p` in in_phase_ when it is watched and in another phase; and
+  // takes it out.
+  void FileInPhase(const RankProgress& p);
+  void UnfileInPhase(const RankProgress& p);
+  // Files rank `r` in by_progress_ again after its progress or phase
+  // changed; RebuildProgressIndex after a change to every rank's.
+  void Reindex(int r);
+  void RebuildProgressIndex();
+  // The earliest deadline of a rank in "train" (without the wait for a
+  // phase), from by_progress_: its oldest progress first, stopping where no
+  // later one can be earlier.
+  std::optional<TimePoint> EarliestTrainDeadline() const;
   // Ends `p`'s current phase (unless "train") at `now`: a sample and progress.
   void EndPhase(RankProgress& p, TimePoint now);
 
   Status CheckRank(int rank, std::string_view what) const;
   bool InStartup() const { return ranks_done_startup_ < static_cast<int>(ranks_.size()); }
-  TimePoint DeadlineOf(const RankProgress& p) const;
+  // `waiting`: LatestPhaseDeadline(), which the caller computes once for
+  // all ranks (a rank in "train" waits for the latest phase deadline).
+  TimePoint DeadlineOf(const RankProgress& p, std::optional<TimePoint> waiting) const;
   void RecordStepDuration(Duration d);
   std::string DescribeTimeout() const;
 
@@ -201,6 +218,13 @@ class HangDetector {
   int64_t total_samples_ = 0;
   Duration cached_p99_{};
   std::map<std::string, PhaseStats, std::less<>> phases_;  // durations per phase
+  // The watched ranks in a phase other than "train", by phase: when each
+  // entered it (what the latest phase deadline needs, without a walk over
+  // every rank).
+  std::map<std::string, std::multiset<TimePoint>, std::less<>> in_phase_;
+  // The watched ranks in "train" by their last progress, oldest first: the
+  // next deadline without a walk over every rank.
+  std::set<std::pair<TimePoint, int>> by_progress_;
   // Phase time up to here has been taken out of the step clocks (EndPhase).
   TimePoint phases_taken_out_until_{};
 };

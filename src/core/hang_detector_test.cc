@@ -420,5 +420,65 @@ TEST(HangDetectorPhases, AFirstPhaseThatNeverEndsTimesOut) {
   EXPECT_THAT(d.verdicts()[0].verdict.reason, HasSubstr("the first time the phase is seen"));
 }
 
+// NextDeadline is kept by parts (the ranks in "train" by their progress,
+// the ranks in a phase by phase) rather than by a walk over every rank: it
+// must still be exactly the time from which Check gives a verdict, whatever
+// the ranks did. Random steps, phases, ends, resumes and restarts, checked
+// against Check on copies of the detector after every input.
+TEST(HangDetector, NextDeadlineIsExactlyWhenCheckFirstGivesAVerdict) {
+  std::mt19937_64 rng(28);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+  const char* kPhases[] = {"train", "eval", "checkpoint"};
+  HangDetectorOptions o;
+  o.floor = Ms(200);
+  o.min_samples = 3;
+  o.window = 8;
+  o.startup_timeout = seconds(2);
+  o.phase_first_timeout = seconds(1);
+  HangDetector d(o);
+  Duration now{0};
+  int world = 4;
+  std::vector<int64_t> steps(world, 0);
+  d.OnGenerationStart(0, world, At(now));
+  for (int i = 0; i < 4000; ++i) {
+    now += Ms(pick(300));
+    const int r = pick(world);
+    switch (pick(20)) {
+      case 0:
+        world = 1 + pick(6);
+        steps.assign(world, 0);
+        d.OnGenerationStart(i, world, At(now));
+        break;
+      case 1:
+        d.Resume(At(now));
+        break;
+      case 2:
+        ASSERT_TRUE(d.OnRankFinished(r).ok());
+        break;
+      case 3:
+      case 4:
+      case 5:
+        ASSERT_TRUE(d.OnPhase(r, kPhases[pick(3)], At(now)).ok());
+        break;
+      default:
+        steps[r] += 1 + pick(2);
+        ASSERT_TRUE(d.OnStepEnd(r, S(steps[r]), At(now)).ok());
+    }
+    const std::optional<TimePoint> next = d.NextDeadline();
+    if (!next) {
+      HangDetector probe = d;
+      EXPECT_FALSE(probe.Check(At(now + seconds(3600))).has_value()) << "input " << i;
+      continue;
+    }
+    HangDetector before = d, at = d;
+    EXPECT_FALSE(before.Check(*next - Duration(1)).has_value()) << "input " << i;
+    EXPECT_TRUE(at.Check(*next).has_value()) << "input " << i;
+    // A verdict ends the watch until progress: start over from a fresh one.
+    if (*next <= At(now)) {
+      ASSERT_TRUE(d.Check(At(now)).has_value());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace endure::core

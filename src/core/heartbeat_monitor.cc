@@ -21,16 +21,33 @@ HeartbeatMonitor::HeartbeatMonitor(HeartbeatMonitorOptions options) : options_(o
   ENDURE_CHECK(options_.Validate().ok());
 }
 
-void HeartbeatMonitor::Register(NodeId node, TimePoint now) {
-  members_[node] = Member{.last_heartbeat = now, .dropped_at = std::nullopt, .lost = false};
+void HeartbeatMonitor::Refile(NodeId node, Member& m) {
+  if (m.filed) deadlines_.erase({*m.filed, node});
+  m.filed.reset();
+  if (m.lost) return;
+  m.filed = DeadlineOf(m);
+  deadlines_.insert({*m.filed, node});
 }
 
-void HeartbeatMonitor::Remove(NodeId node) { members_.erase(node); }
+void HeartbeatMonitor::Register(NodeId node, TimePoint now) {
+  Remove(node);
+  Member& m = members_[node];
+  m.last_heartbeat = now;
+  Refile(node, m);
+}
+
+void HeartbeatMonitor::Remove(NodeId node) {
+  auto it = members_.find(node);
+  if (it == members_.end()) return;
+  if (it->second.filed) deadlines_.erase({*it->second.filed, node});
+  members_.erase(it);
+}
 
 bool HeartbeatMonitor::OnHeartbeat(NodeId node, TimePoint now) {
   auto it = members_.find(node);
   if (it == members_.end() || it->second.lost) return false;
   it->second.last_heartbeat = std::max(it->second.last_heartbeat, now);
+  Refile(node, it->second);
   return true;
 }
 
@@ -38,6 +55,7 @@ void HeartbeatMonitor::OnStreamDropped(NodeId node, TimePoint now) {
   auto it = members_.find(node);
   if (it == members_.end() || it->second.lost || it->second.dropped_at.has_value()) return;
   it->second.dropped_at = now;
+  Refile(node, it->second);
 }
 
 bool HeartbeatMonitor::OnStreamReconnected(NodeId node, TimePoint now) {
@@ -45,6 +63,7 @@ bool HeartbeatMonitor::OnStreamReconnected(NodeId node, TimePoint now) {
   if (it == members_.end() || it->second.lost) return false;
   it->second.dropped_at.reset();
   it->second.last_heartbeat = std::max(it->second.last_heartbeat, now);
+  Refile(node, it->second);
   return true;
 }
 
@@ -53,6 +72,7 @@ void HeartbeatMonitor::Resume(TimePoint now) {
     if (m.lost) continue;
     m.dropped_at.reset();
     m.last_heartbeat = std::max(m.last_heartbeat, now);
+    Refile(node, m);
   }
 }
 
@@ -73,10 +93,16 @@ TimePoint HeartbeatMonitor::DeadlineOf(const Member& m) const {
 }
 
 std::vector<CrashReport> HeartbeatMonitor::Check(TimePoint now) {
+  std::vector<NodeId> due;
+  for (auto it = deadlines_.begin(); it != deadlines_.end() && it->first <= now; ++it) {
+    due.push_back(it->second);
+  }
+  std::sort(due.begin(), due.end());
   std::vector<CrashReport> lost;
-  for (auto& [node, m] : members_) {
-    if (m.lost || DeadlineOf(m) > now) continue;
+  for (NodeId node : due) {
+    Member& m = members_.at(node);
     m.lost = true;
+    Refile(node, m);
     CrashReport r;
     r.kind = CrashKind::kNodeLost;
     r.cause = "node_lost";
@@ -99,13 +125,8 @@ std::vector<CrashReport> HeartbeatMonitor::Check(TimePoint now) {
 }
 
 std::optional<TimePoint> HeartbeatMonitor::NextDeadline() const {
-  std::optional<TimePoint> earliest;
-  for (const auto& [node, m] : members_) {
-    if (m.lost) continue;
-    const TimePoint d = DeadlineOf(m);
-    if (!earliest.has_value() || d < *earliest) earliest = d;
-  }
-  return earliest;
+  if (deadlines_.empty()) return std::nullopt;
+  return deadlines_.begin()->first;
 }
 
 bool HeartbeatMonitor::IsLost(NodeId node) const {

@@ -17,6 +17,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "common/duration.h"
@@ -64,7 +65,8 @@ class HeartbeatMonitor {
   std::vector<CrashReport> Check(TimePoint now);
 
   // The earliest time Check could report a node, or nullopt when no node is
-  // watched.
+  // watched. O(1): the deadlines are kept in order as they change (a
+  // heartbeat costs O(log n), a Check O(log n) per node it reports).
   std::optional<TimePoint> NextDeadline() const;
 
   bool IsLost(NodeId node) const;
@@ -79,11 +81,15 @@ class HeartbeatMonitor {
     TimePoint last_heartbeat{};
     std::optional<TimePoint> dropped_at;
     bool lost = false;
+    std::optional<TimePoint> filed;  // its entry in deadlines_ (none once lost)
   };
   TimePoint DeadlineOf(const Member& m) const;
+  // Files `m`'s deadline again after it changed (removes it once lost).
+  void Refile(NodeId node, Member& m);
 
   HeartbeatMonitorOptions options_;
   std::map<NodeId, Member> members_;
+  std::set<std::pair<TimePoint, NodeId>> deadlines_;  // of the members not lost
 };
 
 }  // namespace endure::core

@@ -408,7 +408,12 @@ void JobMachine::OnWorkerReady(const WorkerReady& e, TimePoint now) {
 
 void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobAction>& out) {
   StepNumber& rank_step = rank_step_[e.rank.value];
-  rank_step = std::max(rank_step, e.step);
+  if (e.step > rank_step) {
+    auto at = ranks_at_step_.find(rank_step);
+    if (--at->second == 0) ranks_at_step_.erase(at);
+    ++ranks_at_step_[e.step];
+    rank_step = e.step;
+  }
   // The rank is in this generation's world (checked by the caller), which
   // the hang detector was started with: an error here is a bug.
   const Status recorded = hang_.OnStepEnd(e.rank.value, e.step, now);
@@ -421,7 +426,7 @@ void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobActio
     const Status finishing = hang_.OnPhase(e.rank.value, kFinishPhase, now);
     ENDURE_CHECK(finishing.ok());
   }
-  const StepNumber job_step = *std::min_element(rank_step_.begin(), rank_step_.end());
+  const StepNumber job_step = ranks_at_step_.begin()->first;
   if (!productive_ && job_step > start_step_) {
     // Every rank finished its first step of this generation.
     productive_ = true;
@@ -805,7 +810,7 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
   inc.injected_at = failure.injected_at;
   inc.fault_at = failure.fault_at;
   inc.detected_at = now;
-  inc.failed_at_step = *std::max_element(rank_step_.begin(), rank_step_.end());
+  inc.failed_at_step = ranks_at_step_.empty() ? StepNumber{0} : ranks_at_step_.rbegin()->first;
   if (failure.loss_anomaly) {
     // The anomalous step and what was computed on top of it are in question,
     // not lost work: the newest step that is not.
@@ -1087,6 +1092,7 @@ void JobMachine::StartGeneration(std::vector<NodeId> nodes, bool rejoin, TimePoi
   generation_ = generation_.Next();
   members_ = std::move(nodes);
   rank_step_.assign(world_size(), StepNumber{0});
+  ranks_at_step_ = {{StepNumber{0}, world_size()}};
   start_step_ = StepNumber{0};
   rank_ready_.assign(world_size(), false);
   rank_rejoins_.assign(world_size(), false);

@@ -608,6 +608,9 @@ class JobMachine {
   std::vector<NodeId> members_;  // nodes of the current generation, in rank order
   std::set<NodeId> awaiting_stop_;
   std::vector<StepNumber> rank_step_;  // by rank
+  // How many ranks are at each step of rank_step_: the job's step (the
+  // lowest) and the highest without a walk over every rank.
+  std::map<StepNumber, int> ranks_at_step_;
   std::vector<bool> rank_ready_, rank_done_;
   std::vector<bool> rank_rejoins_;        // ready, and said it rejoins in place
   std::vector<bool> rank_deterministic_;  // ready, and said it is deterministic
