@@ -6,6 +6,7 @@
 // and what one simulated second of the job costs the core.
 //
 //   job_machine_bench [SECONDS_PER_SIZE]   (default 3: the budget of CPU per size)
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -28,7 +29,7 @@ struct Cost {
 };
 
 struct Figures {
-  Cost step_end, heartbeat, tick, next_deadline;
+  Cost step_end, phase, heartbeat, tick, next_deadline;
   int64_t steps = 0;
   size_t incidents = 0;
 };
@@ -41,7 +42,9 @@ void Time(Cost& cost, F&& f) {
   ++cost.calls;
 }
 
-Figures Run(int nodes, int ranks_per_node, double budget_s) {
+// `phases`: every rank also enters the phase "checkpoint" and goes back to
+// "train" before each step's end, as endure-train does around a save.
+Figures Run(int nodes, int ranks_per_node, bool phases, double budget_s) {
   Figures f;
   endure::core::JobMachineOptions o;
   o.nodes = nodes;
@@ -67,15 +70,39 @@ Figures Run(int nodes, int ranks_per_node, double budget_s) {
     // One second: the ranks' reports of the step spread over it, each
     // node's heartbeat, then a tick. A size too slow for the budget stops
     // within a step (its figures are per input all the same).
+    // Each rank's inputs of the step, in time order: with phases, it
+    // enters "checkpoint" (a 2 ms copy), goes back to "train", and ends
+    // its step 1 ms later; the ranks' reports spread over 0.4 s.
+    struct Input {
+      double at;
+      int rank;
+      int kind;  // 0 checkpoint, 1 train, 2 step end
+    };
+    std::vector<Input> inputs;
     for (int r = 0; r < world; ++r) {
+      const double a = now_s + 0.4 * r / world;
+      if (phases) {
+        inputs.push_back({a, r, 0});
+        inputs.push_back({a + 0.002, r, 1});
+      }
+      inputs.push_back({a + 0.003, r, 2});
+    }
+    std::stable_sort(inputs.begin(), inputs.end(),
+                     [](const Input& x, const Input& y) { return x.at < y.at; });
+    for (const Input& in : inputs) {
       if (spent() > budget_s) return f;
-      const double at = now_s + 0.5 * r / world;
-      endure::core::StepEnd e{m.generation(), r, step, 2.0, 0, -1};
-      e.compute_s = 0.9;
-      Time(f.step_end, [&] {
-        m.Step(e,
-               At(std::chrono::duration_cast<endure::Duration>(std::chrono::duration<double>(at))));
-      });
+      const TimePoint at =
+          At(std::chrono::duration_cast<endure::Duration>(std::chrono::duration<double>(in.at)));
+      if (in.kind < 2) {
+        const char* phase = in.kind == 0 ? "checkpoint" : "train";
+        Time(f.phase, [&] {
+          m.Step(endure::core::PhaseChanged{m.generation(), in.rank, phase}, at);
+        });
+      } else {
+        endure::core::StepEnd e{m.generation(), in.rank, step, 2.0, 0, -1};
+        e.compute_s = 0.9;
+        Time(f.step_end, [&] { m.Step(e, at); });
+      }
       next();
     }
     now_s += 0.5;
@@ -96,22 +123,30 @@ Figures Run(int nodes, int ranks_per_node, double budget_s) {
 
 int main(int argc, char** argv) {
   const double budget = argc > 1 ? std::atof(argv[1]) : 3.0;
-  std::printf(
-      "JobMachine::Step under a steady job: CPU per input (us), 1 s steps, 8 ranks per node\n");
-  std::printf("%7s %8s %6s %10s %10s %10s %13s %14s %9s\n", "nodes", "ranks", "steps", "step_end",
-              "heartbeat", "tick", "next_deadline", "core_per_s_ms", "incidents");
-  for (int nodes : {128, 1024, 4096, 12500}) {
-    const Figures f = Run(nodes, 8, budget);
-    const int world = nodes * 8;
-    // One second of the job: every rank's report, every node's heartbeat, a
-    // tick, and a NextDeadline after each.
-    const double per_s_ms = (world * f.step_end.Micros() + nodes * f.heartbeat.Micros() +
-                             f.tick.Micros() + (world + nodes + 1) * f.next_deadline.Micros()) /
-                            1000;
-    std::printf("%7d %8d %6lld %10.2f %10.2f %10.2f %13.2f %14.1f %9zu\n", nodes, world,
-                static_cast<long long>(f.steps), f.step_end.Micros(), f.heartbeat.Micros(),
-                f.tick.Micros(), f.next_deadline.Micros(), per_s_ms, f.incidents);
-    std::fflush(stdout);
+  for (bool phases : {false, true}) {
+    std::printf(
+        "JobMachine::Step under a steady job: CPU per input (us), 1 s steps, 8 ranks per "
+        "node%s\n",
+        phases ? ", each rank in phase \"checkpoint\" and back before each step's end" : "");
+    std::printf("%7s %8s %6s %10s %10s %10s %10s %13s %14s %9s\n", "nodes", "ranks", "steps",
+                "step_end", "phase", "heartbeat", "tick", "next_deadline", "core_per_s_ms",
+                "incidents");
+    for (int nodes : {128, 1024, 4096, 12500}) {
+      const Figures f = Run(nodes, 8, phases, budget);
+      const int world = nodes * 8;
+      const int phase_inputs = phases ? 2 * world : 0;
+      // One second of the job: every rank's report (and phases), every
+      // node's heartbeat, a tick, and a NextDeadline after each.
+      const double per_s_ms = (world * f.step_end.Micros() + phase_inputs * f.phase.Micros() +
+                               nodes * f.heartbeat.Micros() + f.tick.Micros() +
+                               (world + phase_inputs + nodes + 1) * f.next_deadline.Micros()) /
+                              1000;
+      std::printf("%7d %8d %6lld %10.2f %10.2f %10.2f %10.2f %13.2f %14.1f %9zu\n", nodes, world,
+                  static_cast<long long>(f.steps), f.step_end.Micros(), f.phase.Micros(),
+                  f.heartbeat.Micros(), f.tick.Micros(), f.next_deadline.Micros(), per_s_ms,
+                  f.incidents);
+      std::fflush(stdout);
+    }
   }
   return 0;
 }

@@ -46,6 +46,7 @@ void HangDetector::OnGenerationStart(int generation, int world_size, TimePoint n
   generation_start_ = now;
   ranks_.assign(world_size, RankProgress{});
   in_phase_.clear();
+  shift_ = Duration(0);
   RebuildProgressIndex();
   ranks_done_startup_ = 0;
   reported_ = false;
@@ -71,29 +72,77 @@ Status HangDetector::OnPhase(int rank, std::string_view phase, TimePoint now) {
   ENDURE_RETURN_IF_ERROR(CheckRank(rank, "phase report"));
   RankProgress& p = ranks_[rank];
   if (p.phase == phase) return Status::Ok();
-  EndPhase(p, now);
+  EndPhase(rank, now);
   p.phase = std::string(phase);
   p.phase_since = now;
   FileInPhase(p);
-  Reindex(rank);
+  Refile(rank);
   reported_ = false;
   return Status::Ok();
 }
 
-void HangDetector::Reindex(int r) {
+void HangDetector::Unfile(int r) {
   RankProgress& p = ranks_[r];
-  if (p.indexed) by_progress_.erase({*p.indexed, r});
-  p.indexed.reset();
-  if (p.finished || InOtherPhase(p)) return;
-  p.indexed = p.last_progress;
-  by_progress_.insert({p.last_progress, r});
+  if (p.filed == RankProgress::Filed::kTrain) train_by_base_.erase({p.base, r});
+  if (p.filed == RankProgress::Filed::kPhased) phased_by_base_.erase({p.base, r});
+  p.filed = RankProgress::Filed::kNone;
+}
+
+void HangDetector::Refile(int r) {
+  Unfile(r);
+  RankProgress& p = ranks_[r];
+  if (p.finished) return;
+  if (InOtherPhase(p)) {
+    p.filed = RankProgress::Filed::kPhased;
+    phased_by_base_.insert({p.base, r});
+  } else {
+    p.filed = RankProgress::Filed::kTrain;
+    train_by_base_.insert({p.base, r});
+  }
+}
+
+void HangDetector::SetProgress(int r, TimePoint progress) {
+  Unfile(r);
+  ranks_[r].base = progress - shift_;
+  Refile(r);
 }
 
 void HangDetector::RebuildProgressIndex() {
-  by_progress_.clear();
+  train_by_base_.clear();
+  phased_by_base_.clear();
   for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) {
-    ranks_[r].indexed.reset();
-    Reindex(r);
+    ranks_[r].filed = RankProgress::Filed::kNone;
+    Refile(r);
+  }
+}
+
+void HangDetector::CapProgress(TimePoint cap) {
+  const TimePoint base_cap = cap - shift_;
+  std::vector<int> capped;
+  for (auto* index : {&train_by_base_, &phased_by_base_}) {
+    while (!index->empty() && std::prev(index->end())->first > base_cap) {
+      capped.push_back(std::prev(index->end())->second);
+      Unfile(capped.back());
+    }
+  }
+  for (int r : capped) {
+    ranks_[r].base = base_cap;
+    Refile(r);
+  }
+}
+
+void HangDetector::FloorProgress(TimePoint floor) {
+  const TimePoint base_floor = floor - shift_;
+  std::vector<int> raised;
+  for (auto* index : {&train_by_base_, &phased_by_base_}) {
+    while (!index->empty() && index->begin()->first < base_floor) {
+      raised.push_back(index->begin()->second);
+      Unfile(raised.back());
+    }
+  }
+  for (int r : raised) {
+    ranks_[r].base = base_floor;
+    Refile(r);
   }
 }
 
@@ -110,7 +159,8 @@ void HangDetector::UnfileInPhase(const RankProgress& p) {
   if (it->second.empty()) in_phase_.erase(it);
 }
 
-void HangDetector::EndPhase(RankProgress& p, TimePoint now) {
+void HangDetector::EndPhase(int rank, TimePoint now) {
+  RankProgress& p = ranks_[rank];
   if (!InOtherPhase(p)) return;
   UnfileInPhase(p);
   // The end of a run is no repeated phase to learn a timeout from: a rank
@@ -137,8 +187,9 @@ void HangDetector::EndPhase(RankProgress& p, TimePoint now) {
   const Duration uncovered = now > from ? now - from : Duration::zero();
   phases_taken_out_until_ = std::max(phases_taken_out_until_, now);
   if (uncovered > Duration::zero()) {
-    for (RankProgress& r : ranks_) r.last_progress = std::min(now, r.last_progress + uncovered);
-    RebuildProgressIndex();
+    // Every rank's clock: r.progress = min(now, r.progress + uncovered).
+    shift_ += uncovered;
+    CapProgress(now);
   }
   frontier_time_ = std::min(now, frontier_time_ + uncovered);
 }
@@ -147,7 +198,7 @@ Status HangDetector::OnRankFinished(int rank) {
   ENDURE_RETURN_IF_ERROR(CheckRank(rank, "a rank's end"));
   UnfileInPhase(ranks_[rank]);
   ranks_[rank].finished = true;
-  Reindex(rank);
+  Refile(rank);
   return Status::Ok();
 }
 
@@ -178,11 +229,11 @@ Status HangDetector::OnStepEnd(int rank, StepNumber step, TimePoint now) {
   RankProgress& p = ranks_[rank];
   if (p.last_step.has_value() && step <= *p.last_step) return Status::Ok();
   // A step ends whatever phase the rank was in: it is back to training.
-  EndPhase(p, now);
+  EndPhase(rank, now);
 
   if (p.last_step.has_value()) {
     // The first step of a generation includes start-up, so it is no sample.
-    p.last_duration = (now - p.last_progress) / (step.value - p.last_step->value);
+    p.last_duration = (now - Progress(p)) / (step.value - p.last_step->value);
   } else {
     ++ranks_done_startup_;
     if (!InStartup()) {
@@ -197,8 +248,7 @@ Status HangDetector::OnStepEnd(int rank, StepNumber step, TimePoint now) {
     }
   }
   p.last_step = step;
-  p.last_progress = now;
-  Reindex(rank);
+  SetProgress(rank, now);
   reported_ = false;
 
   if (!InStartup() && step > frontier_step_) {
@@ -214,8 +264,7 @@ bool HangDetector::AnyRankInOtherPhase() const { return !in_phase_.empty(); }
 void HangDetector::Resume(TimePoint now) {
   if (!active_) return;
   if (InStartup()) generation_start_ = std::max(generation_start_, now);
-  for (RankProgress& p : ranks_) p.last_progress = std::max(p.last_progress, now);
-  RebuildProgressIndex();
+  FloorProgress(now);
   frontier_time_ = std::max(frontier_time_, now);
 }
 
@@ -256,7 +305,7 @@ TimePoint HangDetector::DeadlineOf(const RankProgress& p, std::optional<TimePoin
       timeout =
           std::max(timeout, std::chrono::duration_cast<Duration>(*p.last_duration * options_.k));
     }
-    deadline = p.last_progress + timeout;
+    deadline = Progress(p) + timeout;
   }
   // In a phase of its own, the rank is judged by that phase's timeout (and
   // by start-up's when that is later); the others wait for the latest one.
@@ -282,7 +331,10 @@ std::string HangDetector::DescribeTimeout() const {
 }
 
 std::optional<HangVerdict> HangDetector::Check(TimePoint now) {
-  if (!active_ || reported_) return std::nullopt;
+  // No rank is past its deadline before the earliest one: a tick costs no
+  // walk over every rank until one is (NextDeadline is exactly that time).
+  const std::optional<TimePoint> next = NextDeadline();
+  if (!next || *next > now) return std::nullopt;
 
   HangVerdict v;
   v.generation = generation_;
@@ -300,7 +352,7 @@ std::optional<HangVerdict> HangDetector::Check(TimePoint now) {
     const RankProgress& p = ranks_[r];
     if (p.phase != v.phase) continue;
     const TimePoint since = InOtherPhase(p)           ? p.phase_since
-                            : p.last_step.has_value() ? p.last_progress
+                            : p.last_step.has_value() ? Progress(p)
                                                       : generation_start_;
     if (first || since < v.stalled_since) {
       v.stalled_since = since;
@@ -370,11 +422,12 @@ std::optional<HangVerdict> HangDetector::Check(TimePoint now) {
 }
 
 std::optional<TimePoint> HangDetector::EarliestTrainDeadline() const {
-  if (by_progress_.empty()) return std::nullopt;
+  if (train_by_base_.empty()) return std::nullopt;
   if (InStartup()) return generation_start_ + options_.startup_timeout;
   const Duration timeout = StepTimeout();
   std::optional<TimePoint> best;
-  for (const auto& [progress, r] : by_progress_) {
+  for (const auto& [base, r] : train_by_base_) {
+    const TimePoint progress = base + shift_;
     // Every rank from here on has at least this much: none is earlier.
     if (best && progress + timeout >= *best) break;
     Duration own = timeout;

@@ -156,14 +156,19 @@ class HangDetector {
  private:
   struct RankProgress {
     std::optional<StepNumber> last_step;
-    TimePoint last_progress{};
+    // Its last progress less shift_ (Progress(): base + shift_), so that
+    // phase time taken out of every rank's clock is one addition.
+    TimePoint base{};
     // The rank's own most recent step duration: a rank that is slow but keeps
     // going gets k times that, even when it is slower than the job's p99.
     std::optional<Duration> last_duration;
     std::string phase = std::string(kTrainPhase);  // the rank's current phase
     bool finished = false;                         // ended with code 0: not watched
     TimePoint phase_since{};                       // when it entered it
-    std::optional<TimePoint> indexed;              // its key in by_progress_, if there
+    // The index it is filed in, by `base`: train_by_base_ (watched, in
+    // "train"), phased_by_base_ (watched, in another phase), or none
+    // (finished).
+    enum class Filed { kNone, kTrain, kPhased } filed = Filed::kNone;
   };
   struct PhaseStats {
     std::vector<Duration> samples;  // the most recent `window`, a ring
@@ -180,16 +185,23 @@ class HangDetector {
   // takes it out.
   void FileInPhase(const RankProgress& p);
   void UnfileInPhase(const RankProgress& p);
-  // Files rank `r` in by_progress_ again after its progress or phase
-  // changed; RebuildProgressIndex after a change to every rank's.
-  void Reindex(int r);
+  TimePoint Progress(const RankProgress& p) const { return p.base + shift_; }
+  void SetProgress(int r, TimePoint progress);
+  // Files rank `r` again after its progress, phase or end changed.
+  void Refile(int r);
+  void Unfile(int r);
   void RebuildProgressIndex();
+  // Every rank's progress is at most `cap` (phase time taken out never
+  // moves a clock past now): the ranks beyond it, the newest of each index,
+  // come down to it. And at least `floor` (Resume): the oldest go up.
+  void CapProgress(TimePoint cap);
+  void FloorProgress(TimePoint floor);
   // The earliest deadline of a rank in "train" (without the wait for a
-  // phase), from by_progress_: its oldest progress first, stopping where no
-  // later one can be earlier.
+  // phase), from train_by_base_: its oldest progress first, stopping where
+  // no later one can be earlier.
   std::optional<TimePoint> EarliestTrainDeadline() const;
   // Ends `p`'s current phase (unless "train") at `now`: a sample and progress.
-  void EndPhase(RankProgress& p, TimePoint now);
+  void EndPhase(int rank, TimePoint now);
 
   Status CheckRank(int rank, std::string_view what) const;
   bool InStartup() const { return ranks_done_startup_ < static_cast<int>(ranks_.size()); }
@@ -222,9 +234,11 @@ class HangDetector {
   // entered it (what the latest phase deadline needs, without a walk over
   // every rank).
   std::map<std::string, std::multiset<TimePoint>, std::less<>> in_phase_;
-  // The watched ranks in "train" by their last progress, oldest first: the
-  // next deadline without a walk over every rank.
-  std::set<std::pair<TimePoint, int>> by_progress_;
+  // The watched ranks by their progress (less shift_), oldest first, those
+  // in "train" and those in another phase apart: the next deadline, and the
+  // phase time taken out of every clock, without a walk over every rank.
+  std::set<std::pair<TimePoint, int>> train_by_base_, phased_by_base_;
+  Duration shift_{0};  // phase time taken out of every rank's clock
   // Phase time up to here has been taken out of the step clocks (EndPhase).
   TimePoint phases_taken_out_until_{};
 };

@@ -420,6 +420,54 @@ TEST(HangDetectorPhases, AFirstPhaseThatNeverEndsTimesOut) {
   EXPECT_THAT(d.verdicts()[0].verdict.reason, HasSubstr("the first time the phase is seen"));
 }
 
+// Two ranks stepping every 10 ms past warm-up: the step timeout is the
+// floor (1 s), each rank's own last step far below it.
+HangDetector WarmedUp(Duration& t) {
+  HangDetectorOptions o;
+  o.floor = seconds(1);
+  o.k = 1;
+  o.min_samples = 1;
+  o.window = 4;
+  o.startup_timeout = seconds(5);
+  o.phase_first_timeout = seconds(100);
+  HangDetector d(o);
+  d.OnGenerationStart(0, 2, At(t));
+  for (int64_t s = 1; s <= 5; ++s) {
+    t += Ms(10);
+    for (int r = 0; r < 2; ++r) EXPECT_TRUE(d.OnStepEnd(r, S(s), At(t)).ok());
+  }
+  return d;
+}
+
+// A phase's time is taken out of every rank's clock, but never moves one
+// past now: rank 0, which finished a step 40 s into rank 1's 50 s
+// evaluation, is judged from the evaluation's end (its clock would
+// otherwise stand 40 s in the future).
+TEST(HangDetector, PhaseTimeTakenOutMovesNoClockPastNow) {
+  Duration t{0};
+  HangDetector d = WarmedUp(t);
+  const Duration eval = t + Ms(10);
+  ASSERT_TRUE(d.OnPhase(1, "eval", At(eval)).ok());
+  ASSERT_TRUE(d.OnStepEnd(0, S(6), At(eval + seconds(40))).ok());
+  ASSERT_TRUE(d.OnPhase(1, "train", At(eval + seconds(50))).ok());
+  ASSERT_TRUE(d.OnRankFinished(1).ok());
+  // Rank 0: from the end of the evaluation, k (1) x its own last step
+  // (from its step 5 at t to its step 6).
+  const Duration own = eval + seconds(40) - t;
+  EXPECT_EQ(d.NextDeadline(), At(eval + seconds(50) + own));
+}
+
+// A watcher away for 100 s (a controller's restart) blames nobody for the
+// silence: every clock restarts at the resume.
+TEST(HangDetector, AResumeRestartsEveryClock) {
+  Duration t{0};
+  HangDetector d = WarmedUp(t);
+  d.Resume(At(t + seconds(100)));
+  EXPECT_EQ(d.NextDeadline(), At(t + seconds(100) + seconds(1)));
+  EXPECT_FALSE(d.Check(At(t + seconds(100) + Ms(999))).has_value());
+  EXPECT_TRUE(d.Check(At(t + seconds(101))).has_value());
+}
+
 // NextDeadline is kept by parts (the ranks in "train" by their progress,
 // the ranks in a phase by phase) rather than by a walk over every rank: it
 // must still be exactly the time from which Check gives a verdict, whatever
