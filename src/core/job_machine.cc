@@ -138,18 +138,16 @@ std::map<std::string, std::string> JobMachine::RefusedNodes() const {
 std::vector<NodeId> JobMachine::HealthyNodes() const {
   // Previous members first, in their order, so that ranks stay where they were.
   std::vector<NodeId> out;
+  std::set<NodeId> taken;
+  auto healthy = [&](const Node& node) {
+    return node.up && node.refused.empty() && node.slots >= options_.ranks_per_node;
+  };
   for (NodeId n : members_) {
     auto it = nodes_.find(n);
-    if (it != nodes_.end() && it->second.up && it->second.refused.empty() &&
-        it->second.slots >= options_.ranks_per_node) {
-      out.push_back(n);
-    }
+    if (it != nodes_.end() && healthy(it->second) && taken.insert(n).second) out.push_back(n);
   }
   for (const auto& [id, node] : nodes_) {
-    if (node.up && node.refused.empty() && node.slots >= options_.ranks_per_node &&
-        std::find(out.begin(), out.end(), id) == out.end()) {
-      out.push_back(id);
-    }
+    if (healthy(node) && !taken.count(id)) out.push_back(id);
   }
   return out;
 }
@@ -387,12 +385,13 @@ void JobMachine::Stopped(TimePoint now, std::vector<JobAction>& out) {
 }
 
 void JobMachine::OnWorkerReady(const WorkerReady& e, TimePoint now) {
+  if (!rank_ready_[e.rank.value]) ++ranks_ready_;
   rank_ready_[e.rank.value] = true;
   rank_rejoins_[e.rank.value] = e.rejoin;
   rank_deterministic_[e.rank.value] = e.deterministic;
   max_restore_s_ = std::max(max_restore_s_, e.restore_s);
   start_step_ = e.start_step;
-  if (std::all_of(rank_ready_.begin(), rank_ready_.end(), [](bool b) { return b; })) {
+  if (ranks_ready_ == world_size()) {
     all_ready_at_ = now;
     if (Incident* inc = OpenIncident()) {
       inc->ready_at = now;
@@ -1095,6 +1094,7 @@ void JobMachine::StartGeneration(std::vector<NodeId> nodes, bool rejoin, TimePoi
   ranks_at_step_ = {{StepNumber{0}, world_size()}};
   start_step_ = StepNumber{0};
   rank_ready_.assign(world_size(), false);
+  ranks_ready_ = 0;
   rank_rejoins_.assign(world_size(), false);
   rank_deterministic_.assign(world_size(), false);
   rank_loss_.assign(world_size(), {StepNumber{-1}, 0.0});

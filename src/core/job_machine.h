@@ -612,6 +612,7 @@ class JobMachine {
   // lowest) and the highest without a walk over every rank.
   std::map<StepNumber, int> ranks_at_step_;
   std::vector<bool> rank_ready_, rank_done_;
+  int ranks_ready_ = 0;                   // of rank_ready_
   std::vector<bool> rank_rejoins_;        // ready, and said it rejoins in place
   std::vector<bool> rank_deterministic_;  // ready, and said it is deterministic
   // Each rank's newest loss of this generation and its step (the losses of

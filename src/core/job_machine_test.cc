@@ -1042,3 +1042,68 @@ TEST(JobMachine, MessagesOfAStaleGenerationAreDropped) {
 
 }  // namespace
 }  // namespace endure::core
+
+namespace endure::core {
+namespace {
+
+// The decision core at 12,500 nodes x 8 ranks (issue 24): 100,000 ranks
+// register, start and train 6 steps of 1 s with their heartbeats; nothing
+// is judged a failure, the job's step follows the slowest rank, and when
+// one rank stops reporting, the hang is found at its deadline and names
+// that rank and its node. (bench/job_machine_bench prints what each input
+// costs; this asserts only the outcomes.)
+TEST(JobMachineAtScale, OneHundredThousandRanksTrainAndOneSilentRankIsNamed) {
+  constexpr int kNodes = 12'500, kPerNode = 8, kWorld = kNodes * kPerNode;
+  JobMachineOptions o;
+  o.nodes = kNodes;
+  o.ranks_per_node = kPerNode;
+  o.isolation.pairwise_test = false;
+  JobMachine m(o, {}, At(Duration(0)));
+  double now = 0;
+  auto at = [&] {
+    return At(std::chrono::duration_cast<Duration>(std::chrono::duration<double>(now)));
+  };
+  std::vector<JobAction> started;
+  for (int n = 0; n < kNodes; ++n) {
+    started = m.Step(NodeUp{NodeId{n}, "node" + std::to_string(n), kPerNode}, at());
+  }
+  ASSERT_EQ(started.size(), 1u);
+  ASSERT_TRUE(std::holds_alternative<StartGenerationAction>(started[0]));
+  EXPECT_EQ(std::get<StartGenerationAction>(started[0]).nodes.size(), size_t{kNodes});
+  now += 1;
+  for (int r = 0; r < kWorld; ++r) m.Step(WorkerReady{m.generation(), r, 0, 0.1}, at());
+  const int silent = 54'321;
+  for (int64_t step = 1; step <= 6; ++step) {
+    for (int r = 0; r < kWorld; ++r) {
+      if (step == 6 && r == silent) continue;
+      StepEnd e{m.generation(), r, step, 2.0, 0, -1};
+      e.compute_s = 0.9;
+      EXPECT_TRUE(m.Step(e, At(std::chrono::duration_cast<Duration>(
+                                std::chrono::duration<double>(now + 0.4 * r / kWorld))))
+                      .empty());
+    }
+    now += 0.5;
+    for (int n = 0; n < kNodes; ++n) m.Step(NodeHeartbeat{NodeId{n}}, at());
+    now += 0.5;
+    EXPECT_TRUE(m.Step(Tick{}, at()).empty());
+  }
+  EXPECT_TRUE(m.incidents().empty());
+  EXPECT_EQ(m.step(), StepNumber{5});  // the silent rank is at 5
+  // Nothing more from anyone's ranks; the agents still beat. The hang is
+  // judged at the machine's next deadline.
+  for (int beat = 0; beat < 60 && m.incidents().empty(); ++beat) {
+    const std::optional<TimePoint> next = m.NextDeadline();
+    ASSERT_TRUE(next.has_value());
+    now += 1;
+    for (int n = 0; n < kNodes; ++n) m.Step(NodeHeartbeat{NodeId{n}}, at());
+    m.Step(Tick{}, at());
+  }
+  ASSERT_EQ(m.incidents().size(), 1u);
+  const Incident& inc = m.incidents()[0];
+  EXPECT_EQ(inc.cause.kind, Cause::kHang);
+  EXPECT_EQ(inc.rank, Rank{silent});
+  EXPECT_EQ(inc.node, NodeId{silent / kPerNode});
+}
+
+}  // namespace
+}  // namespace endure::core
