@@ -2,6 +2,8 @@
 #include "core/sdc_check.h"
 
 #include <algorithm>
+#include <string_view>
+#include <unordered_map>
 
 #include "common/status.h"
 #include "contract/worker_contract.h"
@@ -70,12 +72,14 @@ std::optional<SdcVerdict> SdcChecker::OnFingerprint(Rank rank, StepNumber step,
 }
 
 SdcVerdict SdcChecker::Judge(StepNumber step, const std::vector<std::string>& fingerprints) {
+  // Grouped through a hash of the fingerprints: as many groups as ranks
+  // (replicas that all disagree) costs no more than one.
   std::vector<Group> groups;
+  std::unordered_map<std::string_view, size_t> group_of;
   for (size_t r = 0; r < fingerprints.size(); ++r) {
-    auto g = std::find_if(groups.begin(), groups.end(),
-                          [&](const Group& x) { return x.fingerprint == fingerprints[r]; });
-    if (g == groups.end()) g = groups.insert(groups.end(), Group{fingerprints[r], {}});
-    g->ranks.push_back(Rank{static_cast<int32_t>(r)});
+    auto [it, added] = group_of.try_emplace(fingerprints[r], groups.size());
+    if (added) groups.push_back(Group{fingerprints[r], {}});
+    groups[it->second].ranks.push_back(Rank{static_cast<int32_t>(r)});
   }
   // Largest group first; among equals, the one with the lowest rank.
   std::stable_sort(groups.begin(), groups.end(),

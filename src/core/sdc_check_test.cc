@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 namespace endure::core {
 namespace {
 
@@ -118,6 +120,33 @@ TEST(SdcChecker, NoStrictMajorityIsUndecided) {
   EXPECT_FALSE(v->decided);
   EXPECT_THAT(v->suspects, ElementsAre(Rank{0}, Rank{1}, Rank{2}));
   EXPECT_EQ(checker.last_agreed(), StepNumber{-1});
+}
+
+// 100,000 replicas: three corrupted ones are named among the others; and
+// when every replica disagrees with every other (a program that is not
+// deterministic), the check is undecided, its reason bounded (it grouped
+// the fingerprints by a linear search per rank: 10^10 comparisons).
+TEST(SdcChecker, AHundredThousandReplicasAreJudgedInOnePass) {
+  constexpr int kWorld = 100'000;
+  SdcChecker checker;
+  checker.OnGenerationStart(kWorld);
+  std::vector<std::string> fingerprints(kWorld, kGood);
+  for (int r : {7, 50'000, 99'999}) fingerprints[r] = kBad;
+  std::optional<SdcVerdict> v = Check(checker, 10, fingerprints);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_TRUE(v->decided);
+  EXPECT_THAT(v->suspects, ElementsAre(Rank{7}, Rank{50'000}, Rank{99'999}));
+
+  char hex[17];
+  for (int r = 0; r < kWorld; ++r) {
+    std::snprintf(hex, sizeof hex, "%016x", r);
+    fingerprints[r] = hex;
+  }
+  v = Check(checker, 20, fingerprints);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_FALSE(v->decided);
+  EXPECT_EQ(v->suspects.size(), size_t{kWorld});
+  EXPECT_LT(v->reason.size(), 1000u) << v->reason.substr(0, 200);
 }
 
 TEST(SdcChecker, OneReplicaAgreesWithItself) {
