@@ -61,9 +61,34 @@ void EttrLedger::SetSlowdown(double factor, LedgerCategory lost_to, TimePoint no
   slowdown_lost_to_ = lost_to;
 }
 
-void EttrLedger::CopyTaken(TimePoint now) {
+void EttrLedger::CopyTaken(StepNumber step, TimePoint now,
+                           std::optional<Duration> productive_at_step) {
   Advance(now);
-  uncommitted_ = Duration(0);
+  const Duration total = totals_[static_cast<int>(LedgerCategory::kProductive)];
+  // Never before an earlier copy, never after now.
+  Duration at = std::min(productive_at_step.value_or(total), total);
+  if (!copies_.empty()) at = std::max(at, copies_.back().second);
+  uncommitted_ = std::min(uncommitted_, total - at);
+  copies_.emplace_back(step, at);
+  if (copies_.size() > kMaxCopies) copies_.pop_front();
+}
+
+void EttrLedger::RestoredTo(StepNumber step, TimePoint now) {
+  Advance(now);
+  Duration& productive = totals_[static_cast<int>(LedgerCategory::kProductive)];
+  if (!copies_.empty() && copies_.back().first > step) {
+    // The newest copy at or before `step` (none: the timeline's start, or
+    // the oldest remembered).
+    auto kept = copies_.end();
+    for (auto it = copies_.begin(); it != copies_.end() && it->first <= step; ++it) kept = it;
+    const Duration base = kept == copies_.end() ? Duration(0) : kept->second;
+    const Duration lost = std::clamp(copies_.back().second - base, Duration(0), productive);
+    productive -= lost;
+    totals_[static_cast<int>(LedgerCategory::kRecompute)] += lost;
+    copies_.erase(kept == copies_.end() ? copies_.begin() : std::next(kept), copies_.end());
+  }
+  // The new timeline begins here, with what is productive now.
+  copies_.emplace_back(step, productive);
 }
 
 void EttrLedger::RollBack(TimePoint now) {

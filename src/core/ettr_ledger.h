@@ -13,7 +13,10 @@
 #pragma once
 
 #include <array>
+#include <deque>
+#include <optional>
 #include <string_view>
+#include <utility>
 
 #include "common/duration.h"
 #include "core/ids.h"
@@ -52,12 +55,26 @@ class EttrLedger {
   // `lost_to`. Factor 1 restores full speed. Charges up to `now` first.
   void SetSlowdown(double factor, LedgerCategory lost_to, TimePoint now);
 
-  // A checkpoint copy was taken at `now`: uncommitted productive time survives.
-  void CopyTaken(TimePoint now);
+  // A checkpoint copy of step `step` was taken, as heard at `now`: the
+  // productive time up to the step survives (as long as a restart restores
+  // this copy or a newer one: see RestoredTo). `productive_at_step`: the
+  // productive total when the job reached the step (the first report of it
+  // from any rank), where the report of the copy came later (a slow or
+  // partitioned link): the time since then stays uncommitted. nullopt: now.
+  void CopyTaken(StepNumber step, TimePoint now,
+                 std::optional<Duration> productive_at_step = std::nullopt);
 
   // The job rolled back to its last checkpoint at `now`: uncommitted
   // productive time is lost and charged to kRecompute.
   void RollBack(TimePoint now);
+
+  // A generation starts from step `step` (what its workers restored): the
+  // copies taken after it did not survive (their node was lost, a shard of
+  // them failed to verify, a rollback abandoned them), so the productive
+  // time between the newest copy at or before `step` and the newest copy
+  // is charged to kRecompute too. Nothing when `step` is at or after the
+  // newest copy (the usual restart, or an in-process one).
+  void RestoredTo(StepNumber step, TimePoint now);
 
   // The last `amount` of productive time, not yet committed, was not
   // productive after all (a fault hit that long before it was detected, or a
@@ -82,6 +99,11 @@ class EttrLedger {
   LedgerCategory slowdown_lost_to_ = LedgerCategory::kOther;
   Duration uncommitted_{0};
   std::array<Duration, kNumLedgerCategories> totals_{};
+  // The copies of the current timeline, oldest first, each with the
+  // productive total when it was taken (the first entry: where the
+  // timeline began). At most kMaxCopies: older ones are forgotten.
+  std::deque<std::pair<StepNumber, Duration>> copies_;
+  static constexpr size_t kMaxCopies = 1024;
 };
 
 }  // namespace endure::core

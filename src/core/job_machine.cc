@@ -11,6 +11,10 @@
 namespace endure::core {
 namespace {
 
+// Steps remembered for the ledger between two copies (a job that takes no
+// checkpoint would otherwise remember every step).
+constexpr size_t kMaxStepsWithoutCopy = 4096;
+
 JobAction ToJobAction(BookAction action) {
   return std::visit([](auto&& a) -> JobAction { return std::move(a); }, std::move(action));
 }
@@ -402,11 +406,16 @@ void JobMachine::OnWorkerReady(const WorkerReady& e, TimePoint now) {
     sdc_.RollBackTo(e.start_step);
     if (in_process_from_.value >= 0 && e.start_step < in_process_from_) ledger_.RollBack(now);
     in_process_from_ = StepNumber{-1};
+    // What the workers restored: copies taken after it were lost with it.
+    ledger_.RestoredTo(e.start_step, now);
   }
 }
 
 void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobAction>& out) {
   StepNumber& rank_step = rank_step_[e.rank.value];
+  if (step_productive_.size() < kMaxStepsWithoutCopy) {
+    step_productive_.try_emplace(e.step, ledger_.total(LedgerCategory::kProductive));
+  }
   if (e.step > rank_step) {
     auto at = ranks_at_step_.find(rank_step);
     if (--at->second == 0) ranks_at_step_.erase(at);
@@ -454,7 +463,13 @@ void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobActio
     // The book's first event: a copy taken, which the productive time
     // before it survives.
     if (e.checkpoint_step.value >= 0 && book_.OnCopyTaken(e.checkpoint_step)) {
-      ledger_.CopyTaken(now);
+      std::optional<Duration> at_step;
+      if (auto it = step_productive_.find(e.checkpoint_step); it != step_productive_.end()) {
+        at_step = it->second;
+      }
+      ledger_.CopyTaken(e.checkpoint_step, now, at_step);
+      step_productive_.erase(step_productive_.begin(),
+                             step_productive_.upper_bound(e.checkpoint_step));
     }
   }
   if (!e.skipped) rank_loss_[e.rank.value] = {e.step, e.loss};
@@ -1095,6 +1110,7 @@ void JobMachine::StartGeneration(std::vector<NodeId> nodes, bool rejoin, TimePoi
   start_step_ = StepNumber{0};
   rank_ready_.assign(world_size(), false);
   ranks_ready_ = 0;
+  step_productive_.clear();
   rank_rejoins_.assign(world_size(), false);
   rank_deterministic_.assign(world_size(), false);
   rank_loss_.assign(world_size(), {StepNumber{-1}, 0.0});

@@ -612,7 +612,11 @@ class JobMachine {
   // lowest) and the highest without a walk over every rank.
   std::map<StepNumber, int> ranks_at_step_;
   std::vector<bool> rank_ready_, rank_done_;
-  int ranks_ready_ = 0;                   // of rank_ready_
+  int ranks_ready_ = 0;  // of rank_ready_
+  // The ledger's productive total when the first report of each step of
+  // this generation arrived (since the newest copy): a copy whose report
+  // comes late is safe as of its step, not of its report.
+  std::map<StepNumber, Duration> step_productive_;
   std::vector<bool> rank_rejoins_;        // ready, and said it rejoins in place
   std::vector<bool> rank_deterministic_;  // ready, and said it is deterministic
   // Each rank's newest loss of this generation and its step (the losses of

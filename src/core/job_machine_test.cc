@@ -481,6 +481,42 @@ TEST(JobMachine, ARollbackBeforeTheRunsFirstCheckpointAsksForTheEarlierRunsOne) 
   EXPECT_EQ(job.m.checkpoints().totals().durable_commits, 0);
 }
 
+// Rank 0's report of step 10, the one that says its copy was taken,
+// arrives 5 s after rank 1's (its link was partitioned); the ranks go on to
+// step 12, rank 1 crashes, and the restart restores step 10. The copy is
+// safe as of step 10, not as of its report: the 6 s of steps 11 and 12 are
+// recomputed (not 1 s, as when the late report counted as the copy's time),
+// and what stays productive is steps 2 to 10 (the first is start-up).
+TEST(JobMachine, ACopyReportedLateIsSafeAsOfItsStepNotItsReport) {
+  JobMachineOptions o = Options();
+  o.in_process = false;
+  Job job(o);
+  job.Up();
+  job.Ready(0);
+  for (int64_t s = 1; s <= 9; ++s) {
+    job.now += 1;
+    job.StepBoth(s);
+  }
+  job.now += 1;  // 10 s: rank 1 ends step 10
+  job.Do(NodeHeartbeat{NodeId{0}});
+  job.Do(NodeHeartbeat{NodeId{1}});
+  job.Do(StepEnd{job.m.generation(), 1, 10, 2.0, 0, -1});
+  job.now += 5;  // 15 s: rank 0's, held by the partition
+  job.Do(StepEnd{job.m.generation(), 0, 10, 2.0, 0, 10});
+  for (int64_t s = 11; s <= 12; ++s) {
+    job.now += 0.5;
+    job.StepBoth(s);
+  }
+  job.Do(WorkerExitEvent{job.m.generation(), 1, NodeId{1}, std::nullopt, 9});
+  job.now += 0.1;
+  ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
+  job.now += 1;
+  job.Ready(10);
+  const EttrLedger& l = job.m.ledger();
+  EXPECT_EQ(l.total(LedgerCategory::kRecompute), 6s);
+  EXPECT_EQ(l.total(LedgerCategory::kProductive), 9s);
+}
+
 TEST(JobMachine, HangIsDetectedAfterTheTimeoutWithStacks) {
   Job job;
   job.Up();

@@ -51,8 +51,9 @@ enum class FaultKind {
   kControllerRestart,
   kSlowNetwork,
   kDiskError,
+  kPartition,
 };
-constexpr int kFaultKinds = 7;
+constexpr int kFaultKinds = 8;
 
 const char* FaultName(FaultKind k) {
   switch (k) {
@@ -70,6 +71,8 @@ const char* FaultName(FaultKind k) {
       return "slow-network";
     case FaultKind::kDiskError:
       return "disk-error";
+    case FaultKind::kPartition:
+      return "partition";
   }
   return "?";
 }
@@ -117,6 +120,9 @@ struct SimNode {
   std::vector<Process> procs;
   TimePoint last_delivery;  // the stream is FIFO
   TimePoint slow_until;     // a slow-network fault delays its messages
+  // A partition between the node and the controller: what the node sends
+  // meanwhile is held (its agent's outage buffer) and arrives when it heals.
+  TimePoint partitioned_until;
 };
 
 class Cluster {
@@ -332,12 +338,13 @@ class Cluster {
     }
     // Every step that counts was trained once in a surviving timeline, in
     // kStepTime: the ledger may book no more than that as productive (the
-    // network's delays aside). A recovery's first step is booked as
+    // network's delays aside, and the partitions': what the controller
+    // hears late it books late). A recovery's first step is booked as
     // recovery, and a controller outage as what it interrupted, so less is
     // no violation.
     const Duration productive = m_.ledger().total(core::LedgerCategory::kProductive);
     const Duration trained = kStepTime * o_.total_steps;
-    if (productive > trained + kLedgerSlack) {
+    if (productive > trained + kLedgerSlack + partitioned_) {
       Violate("the ledger books " + FormatDuration(productive) + " as productive for " +
               std::to_string(o_.total_steps) + " steps of " + FormatDuration(kStepTime) +
               ": some steps were counted twice");
@@ -365,7 +372,8 @@ class Cluster {
     SimNode& n = nodes_[node.value];
     Duration delay = std::chrono::microseconds(100 + Draw(2000));
     if (now_ < n.slow_until) delay += std::chrono::milliseconds(Draw(1500));
-    const TimePoint at = std::max(now_ + delay, n.last_delivery + 1ns);
+    const TimePoint at =
+        std::max({now_ + delay, n.last_delivery + 1ns, n.partitioned_until + delay});
     n.last_delivery = at;
     At(at, [this, node, e = std::move(e), inc = n.incarnation] {
       if (nodes_[node.value].incarnation != inc) return;  // the stream broke
@@ -578,6 +586,17 @@ class Cluster {
   void TrainStep(int g) {
     if (g != generation_ || result_.finished) return;
     const int64_t step = JobStep() + 1;
+    if (step > o_.total_steps) {
+      // Restarted with nothing left to train (the last step was done when
+      // a node was lost): the workers end at once.
+      for (size_t i = 0; i < gen_nodes_.size(); ++i) {
+        for (int l = 0; l < o_.ranks_per_node; ++l) {
+          SendExit(gen_nodes_[i], g, static_cast<int64_t>(i) * o_.ranks_per_node + l, 0,
+                   std::nullopt);
+        }
+      }
+      return;
+    }
     for (PlannedFault& f : faults_) {
       if (!f.fired && !f.at && f.step <= step) Fire(f);
     }
@@ -708,6 +727,25 @@ class Cluster {
       case FaultKind::kDiskError:
         disk_failing_until_ = now_ + 25s;
         return;
+      case FaultKind::kPartition: {
+        // 2 to 20 s: within the heartbeat timeout (10 s) the node's backlog
+        // arrives and nothing happened; beyond it, the node was lost, its
+        // late messages are of a generation gone, and its agent, fenced,
+        // comes back as a fresh node.
+        node->faulty = true;
+        const Duration length = std::chrono::milliseconds(2000 + Draw(18000));
+        partitioned_ += length;
+        node->partitioned_until = std::max(node->partitioned_until, now_ + length);
+        At(node->partitioned_until + 1s, [this, id, inc = node->incarnation] {
+          SimNode& n = nodes_[id.value];
+          if (!n.up || n.incarnation != inc || now_ < n.partitioned_until + 1s) return;
+          const std::vector<NodeId> up = m_.NodesUp();
+          if (std::find(up.begin(), up.end(), id) != up.end()) return;  // not lost
+          Lose(id, /*closed=*/false, /*repair=*/false);
+          Join(id);
+        });
+        return;
+      }
     }
   }
 
@@ -739,6 +777,7 @@ class Cluster {
   std::map<int64_t, Durable> durable_;
   std::map<int64_t, uint64_t> saved_;
   TimePoint disk_failing_until_;
+  Duration partitioned_{0};  // the partitions' lengths, summed
   int exit_code_ = -1;
   std::string finish_reason_;
 };

@@ -3,8 +3,11 @@
 // running its ranks of a data-parallel job in lockstep, on one simulated
 // clock and a simulated network, driven by a seed. The seed chooses the
 // faults (worker crashes, hangs, nodes lost silently or with a closed
-// stream, delayed messages, controller restarts that rebuild the machine
-// from its journal) and the network's delays; every input is journaled as
+// stream, delayed messages, partitions between a node and the controller
+// that heal — the node's reports held and delivered late, its agent fenced
+// and back as a fresh node when the partition outlasted the heartbeat
+// timeout —, failing durable writes, controller restarts that rebuild the
+// machine from its journal) and the network's delays; every input is journaled as
 // the controller journals it (core::EncodeEvent). After every input the
 // invariants are checked:
 //

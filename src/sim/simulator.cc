@@ -215,7 +215,9 @@ class Run {
     }
     now_ = std::max(now_, horizon);
     if (phase_ == Phase::kTraining || phase_ == Phase::kCheckpoint) {
-      ledger_.CopyTaken(At(horizon));  // the final checkpoint at the end of the run
+      // The final checkpoint at the end of the run (copies are numbered: the
+      // simulator restores the newest, and never an older one).
+      ledger_.CopyTaken(core::StepNumber{result_.checkpoints + 1}, At(horizon));
     } else {
       ledger_.Advance(At(horizon));
     }
@@ -435,7 +437,7 @@ class Run {
         Enter(Phase::kCheckpoint, LedgerCategory::kCheckpointStall, c_.ckpt_write);
         break;
       case Phase::kCheckpoint:
-        ledger_.CopyTaken(At(now_));
+        ledger_.CopyTaken(core::StepNumber{result_.checkpoints + 1}, At(now_));
         committed_ += c_.ckpt_interval;
         segment_done_ = Duration(0);
         ++result_.checkpoints;
