@@ -27,6 +27,7 @@ Status CheckpointBookOptions::Validate() const {
   if (ranks_per_node < 1) {
     return InvalidArgument("checkpoint book: ranks_per_node must be at least 1");
   }
+  if (max_shards < 0) return InvalidArgument("checkpoint book: max_shards must not be negative");
   return Status::Ok();
 }
 
@@ -77,6 +78,7 @@ std::vector<BookAction> CheckpointBook::OnShardPersisted(const ShardPersisted& p
   totals_.peak_t1_bytes = std::max(totals_.peak_t1_bytes, p.t1_bytes);
   // A step has the shards of the world that saved it: fewer after a shrink.
   if (p.shards < 1 || p.shard < 0 || p.shard >= p.shards || p.step.value < 1) return {};
+  if (options_.max_shards > 0 && p.shards > options_.max_shards) return {};
   if (p.step <= newest_commit_ || writing_.count(p.step)) return {};
   // The timeline a rollback abandons, saved on the way out: its files are
   // an unfinished save, which retention removes once a newer step commits.
@@ -288,6 +290,12 @@ uint64_t CheckpointBook::SlotBytes() const {
   const uint64_t copies = static_cast<uint64_t>(options_.ranks_per_node) *
                           (checkpoint::kT0Slots + 2 * static_cast<uint64_t>(options_.replicas));
   return options_.memory_budget / copies;
+}
+
+size_t CheckpointBook::pending_shards() const {
+  size_t n = 0;
+  for (const auto& [step, shards] : pending_) n += shards.size();
+  return n;
 }
 
 CheckpointTotals CheckpointBook::totals() const {

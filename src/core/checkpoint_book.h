@@ -54,6 +54,10 @@ struct CheckpointBookOptions {
   int64_t persist_every_steps = 0;  // every N-th copy is due in T2; 0: every copy
   int ranks_per_node = 1;
   uint64_t memory_budget = 0;  // T0 + T1 bytes per node; 0: no limit
+  // The most shards a step can have: the job's largest world (an agent's
+  // report of more is refused, so that it cannot grow a pending step
+  // without bound). 0: no bound.
+  int max_shards = 0;
 
   Status Validate() const;
 };
@@ -169,7 +173,8 @@ class CheckpointBook {
   bool OnCopyTaken(StepNumber step);
 
   // When the shard completes its step: the manifest to write. Ignored: a
-  // step at or below the newest commit of this timeline, and a shard of the
+  // shard out of range (more shards than max_shards), a step at or below
+  // the newest commit of this timeline, and a shard of the
   // timeline a rollback abandons (one at or after its abandoned step, or of
   // a generation before the restore that is beyond the restore point).
   std::vector<BookAction> OnShardPersisted(const ShardPersisted& shard);
@@ -215,6 +220,8 @@ class CheckpointBook {
   // The most bytes one T0 slot may hold so that T0 and T1 fit the budget
   // (0: no limit).
   uint64_t SlotBytes() const;
+  // Shard reports waiting for the rest of their step, over every step.
+  size_t pending_shards() const;
   // With newest_durable: the newest committed step of this timeline.
   CheckpointTotals totals() const;
   const CheckpointBookOptions& options() const { return options_; }

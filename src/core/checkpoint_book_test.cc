@@ -239,6 +239,26 @@ TEST(CheckpointBookTest, AListingForgetsWhatIsGoneAndNamesWhatIsBeyondTheRestore
   EXPECT_EQ(b.Plan().Summary(), "step 20 from T2 x2");
 }
 
+// An agent's report is hostile until checked: a shard of a world larger
+// than the job's, or out of its own range, never becomes pending (a report
+// of shards = 10^9 would otherwise let one step grow without bound).
+TEST(CheckpointBookTest, ShardsOutOfTheJobsRangeAreRefused) {
+  Book b(CheckpointBookOptions{.max_shards = 4});
+  for (const ShardPersisted& p : {
+           ShardPersisted{Generation{0}, NodeId{0}, S(10), 0, 1'000'000'000, 1, 1},
+           ShardPersisted{Generation{0}, NodeId{0}, S(10), 5, 4, 1, 1},
+           ShardPersisted{Generation{0}, NodeId{0}, S(10), -1, 4, 1, 1},
+           ShardPersisted{Generation{0}, NodeId{0}, S(0), 0, 1, 1, 1},
+       }) {
+    EXPECT_TRUE(b.book.OnShardPersisted(p).empty());
+  }
+  EXPECT_EQ(b.book.pending_shards(), 0u);
+  b.Carry(b.book.OnShardPersisted(ShardPersisted{Generation{0}, NodeId{0}, S(10), 0, 4, 1, 1}));
+  EXPECT_EQ(b.book.pending_shards(), 1u);
+  b.Persist(10, 4);
+  EXPECT_EQ(b.Steps(), (std::vector<int64_t>{10}));
+}
+
 TEST(CheckpointBookTest, BudgetSplitsSlotsAndReplicasGoToTheNextNode) {
   EXPECT_EQ(CheckpointBook(CheckpointBookOptions{.memory_budget = 1000}).SlotBytes(), 200u);
   EXPECT_EQ(CheckpointBook(CheckpointBookOptions{.replicas = 0, .memory_budget = 900}).SlotBytes(),

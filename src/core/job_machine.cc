@@ -109,6 +109,7 @@ void JobMachine::OnConfigure(const Configure& c) {
   stragglers_ = StragglerDetector(options_.isolation.straggler);
   CheckpointBookOptions book = options_.checkpoint;
   book.ranks_per_node = options_.ranks_per_node;
+  book.max_shards = options_.nodes * options_.ranks_per_node;
   book_ = CheckpointBook(book);
   generation_ = Generation{options_.first_generation.value - 1};
 }
