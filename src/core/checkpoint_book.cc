@@ -54,7 +54,13 @@ void CheckpointBook::OnListed(const DurableListed& listed) {
     present.insert(s.step);
     auto [it, added] = durable_.try_emplace(s.step);
     it->second.shards = s.shards;
-    if (added) {
+    if (writing_.count(s.step)) {
+      // A manifest this book asked for, whose result was never heard (the
+      // controller died in between): it was written, by this timeline.
+      it->second.origin = Origin::kTimeline;
+      it->second.this_run = true;
+      ++totals_.durable_commits;
+    } else if (added) {
       // Beyond the restore point of this timeline: another timeline's.
       it->second.origin =
           restored_step_ && s.step > *restored_step_ ? Origin::kOther : Origin::kBefore;
@@ -64,6 +70,17 @@ void CheckpointBook::OnListed(const DurableListed& listed) {
   std::erase_if(durable_, [&](const auto& d) { return !present.count(d.first); });
   leftovers_ = std::set<StepNumber>(listed.leftovers.begin(), listed.leftovers.end());
   for (StepNumber s : present) leftovers_.erase(s);
+  // What was asked for and never answered is settled by the listing: a
+  // manifest not there was not written (its shards are a leftover), a
+  // removal was done or is asked again by the next retention; an abandoned
+  // step still there stays abandoned.
+  writing_.clear();
+  for (auto it = removing_.begin(); it != removing_.end();) {
+    if (it->second == RemoveReason::kAbandoned && present.count(it->first)) {
+      abandoned_.insert(it->first);
+    }
+    it = removing_.erase(it);
+  }
 }
 
 bool CheckpointBook::OnCopyTaken(StepNumber step) {

@@ -164,8 +164,10 @@ class CheckpointBook {
 
   // Steps listed that the book did not know are committed before this
   // timeline (or, beyond its restore point, another timeline's); steps it
-  // knew that are gone are forgotten. Nothing is removed for a listing:
-  // retention runs when this run commits a step.
+  // knew that are gone are forgotten; a manifest or a removal it asked for
+  // and never heard of (a controller that died in between) is settled by
+  // what the listing shows. Nothing is removed for a listing: retention
+  // runs when this run commits a step.
   void OnListed(const DurableListed& listed);
 
   // Rank 0 took a copy of `step` (T0): whether it is newer than every copy

@@ -29,6 +29,7 @@ class Book {
     for (const BookAction& a : actions) {
       if (const auto* w = std::get_if<WriteManifestAction>(&a)) {
         dir[w->step.value] = static_cast<int>(w->shards.size());
+        leftovers.erase(w->step.value);  // its directory now has a manifest
         bool committed = false;
         Carry(book.OnManifestWritten(ManifestWritten{w->step, ""}, &committed));
         EXPECT_TRUE(committed);
@@ -257,6 +258,36 @@ TEST(CheckpointBookTest, ShardsOutOfTheJobsRangeAreRefused) {
   EXPECT_EQ(b.book.pending_shards(), 1u);
   b.Persist(10, 4);
   EXPECT_EQ(b.Steps(), (std::vector<int64_t>{10}));
+}
+
+// A controller died between asking for a step's manifest and hearing it
+// was written (its journal has the ask, not the answer): the listing of
+// the carried-on controller settles it. Written: the step is this
+// timeline's (a rollback removes it). Not written: its shards are a
+// leftover, and the step may be saved again.
+TEST(CheckpointBookTest, AListingSettlesAManifestAskedForAndNeverHeardOf) {
+  Book b;
+  b.Persist(10);
+  for (int s = 0; s < 2; ++s) {
+    b.book.OnShardPersisted(ShardPersisted{Generation{0}, NodeId{s}, S(20), s, 2, 1, 1});
+  }
+  b.dir[20] = 2;  // the manifest was written; the controller died
+  b.book.OnListed(b.Listing());
+  EXPECT_EQ(b.book.totals().newest_durable, S(20));
+  std::vector<std::string> notes;
+  b.Carry(b.book.OnRollback(S(15), S(16), &notes));
+  EXPECT_TRUE(notes.empty());
+  EXPECT_EQ(b.Steps(), (std::vector<int64_t>{10}));
+
+  Book c;
+  for (int s = 0; s < 2; ++s) {
+    c.book.OnShardPersisted(ShardPersisted{Generation{0}, NodeId{s}, S(30), s, 2, 1, 1});
+  }
+  c.leftovers = {30};  // it died before writing it
+  c.book.OnListed(c.Listing());
+  c.Persist(30);  // saved again (after a restore, say): committed this time
+  EXPECT_EQ(c.Steps(), (std::vector<int64_t>{30}));
+  EXPECT_TRUE(c.leftovers.empty());
 }
 
 TEST(CheckpointBookTest, BudgetSplitsSlotsAndReplicasGoToTheNextNode) {
