@@ -18,6 +18,7 @@
 #include "common/utf8.h"
 #include "contract/worker_contract.h"
 #include "controller/report.h"
+#include "core/agent_events.h"
 #include "core/incident_match.h"
 #include "core/job_codec.h"
 #include "core/stack_signature.h"
@@ -345,130 +346,25 @@ void ControllerShell::OnClose(ConnectionId id, const std::string& reason) {
 
 // Runs on an agent's stream thread: a pure conversion.
 ControllerShell::Queued ControllerShell::Translate(const proto::AgentEvent& e, NodeId node) const {
-  const int gen = static_cast<int>(e.generation());
+  core::AgentEventContext context;
+  context.node_named = [this](const std::string& name) -> std::optional<NodeId> {
+    MutexLock lock(&conns_mu_);
+    for (const auto& [n, a] : agents_) {
+      if (a.name == name) return n;
+    }
+    return std::nullopt;
+  };
+  context.fault_ids = &fault_ids_;
+  context.now = Now();
+  context.wall_now_s = clock_->WallSeconds();
+  core::AgentEventRead read = core::ReadAgentEvent(e, node, context);
   Queued q;
   q.node = node;
-  switch (e.event_case()) {
-    case proto::AgentEvent::kWorkerReady:
-      q.event = core::WorkerReady{gen,
-                                  e.worker_ready().rank(),
-                                  e.worker_ready().start_step(),
-                                  e.worker_ready().restore_s(),
-                                  e.worker_ready().rejoin(),
-                                  e.worker_ready().deterministic()};
-      break;
-    case proto::AgentEvent::kStep: {
-      const auto& s = e.step();
-      core::StepEnd step{
-          gen, s.rank(), s.step(), s.loss(), s.ckpt_stall_s(), s.checkpoint_step(), s.skipped()};
-      // Hostile until checked, by the worker contract's bounds: a negative
-      // or non-finite compute time, or a step count beyond what a double
-      // holds, is none.
-      if (contract::IsSeconds(s.compute_s()) && s.compute_s() > 0) {
-        step.compute_s = s.compute_s();
-      }
-      if (s.total_steps() > 0 && s.total_steps() <= contract::kMaxCount) {
-        step.total_steps = s.total_steps();
-      }
-      q.event = step;
-      q.tokens = s.tokens();
-      break;
-    }
-    case proto::AgentEvent::kPhase: {
-      const std::string& phase = e.phase().phase();
-      if (!contract::IsPhaseName(phase)) break;  // the agent checks it; a damaged one is dropped
-      q.event = core::PhaseChanged{gen, e.phase().rank(), phase};
-      break;
-    }
-    case proto::AgentEvent::kFingerprint: {
-      const auto& f = e.fingerprint();
-      if (!contract::IsFingerprint(f.fingerprint())) break;
-      q.event = core::FingerprintReported{gen, f.rank(), f.step(), f.fingerprint()};
-      break;
-    }
-    case proto::AgentEvent::kPairTest: {
-      const auto& t = e.pair_test();
-      std::optional<NodeId> peer;
-      {
-        MutexLock lock(&conns_mu_);
-        for (const auto& [n, a] : agents_) {
-          if (a.name == t.peer_node()) peer = n;
-        }
-      }
-      if (!peer) break;
-      q.event = core::PairTestResult{t.test(),
-                                     t.round(),
-                                     node,
-                                     *peer,
-                                     t.ok(),
-                                     std::isfinite(t.seconds()) ? t.seconds() : 0,
-                                     SanitizeUtf8(t.error().substr(0, 512))};
-      break;
-    }
-    case proto::AgentEvent::kLogMatch:
-      q.log_match = e.log_match();
-      break;
-    case proto::AgentEvent::kWorkerExited: {
-      const auto& x = e.worker_exited();
-      core::WorkerExitEvent exit;
-      exit.generation = core::Generation{gen};
-      exit.rank = core::Rank{x.rank()};
-      exit.node = node;
-      exit.stopped = x.stopped();
-      if (x.exited()) {
-        exit.exit_code = x.exit_code();
-      } else {
-        exit.signal = x.signal();
-      }
-      q.event = exit;
-      q.fingerprint = x.param_fingerprint();
-      break;
-    }
-    case proto::AgentEvent::kStackDump:
-      q.event =
-          core::StackDumpEvent{gen, e.stack_dump().rank(), SanitizeUtf8(e.stack_dump().text())};
-      break;
-    case proto::AgentEvent::kFaultFired: {
-      const auto& f = e.fault_fired();
-      // Only the spec's faults are remembered: any other id would grow the
-      // set of fired faults handed to every later generation.
-      if (!fault_ids_.count(f.fault_id())) break;
-      const std::optional<faults::FaultKind> kind = wire::FromWire(f.kind());
-      if (!kind) break;
-      // The worker's wall clock says when; map it onto the steady clock.
-      const double ago = std::max(0.0, clock_->WallSeconds() - e.time_s());
-      q.event = core::FaultFiredEvent{gen,   f.rank(), f.fault_id(),
-                                      *kind, f.step(), Now() - FromSeconds(ago)};
-      break;
-    }
-    case proto::AgentEvent::kStopped:
-      q.event = core::GenerationStoppedEvent{gen, node};
-      q.stopped = e.stopped();
-      break;
-    case proto::AgentEvent::kPersisted: {
-      const auto& p = e.persisted();
-      if (!p.error().empty()) {
-        q.event = core::PersistFailedEvent{gen, p.shard(), p.step(), node, p.error()};
-      } else {
-        // Its ranges are the book's to check (it ignores a shard out of them).
-        q.event = core::ShardPersisted{gen,
-                                       node,
-                                       core::StepNumber{p.step()},
-                                       p.shard(),
-                                       p.shards(),
-                                       p.bytes(),
-                                       std::strtoull(p.xxh3().c_str(), nullptr, 16),
-                                       p.t0_bytes(),
-                                       p.t1_bytes()};
-      }
-      break;
-    }
-    case proto::AgentEvent::kHeartbeat:
-      q.event = core::NodeHeartbeat{node};
-      break;
-    default:
-      break;
-  }
+  q.event = std::move(read.event);
+  q.log_match = std::move(read.log_match);
+  q.fingerprint = std::move(read.fingerprint);
+  q.tokens = read.tokens;
+  q.stopped = std::move(read.stopped);
   return q;
 }
 
@@ -538,6 +434,21 @@ void ControllerShell::OnResume(const Queued& item) {
       stop.set_generation(generation);
       Send(item.node, std::move(stop));
     }
+    return;
+  }
+  const std::vector<NodeId>& members = machine_.members();
+  if (item.taken_back && starts_.count(item.node) > 0 &&
+      core::MissedItsStart(generation, machine_.generation().value, machine_.phase(),
+                           std::find(members.begin(), members.end(), item.node) != members.end())) {
+    std::fprintf(stderr,
+                 "endure controller: %s came back resuming generation %lld; it missed the start "
+                 "of generation %d while its stream was down: taken back and started\n",
+                 name.c_str(), static_cast<long long>(generation), machine_.generation().value);
+    if (generation >= 0) {
+      stop.set_generation(generation);
+      Send(item.node, std::move(stop));
+    }
+    Send(item.node, starts_.at(item.node));
     return;
   }
   if (generation >= 0) {
@@ -1011,6 +922,7 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
       start.set_in_process(spec.recovery.in_process);
       start.set_rejoin(a->rejoin);
       std::string names;
+      starts_.clear();
       for (size_t i = 0; i < a->nodes.size(); ++i) {
         proto::AgentCommand cmd;
         cmd.set_generation(a->generation.value);
@@ -1030,6 +942,7 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
           r->set_faults_json(
               faults::EncodeFaults(faults::FaultsForRank(spec.faults, rank, a->fired_faults)));
         }
+        starts_[a->nodes[i]] = cmd;
         Send(a->nodes[i], std::move(cmd));
         names += (names.empty() ? "" : ",") + machine_.NodeName(a->nodes[i]);
       }

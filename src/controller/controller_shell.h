@@ -287,6 +287,9 @@ class ControllerShell final : public TransportSink {
   // Loop-thread state.
   std::map<std::pair<int64_t, int>, proto::LogMatch> last_log_;  // (generation, rank)
   std::set<core::NodeId> prepared_;                              // PrepareSpares sent
+  // The start of the newest generation, by node: sent again to a member
+  // that missed it while its stream was down (core::MissedItsStart).
+  std::map<core::NodeId, proto::AgentCommand> starts_;
   std::string fingerprint_;
   std::optional<core::FinishAction> finish_;
   int stop_signal_ = 0;     // the signal that stopped the job, if one did

@@ -530,6 +530,48 @@ TEST_F(ControllerShellTest, AResumeWithinTheGraceOfAGenerationTheJobLeftIsStoppe
   EXPECT_EQ(got[0].generation(), 0);
 }
 
+// An in-process restart starts the next generation at once, while a node's
+// stream is down (held for the grace, as after a controller's restart when
+// the first agents resume before the others): its start is lost with the
+// stream. Found by the cluster simulation: the node resumed generation 0, was
+// taken for a lost node and evicted as a hardware fault. It is a member that
+// missed its start: its stale workers are stopped and the start sent again,
+// and no node is lost.
+TEST_F(ControllerShellTest, AMemberThatMissedItsStartWhileItsStreamWasDownIsStartedOnResume) {
+  Make(2, "[recovery]\nin_process = true\n");
+  std::vector<ConnectionId> ids = AttachAndStart(2);
+  for (int r = 0; r < 2; ++r) {
+    proto::AgentEvent ready = Event(0);
+    ready.mutable_worker_ready()->set_rank(r);
+    ready.mutable_worker_ready()->set_rejoin(true);
+    ASSERT_TRUE(transport_.Deliver(ids[r], ready));
+  }
+  Pump();
+  Steps(ids, 0, 1, 2);
+  transport_.HangUp(ids[1]);
+  ASSERT_TRUE(transport_.Deliver(ids[0], Exited(0, 0, 1)));
+  Pump();
+  const std::vector<proto::AgentCommand> first = transport_.TakeCommands(ids[0]);
+  ASSERT_FALSE(first.empty());
+  ASSERT_EQ(Kinds(first).back(), "start");
+  EXPECT_EQ(first.back().generation(), 1);
+  EXPECT_TRUE(first.back().start().rejoin());
+  clock_.Advance(1s);  // within the stream grace (2s)
+  const ConnectionId again = transport_.Open();
+  ASSERT_TRUE(transport_.Deliver(again, ResumeHello("node1", 0, {{1, 2}})));
+  Pump();
+  const std::vector<proto::AgentCommand> got = transport_.TakeCommands(again);
+  ASSERT_EQ(Kinds(got), (std::vector<std::string>{"stop", "start"}));
+  EXPECT_EQ(got[0].generation(), 0);
+  EXPECT_EQ(got[1].generation(), 1);
+  EXPECT_EQ(Ranks(got[1]), std::vector<int>{1});
+  clock_.Advance(3s);  // past the grace: the node is back, nothing is lost
+  Tick();
+  EXPECT_EQ(Status()["incidents"], 1) << Status();  // the crash, no lost node
+  EXPECT_EQ(Status()["generation"], 1);
+  EXPECT_EQ(Status()["phase"], "running");
+}
+
 TEST_F(ControllerShellTest, StreamsBeyondTheBoundAreRefusedAndEndedOnesForgotten) {
   Make(1);  // 2 x 1 + 64 = 66 streams
   std::vector<ConnectionId> ids;

@@ -1,15 +1,23 @@
 // A deterministic simulation of the whole cluster (issue 28, item 5): the
 // controller's decision core (core::JobMachine) and N simulated nodes, each
-// running its ranks of a data-parallel job in lockstep, on one simulated
-// clock and a simulated network, driven by a seed. The seed chooses the
-// faults (worker crashes, hangs, nodes lost silently or with a closed
-// stream, delayed messages, partitions between a node and the controller
-// that heal — the node's reports held and delivered late, its agent fenced
-// and back as a fresh node when the partition outlasted the heartbeat
-// timeout —, failing durable writes, controller restarts that rebuild the
-// machine from its journal) and the network's delays; every input is journaled as
-// the controller journals it (core::EncodeEvent). After every input the
-// invariants are checked:
+// with its agent's decision core (core::NodeMachine) and its ranks of a
+// data-parallel job running in lockstep, on one simulated clock and a
+// simulated network, driven by a seed. Workers report to their agent's core
+// by datagram (the worker contract's encoding, the gate's credential); what
+// the core transmits goes up the node's stream and is read by the
+// controller's reader (core::ReadAgentEvent); commands come down the stream
+// and are carried out where the core says so. The seed chooses the faults
+// (worker crashes, hangs, nodes lost silently or with a closed stream,
+// delayed messages, streams that break — what is in flight either way is
+// lost, the agent keeps what happens meanwhile and resumes on a new stream,
+// judged as the controller's shell judges a resume —, partitions between a
+// node and the controller that heal — the node's reports held and
+// delivered late, its agent fenced and back as a fresh node when the
+// partition outlasted the heartbeat timeout —, failing durable writes,
+// controller restarts that rebuild the machine from its journal, every
+// stream breaking with them) and the network's delays; every input is
+// journaled as the controller journals it (core::EncodeEvent). After every
+// input the invariants are checked:
 //
 //   ledger     the ETTR ledger's categories sum to its wall time, which is
 //              the simulated time the machine has seen;
@@ -28,10 +36,10 @@
 //              a run without faults: no step skipped, none applied twice.
 //
 // The same seed gives the same run, event for event (the result's
-// fingerprint). What it does not model yet: the agent's own decisions (its
-// node core, core::NodeMachine) and the memory tiers: every node persists its
-// ranks' shards of each checkpointed step to the simulated disk, and a
-// generation restores what the book's plan chose there.
+// fingerprint). What it does not model: the memory tiers (every node
+// persists its ranks' shards of each checkpointed step to the simulated
+// disk, and a generation restores what the book's plan chose there) and the
+// workers' datagrams lost on the node (UDP on one host).
 // Single-threaded; no I/O.
 #pragma once
 
@@ -72,6 +80,7 @@ struct ClusterSimResult {
   int64_t inputs = 0;  // events stepped into the machine
   int faults = 0;
   int controller_restarts = 0;
+  int64_t messages_lost = 0;  // in flight on a stream that broke
   int generations = 0;
   double ettr = 0;
   // Every input and action, one line each ("12.345 > start_generation ...").
