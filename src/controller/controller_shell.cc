@@ -548,6 +548,7 @@ Status ControllerShell::Start() {
     // The durable directory may have changed meanwhile (a manifest this
     // controller asked for and never heard of, a step removed by hand).
     Execute({core::ListDurableAction{}}, now);
+    CommitJournal();
     WriteStatus(now, true);
     return Status::Ok();
   }
@@ -570,6 +571,7 @@ Status ControllerShell::Start() {
   // directory): a rollback before this run's first checkpoint goes there.
   const TimePoint now = Now();
   Execute({core::ListDurableAction{}}, now);
+  CommitJournal();
   WriteStatus(now, true);
   return Status::Ok();
 }
@@ -721,27 +723,53 @@ std::vector<core::JobAction> ControllerShell::Input(const core::JobEvent& event,
   // time than the last one is stepped at the last one's.
   last_step_at_ = std::max(last_step_at_, at);
   at = last_step_at_;
-  bool open = false;
-  if (store_) {
-    Status st = store_->BeginTransaction();
-    open = st.ok();
-    if (open) st = store_->AppendJournal({++journal_seq_, at - start_, core::EncodeEvent(event)});
+  if (store_ && !group_open_) {
+    const Status st = store_->BeginTransaction();
     Journal("an input", st);
+    group_open_ = st.ok();
+    group_inputs_ = 0;
+    group_started_ = Now();
+  }
+  if (group_open_) {
+    Journal("an input",
+            store_->AppendJournal({++journal_seq_, at - start_, core::EncodeEvent(event)}));
+    ++group_inputs_;
   }
   const size_t incidents_before = machine_.incidents().size();
   std::vector<core::JobAction> actions = machine_.Step(event, at);
   if (!actions.empty() || machine_.incidents().size() != incidents_before) Persist();
-  if (open) Journal("an input", store_->CommitTransaction());
   return actions;
 }
 
+void ControllerShell::CommitJournal() {
+  if (!group_open_) return;
+  group_open_ = false;
+  Journal("a group of inputs", store_->CommitTransaction());
+}
+
 void ControllerShell::RunOnce(bool block) {
+  Turn(block);
+  // The group of inputs journaled so far is committed before the loop waits
+  // (nothing more is queued), or once it is large or old enough.
+  if (group_open_ && (queue_.size() == 0 || group_inputs_ >= kJournalGroupInputs ||
+                      Now() - group_started_ >= kJournalGroupAge)) {
+    CommitJournal();
+  }
+  // A burst's last inputs are in the live status within kStatusEvery, also
+  // when nothing follows them (while inputs queue, each writes it in turn).
+  if (status_behind_ && queue_.size() == 0 && Now() - last_status_ >= kStatusEvery) {
+    WriteStatus(Now(), false);
+  }
+}
+
+void ControllerShell::Turn(bool block) {
   // At least once a second: silent new streams are cut on time.
   TimePoint wake = Now() + std::chrono::seconds(1);
   if (std::optional<TimePoint> deadline = machine_.NextDeadline()) {
     wake = std::min(wake, *deadline);
   }
   if (stop_deadline_) wake = std::min(wake, *stop_deadline_);
+  if (status_behind_) wake = std::min(wake, last_status_ + kStatusEvery);
   if (std::optional<TimePoint> dropped = LoseDroppedNodes(Now())) wake = std::min(wake, *dropped);
   std::optional<Queued> next = queue_.PopUntil(
       block ? std::chrono::time_point_cast<std::chrono::steady_clock::duration>(wake)
@@ -839,6 +867,7 @@ Result<int> ControllerShell::Finish() {
   ENDURE_CHECK(finish_.has_value());
   const TimePoint end = Now();
   Persist();
+  CommitJournal();
   WriteStatus(end, true);
   ReportInputs in{machine_,
                   o_.spec.name,
@@ -873,6 +902,8 @@ Result<int> ControllerShell::Finish() {
 }
 
 void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimePoint now) {
+  // The inputs that led here are durable before any action is carried out.
+  if (!actions.empty()) CommitJournal();
   const JobSpec& spec = o_.spec;
   for (const core::JobAction& action : actions) {
     if (IsCheckpointAction(action)) {
@@ -1025,7 +1056,11 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
 }
 
 void ControllerShell::WriteStatus(TimePoint now, bool force) {
-  if (!force && now - last_status_ < std::chrono::milliseconds(250)) return;
+  if (!force && now - last_status_ < kStatusEvery) {
+    status_behind_ = true;  // written at the latest kStatusEvery after the last
+    return;
+  }
+  status_behind_ = false;
   last_status_ = now;
   // The durable ledger is at most a second old, also while training runs
   // with nothing to act on (Persist saves it only on a change): charged up

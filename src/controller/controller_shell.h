@@ -51,6 +51,16 @@ namespace endure::controller {
 // waiting is a flood (or a loop that cannot keep up), and the agent's stream
 // is closed rather than the queue grown without bound.
 inline constexpr int kMaxQueuedPerAgent = 10'000;
+// Inputs are journaled in groups: one transaction holds the inputs the loop
+// takes one after another while more are queued, and is committed before
+// any action of theirs is carried out, when the queue drains, or at this
+// many inputs or this age, whichever comes first. Inputs lost with an
+// uncommitted group (the controller killed) moved nothing outside it.
+inline constexpr int kJournalGroupInputs = 1'000;
+inline constexpr Duration kJournalGroupAge = std::chrono::milliseconds(50);
+// The live status (STATE_DIR/status.json, /api/status) is written at most
+// this often, and at the latest this long after the input it misses.
+inline constexpr Duration kStatusEvery = std::chrono::milliseconds(250);
 // A stream must say hello (register) within this long of opening.
 inline constexpr Duration kHelloTimeout = std::chrono::seconds(10);
 // A controller that carried on a run holds the run's nodes this long for
@@ -226,6 +236,10 @@ class ControllerShell final : public TransportSink {
   // Hands the live status to StatusJson and MetricsText.
   void Publish(const nlohmann::json& status);
   void Persist();
+  // Commits the open group of journaled inputs (kJournalGroupInputs).
+  void CommitJournal();
+  // RunOnce's turn, before the group's commit.
+  void Turn(bool block);
   // A registration's NodeUp, before the machine sees it: refused when the
   // node failed its health check (a hard strike) or the ledger has it
   // quarantined.
@@ -297,7 +311,12 @@ class ControllerShell final : public TransportSink {
   std::optional<core::TimePoint> stop_deadline_;
   std::set<core::NodeId> stopped_nodes_;  // agents that reported their workers stopped since
   int64_t journal_seq_ = 0;               // the last input journaled
+  // The open group of journaled inputs (a transaction), its size and start.
+  bool group_open_ = false;
+  int group_inputs_ = 0;
+  core::TimePoint group_started_{};
   core::TimePoint last_status_{};
+  bool status_behind_ = false;  // a write was skipped since last_status_
   core::TimePoint last_step_at_{};
   size_t saved_incidents_ = 0;
   core::TimePoint ledger_saved_at_{};  // when SaveLedger last ran (SaveLedgerNow)

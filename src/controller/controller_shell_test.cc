@@ -7,6 +7,7 @@
 #include "controller/controller_shell.h"
 
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -570,6 +571,49 @@ TEST_F(ControllerShellTest, AMemberThatMissedItsStartWhileItsStreamWasDownIsStar
   EXPECT_EQ(Status()["incidents"], 1) << Status();  // the crash, no lost node
   EXPECT_EQ(Status()["generation"], 1);
   EXPECT_EQ(Status()["phase"], "running");
+}
+
+// Inputs are journaled in groups: the ones the loop takes while more are
+// queued share a transaction, committed when the queue drains (or before an
+// action of theirs is carried out). Read from another connection, the
+// journal shows none of a group until its commit.
+TEST_F(ControllerShellTest, InputsAreJournaledInGroupsCommittedWhenTheQueueDrains) {
+  Make(2);
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  Steps(ids, 0, 1, 2);
+  // As a reader of the live database sees it (`endure report`, a standby).
+  const auto journaled = [&] {
+    sqlite3* db = nullptr;
+    int64_t rows = -1;
+    if (sqlite3_open_v2(StateStore::PathIn(state_dir()).c_str(), &db, SQLITE_OPEN_READONLY,
+                        nullptr) == SQLITE_OK) {
+      sqlite3_stmt* q = nullptr;
+      if (sqlite3_prepare_v2(db, "SELECT COUNT(*) FROM journal", -1, &q, nullptr) == SQLITE_OK &&
+          sqlite3_step(q) == SQLITE_ROW) {
+        rows = sqlite3_column_int64(q, 0);
+      }
+      sqlite3_finalize(q);
+    }
+    sqlite3_close(db);
+    return rows;
+  };
+  const int64_t before = journaled();
+  ASSERT_GT(before, 0);
+  clock_.Advance(1s);
+  for (int s = 3; s <= 12; ++s) {
+    for (int r = 0; r < 2; ++r) ASSERT_TRUE(transport_.Deliver(ids[r], Step(0, r, s)));
+  }
+  for (int i = 0; i < 10; ++i) shell_->RunOnce(/*block=*/false);
+  EXPECT_EQ(shell_->queued(), 10u);
+  EXPECT_EQ(journaled(), before) << "ten inputs taken, more queued: their group is open";
+  Pump();  // its last turn leaves the queue empty: the group commits
+  EXPECT_EQ(journaled(), before + 20);
+  // The live status skipped the burst (written at most every 250 ms) and
+  // catches up a turn after 250 ms, with nothing more arriving.
+  EXPECT_EQ(Status()["step"], 2);
+  clock_.Advance(250ms);
+  shell_->RunOnce(/*block=*/false);
+  EXPECT_EQ(Status()["step"], 12);
 }
 
 TEST_F(ControllerShellTest, StreamsBeyondTheBoundAreRefusedAndEndedOnesForgotten) {

@@ -1,0 +1,641 @@
+// The controller under the load of a large job (issue 24, item 1): one
+// controller started as in production (`endure controller --spec`, on
+// loopback), and N simulated agents in this process attached over the real
+// gRPC protocol. Each registers with 8 slots, heartbeats every second,
+// answers StartGeneration (each rank ready) and Stop (each rank's exit, then
+// GenerationStopped) as the agent does, and reports a StepProgress for each
+// of its ranks every step. For each N and step length it prints:
+//
+//   cpu%      the controller's CPU over the steady window (100 = one core)
+//   rss_mb    its resident memory at the window's end
+//   in/s      the agents' messages per second (the controller's inputs)
+//   lag_s     how long ago the agents reported the first step the
+//             controller has not applied (its live status): mean and worst
+//             of one sample a second
+//   rows/s    journal rows per second; kb/s what the controller wrote
+//             (/proc/PID/io wchar: the journal, its status file, its log)
+//   closed_s  a member's stream closed -> the next generation's start
+//   silent_s  a member falls silent (stream open) -> the controller's stop
+//   replay_s  the controller killed (-9) after the run, restarted on its
+//             state directory -> its first status written (replay done)
+//   gen%      this process's CPU over the window, and late_ms the worst
+//             lateness of its send loop: the load generator must not be
+//             the bottleneck (it says so when it was)
+//
+// Two spare agents register beyond N: the closed and the silent node are
+// replaced. A figure the controller never reached within its limit prints
+// as "-".
+//
+//   build/bin/controller_load_bench [--nodes 128,1024] [--step-s 1,2]
+//                                   [--window-s 20] [--controller PATH]
+//                                   [WORK_DIR]
+//
+// --controller runs another build's `endure` (a before-and-after in one run).
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/subprocess.h"
+#include "proto/endure.grpc.pb.h"
+#include "proto/endure.pb.h"
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int kSlots = 8;
+constexpr char kToken[] = "load-bench-token";
+
+std::string BinDir() {
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  return fs::path(std::string(exe, n > 0 ? static_cast<size_t>(n) : 0)).parent_path().string();
+}
+
+double WallSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// ---- One simulated agent: a bidirectional stream, writes one at a time ----
+
+class Fleet;
+
+class SimAgent final : public grpc::ClientBidiReactor<endure::proto::AgentEvent,
+                                                      endure::proto::AgentCommand> {
+ public:
+  SimAgent(Fleet* fleet, int index, std::string name) : fleet_(fleet), index_(index),
+                                                        name_(std::move(name)) {}
+
+  void Attach(endure::proto::Controller::Stub* stub) {
+    stub->async()->Attach(&context_, this);
+    endure::proto::AgentEvent hello = Event(-1);
+    endure::proto::Register* r = hello.mutable_register_();
+    r->set_node_id(name_);
+    r->set_slots(kSlots);
+    r->set_host("127.0.0.1");
+    r->set_pid(getpid());
+    Send(std::move(hello));
+    StartRead(&command_);
+    StartCall();
+  }
+
+  // Called by the fleet's send loop: a heartbeat and this step's reports,
+  // when due.
+  void Drive(Clock::time_point now, Clock::duration step_time);
+  void Close() { context_.TryCancel(); }
+  void FallSilent() {
+    std::lock_guard<std::mutex> lock(mu_);
+    silent_ = true;
+  }
+  bool done() const { return done_.load(); }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writes_.pop_front();
+    if (!ok) {
+      broken_ = true;
+      writes_.clear();
+    }
+    if (!writes_.empty()) {
+      StartWrite(&writes_.front());
+    } else {
+      writing_ = false;
+    }
+  }
+  void OnReadDone(bool ok) override;
+  void OnDone(const grpc::Status&) override { done_ = true; }
+
+ private:
+  endure::proto::AgentEvent Event(int64_t generation) const {
+    endure::proto::AgentEvent e;
+    e.set_token(kToken);
+    e.set_generation(generation);
+    e.set_time_s(WallSeconds());
+    return e;
+  }
+  // Under mu_ (or before StartCall).
+  void Send(endure::proto::AgentEvent e) {
+    if (broken_) return;
+    writes_.push_back(std::move(e));
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&writes_.front());
+    }
+  }
+
+  Fleet* const fleet_;
+  const int index_;
+  const std::string name_;
+  grpc::ClientContext context_;
+  endure::proto::AgentCommand command_;
+  std::atomic<bool> done_{false};
+
+  std::mutex mu_;
+  std::deque<endure::proto::AgentEvent> writes_;  // front: being written
+  bool writing_ = false;
+  bool broken_ = false;
+  bool silent_ = false;
+  int64_t generation_ = -1;  // running; -1: none
+  int64_t step_ = 0;
+  std::vector<int> ranks_;
+  Clock::time_point next_beat_{};
+  Clock::time_point next_step_{};
+};
+
+// ---- The fleet: the agents, the send loop, what they saw ----
+
+class Fleet {
+ public:
+  Fleet(const std::string& address, int agents, Clock::duration step_time)
+      : step_time_(step_time) {
+    // A channel per 8 agents, each its own connection (local subchannel
+    // pool): the controller serves many connections, as in production.
+    for (int i = 0; i < agents; ++i) {
+      if (i % 8 == 0) {
+        grpc::ChannelArguments args;
+        args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+        args.SetInt("endure.load_bench.channel", i);  // distinct channels
+        auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+        stubs_.push_back(endure::proto::Controller::NewStub(channel));
+      }
+      agents_.push_back(std::make_unique<SimAgent>(this, i, "load" + std::to_string(i)));
+    }
+    for (int i = 0; i < agents; ++i) agents_[i]->Attach(stubs_[i / 8].get());
+    loop_ = std::thread([this] { Loop(); });
+  }
+  ~Fleet() {
+    stop_ = true;
+    loop_.join();
+    for (auto& a : agents_) a->Close();
+    for (auto& a : agents_) {
+      for (int i = 0; i < 500 && !a->done(); ++i) std::this_thread::sleep_for(10ms);
+    }
+  }
+
+  SimAgent& agent(int i) { return *agents_[i]; }
+
+  // What the agents saw: commands by kind, the newest step reported.
+  void OnStart(int agent, int64_t generation) {
+    std::lock_guard<std::mutex> lock(mu_);
+    newest_start_ = std::max(newest_start_, generation);
+    if (generation > started_gen_) {
+      started_gen_ = generation;
+      started_at_ = Clock::now();
+    }
+    started_agents_.push_back(agent);
+    cv_.notify_all();
+  }
+  void OnStop(int agent, int64_t generation) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (generation > stopped_gen_) {
+      stopped_gen_ = generation;
+      stopped_at_ = Clock::now();
+    }
+    (void)agent;
+    cv_.notify_all();
+  }
+  void Reported(int64_t step) {
+    sent_.fetch_add(1);
+    if (step <= newest_step_.load()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (step <= newest_step_.load()) return;
+    newest_step_ = step;
+    first_reported_[step] = Clock::now();
+  }
+  // How long ago the first step after `applied` was reported (0: none was).
+  double Behind(int64_t applied) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = first_reported_.upper_bound(applied);
+    return it == first_reported_.end() ? 0.0 : Since(it->second);
+  }
+  void Sent() { sent_.fetch_add(1); }
+
+  // Waits until a generation > `after` started (or stopped); its time.
+  std::optional<Clock::time_point> WaitStart(int64_t after, Clock::duration limit) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, limit, [&] { return started_gen_ > after; })) return std::nullopt;
+    return started_at_;
+  }
+  std::optional<Clock::time_point> WaitStop(int64_t at_least, Clock::duration limit) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, limit, [&] { return stopped_gen_ >= at_least; })) return std::nullopt;
+    return stopped_at_;
+  }
+  int64_t generation() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return started_gen_;
+  }
+  // Members of the newest generation (by agent index).
+  std::vector<int> started_agents() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return started_agents_;
+  }
+  void ForgetStarts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    started_agents_.clear();
+  }
+  int64_t newest_step() const { return newest_step_.load(); }
+  int64_t sent() const { return sent_.load(); }
+  double worst_lateness_ms() const { return late_ms_.load(); }
+  void ResetLateness() { late_ms_ = 0; }
+
+ private:
+  void Loop() {
+    constexpr auto kTurn = 20ms;
+    Clock::time_point next = Clock::now();
+    while (!stop_) {
+      const Clock::time_point now = Clock::now();
+      const double late = std::chrono::duration<double, std::milli>(now - next).count();
+      if (late > late_ms_.load()) late_ms_ = late;
+      for (auto& a : agents_) a->Drive(now, step_time_);
+      next += kTurn;
+      if (next < Clock::now()) next = Clock::now();
+      std::this_thread::sleep_until(next);
+    }
+  }
+
+  const Clock::duration step_time_;
+  std::vector<std::unique_ptr<endure::proto::Controller::Stub>> stubs_;
+  std::vector<std::unique_ptr<SimAgent>> agents_;
+  std::thread loop_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> newest_step_{0};
+  std::atomic<int64_t> sent_{0};
+  std::atomic<double> late_ms_{0};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t newest_start_ = -1, started_gen_ = -1, stopped_gen_ = -1;
+  Clock::time_point started_at_{}, stopped_at_{};
+  std::vector<int> started_agents_;
+  std::map<int64_t, Clock::time_point> first_reported_;  // step -> its first report
+};
+
+void SimAgent::Drive(Clock::time_point now, Clock::duration step_time) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_ || silent_) return;
+  if (now >= next_beat_) {
+    endure::proto::AgentEvent beat = Event(generation_);
+    beat.mutable_heartbeat();
+    Send(std::move(beat));
+    fleet_->Sent();
+    next_beat_ = now + 1s;
+  }
+  if (generation_ >= 0 && now >= next_step_) {
+    ++step_;
+    for (int rank : ranks_) {
+      endure::proto::AgentEvent e = Event(generation_);
+      endure::proto::StepProgress* s = e.mutable_step();
+      s->set_rank(rank);
+      s->set_step(step_);
+      s->set_loss(3.0 - 1e-4 * static_cast<double>(step_));
+      s->set_compute_s(0.8 * std::chrono::duration<double>(step_time).count());
+      s->set_checkpoint_step(-1);
+      s->set_tokens(4096);
+      Send(std::move(e));
+      fleet_->Reported(step_);
+    }
+    next_step_ += step_time;
+    if (next_step_ < now) next_step_ = now + step_time;
+  }
+}
+
+void SimAgent::OnReadDone(bool ok) {
+  if (!ok) return;
+  const endure::proto::AgentCommand cmd = command_;
+  StartRead(&command_);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (cmd.has_start()) {
+    generation_ = cmd.generation();
+    step_ = std::max<int64_t>(0, cmd.start().restore_step());
+    ranks_.clear();
+    for (const auto& r : cmd.start().ranks()) ranks_.push_back(r.rank());
+    for (int rank : ranks_) {
+      endure::proto::AgentEvent e = Event(generation_);
+      e.mutable_worker_ready()->set_rank(rank);
+      e.mutable_worker_ready()->set_start_step(step_);
+      Send(std::move(e));
+      fleet_->Sent();
+    }
+    next_step_ = Clock::now() + 1s;  // the first step after start-up
+    const int64_t g = generation_;
+    lock.unlock();
+    fleet_->OnStart(index_, g);
+  } else if (cmd.has_stop()) {
+    if (silent_) return;
+    for (int rank : ranks_) {
+      endure::proto::AgentEvent e = Event(cmd.generation());
+      auto* x = e.mutable_worker_exited();
+      x->set_rank(rank);
+      x->set_signal(15);
+      x->set_stopped(true);
+      Send(std::move(e));
+    }
+    generation_ = -1;
+    ranks_.clear();
+    endure::proto::AgentEvent stopped = Event(cmd.generation());
+    stopped.mutable_stopped();
+    Send(std::move(stopped));
+    lock.unlock();
+    fleet_->OnStop(index_, cmd.generation());
+  }
+}
+
+// ---- The controller process ----
+
+struct ProcStat {
+  double cpu_s = 0;
+  double rss_mb = 0;
+  double written = 0;  // bytes passed to write() and the like (/proc/PID/io wchar)
+};
+
+ProcStat ReadProc(pid_t pid) {
+  ProcStat st;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');
+  if (close != std::string::npos) {
+    std::istringstream rest(text.substr(close + 2));
+    std::string field;
+    long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+      if (i == 14) utime = std::atol(field.c_str());
+      if (i == 15) stime = std::atol(field.c_str());
+    }
+    st.cpu_s = static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) st.rss_mb = std::atof(line.c_str() + 6) / 1024.0;
+  }
+  std::ifstream io("/proc/" + std::to_string(pid) + "/io");
+  for (std::string line; std::getline(io, line);) {
+    if (line.rfind("wchar:", 0) == 0) st.written = std::atof(line.c_str() + 6);
+  }
+  return st;
+}
+
+double SelfCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+int64_t JournalRows(const fs::path& state_dir) {
+  sqlite3* db = nullptr;
+  const std::string path = (state_dir / "controller.db").string();
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    sqlite3_close(db);
+    return -1;
+  }
+  sqlite3_busy_timeout(db, 2000);
+  int64_t rows = -1;
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db, "SELECT COUNT(*) FROM journal", -1, &stmt, nullptr) == SQLITE_OK &&
+      sqlite3_step(stmt) == SQLITE_ROW) {
+    rows = sqlite3_column_int64(stmt, 0);
+  }
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+  return rows;
+}
+
+std::optional<nlohmann::json> Status(const fs::path& state_dir) {
+  std::ifstream in(state_dir / "status.json");
+  if (!in) return std::nullopt;
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return std::nullopt;
+  return j;
+}
+
+std::string g_controller;  // the `endure` binary
+
+std::optional<endure::Subprocess> StartController(const fs::path& dir, const fs::path& spec,
+                                                  const fs::path& address_file, bool new_run) {
+  std::vector<std::string> argv = {g_controller,            "controller",
+                                    "--spec",               spec.string(),
+                                    "--address-file",       address_file.string(),
+                                    "--listen",             "127.0.0.1:0"};
+  if (new_run) argv.push_back("--new-run");
+  endure::Result<endure::Subprocess> p =
+      endure::Subprocess::Start({.argv = argv,
+                                 .env = {{"ENDURE_TOKEN", kToken}},
+                                 .output_path = (dir / "controller.log").string(),
+                                 .die_with_parent = true});
+  if (!p.ok()) {
+    std::fprintf(stderr, "controller_load_bench: %s\n", p.status().ToString().c_str());
+    return std::nullopt;
+  }
+  return std::move(p).value();
+}
+
+std::string Fmt(std::optional<double> v, const char* format = "%.2f") {
+  if (!v) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, format, *v);
+  return buf;
+}
+
+// One configuration: N nodes x 8 ranks at `step_s` per step.
+void RunOne(const fs::path& work, int nodes, double step_s, double window_s) {
+  const fs::path dir = work / ("n" + std::to_string(nodes) + "-s" + Fmt(step_s, "%.0f"));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path state = dir / "state";
+  const fs::path spec = dir / "job.toml";
+  std::ofstream(spec) << "[job]\nname = \"load\"\ncommand = [\"/bin/true\"]\nnodes = " << nodes
+                      << "\nranks_per_node = " << kSlots << "\nstate_dir = \"" << state.string()
+                      << "\"\n";
+  const fs::path address_file = dir / "controller.addr";
+  std::optional<endure::Subprocess> controller =
+      StartController(dir, spec, address_file, /*new_run=*/true);
+  if (!controller) return;
+  std::string address;
+  for (int i = 0; i < 3000 && address.empty(); ++i) {
+    std::ifstream in(address_file);
+    std::getline(in, address);
+    if (address.empty()) std::this_thread::sleep_for(10ms);
+  }
+  if (address.empty()) {
+    std::printf("%6d %4.0f  the controller did not come up (see %s)\n", nodes, step_s,
+                (dir / "controller.log").c_str());
+    controller->Signal(SIGKILL);
+    controller->Wait();
+    return;
+  }
+  const Clock::duration step_time = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(step_s));
+  const Clock::time_point attach = Clock::now();
+  std::optional<double> startup_s, closed_s, silent_s, replay_s;
+  double cpu = 0, rss = 0, inputs = 0, rows = 0, kbps = 0, gen_cpu = 0, late_ms = 0;
+  double lag_mean = 0, lag_max = 0;
+  bool steady = false;
+  {
+    Fleet fleet(address, nodes + 2, step_time);
+    const Clock::duration limit = std::chrono::seconds(60 + nodes / 50);
+    if (fleet.WaitStart(-1, limit)) startup_s = Since(attach);
+    // Steady: wait two steps past the start-up, then measure the window.
+    std::this_thread::sleep_for(step_time * 2 + 1s);
+    if (startup_s) {
+      steady = true;
+      fleet.ResetLateness();
+      const ProcStat p0 = ReadProc(controller->pid());
+      const double self0 = SelfCpuSeconds();
+      const int64_t sent0 = fleet.sent();
+      const int64_t rows0 = JournalRows(state);
+      const Clock::time_point w0 = Clock::now();
+      int samples = 0;
+      while (Since(w0) < window_s) {
+        std::this_thread::sleep_for(1s);
+        if (std::optional<nlohmann::json> s = Status(state)) {
+          const double lag = fleet.Behind(s->value("step", int64_t{0}));
+          lag_mean += lag;
+          lag_max = std::max(lag_max, lag);
+          ++samples;
+        }
+      }
+      const double w = Since(w0);
+      const ProcStat p1 = ReadProc(controller->pid());
+      cpu = 100.0 * (p1.cpu_s - p0.cpu_s) / w;
+      rss = p1.rss_mb;
+      gen_cpu = 100.0 * (SelfCpuSeconds() - self0) / w;
+      late_ms = fleet.worst_lateness_ms();
+      inputs = static_cast<double>(fleet.sent() - sent0) / w;
+      rows = static_cast<double>(JournalRows(state) - rows0) / w;
+      kbps = (p1.written - p0.written) / 1024.0 / w;
+      lag_mean = samples > 0 ? lag_mean / samples : 0;
+
+      // A member's stream closes: the time to the next generation's start.
+      std::vector<int> members = fleet.started_agents();
+      const int64_t g0 = fleet.generation();
+      if (!members.empty()) {
+        fleet.ForgetStarts();
+        const Clock::time_point t0 = Clock::now();
+        fleet.agent(members.front()).Close();
+        if (std::optional<Clock::time_point> at = fleet.WaitStart(g0, 60s)) {
+          closed_s = std::chrono::duration<double>(*at - t0).count();
+        }
+      }
+      // A member falls silent with its stream open: the time to the
+      // controller's stop of its generation.
+      std::this_thread::sleep_for(step_time * 2 + 1s);
+      members = fleet.started_agents();
+      const int64_t g1 = fleet.generation();
+      if (closed_s && !members.empty()) {
+        const Clock::time_point t0 = Clock::now();
+        fleet.agent(members.back()).FallSilent();
+        if (std::optional<Clock::time_point> at = fleet.WaitStop(g1, 60s)) {
+          silent_s = std::chrono::duration<double>(*at - t0).count();
+        }
+      }
+    }
+  }
+  // The controller dies and comes back on its state directory: replay.
+  controller->Signal(SIGKILL);
+  controller->Wait();
+  fs::remove(state / "status.json");
+  const Clock::time_point r0 = Clock::now();
+  std::optional<endure::Subprocess> again =
+      StartController(dir, spec, address_file, /*new_run=*/false);
+  if (again) {
+    for (int i = 0; i < 12000; ++i) {
+      if (fs::exists(state / "status.json")) {
+        replay_s = Since(r0);
+        break;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    again->Signal(SIGKILL);
+    again->Wait();
+  }
+  std::printf("%6d %4.0f %8s %6.1f %7.0f %9.0f %8.2f %6.2f %8.0f %8.0f %8s %8s %8s %6.1f %7.0f%s\n",
+              nodes, step_s, Fmt(startup_s, "%.1f").c_str(), cpu, rss, inputs, lag_mean, lag_max,
+              rows, kbps, Fmt(closed_s).c_str(), Fmt(silent_s).c_str(), Fmt(replay_s).c_str(),
+              gen_cpu, late_ms,
+              !steady            ? "  (never started)"
+              : late_ms > 1000.0 ? "  (the load generator fell behind)"
+                                 : "");
+  std::fflush(stdout);
+}
+
+std::vector<double> ParseList(const std::string& text) {
+  std::vector<double> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    if (end == item.c_str() || *end != '\0' || v <= 0) {
+      std::fprintf(stderr, "controller_load_bench: '%s' is not a positive number\n", item.c_str());
+      std::exit(2);
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<double> nodes = {128, 1024};
+  std::vector<double> steps = {1, 2};
+  double window_s = 20;
+  fs::path work = fs::temp_directory_path() / "endure_controller_load";
+  g_controller = BinDir() + "/endure";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if ((a == "--nodes" || a == "--step-s" || a == "--window-s") && i + 1 < argc) {
+      const std::vector<double> v = ParseList(argv[++i]);
+      if (a == "--nodes") nodes = v;
+      if (a == "--step-s") steps = v;
+      if (a == "--window-s") window_s = v.at(0);
+    } else if (a == "--controller" && i + 1 < argc) {
+      g_controller = argv[++i];
+    } else if (!a.empty() && a[0] != '-') {
+      work = a;
+    } else {
+      std::fprintf(stderr,
+                   "usage: controller_load_bench [--nodes 128,1024] [--step-s 1,2] "
+                   "[--window-s 20] [--controller PATH] [WORK_DIR]\n");
+      return 2;
+    }
+  }
+  // A stream each, on both sides of loopback.
+  rlimit files{};
+  getrlimit(RLIMIT_NOFILE, &files);
+  files.rlim_cur = files.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &files);
+  std::printf("%6s %4s %8s %6s %7s %9s %8s %6s %8s %8s %8s %8s %8s %6s %7s\n", "nodes", "step",
+              "start_s", "cpu%", "rss_mb", "in/s", "lag_s", "worst", "rows/s", "kb/s",
+              "closed_s", "silent_s", "replay_s", "gen%", "late_ms");
+  for (double n : nodes) {
+    for (double s : steps) RunOne(work, static_cast<int>(n), s, window_s);
+  }
+  return 0;
+}
