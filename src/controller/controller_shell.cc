@@ -771,10 +771,24 @@ void ControllerShell::Turn(bool block) {
   if (stop_deadline_) wake = std::min(wake, *stop_deadline_);
   if (status_behind_) wake = std::min(wake, last_status_ + kStatusEvery);
   if (std::optional<TimePoint> dropped = LoseDroppedNodes(Now())) wake = std::min(wake, *dropped);
-  std::optional<Queued> next = queue_.PopUntil(
-      block ? std::chrono::time_point_cast<std::chrono::steady_clock::duration>(wake)
-            : std::chrono::steady_clock::time_point{});
+  // The machine's deadlines are judged on time also while inputs queue up:
+  // a tick comes between two inputs once a deadline has passed — as of the
+  // oldest input still waiting, so that no node is judged silent whose
+  // heartbeat sits in the queue (a backlog delays verdicts by its age, and
+  // never makes one). Never two ticks in a row: the queue always moves.
+  std::optional<TimePoint> oldest;
+  queue_.PeekFront([&](const Queued& waiting) { oldest = waiting.at; });
+  const TimePoint judged_at = oldest ? std::min(Now(), *oldest) : Now();
+  const std::optional<TimePoint> due = machine_.NextDeadline();
+  const bool tick_first = oldest && due && *due <= judged_at && !ticked_last_turn_;
+  std::optional<Queued> next;
+  if (!tick_first) {
+    next = queue_.PopUntil(block ? std::chrono::time_point_cast<std::chrono::steady_clock::duration>(
+                                       wake)
+                                 : std::chrono::steady_clock::time_point{});
+  }
   const bool have = next.has_value();
+  ticked_last_turn_ = tick_first;
   Queued item = have ? std::move(*next) : Queued{};
   const TimePoint now = Now();
   CancelSilentHellos(now);
@@ -797,7 +811,7 @@ void ControllerShell::Turn(bool block) {
   }
   if (!have) {
     item.event = core::Tick{};
-    item.at = now;
+    item.at = tick_first ? judged_at : now;
   }
   if (item.log_match) {
     const int rank = item.log_match->rank();

@@ -766,6 +766,32 @@ TEST_F(ControllerShellTest, AnAgentSilentPastTheHeartbeatTimeoutIsLost) {
   EXPECT_EQ(Kinds(transport_.TakeCommands(ids[0])), std::vector<std::string>{"stop"});
 }
 
+// A loop behind its queue still judges liveness: a silent node is lost
+// while inputs wait (a tick comes between two of them once its deadline has
+// passed), and the node whose heartbeats are the backlog is not (the tick is
+// as of the oldest input waiting). It used to wait until the queue drained.
+TEST_F(ControllerShellTest, ASilentNodeIsJudgedWhileInputsQueueUpAndNoQueuedOneIs) {
+  Make(2, "[detection]\nheartbeat_timeout = \"5s\"\n");
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  // node1 falls silent; node0's heartbeats of 12 seconds wait in the queue.
+  for (int i = 0; i < 12; ++i) {
+    clock_.Advance(1s);
+    ASSERT_TRUE(transport_.Deliver(ids[0], Heartbeat()));
+  }
+  size_t waiting_at_verdict = 0;
+  while (shell_->queued() > 0 && Status()["incidents"] == 0) {
+    shell_->RunOnce(/*block=*/false);
+    waiting_at_verdict = shell_->queued();
+  }
+  EXPECT_EQ(Status()["incidents"], 1);
+  EXPECT_EQ(Status()["last_incident"].get<std::string>().rfind("node_lost (rank 1", 0), 0u)
+      << Status();
+  EXPECT_GE(waiting_at_verdict, 5u) << "judged before the queue drained";
+  Pump();
+  Tick();
+  EXPECT_EQ(Status()["incidents"], 1) << "node0, whose heartbeats were queued, is not lost";
+}
+
 TEST_F(ControllerShellTest, SigtermStopsTheAgentsWithTheGraceAndExits143OnceTheyStopped) {
   Make(2, "[recovery]\ngrace_period = \"4s\"\n");
   const std::vector<ConnectionId> ids = AttachAndStart(2);

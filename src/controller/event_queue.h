@@ -55,6 +55,16 @@ class EventQueue {
     return std::move(e.item);
   }
 
+  // Calls `f` with the next event (under the queue's lock: `f` must not
+  // touch the queue) and returns true, or returns false when none waits.
+  template <typename F>
+  bool PeekFront(F&& f) const {
+    MutexLock lock(&mu_);
+    if (queue_.empty()) return false;
+    f(queue_.front().item);
+    return true;
+  }
+
   size_t size() const {
     MutexLock lock(&mu_);
     return queue_.size();
