@@ -57,314 +57,22 @@
 #include <vector>
 
 #include "common/subprocess.h"
-#include "proto/endure.grpc.pb.h"
-#include "proto/endure.pb.h"
+#include "tests/support/simulated_agents.h"
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using endure::loadgen::Clock;
+using endure::loadgen::Since;
 using namespace std::chrono_literals;
 
 namespace {
 
-constexpr int kSlots = 8;
+constexpr int kSlots = endure::loadgen::kSlotsPerAgent;
 constexpr char kToken[] = "load-bench-token";
 
 std::string BinDir() {
   char exe[4096];
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   return fs::path(std::string(exe, n > 0 ? static_cast<size_t>(n) : 0)).parent_path().string();
-}
-
-double WallSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// ---- One simulated agent: a bidirectional stream, writes one at a time ----
-
-class Fleet;
-
-class SimAgent final : public grpc::ClientBidiReactor<endure::proto::AgentEvent,
-                                                      endure::proto::AgentCommand> {
- public:
-  SimAgent(Fleet* fleet, int index, std::string name) : fleet_(fleet), index_(index),
-                                                        name_(std::move(name)) {}
-
-  void Attach(endure::proto::Controller::Stub* stub) {
-    stub->async()->Attach(&context_, this);
-    endure::proto::AgentEvent hello = Event(-1);
-    endure::proto::Register* r = hello.mutable_register_();
-    r->set_node_id(name_);
-    r->set_slots(kSlots);
-    r->set_host("127.0.0.1");
-    r->set_pid(getpid());
-    Send(std::move(hello));
-    StartRead(&command_);
-    StartCall();
-  }
-
-  // Called by the fleet's send loop: a heartbeat and this step's reports,
-  // when due.
-  void Drive(Clock::time_point now, Clock::duration step_time);
-  void Close() { context_.TryCancel(); }
-  void FallSilent() {
-    std::lock_guard<std::mutex> lock(mu_);
-    silent_ = true;
-  }
-  bool done() const { return done_.load(); }
-
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    writes_.pop_front();
-    if (!ok) {
-      broken_ = true;
-      writes_.clear();
-    }
-    if (!writes_.empty()) {
-      StartWrite(&writes_.front());
-    } else {
-      writing_ = false;
-    }
-  }
-  void OnReadDone(bool ok) override;
-  void OnDone(const grpc::Status&) override { done_ = true; }
-
- private:
-  endure::proto::AgentEvent Event(int64_t generation) const {
-    endure::proto::AgentEvent e;
-    e.set_token(kToken);
-    e.set_generation(generation);
-    e.set_time_s(WallSeconds());
-    return e;
-  }
-  // Under mu_ (or before StartCall).
-  void Send(endure::proto::AgentEvent e) {
-    if (broken_) return;
-    writes_.push_back(std::move(e));
-    if (!writing_) {
-      writing_ = true;
-      StartWrite(&writes_.front());
-    }
-  }
-
-  Fleet* const fleet_;
-  const int index_;
-  const std::string name_;
-  grpc::ClientContext context_;
-  endure::proto::AgentCommand command_;
-  std::atomic<bool> done_{false};
-
-  std::mutex mu_;
-  std::deque<endure::proto::AgentEvent> writes_;  // front: being written
-  bool writing_ = false;
-  bool broken_ = false;
-  bool silent_ = false;
-  int64_t generation_ = -1;  // running; -1: none
-  int64_t step_ = 0;
-  std::vector<int> ranks_;
-  Clock::time_point next_beat_{};
-  Clock::time_point next_step_{};
-};
-
-// ---- The fleet: the agents, the send loop, what they saw ----
-
-class Fleet {
- public:
-  Fleet(const std::string& address, int agents, Clock::duration step_time)
-      : step_time_(step_time) {
-    // A channel per 8 agents, each its own connection (local subchannel
-    // pool): the controller serves many connections, as in production.
-    for (int i = 0; i < agents; ++i) {
-      if (i % 8 == 0) {
-        grpc::ChannelArguments args;
-        args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-        args.SetInt("endure.load_bench.channel", i);  // distinct channels
-        auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-        stubs_.push_back(endure::proto::Controller::NewStub(channel));
-      }
-      agents_.push_back(std::make_unique<SimAgent>(this, i, "load" + std::to_string(i)));
-    }
-    for (int i = 0; i < agents; ++i) agents_[i]->Attach(stubs_[i / 8].get());
-    loop_ = std::thread([this] { Loop(); });
-  }
-  ~Fleet() {
-    stop_ = true;
-    loop_.join();
-    for (auto& a : agents_) a->Close();
-    for (auto& a : agents_) {
-      for (int i = 0; i < 500 && !a->done(); ++i) std::this_thread::sleep_for(10ms);
-    }
-  }
-
-  SimAgent& agent(int i) { return *agents_[i]; }
-
-  // What the agents saw: commands by kind, the newest step reported.
-  void OnStart(int agent, int64_t generation) {
-    std::lock_guard<std::mutex> lock(mu_);
-    newest_start_ = std::max(newest_start_, generation);
-    if (generation > started_gen_) {
-      started_gen_ = generation;
-      started_at_ = Clock::now();
-    }
-    started_agents_.push_back(agent);
-    cv_.notify_all();
-  }
-  void OnStop(int agent, int64_t generation) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (generation > stopped_gen_) {
-      stopped_gen_ = generation;
-      stopped_at_ = Clock::now();
-    }
-    (void)agent;
-    cv_.notify_all();
-  }
-  void Reported(int64_t step) {
-    sent_.fetch_add(1);
-    if (step <= newest_step_.load()) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (step <= newest_step_.load()) return;
-    newest_step_ = step;
-    first_reported_[step] = Clock::now();
-  }
-  // How long ago the first step after `applied` was reported (0: none was).
-  double Behind(int64_t applied) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = first_reported_.upper_bound(applied);
-    return it == first_reported_.end() ? 0.0 : Since(it->second);
-  }
-  void Sent() { sent_.fetch_add(1); }
-
-  // Waits until a generation > `after` started (or stopped); its time.
-  std::optional<Clock::time_point> WaitStart(int64_t after, Clock::duration limit) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, limit, [&] { return started_gen_ > after; })) return std::nullopt;
-    return started_at_;
-  }
-  std::optional<Clock::time_point> WaitStop(int64_t at_least, Clock::duration limit) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, limit, [&] { return stopped_gen_ >= at_least; })) return std::nullopt;
-    return stopped_at_;
-  }
-  int64_t generation() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return started_gen_;
-  }
-  // Members of the newest generation (by agent index).
-  std::vector<int> started_agents() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return started_agents_;
-  }
-  void ForgetStarts() {
-    std::lock_guard<std::mutex> lock(mu_);
-    started_agents_.clear();
-  }
-  int64_t newest_step() const { return newest_step_.load(); }
-  int64_t sent() const { return sent_.load(); }
-  double worst_lateness_ms() const { return late_ms_.load(); }
-  void ResetLateness() { late_ms_ = 0; }
-
- private:
-  void Loop() {
-    constexpr auto kTurn = 20ms;
-    Clock::time_point next = Clock::now();
-    while (!stop_) {
-      const Clock::time_point now = Clock::now();
-      const double late = std::chrono::duration<double, std::milli>(now - next).count();
-      if (late > late_ms_.load()) late_ms_ = late;
-      for (auto& a : agents_) a->Drive(now, step_time_);
-      next += kTurn;
-      if (next < Clock::now()) next = Clock::now();
-      std::this_thread::sleep_until(next);
-    }
-  }
-
-  const Clock::duration step_time_;
-  std::vector<std::unique_ptr<endure::proto::Controller::Stub>> stubs_;
-  std::vector<std::unique_ptr<SimAgent>> agents_;
-  std::thread loop_;
-  std::atomic<bool> stop_{false};
-  std::atomic<int64_t> newest_step_{0};
-  std::atomic<int64_t> sent_{0};
-  std::atomic<double> late_ms_{0};
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int64_t newest_start_ = -1, started_gen_ = -1, stopped_gen_ = -1;
-  Clock::time_point started_at_{}, stopped_at_{};
-  std::vector<int> started_agents_;
-  std::map<int64_t, Clock::time_point> first_reported_;  // step -> its first report
-};
-
-void SimAgent::Drive(Clock::time_point now, Clock::duration step_time) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (broken_ || silent_) return;
-  if (now >= next_beat_) {
-    endure::proto::AgentEvent beat = Event(generation_);
-    beat.mutable_heartbeat();
-    Send(std::move(beat));
-    fleet_->Sent();
-    next_beat_ = now + 1s;
-  }
-  if (generation_ >= 0 && now >= next_step_) {
-    ++step_;
-    for (int rank : ranks_) {
-      endure::proto::AgentEvent e = Event(generation_);
-      endure::proto::StepProgress* s = e.mutable_step();
-      s->set_rank(rank);
-      s->set_step(step_);
-      s->set_loss(3.0 - 1e-4 * static_cast<double>(step_));
-      s->set_compute_s(0.8 * std::chrono::duration<double>(step_time).count());
-      s->set_checkpoint_step(-1);
-      s->set_tokens(4096);
-      Send(std::move(e));
-      fleet_->Reported(step_);
-    }
-    next_step_ += step_time;
-    if (next_step_ < now) next_step_ = now + step_time;
-  }
-}
-
-void SimAgent::OnReadDone(bool ok) {
-  if (!ok) return;
-  const endure::proto::AgentCommand cmd = command_;
-  StartRead(&command_);
-  std::unique_lock<std::mutex> lock(mu_);
-  if (cmd.has_start()) {
-    generation_ = cmd.generation();
-    step_ = std::max<int64_t>(0, cmd.start().restore_step());
-    ranks_.clear();
-    for (const auto& r : cmd.start().ranks()) ranks_.push_back(r.rank());
-    for (int rank : ranks_) {
-      endure::proto::AgentEvent e = Event(generation_);
-      e.mutable_worker_ready()->set_rank(rank);
-      e.mutable_worker_ready()->set_start_step(step_);
-      Send(std::move(e));
-      fleet_->Sent();
-    }
-    next_step_ = Clock::now() + 1s;  // the first step after start-up
-    const int64_t g = generation_;
-    lock.unlock();
-    fleet_->OnStart(index_, g);
-  } else if (cmd.has_stop()) {
-    if (silent_) return;
-    for (int rank : ranks_) {
-      endure::proto::AgentEvent e = Event(cmd.generation());
-      auto* x = e.mutable_worker_exited();
-      x->set_rank(rank);
-      x->set_signal(15);
-      x->set_stopped(true);
-      Send(std::move(e));
-    }
-    generation_ = -1;
-    ranks_.clear();
-    endure::proto::AgentEvent stopped = Event(cmd.generation());
-    stopped.mutable_stopped();
-    Send(std::move(stopped));
-    lock.unlock();
-    fleet_->OnStop(index_, cmd.generation());
-  }
 }
 
 // ---- The controller process ----
@@ -439,10 +147,9 @@ std::string g_controller;  // the `endure` binary
 
 std::optional<endure::Subprocess> StartController(const fs::path& dir, const fs::path& spec,
                                                   const fs::path& address_file, bool new_run) {
-  std::vector<std::string> argv = {g_controller,            "controller",
-                                    "--spec",               spec.string(),
-                                    "--address-file",       address_file.string(),
-                                    "--listen",             "127.0.0.1:0"};
+  std::vector<std::string> argv = {g_controller,  "controller",     "--spec",
+                                   spec.string(), "--address-file", address_file.string(),
+                                   "--listen",    "127.0.0.1:0"};
   if (new_run) argv.push_back("--new-run");
   endure::Result<endure::Subprocess> p =
       endure::Subprocess::Start({.argv = argv,
@@ -490,15 +197,15 @@ void RunOne(const fs::path& work, int nodes, double step_s, double window_s) {
     controller->Wait();
     return;
   }
-  const Clock::duration step_time = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(step_s));
+  const Clock::duration step_time =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(step_s));
   const Clock::time_point attach = Clock::now();
   std::optional<double> startup_s, closed_s, silent_s, replay_s;
   double cpu = 0, rss = 0, inputs = 0, rows = 0, kbps = 0, gen_cpu = 0, late_ms = 0;
   double lag_mean = 0, lag_max = 0;
   bool steady = false;
   {
-    Fleet fleet(address, nodes + 2, step_time);
+    endure::loadgen::SimulatedAgents fleet(address, kToken, nodes + 2, step_time);
     const Clock::duration limit = std::chrono::seconds(60 + nodes / 50);
     if (fleet.WaitStart(-1, limit)) startup_s = Since(attach);
     // Steady: wait two steps past the start-up, then measure the window.
@@ -632,8 +339,8 @@ int main(int argc, char** argv) {
   files.rlim_cur = files.rlim_max;
   setrlimit(RLIMIT_NOFILE, &files);
   std::printf("%6s %4s %8s %6s %7s %9s %8s %6s %8s %8s %8s %8s %8s %6s %7s\n", "nodes", "step",
-              "start_s", "cpu%", "rss_mb", "in/s", "lag_s", "worst", "rows/s", "kb/s",
-              "closed_s", "silent_s", "replay_s", "gen%", "late_ms");
+              "start_s", "cpu%", "rss_mb", "in/s", "lag_s", "worst", "rows/s", "kb/s", "closed_s",
+              "silent_s", "replay_s", "gen%", "late_ms");
   for (double n : nodes) {
     for (double s : steps) RunOne(work, static_cast<int>(n), s, window_s);
   }

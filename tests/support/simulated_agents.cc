@@ -1,0 +1,96 @@
+// Simulated agents for load; see simulated_agents.h.
+#include "tests/support/simulated_agents.h"
+
+#include <algorithm>
+
+namespace endure::loadgen {
+
+using namespace std::chrono_literals;
+
+double WallSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+proto::AgentEvent SimAgent::Event(int64_t generation) const {
+  proto::AgentEvent e;
+  e.set_token(fleet_->token());
+  e.set_generation(generation);
+  e.set_time_s(WallSeconds());
+  return e;
+}
+
+void SimAgent::Drive(Clock::time_point now, Clock::duration step_time) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_ || silent_) return;
+  if (now >= next_beat_) {
+    proto::AgentEvent beat = Event(generation_);
+    beat.mutable_heartbeat();
+    Send(std::move(beat));
+    fleet_->Sent();
+    next_beat_ = now + 1s;
+  }
+  if (generation_ >= 0 && now >= next_step_) {
+    ++step_;
+    for (int rank : ranks_) {
+      proto::AgentEvent e = Event(generation_);
+      proto::StepProgress* s = e.mutable_step();
+      s->set_rank(rank);
+      s->set_step(step_);
+      s->set_loss(3.0 - 1e-4 * static_cast<double>(step_));
+      s->set_compute_s(0.8 * std::chrono::duration<double>(step_time).count());
+      s->set_checkpoint_step(-1);
+      s->set_tokens(4096);
+      Send(std::move(e));
+      fleet_->Reported(step_);
+    }
+    next_step_ += step_time;
+    if (next_step_ < now) next_step_ = now + step_time;
+  }
+}
+
+void SimAgent::OnReadDone(bool ok) {
+  if (!ok) return;
+  const proto::AgentCommand cmd = command_;
+  StartRead(&command_);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (cmd.has_start()) {
+    generation_ = cmd.generation();
+    step_ = std::max<int64_t>(0, cmd.start().restore_step());
+    ranks_.clear();
+    for (const auto& r : cmd.start().ranks()) ranks_.push_back(r.rank());
+    for (int rank : ranks_) {
+      proto::AgentEvent e = Event(generation_);
+      e.mutable_worker_ready()->set_rank(rank);
+      e.mutable_worker_ready()->set_start_step(step_);
+      Send(std::move(e));
+      fleet_->Sent();
+    }
+    next_step_ = Clock::now() + 1s;  // the first step after start-up
+    const int64_t g = generation_;
+    lock.unlock();
+    fleet_->OnStart(index_, g);
+  } else if (cmd.has_stop()) {
+    if (silent_) return;
+    for (int rank : ranks_) {
+      proto::AgentEvent e = Event(cmd.generation());
+      auto* x = e.mutable_worker_exited();
+      x->set_rank(rank);
+      x->set_signal(15);
+      x->set_stopped(true);
+      Send(std::move(e));
+    }
+    generation_ = -1;
+    ranks_.clear();
+    proto::AgentEvent stopped = Event(cmd.generation());
+    stopped.mutable_stopped();
+    Send(std::move(stopped));
+    lock.unlock();
+    fleet_->OnStop(index_, cmd.generation());
+  }
+}
+
+}  // namespace endure::loadgen
