@@ -246,11 +246,8 @@ Result<int> RunController(const ControllerOptions& options) {
   }
   Result<int> code = Internal("the controller did not run");
   {
-    GrpcTransport transport({.listen = options.listen,
-                             .max_message_bytes = kMaxMessageBytes,
-                             // A thread per stream the shell takes, and gRPC's own pollers.
-                             .max_threads = 2 * MaxConnections(options.spec) + 32,
-                             .tls = identity});
+    GrpcTransport transport(
+        {.listen = options.listen, .max_message_bytes = kMaxMessageBytes, .tls = identity});
     // Made after the transport, so destroyed before it: Serve shuts the
     // transport down (no more calls into the shell) before it returns.
     ControllerShell shell(options, Clock::Real(), &transport, PickFreePort);

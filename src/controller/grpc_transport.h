@@ -1,9 +1,11 @@
 // GrpcTransport: the agents' streams over gRPC, the controller's real
 // Transport. Each agent holds one bidirectional Attach call
-// (proto/endure.proto); each call holds a thread of gRPC's synchronous
-// server, which reads the agent's messages and hands them to the sink.
+// (proto/endure.proto), served by gRPC's callback API: no thread per
+// stream (a few of gRPC's own serve them all), reads handed to the sink as
+// they arrive, writes queued per stream and never waited for.
 #pragma once
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -19,16 +21,17 @@ namespace endure::controller {
 struct GrpcTransportOptions {
   std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free one
   int max_message_bytes = 4 << 20;     // one AgentEvent
-  // Threads of the synchronous server: one per open stream, plus pollers.
-  // Streams beyond it wait for a thread; the sink bounds them first.
-  int max_threads = 128;
+  // Commands waiting to be written to one stream: an agent that reads none
+  // of this many is cut (its node judged by the heartbeat rules), and the
+  // controller never waits on it.
+  int max_queued_commands = 1'000;
   // Mutual TLS with this identity (the controller's); nullopt: plain TCP.
   std::optional<tls::Identity> tls;
 };
 
 // Thread-safe. Start at most once; Shutdown (or the destructor) before the
 // sink goes away.
-class GrpcTransport final : public Transport, private proto::Controller::Service {
+class GrpcTransport final : public Transport, private proto::Controller::CallbackService {
  public:
   explicit GrpcTransport(GrpcTransportOptions options);
   ~GrpcTransport() override;
@@ -36,35 +39,30 @@ class GrpcTransport final : public Transport, private proto::Controller::Service
   GrpcTransport& operator=(const GrpcTransport&) = delete;
 
   Result<std::string> Start(TransportSink* sink) override;
+  // Queues `command` on the stream; false when it has ended or its queue is
+  // full (the stream is then cut).
   bool Send(ConnectionId id, const proto::AgentCommand& command) override;
   void Close(ConnectionId id) override;
   void Shutdown(Duration grace) override;
 
  private:
-  using Stream = grpc::ServerReaderWriter<proto::AgentCommand, proto::AgentEvent>;
-  // One open Attach call. `stream` and `context` belong to it; `open` turns
-  // false (under `mu`) before the call returns, after which nobody writes.
-  struct Call {
-    Call(Stream* s, grpc::ServerContext* c) : stream(s), context(c) {}
-    Mutex mu;
-    Stream* stream GUARDED_BY(mu);  // valid while open
-    bool open GUARDED_BY(mu) = true;
-    grpc::ServerContext* const context;
-  };
+  class Call;  // one Attach: its reads, its queue of writes, its end
 
-  grpc::Status Attach(grpc::ServerContext* context, Stream* stream) override;
+  grpc::ServerBidiReactor<proto::AgentEvent, proto::AgentCommand>* Attach(
+      grpc::CallbackServerContext* context) override;
   // The one place the gRPC server is built: its address, credentials and
   // bounds. Returns the server and the port it bound (0: none).
   std::unique_ptr<grpc::Server> StartGrpcServer(int* port);
-  std::shared_ptr<Call> Find(ConnectionId id);
+  // A call ends: no Send or Close reaches it from now on.
+  void Forget(ConnectionId id);
 
   const GrpcTransportOptions o_;
   TransportSink* sink_ = nullptr;  // set by Start, before any call arrives
   std::unique_ptr<grpc::Server> server_;
   Mutex mu_;
-  // Calls in progress: an Attach erases its own before it returns, so a
-  // context found here is alive.
-  std::map<ConnectionId, std::shared_ptr<Call>> calls_ GUARDED_BY(mu_);
+  // Calls in progress. A call is erased (under mu_) before it finishes, and
+  // Send and Close use it only under mu_: one found here is alive.
+  std::map<ConnectionId, Call*> calls_ GUARDED_BY(mu_);
   int64_t next_id_ GUARDED_BY(mu_) = 0;
   bool shut_down_ GUARDED_BY(mu_) = false;
 };
