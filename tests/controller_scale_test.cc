@@ -79,9 +79,10 @@ TEST(ControllerScale, FiveHundredNodesOfEightRanksRunSteadyAndAClosedStreamIsRep
       applied = (*status)["step"].get<int64_t>();
       worst_behind = std::max(worst_behind, agents.Behind(applied));
     }
-    std::printf("steady window: applied step %lld, worst %.2f s behind the agents, the load "
-                "generator at most %.0f ms late\n",
-                static_cast<long long>(applied), worst_behind, agents.worst_lateness_ms());
+    std::printf(
+        "steady window: applied step %lld, worst %.2f s behind the agents, the load "
+        "generator at most %.0f ms late\n",
+        static_cast<long long>(applied), worst_behind, agents.worst_lateness_ms());
     EXPECT_GE(applied, 18) << "the job steps";
     // One step of 1 s, and the live status's own 250 ms.
     EXPECT_LE(worst_behind, 1.25) << "the controller fell behind the agents";

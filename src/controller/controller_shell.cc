@@ -783,9 +783,9 @@ void ControllerShell::Turn(bool block) {
   const bool tick_first = oldest && due && *due <= judged_at && !ticked_last_turn_;
   std::optional<Queued> next;
   if (!tick_first) {
-    next = queue_.PopUntil(block ? std::chrono::time_point_cast<std::chrono::steady_clock::duration>(
-                                       wake)
-                                 : std::chrono::steady_clock::time_point{});
+    next = queue_.PopUntil(
+        block ? std::chrono::time_point_cast<std::chrono::steady_clock::duration>(wake)
+              : std::chrono::steady_clock::time_point{});
   }
   const bool have = next.has_value();
   ticked_last_turn_ = tick_first;

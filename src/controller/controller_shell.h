@@ -316,7 +316,7 @@ class ControllerShell final : public TransportSink {
   int group_inputs_ = 0;
   core::TimePoint group_started_{};
   core::TimePoint last_status_{};
-  bool status_behind_ = false;  // a write was skipped since last_status_
+  bool status_behind_ = false;     // a write was skipped since last_status_
   bool ticked_last_turn_ = false;  // a deadline's tick came before the queue's next input
   core::TimePoint last_step_at_{};
   size_t saved_incidents_ = 0;

@@ -7,8 +7,8 @@
 #include "controller/controller_shell.h"
 
 #include <gtest/gtest.h>
-#include <sqlite3.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <unistd.h>
 
 #include <cstdlib>
