@@ -47,6 +47,12 @@ struct ControllerOptions {
   // leader. Empty: it leads alone.
   std::vector<std::string> etcd;
   Duration lease = std::chrono::seconds(5);
+  // The decision core is snapshotted and the journal cut behind it once the
+  // journal since the last snapshot is as large as that snapshot and at
+  // least this large (ControllerShell's SnapshotDue): a restart replays at
+  // most about a snapshot's worth of journal, and the disk takes at most
+  // about twice what the journal alone would.
+  uint64_t snapshot_after_bytes = 4 << 20;
 };
 
 // Runs the job to its end. Returns its exit code: 0 when training completed,

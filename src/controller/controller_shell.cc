@@ -652,27 +652,38 @@ Result<bool> ControllerShell::CarryOn() {
   if (last->spec_digest != o_.spec.digest || last->name != o_.spec.name) {
     return refuse("it was begun under another spec");
   }
-  ENDURE_ASSIGN_OR_RETURN(const std::vector<JournalEntry> journal, store_->LoadJournal());
-  if (journal.empty()) return refuse("its journal is empty");
+  // Everything the machine knows comes from its newest snapshot and the
+  // journal after it, or from the whole journal, its configuration first.
+  ENDURE_ASSIGN_OR_RETURN(const std::optional<SnapshotRecord> snapshot, store_->LoadSnapshot());
+  const int64_t after = snapshot ? snapshot->seq : 0;
+  ENDURE_ASSIGN_OR_RETURN(const std::vector<JournalEntry> journal, store_->LoadJournal(
+                                                                       StateStore::kCurrentRun, after));
+  if (!snapshot && journal.empty()) return refuse("its journal is empty");
+  const Duration last_input =
+      journal.empty() ? snapshot->since_start : journal.back().since_start;
   // The run's clock goes on: its start lies as far back as the run began.
   // The replayed inputs must not lie in the future (a wall clock set back).
   const TimePoint now = Now();
   const Duration since =
       std::max(FromSeconds(clock_->WallSeconds() - last->started_at_unix), Duration(0));
-  const TimePoint start = std::min(now - since, now - journal.back().since_start);
-  // Everything the machine knows comes from the journal, its configuration
-  // first.
+  const TimePoint start = std::min(now - since, now - last_input);
   core::JobMachine machine(start);
-  std::optional<core::FinishAction> finished;
-  std::vector<std::pair<NodeId, std::string>> nodes;  // that registered, in order
   TimePoint at = start;
+  if (snapshot) {
+    Result<core::JobMachine> restored = core::JobMachine::FromSnapshot(snapshot->state, start);
+    if (!restored.ok()) return refuse(restored.status().message());
+    machine = std::move(*restored);
+    at = start + snapshot->since_start;
+  }
+  std::optional<core::FinishAction> finished;
   for (const JournalEntry& entry : journal) {
     Result<core::JobEvent> event = core::DecodeEvent(entry.event);
     if (!event.ok()) {
       return refuse("journal entry " + std::to_string(entry.seq) +
                     " is damaged: " + event.status().message());
     }
-    if (&entry == &journal.front() && !std::holds_alternative<core::Configure>(*event)) {
+    if (!snapshot && &entry == &journal.front() &&
+        !std::holds_alternative<core::Configure>(*event)) {
       return refuse("its journal does not begin with the job's configuration");
     }
     at = std::max(at, start + entry.since_start);
@@ -680,13 +691,13 @@ Result<bool> ControllerShell::CarryOn() {
     for (const core::JobAction& a : machine.Step(*event, at)) {
       if (const auto* f = std::get_if<core::FinishAction>(&a)) finished = *f;
     }
-    if (const auto* up = std::get_if<core::NodeUp>(&*event)) nodes.emplace_back(up->node, up->name);
   }
   start_ = start;
   start_unix_ = last->started_at_unix;
   machine_ = std::move(machine);
   job_ = *last;
-  journal_seq_ = journal.back().seq;
+  journal_seq_ = journal.empty() ? snapshot->seq : journal.back().seq;
+  snapshot_bytes_ = snapshot ? snapshot->state.size() : 0;
   last_step_at_ = at;
   saved_incidents_ = machine_.incidents().size();
   // An end decided but not reported before the crash is reported now.
@@ -694,7 +705,7 @@ Result<bool> ControllerShell::CarryOn() {
   int held = 0;
   {
     MutexLock lock(&conns_mu_);
-    for (const auto& [node, name] : nodes) {
+    for (const auto& [node, name] : machine_.Nodes()) {
       next_node_ = std::max(next_node_, node.value + 1);
       if (node_names_.size() < kMaxNodeNames &&
           std::find(node_names_.begin(), node_names_.end(), name) == node_names_.end()) {
@@ -708,10 +719,14 @@ Result<bool> ControllerShell::CarryOn() {
     }
   }
   std::fprintf(stderr,
-               "endure controller: carrying on run %d in %s: replayed %zu journaled inputs "
+               "endure controller: carrying on run %d in %s: %sreplayed %zu journaled inputs "
                "(generation %d, %s, step %lld, %zu incident(s)); holding %d node(s) for "
                "their agents to resume within %s\n",
-               run, o_.state_dir.c_str(), journal.size(), machine_.generation().value,
+               run, o_.state_dir.c_str(),
+               snapshot ? ("restored the snapshot of input " + std::to_string(snapshot->seq) + ", ")
+                              .c_str()
+                        : "",
+               journal.size(), machine_.generation().value,
                std::string(core::JobPhaseName(machine_.phase())).c_str(),
                static_cast<long long>(machine_.step().value), machine_.incidents().size(), held,
                FormatDuration(kResumeGrace).c_str());
@@ -731,8 +746,9 @@ std::vector<core::JobAction> ControllerShell::Input(const core::JobEvent& event,
     group_started_ = Now();
   }
   if (group_open_) {
-    Journal("an input",
-            store_->AppendJournal({++journal_seq_, at - start_, core::EncodeEvent(event)}));
+    std::string line = core::EncodeEvent(event);
+    journaled_bytes_ += line.size();
+    Journal("an input", store_->AppendJournal({++journal_seq_, at - start_, std::move(line)}));
     ++group_inputs_;
   }
   const size_t incidents_before = machine_.incidents().size();
@@ -741,10 +757,36 @@ std::vector<core::JobAction> ControllerShell::Input(const core::JobEvent& event,
   return actions;
 }
 
+bool SnapshotDue(uint64_t journaled_bytes, uint64_t snapshot_bytes, uint64_t after_bytes) {
+  return journaled_bytes >= std::max(after_bytes, snapshot_bytes);
+}
+
 void ControllerShell::CommitJournal() {
   if (!group_open_) return;
   group_open_ = false;
-  Journal("a group of inputs", store_->CommitTransaction());
+  const Status committed = store_->CommitTransaction();
+  Journal("a group of inputs", committed);
+  if (committed.ok() && SnapshotDue(journaled_bytes_, snapshot_bytes_, o_.snapshot_after_bytes)) {
+    TakeSnapshot();
+  }
+}
+
+void ControllerShell::TakeSnapshot() {
+  const TimePoint began = Now();
+  std::string state = machine_.Snapshot();
+  const size_t bytes = state.size();
+  const Status saved = store_->SaveSnapshot({journal_seq_, last_step_at_ - start_, std::move(state)});
+  if (!saved.ok()) {
+    // The journal is whole: a restart replays more of it. Tried again after
+    // as many bytes more.
+    Journal("a snapshot", saved);
+    journaled_bytes_ = 0;
+    return;
+  }
+  journaled_bytes_ = 0;
+  snapshot_bytes_ = bytes;
+  ++snapshots_;
+  snapshot_took_ = Now() - began;
 }
 
 void ControllerShell::RunOnce(bool block) {

@@ -58,6 +58,11 @@ inline constexpr int kMaxQueuedPerAgent = 10'000;
 // uncommitted group (the controller killed) moved nothing outside it.
 inline constexpr int kJournalGroupInputs = 1'000;
 inline constexpr Duration kJournalGroupAge = std::chrono::milliseconds(50);
+// Whether the machine is to be snapshotted (JobMachine::Snapshot,
+// StateStore::SaveSnapshot) and the journal cut behind it, after
+// `journaled_bytes` of journal since the last snapshot of `snapshot_bytes`:
+// ControllerOptions::snapshot_after_bytes.
+bool SnapshotDue(uint64_t journaled_bytes, uint64_t snapshot_bytes, uint64_t after_bytes);
 // The live status (STATE_DIR/status.json, /api/status) is written at most
 // this often, and at the latest this long after the input it misses.
 inline constexpr Duration kStatusEvery = std::chrono::milliseconds(250);
@@ -236,8 +241,10 @@ class ControllerShell final : public TransportSink {
   // Hands the live status to StatusJson and MetricsText.
   void Publish(const nlohmann::json& status);
   void Persist();
-  // Commits the open group of journaled inputs (kJournalGroupInputs).
+  // Commits the open group of journaled inputs (kJournalGroupInputs), and
+  // takes a snapshot when one is due (SnapshotDue).
   void CommitJournal();
+  void TakeSnapshot();
   // RunOnce's turn, before the group's commit.
   void Turn(bool block);
   // A registration's NodeUp, before the machine sees it: refused when the
@@ -311,6 +318,10 @@ class ControllerShell final : public TransportSink {
   std::optional<core::TimePoint> stop_deadline_;
   std::set<core::NodeId> stopped_nodes_;  // agents that reported their workers stopped since
   int64_t journal_seq_ = 0;               // the last input journaled
+  uint64_t journaled_bytes_ = 0;          // since the last snapshot
+  uint64_t snapshot_bytes_ = 0;           // of the last snapshot
+  int snapshots_ = 0;                     // taken by this controller
+  Duration snapshot_took_{0};             // the last one's time on the loop
   // The open group of journaled inputs (a transaction), its size and start.
   bool group_open_ = false;
   int group_inputs_ = 0;

@@ -1144,6 +1144,65 @@ TEST_F(ControllerShellTest, ARestartedControllerCarriesTheRunOnAndTheAgentsResum
   EXPECT_EQ(journal.back().seq, static_cast<int64_t>(journal.size())) << "no gap";
 }
 
+// With snapshots: the restarted controller restores the newest one, replays
+// only the journal after it (the journal before it is cut), and carries the
+// run on as it does from the whole journal.
+TEST_F(ControllerShellTest, ARestartRestoresTheSnapshotAndReplaysOnlyTheJournalAfterIt) {
+  options_.snapshot_after_bytes = 1;  // a snapshot each time the journal is as large as one
+  Make(2);
+  StepsOn(transport_, *shell_, clock_, CrashAndRecover(transport_, *shell_, clock_, AttachAndStart(2)),
+          1, 7, 30);
+  {
+    Result<StateStore> store = StateStore::OpenExisting(StateStore::PathIn(state_dir()));
+    ASSERT_TRUE(store.ok());
+    const std::optional<SnapshotRecord> snapshot = store->LoadSnapshot().value();
+    ASSERT_TRUE(snapshot.has_value()) << "the journal outgrew a snapshot: one was taken";
+    const std::vector<JournalEntry> journal = store->LoadJournal().value();
+    EXPECT_GT(snapshot->seq, 50) << "one taken as the run went on, not only at its start";
+    if (!journal.empty()) EXPECT_EQ(journal.front().seq, snapshot->seq + 1) << "cut behind it";
+    EXPECT_LT(journal.size(), 40u);
+  }
+  clock_.Advance(3s);  // the controller is down
+  Restart();
+  const nlohmann::json status = Status();
+  EXPECT_EQ(status["generation"], 1) << status;
+  EXPECT_EQ(status["phase"], "running");
+  EXPECT_EQ(status["step"], 30);
+  EXPECT_EQ(status["incidents"], 1);
+  std::vector<ConnectionId> ids;
+  for (int n = 0; n < 2; ++n) {
+    ids.push_back(restarted_.Open());
+    ASSERT_TRUE(
+        restarted_.Deliver(ids.back(), ResumeHello("node" + std::to_string(n), 1, {{n, 30}})));
+  }
+  Pump();
+  StepsOn(restarted_, *shell_, clock_, ids, 1, 31, 60);
+  for (ConnectionId id : ids) {
+    EXPECT_TRUE(restarted_.TakeCommands(id).empty()) << "no stop, no new generation";
+  }
+  clock_.Advance(1s);
+  Tick();
+  EXPECT_EQ(Status()["step"], 60);
+  EXPECT_EQ(Status()["incidents"], 1);
+  // A damaged snapshot is no state to carry on from: a new run begins, and
+  // says why.
+  clock_.Advance(1s);
+  {
+    Result<StateStore> store = StateStore::OpenExisting(StateStore::PathIn(state_dir()));
+    ASSERT_TRUE(store.ok());
+    SnapshotRecord snapshot = store->LoadSnapshot().value().value();
+    snapshot.state[snapshot.state.size() / 2] ^= 1;
+    ASSERT_TRUE(store->SaveSnapshot(snapshot).ok());
+  }
+  testing::internal::CaptureStderr();
+  Restart();
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("not carrying on run 1: the job snapshot is damaged"), std::string::npos)
+      << said;
+  EXPECT_EQ(Status()["phase"], "waiting_for_nodes");
+  EXPECT_EQ(Status()["incidents"], 0);
+}
+
 // An agent that does not come back after the restart is a lost node once
 // the resume grace passes (here its heartbeat timeout, judged afresh from
 // the restart, comes first): an incident like any other.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 
@@ -30,6 +31,10 @@ class Statement {
   void Bind(int i, const std::string& v) {
     sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
   }
+  // Bytes, not text (a snapshot's).
+  void BindBlob(int i, std::string_view v) {
+    sqlite3_bind_blob64(stmt_, i, v.data(), v.size(), SQLITE_TRANSIENT);
+  }
   template <typename T>
   void Bind(int i, const std::optional<T>& v) {
     if (v) {
@@ -47,6 +52,12 @@ class Statement {
   bool Null(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
   std::optional<double> OptReal(int col) const {
     return Null(col) ? std::nullopt : std::optional<double>(Real(col));
+  }
+  std::string Blob(int col) const {
+    const void* p = sqlite3_column_blob(stmt_, col);
+    return p == nullptr ? ""
+                        : std::string(static_cast<const char*>(p),
+                                      static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
   }
   std::string Text(int col) const {
     const unsigned char* p = sqlite3_column_text(stmt_, col);

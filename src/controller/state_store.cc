@@ -14,9 +14,9 @@ namespace {
 
 // Version 1 held one job; version 2 holds runs (see state_store.h); version
 // 3 adds each run's journal and spec digest; 4 each incident's suspects; 5
-// each incident's recovery route. Bump it with every change, and add the
-// step from the version before to Migrate.
-constexpr int kSchemaVersion = 5;
+// each incident's recovery route; 6 each run's newest snapshot. Bump it with
+// every change, and add the step from the version before to Migrate.
+constexpr int kSchemaVersion = 6;
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE runs (
@@ -95,7 +95,19 @@ constexpr char kIncidentSuspects[] = R"sql(
 ALTER TABLE incidents ADD COLUMN suspects TEXT NOT NULL DEFAULT '[]';
 )sql";
 
-// Version 4 -> 5 (the last step of every database's schema): how an
+// Version 5 -> 6 (the last step of every database's schema): each run's
+// newest snapshot of its decision core (core::JobMachine::Snapshot), as of
+// journal entry `seq`; the journal before it is cut.
+constexpr char kSnapshotTable[] = R"sql(
+CREATE TABLE snapshots (
+  run INTEGER PRIMARY KEY,
+  seq INTEGER NOT NULL,
+  at_ns INTEGER NOT NULL,
+  state BLOB NOT NULL
+);
+)sql";
+
+// Version 4 -> 5: how an
 // incident's job got back to training (core/recovery_route.h; '' for none),
 // and why.
 constexpr char kIncidentRoute[] = R"sql(
@@ -250,6 +262,7 @@ Status StateStore::Init() {
     if (Status st = Exec(kJournalTable); !st.ok()) return rollback(st);
     if (Status st = Exec(kIncidentSuspects); !st.ok()) return rollback(st);
     if (Status st = Exec(kIncidentRoute); !st.ok()) return rollback(st);
+    if (Status st = Exec(kSnapshotTable); !st.ok()) return rollback(st);
     Statement ins(db_.get(), "INSERT INTO schema_version (version) VALUES (?)");
     ins.Bind(1, int64_t{kSchemaVersion});
     if (ins.Step() != SQLITE_DONE) return rollback(Error("writing the schema version"));
@@ -272,7 +285,8 @@ Status StateStore::Migrate(int from) {
   if (from == 1) steps = {kRenameVersion1, kSchema, kJournalTable, kMigrateFrom1};
   if (from == 2) steps = {kMigrateFrom2, kJournalTable};
   if (from <= 3) steps.push_back(kIncidentSuspects);  // 3 -> 4
-  steps.push_back(kIncidentRoute);                    // 4 -> 5, the last step of each
+  if (from <= 4) steps.push_back(kIncidentRoute);     // 4 -> 5
+  steps.push_back(kSnapshotTable);                    // 5 -> 6, the last step of each
   for (const char* sql : steps) {
     if (sqlite3_exec(db_.get(), sql, nullptr, nullptr, nullptr) != SQLITE_OK) {
       return Error(what);
@@ -609,10 +623,12 @@ Status StateStore::AppendJournal(const JournalEntry& entry) {
   return Status::Ok();
 }
 
-Result<std::vector<JournalEntry>> StateStore::LoadJournal(int run) {
-  Statement q(db_.get(), "SELECT seq, at_ns, event FROM journal WHERE run = ? ORDER BY seq");
+Result<std::vector<JournalEntry>> StateStore::LoadJournal(int run, int64_t after_seq) {
+  Statement q(db_.get(),
+              "SELECT seq, at_ns, event FROM journal WHERE run = ? AND seq > ? ORDER BY seq");
   if (!q.prepared()) return Error("loading the journal");
   q.Bind(1, int64_t{RunOrCurrent(run)});
+  q.Bind(2, after_seq);
   std::vector<JournalEntry> out;
   int rc;
   while ((rc = q.Step()) == SQLITE_ROW) {
@@ -620,6 +636,37 @@ Result<std::vector<JournalEntry>> StateStore::LoadJournal(int run) {
   }
   if (rc != SQLITE_DONE) return Error("loading the journal");
   return out;
+}
+
+Status StateStore::SaveSnapshot(const SnapshotRecord& snapshot) {
+  ENDURE_RETURN_IF_ERROR(NeedRun("saving a snapshot"));
+  ENDURE_RETURN_IF_ERROR(BeginTransaction());
+  {
+    Statement s(db_.get(),
+                "INSERT OR REPLACE INTO snapshots (run, seq, at_ns, state) VALUES (?, ?, ?, ?)");
+    if (!s.prepared()) return RolledBack(Error("saving a snapshot"));
+    s.Bind(1, int64_t{run_});
+    s.Bind(2, snapshot.seq);
+    s.Bind(3, static_cast<int64_t>(snapshot.since_start.count()));
+    s.BindBlob(4, snapshot.state);
+    if (s.Step() != SQLITE_DONE) return RolledBack(Error("saving a snapshot"));
+    Statement cut(db_.get(), "DELETE FROM journal WHERE run = ? AND seq <= ?");
+    if (!cut.prepared()) return RolledBack(Error("cutting the journal"));
+    cut.Bind(1, int64_t{run_});
+    cut.Bind(2, snapshot.seq);
+    if (cut.Step() != SQLITE_DONE) return RolledBack(Error("cutting the journal"));
+  }
+  return CommitTransaction();
+}
+
+Result<std::optional<SnapshotRecord>> StateStore::LoadSnapshot(int run) {
+  Statement q(db_.get(), "SELECT seq, at_ns, state FROM snapshots WHERE run = ?");
+  if (!q.prepared()) return Error("loading the snapshot");
+  q.Bind(1, int64_t{RunOrCurrent(run)});
+  const int rc = q.Step();
+  if (rc == SQLITE_DONE) return std::optional<SnapshotRecord>();
+  if (rc != SQLITE_ROW) return Error("loading the snapshot");
+  return std::optional<SnapshotRecord>(SnapshotRecord{q.Int(0), Duration(q.Int(1)), q.Blob(2)});
 }
 
 }  // namespace endure::controller

@@ -21,12 +21,16 @@
 // Each run also keeps its journal: every input the controller fed its
 // decision core (core::JobMachine), in order, with its time, written in the
 // same transaction as what the input changed (incidents, the ledger) and
-// before the controller acts on it. A controller that starts on the state
-// directory of an unfinished run replays it and carries the run on.
+// before the controller acts on it. Now and then the controller saves a
+// snapshot of its decision core and the journal behind it is cut (each run
+// keeps its newest). A controller that starts on the state directory of an
+// unfinished run restores the snapshot, replays the journal after it and
+// carries the run on.
 //
 // A database of schema version 1 (one job, before runs) is migrated when
 // opened: its job and everything it held become run 1. One of version 2
-// (runs, no journal) gains the journal table and the spec digest column.
+// (runs, no journal) gains the journal table and the spec digest column;
+// every older one gains the snapshots table.
 //
 // One SQLite connection; a StateStore is not thread-safe: the controller's
 // event loop owns it. Errors are Status values naming the database path.
@@ -69,6 +73,15 @@ struct JournalEntry {
   int64_t seq = 0;
   Duration since_start{0};
   std::string event;
+};
+
+// The decision core's state as of journal entry `seq` (JobMachine::Snapshot),
+// taken at `since_start`: a restart restores it and replays the journal that
+// follows.
+struct SnapshotRecord {
+  int64_t seq = 0;
+  Duration since_start{0};
+  std::string state;
 };
 
 struct GenerationRecord {
@@ -159,8 +172,15 @@ class StateStore {
   // Appends an input to the current run's journal. AlreadyExists-like
   // errors (a `seq` written before) are IOError naming the entry.
   Status AppendJournal(const JournalEntry& entry);
-  // The run's journal, in order; empty for a run that journaled nothing.
-  Result<std::vector<JournalEntry>> LoadJournal(int run = kCurrentRun);
+  // The run's journal after entry `after_seq`, in order; empty for a run
+  // that journaled nothing since.
+  Result<std::vector<JournalEntry>> LoadJournal(int run = kCurrentRun, int64_t after_seq = 0);
+
+  // Replaces the run's snapshot with `snapshot` and cuts the journal behind
+  // it (its entries up to snapshot.seq), in one transaction of its own.
+  Status SaveSnapshot(const SnapshotRecord& snapshot);
+  // The run's snapshot; nullopt when it has none.
+  Result<std::optional<SnapshotRecord>> LoadSnapshot(int run = kCurrentRun);
 
   Status SaveReport(const nlohmann::json& report);
   // NotFound until SaveReport in that run (it has not finished, or its

@@ -469,7 +469,7 @@ TEST(StateStore, MigratesAVersion1DatabaseIntoRun1) {
     ASSERT_EQ(store->BeginRun({"demo", "demo.toml", "", 1.7e9 + 100, {}, {}, "", ""}).value(), 2);
     ASSERT_TRUE(store->SaveGeneration({0, 0.0, 40, 2, "node0,node1", {}}).ok());
   }
-  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 5);
+  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 6);
   EXPECT_EQ(RawInt(path, "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '%_v1'"), 0);
 
   Result<StateStore> store = StateStore::OpenExisting(path);  // migrated once only
@@ -586,7 +586,7 @@ TEST(StateStore, MigratesAVersion2DatabaseKeepingItsRuns) {
   )sql"));
   Result<StateStore> store = StateStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
-  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 5);
+  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 6);
   EXPECT_EQ(store->run(), 1);
   EXPECT_EQ(store->LoadJob().value().spec_digest, "");
   ASSERT_EQ(store->LoadIncidents(core::At(0s)).value().size(), 1u);
@@ -595,6 +595,8 @@ TEST(StateStore, MigratesAVersion2DatabaseKeepingItsRuns) {
   EXPECT_TRUE(store->LoadJournal().value().empty());
   ASSERT_TRUE(store->AppendJournal({1, 2s, "tick"}).ok());
   EXPECT_EQ(store->LoadJournal().value().size(), 1u);
+  EXPECT_FALSE(store->LoadSnapshot().value().has_value()) << "it gained the snapshots table";
+  ASSERT_TRUE(store->SaveSnapshot({1, 2s, "state"}).ok());
 }
 
 // The journal keeps each run's inputs in order, apart from other runs', and
@@ -635,6 +637,41 @@ TEST(StateStore, TheJournalKeepsEachRunsInputsInOrder) {
   EXPECT_EQ(run1[1].since_start, 3s);                  // the aborted one is gone
   EXPECT_EQ(store->LoadJournal().value().size(), 1u);  // run 2, the current one
   EXPECT_DOUBLE_EQ(store->LoadLedger(1).value().at("startup"), 2.0);
+}
+
+// A run's newest snapshot replaces the one before, and the journal is cut
+// behind it in the same transaction: what follows it stays, in order, and
+// other runs keep theirs.
+TEST(StateStore, ASnapshotReplacesTheLastAndCutsTheJournalBehindIt) {
+  const std::string path = StateStore::PathIn(FreshDir("snapshot"));
+  Result<StateStore> store = StateStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  EXPECT_THAT(store->SaveSnapshot({1, 0s, "x"}).message(), HasSubstr("before any run"));
+  ASSERT_EQ(store->BeginRun({"demo", "demo.toml", "", 1.7e9, {}, {}, "", ""}).value(), 1);
+  for (int64_t seq = 1; seq <= 5; ++seq) ASSERT_TRUE(store->AppendJournal({seq, 1s, "tick"}).ok());
+  ASSERT_EQ(store->BeginRun({"demo", "demo.toml", "", 1.7e9 + 1, {}, {}, "", ""}).value(), 2);
+  EXPECT_FALSE(store->LoadSnapshot().value().has_value()) << "none yet";
+  for (int64_t seq = 1; seq <= 9; ++seq) ASSERT_TRUE(store->AppendJournal({seq, 2s, "tick"}).ok());
+  const std::string bytes("state\0with\xff bytes", 19);
+  ASSERT_TRUE(store->SaveSnapshot({4, 3s, "older"}).ok());
+  ASSERT_TRUE(store->SaveSnapshot({7, 5s, bytes}).ok());
+  const std::optional<SnapshotRecord> got = store->LoadSnapshot().value();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->seq, 7);
+  EXPECT_EQ(got->since_start, 5s);
+  EXPECT_EQ(got->state, bytes) << "bytes, NULs included";
+  const std::vector<JournalEntry> after = store->LoadJournal(StateStore::kCurrentRun, got->seq).value();
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_EQ(after[0].seq, 8);
+  EXPECT_EQ(store->LoadJournal().value().size(), 2u) << "entries 1 to 7 are cut";
+  EXPECT_EQ(store->LoadJournal(1).value().size(), 5u) << "run 1 keeps its journal";
+  EXPECT_FALSE(store->LoadSnapshot(1).value().has_value());
+  // Inside an open transaction (a group of inputs) a snapshot is refused,
+  // and nothing is cut.
+  ASSERT_TRUE(store->BeginTransaction().ok());
+  EXPECT_FALSE(store->SaveSnapshot({9, 6s, "x"}).ok());
+  ASSERT_TRUE(store->AbortTransaction().ok());
+  EXPECT_EQ(store->LoadSnapshot().value()->seq, 7);
 }
 
 }  // namespace

@@ -164,6 +164,13 @@ class AnomalyPolicy {
 
   const AnomalyPolicyOptions& options() const { return options_; }
 
+  // Its state, for a snapshot of the job (core/job_snapshot.h); the options
+  // come from the job's configuration.
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(rolled_back_, skipped_, replay_, data_anomalies_);
+  }
+
  private:
   AnomalyPolicyOptions options_;
   // Steps that already caused a rollback, with the kind seen first.
@@ -175,6 +182,11 @@ class AnomalyPolicy {
     std::vector<StepNumber> checkpoints;  // as at the anomaly, for a skip
     std::map<int32_t, double> first;      // rank -> loss at the anomaly
     std::map<int32_t, double> again;      // rank -> loss in the replay
+
+    template <class Archive>
+    void serialize(Archive& ar) {
+      ar(anomaly, generation, checkpoints, first, again);
+    }
   };
   std::optional<Replay> replay_;
   std::vector<DataAnomaly> data_anomalies_;

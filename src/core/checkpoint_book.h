@@ -228,6 +228,13 @@ class CheckpointBook {
   CheckpointTotals totals() const;
   const CheckpointBookOptions& options() const { return options_; }
 
+  // Its state, for a snapshot of the job (core/job_snapshot.h); the options
+  // come from the job's configuration.
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(copies_, durable_, leftovers_, pending_, pending_shards_, writing_, removing_, abandoned_, refused_, inventories_, newest_commit_, abandoned_from_, restored_step_, restored_generation_, totals_);
+  }
+
  private:
   enum class Origin {
     kBefore,    // committed before this timeline began (an earlier run, or
@@ -239,6 +246,11 @@ class CheckpointBook {
     int shards = 0;
     Origin origin = Origin::kBefore;
     bool this_run = false;  // committed by this run (a rollback may remove it)
+
+    template <class Archive>
+    void serialize(Archive& ar) {
+      ar(shards, origin, this_run);
+    }
   };
   // Retention after `committed` (trusted) was committed; and retries of
   // abandoned removals.

@@ -91,6 +91,12 @@ class EttrLedger {
   // productive / wall; 0 before any time has passed.
   double Ettr() const;
 
+  // Its state, for a snapshot of the job (core/job_snapshot.h).
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(start_, last_, current_, slowdown_, slowdown_lost_to_, uncommitted_, totals_, copies_);
+  }
+
  private:
   TimePoint start_;
   TimePoint last_;

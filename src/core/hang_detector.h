@@ -153,6 +153,13 @@ class HangDetector {
 
   const HangDetectorOptions& options() const { return options_; }
 
+  // Its state, for a snapshot of the job (core/job_snapshot.h); the options
+  // come from the job's configuration.
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(active_, generation_, generation_start_, ranks_, ranks_done_startup_, reported_, frontier_step_, frontier_time_, samples_, next_sample_, total_samples_, cached_p99_, phases_, in_phase_, train_by_base_, phased_by_base_, shift_, phases_taken_out_until_);
+  }
+
  private:
   struct RankProgress {
     std::optional<StepNumber> last_step;
@@ -169,10 +176,20 @@ class HangDetector {
     // "train"), phased_by_base_ (watched, in another phase), or none
     // (finished).
     enum class Filed { kNone, kTrain, kPhased } filed = Filed::kNone;
+
+    template <class Archive>
+    void serialize(Archive& ar) {
+      ar(last_step, base, last_duration, phase, finished, phase_since, filed);
+    }
   };
   struct PhaseStats {
     std::vector<Duration> samples;  // the most recent `window`, a ring
     size_t next = 0;
+
+    template <class Archive>
+    void serialize(Archive& ar) {
+      ar(samples, next);
+    }
   };
 
   // A phase other than "train" that `p` is in, and its deadline.

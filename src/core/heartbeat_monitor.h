@@ -76,12 +76,24 @@ class HeartbeatMonitor {
 
   const HeartbeatMonitorOptions& options() const { return options_; }
 
+  // Its state, for a snapshot of the job (core/job_snapshot.h); the options
+  // come from the job's configuration.
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(members_, deadlines_);
+  }
+
  private:
   struct Member {
     TimePoint last_heartbeat{};
     std::optional<TimePoint> dropped_at;
     bool lost = false;
     std::optional<TimePoint> filed;  // its entry in deadlines_ (none once lost)
+
+    template <class Archive>
+    void serialize(Archive& ar) {
+      ar(last_heartbeat, dropped_at, lost, filed);
+    }
   };
   TimePoint DeadlineOf(const Member& m) const;
   // Files `m`'s deadline again after it changed (removes it once lost).

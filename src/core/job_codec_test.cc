@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/hash.h"
+
 namespace endure::core {
 namespace {
 
@@ -347,13 +349,14 @@ std::string Actions(const std::vector<JobAction>& actions) {
   return out;
 }
 
-// What a machine is, as far as anyone outside can tell.
-std::string Fingerprint(const JobMachine& m) {
+// What a machine is, as far as anyone outside can tell (its times as seen
+// from a job that started at `start`).
+std::string Fingerprint(const JobMachine& m, TimePoint start = At(Duration(0))) {
   std::string out =
       std::string(JobPhaseName(m.phase())) + " generation=" + std::to_string(m.generation().value) +
       " step=" + std::to_string(m.step().value) + " loss=" + std::to_string(m.last_loss()) + "\n";
   for (const Incident& inc : m.incidents()) {
-    out += EncodeIncident(inc, At(Duration(0))) + "\n";
+    out += EncodeIncident(inc, start) + "\n";
     for (const std::string& s : inc.stacks) out += "  stack " + s + "\n";
   }
   for (int i = 0; i < kNumLedgerCategories; ++i) {
@@ -369,7 +372,7 @@ std::string Fingerprint(const JobMachine& m) {
   out += "\nfired";
   for (const std::string& f : m.fired_faults()) out += " " + f;
   const std::optional<TimePoint> next = m.NextDeadline();
-  out += "\nnext " + (next ? std::to_string(next->time_since_epoch().count()) : "-") + "\n";
+  out += "\nnext " + (next ? std::to_string((*next - start).count()) : "-") + "\n";
   return out;
 }
 
@@ -459,6 +462,96 @@ TEST(JobCodec, AJournalReplayedIntoAFreshMachineActsIdentically) {
   EXPECT_GT(failures, 10);
   std::cout << "replayed 300 journals: " << generations << " generations, " << incidents
             << " incidents, " << failures << " jobs finished\n";
+}
+
+// `event` as a job that started `by` later sees it: the times it carries
+// move with the job's.
+JobEvent Shifted(JobEvent event, Duration by) {
+  if (auto* down = std::get_if<NodeDown>(&event); down && down->since) *down->since += by;
+  if (auto* fired = std::get_if<FaultFiredEvent>(&event)) fired->at += by;
+  return event;
+}
+
+// The controller snapshots its machine and cuts the journal behind it; a
+// restart restores the snapshot — in a process whose clock began elsewhere —
+// and replays what follows. Killed at any input, it must take every
+// decision the machine that never stopped takes, and end in its state.
+TEST(JobSnapshot, AMachineRestoredFromASnapshotAtAnyInputActsAsTheOneThatNeverStopped) {
+  const Duration moved = 1000h + 7ns;  // the restarted process's clock began elsewhere
+  int restored = 0, incidents_after = 0;
+  for (uint64_t seed = 1; seed <= 300; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    JobMachine a(At(Duration(0)));
+    RandomJob job(seed);
+    std::mt19937_64 pick(seed * 7919);
+    const Configure configure{ReplayOptions(), ReplayFaults()};
+    a.Step(configure, At(Duration(0)));
+    std::vector<std::pair<JobEvent, TimePoint>> inputs;
+    for (int i = 0; i < 400 && a.phase() != JobPhase::kDone; ++i) inputs.push_back(job.Next(a));
+    // The same inputs again, restored from a snapshot at every 50th input
+    // and at a random one: in a process whose clock began elsewhere, the
+    // same decisions; on the same clock, the same state to the bit.
+    std::vector<size_t> cuts = {std::uniform_int_distribution<size_t>(0, inputs.size())(pick)};
+    for (size_t cut = 0; cut < inputs.size(); cut += 50) cuts.push_back(cut);
+    for (const size_t cut : cuts) {
+      const TimePoint start = At(Duration(0));
+      JobMachine live(start);
+      live.Step(configure, start);
+      for (size_t i = 0; i < cut; ++i) live.Step(inputs[i].first, inputs[i].second);
+      const std::string snapshot = live.Snapshot();
+      Result<JobMachine> moved_one = JobMachine::FromSnapshot(snapshot, start + moved);
+      Result<JobMachine> same_clock = JobMachine::FromSnapshot(snapshot, start);
+      ASSERT_TRUE(moved_one.ok()) << moved_one.status().message();
+      ASSERT_TRUE(same_clock.ok()) << same_clock.status().message();
+      ASSERT_TRUE(moved_one->Snapshot() == snapshot) << "it snapshots as its original";
+      ASSERT_EQ(Fingerprint(*moved_one, start + moved), Fingerprint(live)) << "restored at " << cut;
+      const size_t incidents_at_cut = live.incidents().size();
+      for (size_t i = cut; i < inputs.size(); ++i) {
+        const auto& [event, at] = inputs[i];
+        const std::string decided = Actions(live.Step(event, at));
+        ASSERT_EQ(Actions(moved_one->Step(Shifted(event, moved), at + moved)), decided)
+            << "input " << i << " after a snapshot at " << cut << ": " << EncodeEvent(event);
+        ASSERT_EQ(Actions(same_clock->Step(event, at)), decided);
+      }
+      ASSERT_EQ(Fingerprint(*moved_one, start + moved), Fingerprint(live)) << "restored at " << cut;
+      ASSERT_TRUE(same_clock->Snapshot() == live.Snapshot()) << "their states differ";
+      incidents_after += static_cast<int>(live.incidents().size() - incidents_at_cut);
+      ++restored;
+    }
+  }
+  // The tails decide things, not only wait.
+  EXPECT_GT(incidents_after, 500);
+  std::cout << "restored " << restored << " snapshots; " << incidents_after
+            << " incidents after them\n";
+}
+
+// A snapshot is read from disk: one that is cut short, altered, of another
+// kind or whose state does not read back is an error that says so.
+TEST(JobSnapshot, ADamagedSnapshotIsAnErrorThatSaysWhatIsWrong) {
+  JobMachine m(ReplayOptions(), ReplayFaults(), At(Duration(0)));
+  m.Step(NodeUp{NodeId{0}, "node0", 2}, At(1s));
+  const std::string good = m.Snapshot();
+  ASSERT_TRUE(JobMachine::FromSnapshot(good, At(Duration(0))).ok());
+  auto error = [](std::string_view s) {
+    Result<JobMachine> r = JobMachine::FromSnapshot(s, At(Duration(0)));
+    return r.ok() ? std::string("restored") : r.status().message();
+  };
+  EXPECT_NE(error(good.substr(0, good.size() - 3)).find("cut short"), std::string::npos);
+  std::string flipped = good;
+  flipped[flipped.size() - 5] ^= 0x10;
+  EXPECT_NE(error(flipped).find("checksum does not match"), std::string::npos);
+  EXPECT_NE(error("a journal line\n").find("does not begin with"), std::string::npos);
+  EXPECT_NE(error("").find("does not begin with"), std::string::npos);
+  // A state that does not read back, behind a checksum that matches it.
+  const size_t body_at = good.find('\n') + 1;
+  const std::string body = good.substr(body_at, good.find('\n', body_at) - body_at + 1) + "\x01";
+  const std::string forged = "endure-job-snapshot 1 bytes=" + std::to_string(body.size()) +
+                             " xxh3=" + HexU64(Xxh3(body)) + "\n" + body;
+  EXPECT_NE(error(forged).find("does not read back"), std::string::npos) << error(forged);
+  const std::string not_config = "tick\n";
+  const std::string other = "endure-job-snapshot 1 bytes=" + std::to_string(not_config.size()) +
+                            " xxh3=" + HexU64(Xxh3(not_config)) + "\n" + not_config;
+  EXPECT_NE(error(other).find("not the job's configuration"), std::string::npos) << error(other);
 }
 
 }  // namespace

@@ -140,6 +140,12 @@ std::map<std::string, std::string> JobMachine::RefusedNodes() const {
   return out;
 }
 
+std::vector<std::pair<NodeId, std::string>> JobMachine::Nodes() const {
+  std::vector<std::pair<NodeId, std::string>> out;
+  for (const auto& [id, node] : nodes_) out.emplace_back(id, node.name);
+  return out;
+}
+
 std::vector<NodeId> JobMachine::HealthyNodes() const {
   // Previous members first, in their order, so that ranks stay where they were.
   std::vector<NodeId> out;

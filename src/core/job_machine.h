@@ -457,6 +457,20 @@ class JobMachine {
   // The nodes that may not run the job (a failed health check, the ledger's
   // quarantine), by name, with why.
   std::map<std::string, std::string> RefusedNodes() const;
+  // Every node that registered, by id, with its name.
+  std::vector<std::pair<NodeId, std::string>> Nodes() const;
+
+  // A snapshot of the machine: its configuration and every part of its
+  // state, its times as offsets from the job's start (core/job_snapshot.cc).
+  // FromSnapshot(s.Snapshot(), start) acts on every later input as `s`
+  // does, with its times moved to a job that started at `start`. A damaged
+  // or foreign snapshot is an error that says what is wrong with it.
+  std::string Snapshot() const;
+  static Result<JobMachine> FromSnapshot(std::string_view snapshot, TimePoint start);
+  // The state a snapshot holds (job_snapshot.cc): every member below but
+  // the configuration (options_, external_), which it keeps as a Configure.
+  template <class Archive>
+  void serialize(Archive& ar);
 
  private:
   struct Node {
@@ -464,6 +478,11 @@ class JobMachine {
     int slots = 0;
     bool up = true;
     std::string refused;  // NodeUp.refused, or the quarantine's reason
+
+    template <class Archive>
+    void serialize(Archive& ar) {
+      ar(name, slots, up, refused);
+    }
   };
   struct Failure {
     IncidentCause cause;
@@ -667,6 +686,11 @@ class JobMachine {
     Generation generation;  // the one that disagreed
     NodeId kept, swapped;
     std::string reason;
+
+    template <class Archive>
+    void serialize(Archive& ar) {
+      ar(generation, kept, swapped, reason);
+    }
   };
   std::optional<SdcRecompute> sdc_recompute_;
   StragglerDetector stragglers_;

@@ -225,6 +225,13 @@ class Scenario {
     Scenario s;
     return s.Replay(text);
   }
+  // The same, with the machine restored from a snapshot of itself before
+  // every input (a controller that restarted from its snapshot each time).
+  static Result<std::string> RunRestoringEachInput(const std::string& text) {
+    Scenario s;
+    s.restore_each_input_ = true;
+    return s.Replay(text);
+  }
 
  private:
   Result<std::string> Replay(const std::string& text) {
@@ -428,6 +435,11 @@ class Scenario {
   // actions, then every incident the input created or changed. Outputs of a
   // helper's events carry their time.
   void Feed(const JobEvent& e, bool with_time) {
+    if (restore_each_input_) {
+      Result<JobMachine> restored = JobMachine::FromSnapshot(m().Snapshot(), At(Duration(0)));
+      ENDURE_CHECK(restored.ok());
+      machine_ = std::move(*restored);
+    }
     const std::vector<JobAction> actions = m().Step(e, At(Duration(now_ns_)));
     const std::string prefix = with_time ? "> at " + FormatSecondsNs(now_ns_) + " " : "> ";
     for (const JobAction& a : actions) out_ += prefix + EncodeAction(a) + "\n";
@@ -447,6 +459,7 @@ class Scenario {
   int ranks_per_node_ = 1;
   std::string out_;
   std::vector<std::string> incident_lines_;
+  bool restore_each_input_ = false;
 };
 
 // ---- The test: one per file ----
@@ -457,6 +470,17 @@ TEST_P(JobMachineScenario, OutputMatchesTheFile) {
   const std::string failure = testing_support::CheckScenarioFile(
       ENDURE_SCENARIO_DIR, GetParam(), Scenario::Run, "job_machine_scenario_test");
   EXPECT_TRUE(failure.empty()) << failure;
+}
+
+// A snapshot holds all the machine acts on: restored from one before every
+// input, it writes the file's output unchanged.
+TEST_P(JobMachineScenario, OutputIsTheSameWhenRestoredFromASnapshotBeforeEveryInput) {
+  std::ifstream in(std::filesystem::path(ENDURE_SCENARIO_DIR) / GetParam());
+  std::stringstream text;
+  text << in.rdbuf();
+  Result<std::string> out = Scenario::RunRestoringEachInput(text.str());
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  EXPECT_EQ(*out, text.str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Files, JobMachineScenario,

@@ -93,10 +93,22 @@ class LossAnomalyDetector {
 
   const LossAnomalyOptions& options() const { return options_; }
 
+  // Its state, for a snapshot of the job (core/job_snapshot.h); the options
+  // come from the job's configuration.
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(window_);
+  }
+
  private:
   struct Sample {
     StepNumber step;
     double loss;
+
+    template <class Archive>
+    void serialize(Archive& ar) {
+      ar(step, loss);
+    }
   };
 
   LossAnomalyOptions options_;

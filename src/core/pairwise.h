@@ -101,6 +101,14 @@ class PairwiseTest {
   // The pairs of the current round.
   const Pairs& pairs() const { return pairs_; }
 
+  // An empty test, for a snapshot to load into.
+  PairwiseTest() = default;
+  // Its state, for a snapshot of the job (core/job_snapshot.h).
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(nodes_, options_, names_, round_, done_, pairs_, suspects_, reference_s_, round1_reason_, verdict_);
+  }
+
  private:
   struct Outcome {
     NodeId a, b;

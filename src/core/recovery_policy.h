@@ -34,7 +34,7 @@
 #include <deque>
 #include <string>
 #include <string_view>
-#include <unordered_map>
+#include <map>
 #include <vector>
 
 #include "common/duration.h"
@@ -140,17 +140,34 @@ class RecoveryPolicy {
 
   const RecoveryPolicyOptions& options() const { return options_; }
 
+  // Its state, for a snapshot of the job (core/job_snapshot.h); the options
+  // come from the job's configuration.
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(restarts_, causes_, nodes_, startup_);
+  }
+
  private:
   struct CauseHistory {
     StepNumber last_training_step{-1};
     int same_step_count = 0;
     std::vector<std::string> nodes;  // distinct, of the current same-step run
+
+    template <class Archive>
+    void serialize(Archive& ar) {
+      ar(last_training_step, same_step_count, nodes);
+    }
   };
   // The current run of consecutive attempts that failed at start-up.
   struct StartupStreak {
     std::string cause;  // empty: no run
     int attempts = 0;
     std::vector<std::string> nodes;  // distinct, in order of failure
+
+    template <class Archive>
+    void serialize(Archive& ar) {
+      ar(cause, attempts, nodes);
+    }
   };
   struct NodeHistory {
     std::string last_cause;
@@ -159,14 +176,19 @@ class RecoveryPolicy {
     // Within restart_window; usually 0-2. Only hardware failures count
     // towards isolating the node.
     std::vector<TimePoint> recent_failures, recent_hardware_failures;
+
+    template <class Archive>
+    void serialize(Archive& ar) {
+      ar(last_cause, last_step, no_progress_repeats, recent_failures, recent_hardware_failures);
+    }
   };
 
   RecoveryPath PathFor(std::string_view cause) const;
 
   RecoveryPolicyOptions options_;
   std::deque<TimePoint> restarts_;
-  std::unordered_map<std::string, CauseHistory> causes_;
-  std::unordered_map<NodeId, NodeHistory> nodes_;
+  std::map<std::string, CauseHistory> causes_;
+  std::map<NodeId, NodeHistory> nodes_;
   StartupStreak startup_;
 };
 

@@ -86,10 +86,21 @@ class SdcChecker {
   static constexpr size_t kMaxPendingChecks = 16;
   size_t pending_checks() const { return pending_.size(); }
 
+  // Its state, for a snapshot of the job (core/job_snapshot.h).
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(last_reported_, pending_, last_agreed_);
+  }
+
  private:
   struct PendingCheck {
     std::vector<std::string> fingerprints;  // by rank; empty where not reported
     int reported = 0;
+
+    template <class Archive>
+    void serialize(Archive& ar) {
+      ar(fingerprints, reported);
+    }
   };
 
   SdcVerdict Judge(StepNumber step, const std::vector<std::string>& fingerprints);

@@ -110,22 +110,44 @@ class StragglerDetector {
 
   const StragglerOptions& options() const { return options_; }
 
+  // Its state, for a snapshot of the job (core/job_snapshot.h); the options
+  // come from the job's configuration.
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(ranks_, pending_, newest_reported_);
+  }
+
  private:
   struct Judged {
     bool slow = false;
     double rank_s = 0;
     double peers_s = 0;
     double threshold = 0;  // the ratio above which the step counted as slow
+
+    template <class Archive>
+    void serialize(Archive& ar) {
+      ar(slow, rank_s, peers_s, threshold);
+    }
   };
   struct RankState {
     std::deque<Judged> window;  // oldest first, at most options_.window
     int slow_in_window = 0;
     std::optional<StepNumber> last_reported;
     bool flagged = false;
+
+    template <class Archive>
+    void serialize(Archive& ar) {
+      ar(window, slow_in_window, last_reported, flagged);
+    }
   };
   struct PendingStep {
     std::vector<double> compute_s;  // by rank; valid where reported
     int reported = 0;
+
+    template <class Archive>
+    void serialize(Archive& ar) {
+      ar(compute_s, reported);
+    }
   };
 
   std::vector<StragglerFlag> Judge(StepNumber step, const std::vector<double>& compute_s);
