@@ -257,6 +257,13 @@ class Cluster {
     journal_.push_back({now_, line});
     Trace("< " + line);
     const std::vector<JobAction> actions = m_.Step(e, now_);
+    // As the controller does: now and then a snapshot, the journal cut
+    // behind it (here at a fixed count of inputs, so that restarts land at
+    // every distance from one).
+    if (journal_.size() >= kSnapshotEvery) {
+      snapshot_ = m_.Snapshot();
+      journal_.clear();
+    }
     for (const JobAction& a : actions) Trace("> " + core::EncodeAction(a));
     for (const JobAction& a : actions) Carry(a);
     CheckInvariants();
@@ -407,8 +414,15 @@ class Cluster {
     return stop;
   }
 
+  // What a restarted controller holds: the newest snapshot, and the journal
+  // after it replayed.
   JobMachine Replayed() const {
     JobMachine fresh(Start());
+    if (snapshot_) {
+      Result<JobMachine> restored = JobMachine::FromSnapshot(*snapshot_, Start());
+      ENDURE_CHECK(restored.ok());
+      fresh = std::move(*restored);
+    }
     for (const auto& [at, line] : journal_) {
       Result<JobEvent> e = core::DecodeEvent(line);
       ENDURE_CHECK(e.ok());
@@ -1090,7 +1104,9 @@ class Cluster {
   uint64_t seq_ = 0;
   TimePoint now_ = Start();
   std::optional<TimePoint> tick_at_;
-  std::vector<std::pair<TimePoint, std::string>> journal_;
+  std::vector<std::pair<TimePoint, std::string>> journal_;  // since snapshot_
+  std::optional<std::string> snapshot_;
+  static constexpr size_t kSnapshotEvery = 97;
   bool controller_down_ = false;
   std::set<std::string> fault_ids_;            // the spec's: none
   std::map<int, proto::AgentCommand> starts_;  // the generation's start, by node
