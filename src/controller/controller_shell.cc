@@ -820,6 +820,7 @@ void ControllerShell::Turn(bool block) {
   // never makes one). Never two ticks in a row: the queue always moves.
   std::optional<TimePoint> oldest;
   queue_.PeekFront([&](const Queued& waiting) { oldest = waiting.at; });
+  JudgeLoad(Now(), oldest);
   const TimePoint judged_at = oldest ? std::min(Now(), *oldest) : Now();
   const std::optional<TimePoint> due = machine_.NextDeadline();
   const bool tick_first = oldest && due && *due <= judged_at && !ticked_last_turn_;
@@ -1111,6 +1112,25 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
   }
 }
 
+void ControllerShell::JudgeLoad(TimePoint now, std::optional<TimePoint> oldest) {
+  behind_ = oldest ? std::max(Duration(0), now - *oldest) : Duration(0);
+  const bool overloaded =
+      overloaded_since_ ? behind_ > kCaughtUpWithin : behind_ > kOverloadedAfter;
+  if (overloaded && !overloaded_since_) {
+    overloaded_since_ = now;
+    std::fprintf(stderr,
+                 "endure controller: overloaded: the oldest of %zu queued inputs has waited %s; "
+                 "decisions on inputs are that late (heartbeat timeouts and hangs are still "
+                 "judged on time)\n",
+                 queue_.size(), FormatDuration(behind_).c_str());
+  } else if (!overloaded && overloaded_since_) {
+    overloaded_for_ += now - *overloaded_since_;
+    std::fprintf(stderr, "endure controller: caught up after %s overloaded\n",
+                 FormatDuration(now - *overloaded_since_).c_str());
+    overloaded_since_.reset();
+  }
+}
+
 void ControllerShell::WriteStatus(TimePoint now, bool force) {
   if (!force && now - last_status_ < kStatusEvery) {
     status_behind_ = true;  // written at the latest kStatusEvery after the last
@@ -1148,6 +1168,18 @@ void ControllerShell::WriteStatus(TimePoint now, bool force) {
       // anomalies are judged now.
       {"data_anomalies", machine_.data_anomalies().size()},
       {"anomaly_mode", std::string(machine_.anomaly_mode())},
+      // The controller itself: how far behind its inputs it is, and its
+      // journal since the last snapshot.
+      {"controller",
+       {{"queued", queue_.size()},
+        {"behind_s", Seconds(behind_)},
+        {"overloaded", overloaded_since_.has_value()},
+        {"overloaded_s",
+         Seconds(overloaded_for_ + (overloaded_since_ ? now - *overloaded_since_ : Duration(0)))},
+        {"journal_bytes_since_snapshot", journaled_bytes_},
+        {"snapshot_bytes", snapshot_bytes_},
+        {"snapshots", snapshots_},
+        {"snapshot_s", Seconds(snapshot_took_)}}},
   };
   if (!machine_.incidents().empty()) {
     const core::Incident& inc = machine_.incidents().back();
@@ -1187,6 +1219,24 @@ void ControllerShell::Publish(const nlohmann::json& status) {
         static_cast<double>(machine_.data_anomalies().size()), "counter");
   gauge("endure_skipped_steps", "Steps whose data the job skips after a loss anomaly.",
         static_cast<double>(machine_.skipped_steps().size()));
+  const nlohmann::json& c = status["controller"];
+  gauge("endure_controller_queued_inputs", "Inputs waiting for the controller's event loop.",
+        c.value("queued", 0.0));
+  gauge("endure_controller_behind_seconds",
+        "How long the oldest queued input has waited for the event loop.",
+        c.value("behind_s", 0.0));
+  gauge("endure_controller_overloaded",
+        "1 while the controller is overloaded (its oldest queued input waited over 2s).",
+        c.value("overloaded", false) ? 1 : 0);
+  gauge("endure_controller_overloaded_seconds_total", "Time the controller spent overloaded.",
+        c.value("overloaded_s", 0.0), "counter");
+  gauge("endure_journal_bytes_since_snapshot",
+        "Journal written since the last snapshot: what a restart replays.",
+        c.value("journal_bytes_since_snapshot", 0.0));
+  gauge("endure_snapshot_bytes", "Size of the controller's last snapshot of its decision core.",
+        c.value("snapshot_bytes", 0.0));
+  gauge("endure_snapshots_total", "Snapshots this controller took.", c.value("snapshots", 0.0),
+        "counter");
   m += "# HELP endure_ledger_seconds Wall time so far, by ETTR ledger category.\n"
        "# TYPE endure_ledger_seconds counter\n";
   for (int c = 0; c < core::kNumLedgerCategories; ++c) {

@@ -66,6 +66,13 @@ bool SnapshotDue(uint64_t journaled_bytes, uint64_t snapshot_bytes, uint64_t aft
 // The live status (STATE_DIR/status.json, /api/status) is written at most
 // this often, and at the latest this long after the input it misses.
 inline constexpr Duration kStatusEvery = std::chrono::milliseconds(250);
+// The controller is overloaded while the oldest input in its queue has
+// waited longer than kOverloadedAfter, until it is back within
+// kCaughtUpWithin: it says so in the log, the status ("controller") and the
+// metrics. Liveness is judged on time meanwhile (Turn); decisions on the
+// inputs themselves are as late as the backlog.
+inline constexpr Duration kOverloadedAfter = std::chrono::seconds(2);
+inline constexpr Duration kCaughtUpWithin = std::chrono::milliseconds(500);
 // A stream must say hello (register) within this long of opening.
 inline constexpr Duration kHelloTimeout = std::chrono::seconds(10);
 // A controller that carried on a run holds the run's nodes this long for
@@ -238,6 +245,9 @@ class ControllerShell final : public TransportSink {
   std::optional<Agent> AgentOf(core::NodeId node) const;
   std::string NameOf(core::NodeId node) const;
   void WriteStatus(core::TimePoint now, bool force);
+  // How far behind its inputs the loop is (`oldest`: the queue's first
+  // input's time), and whether it is overloaded (kOverloadedAfter).
+  void JudgeLoad(core::TimePoint now, std::optional<core::TimePoint> oldest);
   // Hands the live status to StatusJson and MetricsText.
   void Publish(const nlohmann::json& status);
   void Persist();
@@ -322,6 +332,9 @@ class ControllerShell final : public TransportSink {
   uint64_t snapshot_bytes_ = 0;           // of the last snapshot
   int snapshots_ = 0;                     // taken by this controller
   Duration snapshot_took_{0};             // the last one's time on the loop
+  Duration behind_{0};                    // the oldest queued input's wait (JudgeLoad)
+  std::optional<core::TimePoint> overloaded_since_;
+  Duration overloaded_for_{0};  // overloaded, before overloaded_since_
   // The open group of journaled inputs (a transaction), its size and start.
   bool group_open_ = false;
   int group_inputs_ = 0;

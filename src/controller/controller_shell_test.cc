@@ -616,6 +616,52 @@ TEST_F(ControllerShellTest, InputsAreJournaledInGroupsCommittedWhenTheQueueDrain
   EXPECT_EQ(Status()["step"], 12);
 }
 
+// A loop whose oldest queued input waited longer than kOverloadedAfter says
+// so — in its log, its status and its metrics — until it is back within
+// kCaughtUpWithin, and counts the time.
+TEST_F(ControllerShellTest, AnOverloadedControllerSaysSoUntilItCatchesUp) {
+  Make(2);
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  Steps(ids, 0, 1, 2);
+  clock_.Advance(1s);
+  Tick();
+  EXPECT_EQ(Status()["controller"]["overloaded"], false) << Status();
+  for (int s = 3; s <= 12; ++s) {
+    for (int r = 0; r < 2; ++r) ASSERT_TRUE(transport_.Deliver(ids[r], Step(0, r, s)));
+  }
+  clock_.Advance(3s);  // the inputs waited 3 s for the loop
+  testing::internal::CaptureStderr();
+  shell_->RunOnce(/*block=*/false);
+  std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("overloaded: the oldest of 20 queued inputs has waited 3.0s"),
+            std::string::npos)
+      << said;
+  nlohmann::json c = Status()["controller"];
+  EXPECT_EQ(c["overloaded"], true) << c;
+  EXPECT_EQ(c["queued"], 19) << c;
+  EXPECT_DOUBLE_EQ(c["behind_s"].get<double>(), 3.0) << c;
+  EXPECT_NE(shell_->MetricsText().find("endure_controller_overloaded{job=\"shell\"} 1"),
+            std::string::npos);
+  // The queue drains, the clock moving 0.1 s a turn: overloaded until the
+  // oldest input is back within 0.5 s (the queue empty, a turn later).
+  testing::internal::CaptureStderr();
+  while (shell_->queued() > 0) {
+    clock_.Advance(100ms);
+    shell_->RunOnce(/*block=*/false);
+  }
+  EXPECT_EQ(testing::internal::GetCapturedStderr().find("caught up"), std::string::npos);
+  testing::internal::CaptureStderr();
+  clock_.Advance(250ms);
+  shell_->RunOnce(/*block=*/false);
+  said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("caught up after 2.1s overloaded"), std::string::npos) << said;
+  c = Status()["controller"];
+  EXPECT_EQ(c["overloaded"], false) << c;
+  EXPECT_NEAR(c["overloaded_s"].get<double>(), 2.15, 1e-9) << c;
+  EXPECT_NE(shell_->MetricsText().find("endure_controller_overloaded{job=\"shell\"} 0"),
+            std::string::npos);
+}
+
 TEST_F(ControllerShellTest, StreamsBeyondTheBoundAreRefusedAndEndedOnesForgotten) {
   Make(1);  // 2 x 1 + 64 = 66 streams
   std::vector<ConnectionId> ids;
