@@ -7,13 +7,25 @@
 // kind and per NextDeadline call, and what one simulated second of the job
 // costs the core.
 //
+// Then, at each size, the machine's snapshot as the controller takes it
+// (JobMachine::Snapshot: its size and CPU time), its restore
+// (FromSnapshot), the replay of one journaled input (DecodeEvent and Step,
+// of the steady load's mix) and what a restart costs at most: the restore
+// and the replay of the journal the snapshot rule lets accumulate (as
+// large as the snapshot, at least ControllerOptions::snapshot_after_bytes),
+// however long the job has run.
+//
 //   job_machine_bench [SECONDS_PER_SIZE]   (default 3: the budget of CPU per size)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+#include <string>
 #include <vector>
 
+#include "controller/controller.h"
+#include "core/job_codec.h"
 #include "core/job_machine.h"
 
 namespace {
@@ -35,6 +47,11 @@ struct Figures {
   Cost startup;  // every registration and every rank's ready: one call
   int64_t steps = 0;
   size_t incidents = 0;
+  // The snapshot at the end, its restore, and the replay of the last
+  // step's inputs as the journal holds them.
+  Cost snapshot, restore, replay;
+  size_t snapshot_bytes = 0;
+  double journal_bytes_per_input = 0;
 };
 
 template <typename F>
@@ -49,6 +66,11 @@ void Time(Cost& cost, F&& f) {
 // "train" before each step's end, as endure-train does around a save.
 Figures Run(int nodes, int ranks_per_node, bool phases, double budget_s) {
   Figures f;
+  // The last whole step's inputs, and the machine before them.
+  std::vector<std::pair<endure::core::JobEvent, TimePoint>> last_step, this_step;
+  auto record = [&](const endure::core::JobEvent& e, TimePoint at) {
+    if (!phases) this_step.emplace_back(e, at);
+  };
   endure::core::JobMachineOptions o;
   o.nodes = nodes;
   o.ranks_per_node = ranks_per_node;
@@ -73,7 +95,12 @@ Figures Run(int nodes, int ranks_per_node, bool phases, double budget_s) {
   });
   const auto start = Clock::now();
   auto spent = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  std::optional<JobMachine> before_last_step, before_this_step;
   for (int64_t step = 1; spent() < budget_s; ++step) {
+    if (!phases) {
+      before_this_step = m;
+      this_step.clear();
+    }
     // One second: the ranks' reports of the step spread over it, each
     // node's heartbeat, then a tick. A size too slow for the budget stops
     // within a step (its figures are per input all the same).
@@ -97,7 +124,7 @@ Figures Run(int nodes, int ranks_per_node, bool phases, double budget_s) {
     std::stable_sort(inputs.begin(), inputs.end(),
                      [](const Input& x, const Input& y) { return x.at < y.at; });
     for (const Input& in : inputs) {
-      if (spent() > budget_s) return f;
+      if (spent() > budget_s) break;
       const TimePoint at =
           At(std::chrono::duration_cast<endure::Duration>(std::chrono::duration<double>(in.at)));
       if (in.kind < 2) {
@@ -108,21 +135,54 @@ Figures Run(int nodes, int ranks_per_node, bool phases, double budget_s) {
       } else {
         endure::core::StepEnd e{m.generation(), in.rank, step, 2.0, 0, -1};
         e.compute_s = 0.9;
+        record(e, at);
         Time(f.step_end, [&] { m.Step(e, at); });
       }
       next();
     }
+    if (spent() > budget_s) break;
     now_s += 0.5;
     for (int n = 0; n < nodes; ++n) {
+      record(endure::core::NodeHeartbeat{NodeId{n}}, now());
       Time(f.heartbeat, [&] { m.Step(endure::core::NodeHeartbeat{NodeId{n}}, now()); });
       next();
     }
     now_s += 0.5;
+    record(endure::core::Tick{}, now());
     Time(f.tick, [&] { m.Step(endure::core::Tick{}, now()); });
     next();
     f.steps = step;
     f.incidents = m.incidents().size();
+    if (!phases) {
+      before_last_step = std::move(before_this_step);
+      last_step = std::move(this_step);
+    }
   }
+  if (phases || !before_last_step) return f;
+  // The controller's snapshot of the machine before the last step, its
+  // restore on another clock, and the last step's inputs replayed into it.
+  std::string snapshot;
+  Time(f.snapshot, [&] { snapshot = before_last_step->Snapshot(); });
+  f.snapshot_bytes = snapshot.size();
+  std::optional<JobMachine> restored;
+  Time(f.restore, [&] {
+    endure::Result<JobMachine> r = JobMachine::FromSnapshot(snapshot, At(std::chrono::hours(1)));
+    if (r.ok()) restored.emplace(std::move(*r));
+  });
+  if (!restored) {
+    std::fprintf(stderr, "job_machine_bench: the snapshot did not restore\n");
+    std::exit(1);
+  }
+  double bytes = 0;
+  for (const auto& [event, at] : last_step) {
+    const std::string line = endure::core::EncodeEvent(event);
+    bytes += static_cast<double>(line.size());
+    Time(f.replay, [&, at = at] {
+      endure::Result<endure::core::JobEvent> e = endure::core::DecodeEvent(line);
+      restored->Step(*e, at + std::chrono::hours(1));
+    });
+  }
+  f.journal_bytes_per_input = last_step.empty() ? 0 : bytes / static_cast<double>(last_step.size());
   return f;
 }
 
@@ -130,6 +190,7 @@ Figures Run(int nodes, int ranks_per_node, bool phases, double budget_s) {
 
 int main(int argc, char** argv) {
   const double budget = argc > 1 ? std::atof(argv[1]) : 3.0;
+  std::vector<std::pair<int, Figures>> snapshots;
   for (bool phases : {false, true}) {
     std::printf(
         "JobMachine::Step under a steady job: CPU per input (us), 1 s steps, 8 ranks per "
@@ -153,7 +214,25 @@ int main(int argc, char** argv) {
                   f.step_end.Micros(), f.phase.Micros(), f.heartbeat.Micros(), f.tick.Micros(),
                   f.next_deadline.Micros(), per_s_ms, f.incidents);
       std::fflush(stdout);
+      if (!phases) snapshots.push_back({nodes, f});
     }
+  }
+  // What a restart costs at most, however long the job ran: the restore,
+  // and the replay of as much journal as the snapshot rule lets build up.
+  const double after_bytes = static_cast<double>(endure::controller::ControllerOptions{}.snapshot_after_bytes);
+  std::printf(
+      "\nThe controller's snapshot of JobMachine (the steady job above) and a restart from it\n");
+  std::printf("%7s %8s %12s %12s %11s %11s %12s %14s %14s\n", "nodes", "ranks", "snapshot_mb",
+              "snapshot_ms", "restore_ms", "replay_us", "bytes/input", "journal_max_mb",
+              "restart_max_s");
+  for (const auto& [nodes, f] : snapshots) {
+    const double journal = std::max(after_bytes, static_cast<double>(f.snapshot_bytes));
+    const double inputs = f.journal_bytes_per_input > 0 ? journal / f.journal_bytes_per_input : 0;
+    const double restart_s = f.restore.seconds + inputs * f.replay.Micros() / 1e6;
+    std::printf("%7d %8d %12.2f %12.1f %11.1f %11.2f %12.0f %14.2f %14.2f\n", nodes, nodes * 8,
+                static_cast<double>(f.snapshot_bytes) / (1 << 20), 1000 * f.snapshot.seconds,
+                1000 * f.restore.seconds, f.replay.Micros(), f.journal_bytes_per_input,
+                journal / (1 << 20), restart_s);
   }
   return 0;
 }
