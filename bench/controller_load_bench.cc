@@ -28,9 +28,12 @@
 //
 //   build/bin/controller_load_bench [--nodes 128,1024] [--step-s 1,2]
 //                                   [--window-s 20] [--controller PATH]
-//                                   [WORK_DIR]
+//                                   [--per-rank] [WORK_DIR]
 //
 // --controller runs another build's `endure` (a before-and-after in one run).
+// The agents report their ranks' steps in one NodeSteps per node and step, as
+// the agent does; --per-rank, a StepProgress for each rank, as agents did
+// before (and as a controller of then reads them).
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -116,6 +119,7 @@ double SelfCpuSeconds() {
          1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
+// Inputs journaled so far.
 int64_t JournalRows(const fs::path& state_dir) {
   sqlite3* db = nullptr;
   const std::string path = (state_dir / "controller.db").string();
@@ -124,13 +128,22 @@ int64_t JournalRows(const fs::path& state_dir) {
     return -1;
   }
   sqlite3_busy_timeout(db, 2000);
+  // The newest journal entry's number: entries are numbered from 1, and a
+  // snapshot cuts the journal behind it (a controller of before snapshots
+  // has no such table).
   int64_t rows = -1;
-  sqlite3_stmt* stmt = nullptr;
-  if (sqlite3_prepare_v2(db, "SELECT COUNT(*) FROM journal", -1, &stmt, nullptr) == SQLITE_OK &&
-      sqlite3_step(stmt) == SQLITE_ROW) {
-    rows = sqlite3_column_int64(stmt, 0);
+  for (const char* sql :
+       {"SELECT MAX(COALESCE((SELECT MAX(seq) FROM journal), 0), "
+        "COALESCE((SELECT MAX(seq) FROM snapshots), 0))",
+        "SELECT COALESCE(MAX(seq), 0) FROM journal"}) {
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v2(db, sql, -1, &stmt, nullptr) == SQLITE_OK &&
+        sqlite3_step(stmt) == SQLITE_ROW) {
+      rows = sqlite3_column_int64(stmt, 0);
+    }
+    sqlite3_finalize(stmt);
+    if (rows >= 0) break;
   }
-  sqlite3_finalize(stmt);
   sqlite3_close(db);
   return rows;
 }
@@ -144,6 +157,7 @@ std::optional<nlohmann::json> Status(const fs::path& state_dir) {
 }
 
 std::string g_controller;  // the `endure` binary
+bool g_per_rank = false;   // agents report each rank's step apart (before node reports)
 
 std::optional<endure::Subprocess> StartController(const fs::path& dir, const fs::path& spec,
                                                   const fs::path& address_file, bool new_run) {
@@ -205,7 +219,7 @@ void RunOne(const fs::path& work, int nodes, double step_s, double window_s) {
   double lag_mean = 0, lag_max = 0;
   bool steady = false;
   {
-    endure::loadgen::SimulatedAgents fleet(address, kToken, nodes + 2, step_time);
+    endure::loadgen::SimulatedAgents fleet(address, kToken, nodes + 2, step_time, g_per_rank);
     const Clock::duration limit = std::chrono::seconds(60 + nodes / 50);
     if (fleet.WaitStart(-1, limit)) startup_s = Since(attach);
     // Steady: wait two steps past the start-up, then measure the window.
@@ -324,12 +338,14 @@ int main(int argc, char** argv) {
       if (a == "--window-s") window_s = v.at(0);
     } else if (a == "--controller" && i + 1 < argc) {
       g_controller = argv[++i];
+    } else if (a == "--per-rank") {
+      g_per_rank = true;
     } else if (!a.empty() && a[0] != '-') {
       work = a;
     } else {
       std::fprintf(stderr,
                    "usage: controller_load_bench [--nodes 128,1024] [--step-s 1,2] "
-                   "[--window-s 20] [--controller PATH] [WORK_DIR]\n");
+                   "[--window-s 20] [--controller PATH] [--per-rank] [WORK_DIR]\n");
       return 2;
     }
   }
@@ -338,6 +354,8 @@ int main(int argc, char** argv) {
   getrlimit(RLIMIT_NOFILE, &files);
   files.rlim_cur = files.rlim_max;
   setrlimit(RLIMIT_NOFILE, &files);
+  std::printf("agents report %s\n", g_per_rank ? "each rank's step apart (--per-rank)"
+                                              : "their ranks' steps in one message per node");
   std::printf("%6s %4s %8s %6s %7s %9s %8s %6s %8s %8s %8s %8s %8s %6s %7s\n", "nodes", "step",
               "start_s", "cpu%", "rss_mb", "in/s", "lag_s", "worst", "rows/s", "kb/s", "closed_s",
               "silent_s", "replay_s", "gen%", "late_ms");

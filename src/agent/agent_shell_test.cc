@@ -43,6 +43,21 @@ constexpr int64_t kNoDiscard = -1;
 FakeTransport::EventMatch Is(Case c) {
   return [c](const proto::AgentEvent& e) { return e.event_case() == c; };
 }
+// Each rank's step the node reported, in order: the entries of its reports
+// (NodeSteps), each an event of its own with its report's generation.
+std::vector<proto::AgentEvent> RankSteps(const std::vector<proto::AgentEvent>& events) {
+  std::vector<proto::AgentEvent> out;
+  for (const proto::AgentEvent& e : events) {
+    for (const proto::StepProgress& s : e.node_steps().ranks()) {
+      proto::AgentEvent one;
+      one.set_generation(e.generation());
+      one.set_time_s(e.time_s());
+      *one.mutable_step() = s;
+      out.push_back(std::move(one));
+    }
+  }
+  return out;
+}
 // Everything but heartbeats, which go up on their own schedule.
 bool NotHeartbeat(const proto::AgentEvent& e) { return e.event_case() != Case::kHeartbeat; }
 
@@ -202,6 +217,12 @@ class AgentShellTest : public ::testing::Test {
 
   // The events since the agent started, heartbeats left out.
   std::vector<proto::AgentEvent> Events() const { return transport_.EventsWhere(NotHeartbeat); }
+  // Waits until the node reported `count` ranks' steps; returns them all.
+  std::vector<proto::AgentEvent> WaitForSteps(size_t count) const {
+    return RankSteps(transport_.WaitUntil([count](const std::vector<proto::AgentEvent>& events) {
+      return RankSteps(events).size() >= count;
+    }));
+  }
 
   // The T0 directory the workers of the last launch were given.
   std::string T0Dir() const {
@@ -695,7 +716,7 @@ TEST_F(AgentShellTest, ABreakWithinTheGraceKeepsTheWorkersAndResumesWithWhatHapp
   Do(start);
   // Rank 0's output stands for both ranks (core/progress_pattern.h).
   ASSERT_TRUE(launcher_.Print(0, "step 4"));
-  ASSERT_EQ(transport_.WaitForEvents(Is(Case::kStep), 2).size(), 2u);  // before the break
+  ASSERT_EQ(WaitForSteps(2).size(), 2u);  // before the break
   transport_.FailAttach(Unavailable("connection refused"));
   transport_.Break();
   // Meanwhile: the ranks step on, and rank 1's worker fails.
@@ -723,7 +744,7 @@ TEST_F(AgentShellTest, ABreakWithinTheGraceKeepsTheWorkersAndResumesWithWhatHapp
   EXPECT_EQ(resume.events_dropped(), 0);
 
   // After the hello, the outage's events in the order they happened.
-  ASSERT_EQ(transport_.WaitForEvents(Is(Case::kStep), 6).size(), 6u);
+  ASSERT_EQ(WaitForSteps(6).size(), 6u);
   const std::vector<proto::AgentEvent> events = Events();
   size_t at = 0;
   int registers = 0;
@@ -735,9 +756,10 @@ TEST_F(AgentShellTest, ABreakWithinTheGraceKeepsTheWorkersAndResumesWithWhatHapp
   for (size_t i = at + 1; i < events.size(); ++i) {
     const proto::AgentEvent& e = events[i];
     EXPECT_EQ(e.generation(), 3);
-    if (e.has_step()) {
-      after.push_back("step " + std::to_string(e.step().rank()) + ":" +
-                      std::to_string(e.step().step()));
+    if (e.has_node_steps()) {
+      for (const proto::StepProgress& s : e.node_steps().ranks()) {
+        after.push_back("step " + std::to_string(s.rank()) + ":" + std::to_string(s.step()));
+      }
     } else if (e.has_worker_exited()) {
       after.push_back("exit " + std::to_string(e.worker_exited().rank()));
     } else if (e.has_log_match()) {
@@ -754,8 +776,8 @@ TEST_F(AgentShellTest, ABreakWithinTheGraceKeepsTheWorkersAndResumesWithWhatHapp
   EXPECT_TRUE(launcher_.stops().empty());
   EXPECT_EQ(launcher_.kill_alls(), 0);
   ASSERT_TRUE(launcher_.Print(0, "step 7"));
-  ASSERT_EQ(transport_.WaitForEvents(Is(Case::kStep), 8).size(), 8u);
-  EXPECT_EQ(transport_.EventsWhere(Is(Case::kStep)).back().step().step(), 7);
+  ASSERT_EQ(WaitForSteps(8).size(), 8u);
+  EXPECT_EQ(RankSteps(transport_.events()).back().step().step(), 7);
   Do(StopCommand(3, 1.5));
   EXPECT_EQ(launcher_.stops(), (std::vector<std::chrono::milliseconds>{1500ms}));
   transport_.Push(ShutdownCommand());
@@ -1046,13 +1068,13 @@ TEST_F(AgentShellTest, OutputLinesBecomeProgressWithAProgressPattern) {
   ASSERT_TRUE(launcher_.Print(0, "step 1 loss 2.5"));
   ASSERT_TRUE(launcher_.Print(0, "loading data"));
   ASSERT_TRUE(launcher_.Print(0, "step 2 loss 2.25"));
-  ASSERT_EQ(transport_.WaitForEvents(Is(Case::kStep), 2).size(), 2u);
+  ASSERT_EQ(WaitForSteps(2).size(), 2u);
   const std::vector<proto::AgentEvent> ready = transport_.EventsWhere(Is(Case::kWorkerReady));
   ASSERT_EQ(ready.size(), 1u);
   EXPECT_EQ(ready[0].generation(), 2);
   EXPECT_EQ(ready[0].worker_ready().rank(), 0);
   EXPECT_DOUBLE_EQ(ready[0].worker_ready().init_s(), 3.0);  // since the start, on the agent's clock
-  const std::vector<proto::AgentEvent> steps = transport_.EventsWhere(Is(Case::kStep));
+  const std::vector<proto::AgentEvent> steps = RankSteps(transport_.events());
   ASSERT_EQ(steps.size(), 2u);
   EXPECT_EQ(steps[0].step().step(), 1);
   EXPECT_DOUBLE_EQ(steps[0].step().loss(), 2.5);
@@ -1078,7 +1100,7 @@ TEST_F(AgentShellTest, StandbysStartAfterTheFirstStepAndServeTheNextGeneration) 
     EXPECT_NE(std::find(s.unset_env.begin(), s.unset_env.end(), "ENDURE_TOKEN"), s.unset_env.end());
   }
   ASSERT_TRUE(launcher_.Print(0, "step 2"));
-  ASSERT_EQ(transport_.WaitForEvents(Is(Case::kStep), 4).size(), 4u);
+  ASSERT_EQ(WaitForSteps(4).size(), 4u);
   EXPECT_EQ(launcher_.standbys_started().size(), 2u);  // once per generation
 
   start.set_generation(2);

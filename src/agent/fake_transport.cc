@@ -64,6 +64,14 @@ std::vector<proto::AgentEvent> FakeTransport::WaitForEvents(
   return out;
 }
 
+std::vector<proto::AgentEvent> FakeTransport::WaitUntil(
+    const std::function<bool(const std::vector<proto::AgentEvent>&)>& done,
+    std::chrono::milliseconds timeout) const {
+  MutexLock lock(&mu_);
+  cv_.WaitFor(lock, timeout, [&]() REQUIRES(mu_) { return done(events_); });
+  return events_;
+}
+
 std::optional<proto::AgentEvent> FakeTransport::WaitForEvent(
     const EventMatch& match, std::chrono::milliseconds timeout) const {
   std::vector<proto::AgentEvent> found = WaitForEvents(match, 1, timeout);

@@ -47,6 +47,11 @@ class FakeTransport : public Transport {
   // `timeout`; returns them (fewer on timeout).
   std::vector<proto::AgentEvent> WaitForEvents(const EventMatch& match, size_t count,
                                                std::chrono::milliseconds timeout = kWait) const;
+  // Waits until `done` holds of the events sent so far, at most `timeout`;
+  // returns them.
+  std::vector<proto::AgentEvent> WaitUntil(
+      const std::function<bool(const std::vector<proto::AgentEvent>&)>& done,
+      std::chrono::milliseconds timeout = kWait) const;
   // The first event `match` selects, waiting for it at most `timeout`.
   std::optional<proto::AgentEvent> WaitForEvent(const EventMatch& match,
                                                 std::chrono::milliseconds timeout = kWait) const;

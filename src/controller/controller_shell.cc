@@ -1171,7 +1171,8 @@ void ControllerShell::WriteStatus(TimePoint now, bool force) {
       // The controller itself: how far behind its inputs it is, and its
       // journal since the last snapshot.
       {"controller",
-       {{"queued", queue_.size()},
+       {{"inputs", journal_seq_},
+        {"queued", queue_.size()},
         {"behind_s", Seconds(behind_)},
         {"overloaded", overloaded_since_.has_value()},
         {"overloaded_s",

@@ -616,6 +616,38 @@ TEST_F(ControllerShellTest, InputsAreJournaledInGroupsCommittedWhenTheQueueDrain
   EXPECT_EQ(Status()["step"], 12);
 }
 
+// An agent reports its node's ranks' steps in one message (NodeSteps): one
+// input of the loop, one journaled row. A report that names a rank twice is
+// damaged, and makes no input.
+TEST_F(ControllerShellTest, ANodesReportOfItsRanksStepsIsOneInput) {
+  Make(2);
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  Steps(ids, 0, 1, 2);
+  auto report = [](int rank, int64_t step, int times = 1) {
+    proto::AgentEvent e = Event(0);
+    for (int i = 0; i < times; ++i) {
+      proto::StepProgress* s = e.mutable_node_steps()->add_ranks();
+      s->set_rank(rank);
+      s->set_step(step);
+      s->set_loss(2.0);
+      s->set_checkpoint_step(-1);
+    }
+    return e;
+  };
+  clock_.Advance(1s);
+  Tick();
+  const int64_t before = Status()["controller"]["inputs"];
+  ASSERT_TRUE(transport_.Deliver(ids[0], report(0, 3)));
+  ASSERT_TRUE(transport_.Deliver(ids[1], report(1, 3)));
+  ASSERT_TRUE(transport_.Deliver(ids[1], report(1, 4, /*times=*/2)));
+  Pump();
+  clock_.Advance(1s);
+  shell_->RunOnce(/*block=*/false);  // a tick: one input more
+  const nlohmann::json status = Status();
+  EXPECT_EQ(status["step"], 3) << status;
+  EXPECT_EQ(status["controller"]["inputs"], before + 3) << "two reports and a tick";
+}
+
 // A loop whose oldest queued input waited longer than kOverloadedAfter says
 // so — in its log, its status and its metrics — until it is back within
 // kCaughtUpWithin, and counts the time.

@@ -12,6 +12,23 @@
 
 namespace endure::core {
 
+namespace {
+
+StepEnd StepEndOf(const proto::StepProgress& s, int generation) {
+  StepEnd step{generation, s.rank(),    s.step(),   s.loss(), s.ckpt_stall_s(),
+               s.checkpoint_step(), s.skipped()};
+  // Hostile until checked, by the worker contract's bounds: a negative or
+  // non-finite compute time, or a step count beyond what a double holds, is
+  // none.
+  if (contract::IsSeconds(s.compute_s()) && s.compute_s() > 0) step.compute_s = s.compute_s();
+  if (s.total_steps() > 0 && s.total_steps() <= contract::kMaxCount) {
+    step.total_steps = s.total_steps();
+  }
+  return step;
+}
+
+}  // namespace
+
 AgentEventRead ReadAgentEvent(const proto::AgentEvent& e, NodeId node,
                               const AgentEventContext& context) {
   const int gen = static_cast<int>(e.generation());
@@ -25,21 +42,23 @@ AgentEventRead ReadAgentEvent(const proto::AgentEvent& e, NodeId node,
                             e.worker_ready().rejoin(),
                             e.worker_ready().deterministic()};
       break;
-    case proto::AgentEvent::kStep: {
-      const auto& s = e.step();
-      StepEnd step{gen,        s.rank(), s.step(), s.loss(), s.ckpt_stall_s(), s.checkpoint_step(),
-                   s.skipped()};
-      // Hostile until checked, by the worker contract's bounds: a negative
-      // or non-finite compute time, or a step count beyond what a double
-      // holds, is none.
-      if (contract::IsSeconds(s.compute_s()) && s.compute_s() > 0) {
-        step.compute_s = s.compute_s();
+    case proto::AgentEvent::kStep:
+      q.event = StepEndOf(e.step(), gen);
+      q.tokens = e.step().tokens();
+      break;
+    case proto::AgentEvent::kNodeSteps: {
+      // One entry per rank, at most a node's ranks: a report beyond that
+      // is damaged, and makes no event.
+      const auto& ranks = e.node_steps().ranks();
+      if (ranks.empty() || ranks.size() > kMaxNodeStepsRanks) break;
+      NodeStepsEnd steps{node, Generation{gen}, {}};
+      std::set<int32_t> seen;
+      for (const proto::StepProgress& s : ranks) {
+        if (!seen.insert(s.rank()).second) return q;  // a rank twice
+        steps.steps.push_back(StepEndOf(s, gen));
+        if (s.rank() == 0) q.tokens = s.tokens();
       }
-      if (s.total_steps() > 0 && s.total_steps() <= contract::kMaxCount) {
-        step.total_steps = s.total_steps();
-      }
-      q.event = step;
-      q.tokens = s.tokens();
+      q.event = std::move(steps);
       break;
     }
     case proto::AgentEvent::kPhase: {

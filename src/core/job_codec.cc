@@ -59,6 +59,10 @@ void Fields(StepEnd& e, F& f) {
       f("skipped", e.skipped), f("compute_s", e.compute_s), f("total_steps", e.total_steps);
 }
 template <typename F>
+void Fields(NodeStepsEnd& e, F& f) {
+  f("node", e.node), f("generation", e.generation), f("ranks", e.steps);
+}
+template <typename F>
 void Fields(WorkerExitEvent& e, F& f) {
   f("generation", e.generation), f("rank", e.rank), f("node", e.node), f("exit_code", e.exit_code),
       f("signal", e.signal), f("log_cause", e.log_cause), f("log_action", e.log_action),
@@ -231,7 +235,8 @@ constexpr std::string_view kEventKinds[] = {"node_up",
                                             "manifest_written",
                                             "step_removed",
                                             "inventory",
-                                            "shard_refused"};
+                                            "shard_refused",
+                                            "node_steps"};
 static_assert(std::size(kEventKinds) == std::variant_size_v<JobEvent>);
 constexpr std::string_view kActionKinds[] = {
     "start_generation", "stop_generation", "evict_node",   "inject_fault",   "finish",
@@ -366,6 +371,30 @@ struct Writer {
     if (first) out += '-';
   }
   void Value(RemoveReason v) { out += RemoveReasonName(v); }
+  // A node's ranks' steps: "rank:step:loss:ckpt_stall_s:checkpoint_step:
+  // skipped:compute_s:total_steps,..." (skipped 0 or 1), their generation
+  // the event's.
+  void Value(const std::vector<StepEnd>& steps) {
+    bool first = true;
+    for (const StepEnd& e : steps) {
+      if (!first) out += ',';
+      first = false;
+      Number(e.rank.value, out);
+      out += ':';
+      Number(e.step.value, out);
+      out += ':';
+      Number(e.loss, out);
+      out += ':';
+      Number(e.ckpt_stall_s, out);
+      out += ':';
+      Number(e.checkpoint_step.value, out);
+      out += e.skipped ? ":1:" : ":0:";
+      Number(e.compute_s, out);
+      out += ':';
+      Number(e.total_steps, out);
+    }
+    if (first) out += '-';
+  }
   // "0-1,2-3": actions only (they are written, never read).
   void Value(const std::vector<std::pair<NodeId, NodeId>>& pairs) {
     std::vector<std::string> items;
@@ -582,14 +611,16 @@ class Reader {
     ENDURE_RETURN_IF_ERROR(Bare(t));
     return Integer(t.value, v);
   }
-  static Status Parse(const Token& t, double& v) {
-    ENDURE_RETURN_IF_ERROR(Bare(t));
-    const std::string& s = t.value;
+  static Status Real(std::string_view s, double& v) {
     auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
     if (ec != std::errc() || end != s.data() + s.size() || s.empty()) {
-      return InvalidArgument("expected a number, got '" + s + "'");
+      return InvalidArgument("expected a number, got '" + std::string(s) + "'");
     }
     return Status::Ok();
+  }
+  static Status Parse(const Token& t, double& v) {
+    ENDURE_RETURN_IF_ERROR(Bare(t));
+    return Real(t.value, v);
   }
   static Status Parse(const Token& t, bool& v) {
     ENDURE_RETURN_IF_ERROR(Bare(t));
@@ -683,6 +714,46 @@ class Reader {
       ENDURE_RETURN_IF_ERROR(Integer(item.substr(colon + 1), s.shards));
       if (s.shards < 1) return InvalidArgument("a committed step has at least one shard");
       v.push_back(s);
+      if (comma == std::string_view::npos) return Status::Ok();
+      rest.remove_prefix(comma + 1);
+    }
+  }
+  static Status Parse(const Token& t, std::vector<StepEnd>& v) {
+    ENDURE_RETURN_IF_ERROR(Bare(t));
+    v.clear();
+    if (t.value == "-") return Status::Ok();
+    std::string_view rest = t.value;
+    while (true) {
+      if (v.size() >= kMaxNodeStepsRanks) {
+        return InvalidArgument("more than " + std::to_string(kMaxNodeStepsRanks) + " ranks");
+      }
+      const size_t comma = rest.find(',');
+      std::string_view item = rest.substr(0, comma);
+      std::string_view parts[8];
+      for (size_t i = 0; i < 8; ++i) {
+        const size_t colon = item.find(':');
+        if ((colon == std::string_view::npos) != (i == 7)) {
+          return InvalidArgument(
+              "expected rank:step:loss:ckpt_stall_s:checkpoint_step:skipped:compute_s:"
+              "total_steps, got '" +
+              std::string(rest.substr(0, comma)) + "'");
+        }
+        parts[i] = item.substr(0, colon);
+        if (colon != std::string_view::npos) item.remove_prefix(colon + 1);
+      }
+      StepEnd e;
+      ENDURE_RETURN_IF_ERROR(Integer(parts[0], e.rank.value));
+      ENDURE_RETURN_IF_ERROR(Integer(parts[1], e.step.value));
+      ENDURE_RETURN_IF_ERROR(Real(parts[2], e.loss));
+      ENDURE_RETURN_IF_ERROR(Real(parts[3], e.ckpt_stall_s));
+      ENDURE_RETURN_IF_ERROR(Integer(parts[4], e.checkpoint_step.value));
+      if (parts[5] != "0" && parts[5] != "1") {
+        return InvalidArgument("skipped is 0 or 1, got '" + std::string(parts[5]) + "'");
+      }
+      e.skipped = parts[5] == "1";
+      ENDURE_RETURN_IF_ERROR(Real(parts[6], e.compute_s));
+      ENDURE_RETURN_IF_ERROR(Integer(parts[7], e.total_steps));
+      v.push_back(e);
       if (comma == std::string_view::npos) return Status::Ok();
       rest.remove_prefix(comma + 1);
     }

@@ -55,6 +55,10 @@ TEST(JobCodec, EveryEventKindRoundTrips) {
       ShardRefused{StepNumber{20}, 1, "checksum mismatch"},
       ControllerResumed{},
       Tick{},
+      NodeStepsEnd{NodeId{1}, Generation{3},
+                   {StepEnd{3, 8, 12, 2.4810000000000001, 0.003, 10, false, 0.9, 100},
+                    StepEnd{3, 9, 12, std::numeric_limits<double>::quiet_NaN(), 0, -1, true}}},
+      NodeStepsEnd{NodeId{0}, Generation{0}, {}},
   };
   for (const JobEvent& e : events) {
     const std::string line = EncodeEvent(e);
@@ -132,6 +136,13 @@ TEST(JobCodec, MalformedLinesSayWhatIsWrong) {
        "fault_fired: kind: unknown fault kind 'kil'"},
       {"fault_fired generation=0 rank=1 id=\"f1\" kind=kill step=3 at=0",
        "kind: expected a quoted fault kind"},
+      {"node_steps node=1 generation=0 ranks=0:5:2.5:0:-1:0:0.9",
+       "ranks: expected rank:step:loss:ckpt_stall_s:checkpoint_step:skipped:compute_s:"
+       "total_steps, got '0:5:2.5:0:-1:0:0.9'"},
+      {"node_steps node=1 generation=0 ranks=0:5:2.5:0:-1:2:0.9:0", "skipped is 0 or 1"},
+      {"node_steps node=1 generation=0 ranks=0:5:x:0:-1:0:0.9:0", "expected a number, got 'x'"},
+      {"node_steps node=1 generation=0 ranks=0:5:2.5:0:-1:0:0.9:0:7", "expected rank:step"},
+      {"node_steps node=1 generation=0 ranks=\"0:5\"", "expected a number or word"},
   };
   for (const auto& [line, want] : cases) {
     Result<JobEvent> e = DecodeEvent(line);
@@ -198,6 +209,27 @@ class RandomJob {
  public:
   explicit RandomJob(uint64_t seed) : rng_(seed) {}
 
+  // Rank `r`'s next step report (now and then an older step, a NaN, an
+  // infinity or a spike, a skipped step, a checkpoint every 10th).
+  StepEnd RankStep(Generation gen, int r) {
+    int64_t& step = steps_[r];
+    step = Pick(15) == 0 ? Range(0, step) : step + 1;
+    double loss = 2.0 + Range(-100, 100) / 1000.0;
+    switch (Pick(40)) {
+      case 0:
+        loss = std::numeric_limits<double>::quiet_NaN();
+        break;
+      case 1:
+        loss = std::numeric_limits<double>::infinity();
+        break;
+      case 2:
+        loss = 50;
+        break;
+    }
+    return StepEnd{gen, r, step, loss, Pick(5) == 0 ? 0.01 : 0, step % 10 == 0 ? step : -1,
+                   Pick(30) == 0};
+  }
+
   // The next input for a machine that is now in `m`'s state, and its time.
   std::pair<JobEvent, TimePoint> Next(const JobMachine& m) {
     now_ += Duration(Pick(25) == 0 ? Range(0, 15'000) * 1'000'000 : Range(0, 400) * 1'000'000);
@@ -223,23 +255,13 @@ class RandomJob {
       case 8:
       case 9: {
         const int r = static_cast<int>(Range(0, 3));
-        int64_t& step = steps_[r];
-        step = Pick(15) == 0 ? Range(0, step) : step + 1;
-        double loss = 2.0 + Range(-100, 100) / 1000.0;
-        switch (Pick(40)) {
-          case 0:
-            loss = std::numeric_limits<double>::quiet_NaN();
-            break;
-          case 1:
-            loss = std::numeric_limits<double>::infinity();
-            break;
-          case 2:
-            loss = 50;
-            break;
+        if (Pick(4) == 0) {
+          // The node's two ranks together, as an agent reports them.
+          const int first = r / 2 * 2;
+          return {NodeStepsEnd{NodeId{first / 2}, gen, {RankStep(gen, first), RankStep(gen, first + 1)}},
+                  at};
         }
-        return {StepEnd{gen, r, step, loss, Pick(5) == 0 ? 0.01 : 0, step % 10 == 0 ? step : -1,
-                        Pick(30) == 0},
-                at};
+        return {RankStep(gen, r), at};
       }
       case 10: {
         WorkerExitEvent e{gen, rank, node, std::nullopt, std::nullopt};
@@ -425,6 +447,41 @@ TEST(JobCodec, AMachineActsOnlyOnceConfiguredAndKeepsItsFirstConfiguration) {
   EXPECT_TRUE(m.Step(Configure{other, {}}, At(Duration(0))).empty());
   EXPECT_TRUE(m.Step(NodeUp{NodeId{0}, "node0", 2}, At(Duration(0))).empty()) << "2 nodes needed";
   EXPECT_EQ(m.Step(NodeUp{NodeId{1}, "node1", 2}, At(Duration(0))).size(), 1u);
+}
+
+// A node's ranks' steps in one input act as its ranks' StepEnds one after
+// another: the same decisions, the same state.
+TEST(JobCodec, ANodeReportActsAsItsRanksStepsOneAfterAnother) {
+  const Configure configure{ReplayOptions(), {}};
+  JobMachine apart(At(Duration(0))), together(At(Duration(0)));
+  for (JobMachine* m : {&apart, &together}) {
+    m->Step(configure, At(Duration(0)));
+    for (int n = 0; n < 2; ++n) m->Step(NodeUp{NodeId{n}, "node" + std::to_string(n), 2}, At(1s));
+    for (int r = 0; r < 4; ++r) m->Step(WorkerReady{m->generation(), r, 0, 0.1}, At(2s));
+  }
+  ASSERT_EQ(apart.phase(), JobPhase::kRunning);
+  for (int64_t step = 1; step <= 40; ++step) {
+    const TimePoint at = At(2s + step * 1s);
+    // A loss spike at step 30 on node 1's first rank: the generation stops
+    // in the middle of the node's report.
+    const double loss = step == 30 ? std::numeric_limits<double>::quiet_NaN() : 2.0;
+    for (int n = 0; n < 2; ++n) {
+      NodeStepsEnd report{NodeId{n}, apart.generation(), {}};
+      std::string decided;
+      for (int r = 2 * n; r < 2 * n + 2; ++r) {
+        StepEnd e{apart.generation(), r, step, r == 2 ? loss : 2.0, 0, -1, false, 0.5};
+        decided += Actions(apart.Step(e, at));
+        report.steps.push_back(e);
+      }
+      ASSERT_EQ(Actions(together.Step(report, at)), decided) << "step " << step;
+      Result<JobEvent> back = DecodeEvent(EncodeEvent(report));
+      ASSERT_TRUE(back.ok()) << back.status().message();
+      EXPECT_EQ(EncodeEvent(*back), EncodeEvent(report));
+    }
+    ASSERT_EQ(Fingerprint(together), Fingerprint(apart)) << "step " << step;
+  }
+  EXPECT_EQ(apart.incidents().size(), 1u) << "the NaN";
+  EXPECT_TRUE(together.Snapshot() == apart.Snapshot());
 }
 
 TEST(JobCodec, AJournalReplayedIntoAFreshMachineActsIdentically) {

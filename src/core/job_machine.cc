@@ -188,6 +188,17 @@ std::optional<TimePoint> JobMachine::NextDeadline() const {
 // machine is in (after StepAnyPhase, which may have changed it: a tick that
 // finds a node lost fails the generation, then the new phase's timers run).
 std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
+  if (const auto* steps = std::get_if<NodeStepsEnd>(&event)) {
+    // As its ranks' reports one after another: one may change the phase
+    // (a loss anomaly stops the generation), and the next is judged in the
+    // new one, as when they came apart.
+    std::vector<JobAction> out;
+    for (StepEnd e : steps->steps) {
+      e.generation = steps->generation;
+      for (JobAction& a : Step(e, now)) out.push_back(std::move(a));
+    }
+    return out;
+  }
   std::vector<JobAction> out;
   if (phase_ == JobPhase::kDone) return out;
   if (const auto* c = std::get_if<Configure>(&event)) {

@@ -168,6 +168,17 @@ struct StepEnd {
   double compute_s = 0;            // the rank's compute before its allreduce wait (0: unknown)
   int64_t total_steps = 0;  // the steps the job will train, when the worker says (0: unknown)
 };
+// The steps of one node's ranks, reported together (proto NodeSteps): one
+// input, stepped as its StepEnds one after another at the same time, each of
+// `generation`.
+// A node's report holds at most one step per rank it runs, and a node runs
+// at most this many (the controller's kMaxRanksPerNode).
+inline constexpr size_t kMaxNodeStepsRanks = 1024;
+struct NodeStepsEnd {
+  NodeId node;
+  Generation generation;
+  std::vector<StepEnd> steps;  // their own `generation` is this one's
+};
 // A rank entered a phase of its loop (session.phase("eval")): see
 // HangDetector. `phase` is checked by the agent (^[a-z][a-z0-9_]{0,31}$).
 struct PhaseChanged {
@@ -275,7 +286,7 @@ using JobEvent =
                  FaultFiredEvent, GenerationStoppedEvent, StackDumpEvent, PersistFailedEvent,
                  DurableListed, RestoreChosen, ControllerResumed, Configure, Tick, PhaseChanged,
                  FingerprintReported, PairTestResult, NodeQuarantined, ShardPersisted,
-                 ManifestWritten, StepRemoved, InventoryReported, ShardRefused>;
+                 ManifestWritten, StepRemoved, InventoryReported, ShardRefused, NodeStepsEnd>;
 
 // ---- Actions ----
 struct StartGenerationAction {

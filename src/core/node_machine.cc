@@ -202,6 +202,48 @@ void NodeMachine::Stamp(proto::AgentEvent* event, int64_t generation, double wal
 }
 
 void NodeMachine::Route(proto::AgentEvent event, std::vector<NodeAction>* out) {
+  if (event.has_step()) {
+    HoldStep(std::move(event), out);
+    return;
+  }
+  // What a node says after its ranks' steps comes after them.
+  FlushSteps(out);
+  Send(std::move(event), out);
+}
+
+void NodeMachine::HoldStep(proto::AgentEvent event, std::vector<NodeAction>* out) {
+  if (held_steps_) {
+    const auto& ranks = held_steps_->node_steps().ranks();
+    const bool again = std::any_of(ranks.begin(), ranks.end(), [&](const proto::StepProgress& s) {
+      return s.rank() == event.step().rank();
+    });
+    if (again || held_steps_->generation() != event.generation()) FlushSteps(out);
+  }
+  if (!held_steps_) {
+    held_steps_.emplace();
+    held_steps_->set_token(event.token());
+    held_steps_->set_generation(event.generation());
+  }
+  held_steps_->set_time_s(std::max(held_steps_->time_s(), event.time_s()));  // its newest
+  *held_steps_->mutable_node_steps()->add_ranks() = std::move(*event.mutable_step());
+  // Every rank this node runs in the generation has reported: the report
+  // goes. (A rank that does not report holds the others until the node
+  // says anything else: its heartbeat, within a second.)
+  const size_t ranks_here =
+      held_steps_->generation() == gate_.generation ? gate_.local_ranks.size() : 1;
+  if (static_cast<size_t>(held_steps_->node_steps().ranks_size()) >= std::max<size_t>(1, ranks_here)) {
+    FlushSteps(out);
+  }
+}
+
+void NodeMachine::FlushSteps(std::vector<NodeAction>* out) {
+  if (!held_steps_) return;
+  proto::AgentEvent report = std::move(*held_steps_);
+  held_steps_.reset();
+  Send(std::move(report), out);
+}
+
+void NodeMachine::Send(proto::AgentEvent event, std::vector<NodeAction>* out) {
   switch (link_) {
     case Link::kOpen:
       out->push_back(Transmit{std::move(event)});

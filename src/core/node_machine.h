@@ -232,7 +232,17 @@ class NodeMachine {
  private:
   enum class Link { kNone, kOpen, kOutage };
 
+  // Every event for the controller goes through here. A rank's step is
+  // held for the node's report (HoldStep); anything else sends the held
+  // report first, then itself (Send: down the stream, into the outage
+  // buffer, or nowhere).
   void Route(proto::AgentEvent event, std::vector<NodeAction>* out);
+  // Adds a rank's step to the node's report (proto NodeSteps), sent once
+  // every rank of the generation here has reported, or before a second
+  // step of one of them or a step of another generation.
+  void HoldStep(proto::AgentEvent event, std::vector<NodeAction>* out);
+  void FlushSteps(std::vector<NodeAction>* out);
+  void Send(proto::AgentEvent event, std::vector<NodeAction>* out);
   void Stamp(proto::AgentEvent* event, int64_t generation, double wall_s) const;
   void Refuse(const std::string& why, NodeTime time, std::vector<NodeAction>* out);
   void OnStreamOpened(const StreamOpened& in, NodeTime time, std::vector<NodeAction>* out);
@@ -257,6 +267,7 @@ class NodeMachine {
   int64_t started_on_stream_ = -1;  // the newest generation started on this stream
 
   DatagramGate gate_;    // this generation, its credential and its ranks here
+  std::optional<proto::AgentEvent> held_steps_;  // the node's report being filled (HoldStep)
   bool member_ = false;  // a generation ran here (a spare keeps standbys only before)
   Clock::TimePoint started_{};
   std::optional<OutputReports> output_;                       // with a progress pattern

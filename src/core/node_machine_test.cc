@@ -167,9 +167,10 @@ action = "restart"
           continue;
         }
         if (t->event.has_register_()) registered = true;
-        if (t->event.has_step()) {
+        if (t->event.has_node_steps()) {  // the node's one rank: one step each
           ASSERT_TRUE(registered);
-          heard.push_back(t->event.step().step());
+          ASSERT_EQ(t->event.node_steps().ranks_size(), 1);
+          heard.push_back(t->event.node_steps().ranks(0).step());
         }
       }
       if (!unsent.empty()) m.Step(TransmitFailed{unsent}, time);

@@ -11,7 +11,7 @@ namespace endure::core {
 OutageBuffer::OutageBuffer(size_t capacity) : capacity_(std::max<size_t>(1, capacity)) {}
 
 bool OutageBuffer::IsProgress(const proto::AgentEvent& event) {
-  return event.has_step() || event.has_stack_dump();
+  return event.has_step() || event.has_node_steps() || event.has_stack_dump();
 }
 
 void OutageBuffer::Push(proto::AgentEvent event) {

@@ -35,16 +35,26 @@ void SimAgent::Drive(Clock::time_point now, Clock::duration step_time) {
   }
   if (generation_ >= 0 && now >= next_step_) {
     ++step_;
+    proto::AgentEvent node = Event(generation_);
     for (int rank : ranks_) {
-      proto::AgentEvent e = Event(generation_);
-      proto::StepProgress* s = e.mutable_step();
-      s->set_rank(rank);
-      s->set_step(step_);
-      s->set_loss(3.0 - 1e-4 * static_cast<double>(step_));
-      s->set_compute_s(0.8 * std::chrono::duration<double>(step_time).count());
-      s->set_checkpoint_step(-1);
-      s->set_tokens(4096);
-      Send(std::move(e));
+      proto::StepProgress s;
+      s.set_rank(rank);
+      s.set_step(step_);
+      s.set_loss(3.0 - 1e-4 * static_cast<double>(step_));
+      s.set_compute_s(0.8 * std::chrono::duration<double>(step_time).count());
+      s.set_checkpoint_step(-1);
+      s.set_tokens(4096);
+      if (fleet_->per_rank()) {
+        proto::AgentEvent e = Event(generation_);
+        *e.mutable_step() = std::move(s);
+        Send(std::move(e));
+        fleet_->Reported(step_);
+      } else {
+        *node.mutable_node_steps()->add_ranks() = std::move(s);
+      }
+    }
+    if (!fleet_->per_rank() && !ranks_.empty()) {
+      Send(std::move(node));
       fleet_->Reported(step_);
     }
     next_step_ += step_time;

@@ -2,8 +2,10 @@
 // this process attached to a controller over the real gRPC protocol. Each
 // registers with 8 slots, heartbeats every second, answers StartGeneration
 // (each rank ready) and Stop (each rank's exit, then GenerationStopped) as
-// the agent does, and reports a StepProgress for each of its ranks every
-// step. A channel serves 8 agents, each its own connection. One send loop
+// the agent does, and reports its ranks' steps every step: in one NodeSteps
+// (as the agent does), or with `per_rank` a StepProgress for each rank (as
+// agents did before node reports, and as a controller of then reads them).
+// A channel serves 8 agents, each its own connection. One send loop
 // drives them all (every 20 ms); its worst lateness says whether this
 // process kept up.
 #pragma once
@@ -119,8 +121,8 @@ class SimAgent final : public grpc::ClientBidiReactor<proto::AgentEvent, proto::
 class SimulatedAgents {
  public:
   SimulatedAgents(const std::string& address, const std::string& token, int agents,
-                  Clock::duration step_time)
-      : token_(token), step_time_(step_time) {
+                  Clock::duration step_time, bool per_rank = false)
+      : token_(token), step_time_(step_time), per_rank_(per_rank) {
     // A channel per 8 agents, each its own connection (local subchannel
     // pool): the controller serves many connections, as in production.
     for (int i = 0; i < agents; ++i) {
@@ -208,6 +210,7 @@ class SimulatedAgents {
     started_agents_.clear();
   }
   int64_t newest_step() const { return newest_step_.load(); }
+  bool per_rank() const { return per_rank_; }
   const std::string& token() const { return token_; }
   int64_t sent() const { return sent_.load(); }
   double worst_lateness_ms() const { return late_ms_.load(); }
@@ -230,6 +233,7 @@ class SimulatedAgents {
 
   const std::string token_;
   const Clock::duration step_time_;
+  const bool per_rank_;
   std::vector<std::unique_ptr<proto::Controller::Stub>> stubs_;
   std::vector<std::unique_ptr<SimAgent>> agents_;
   std::thread loop_;
