@@ -4,6 +4,7 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <map>
 
 #include "common/env.h"
 
@@ -162,10 +163,12 @@ Result<std::optional<KbIncident>> IncidentKb::Get(int64_t id) {
   return std::optional<KbIncident>(Row(q));
 }
 
-Result<std::vector<KbIncident>> IncidentKb::List() {
-  Statement q(db_.get(),
-              (std::string("SELECT ") + kColumns + " FROM incidents ORDER BY id").c_str());
+Result<std::vector<KbIncident>> IncidentKb::List(int64_t newest) {
+  Statement q(db_.get(), (std::string("SELECT ") + kColumns +
+                          " FROM (SELECT * FROM incidents ORDER BY id DESC LIMIT ?) ORDER BY id")
+                             .c_str());
   if (!q.prepared()) return Error("reading incidents");
+  q.Bind(1, newest > 0 ? newest : int64_t{-1});  // -1: no limit
   std::vector<KbIncident> out;
   int rc;
   while ((rc = q.Step()) == SQLITE_ROW) out.push_back(Row(q));
@@ -174,24 +177,37 @@ Result<std::vector<KbIncident>> IncidentKb::List() {
 }
 
 Result<std::vector<Recurrence>> IncidentKb::Similar(const KbIncident& incident, int k,
-                                                    double min_score, bool earlier_only) {
-  ENDURE_ASSIGN_OR_RETURN(std::vector<KbIncident> all, List());
+                                                    double min_score, bool earlier_only,
+                                                    int64_t compared) {
+  // The newest `compared` before it (earlier_only) or of all.
+  const bool before = earlier_only && incident.id > 0;
+  Statement q(db_.get(), (std::string("SELECT ") + kColumns +
+                          " FROM incidents WHERE id != ? AND (? = 0 OR id < ?) "
+                          "ORDER BY id DESC LIMIT ?")
+                             .c_str());
+  if (!q.prepared()) return Error("reading incidents");
+  q.Bind(1, incident.id);
+  q.Bind(2, int64_t{before ? 1 : 0});
+  q.Bind(3, incident.id);
+  q.Bind(4, compared > 0 ? compared : int64_t{-1});
+  std::vector<KbIncident> all;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) all.push_back(Row(q));
+  if (rc != SQLITE_DONE) return Error("reading incidents");
+  std::reverse(all.begin(), all.end());  // oldest first, as FindSimilar breaks ties
   std::vector<core::IncidentText> past;
-  std::vector<const KbIncident*> by_index;
+  std::map<int64_t, const KbIncident*> by_id;
   for (const KbIncident& p : all) {
-    if (p.id == incident.id || (earlier_only && incident.id > 0 && p.id > incident.id)) continue;
     past.push_back(p.Text());
-    by_index.push_back(&p);
+    by_id[p.id] = &p;
   }
   std::vector<core::Similar> similar =
       core::FindSimilar(incident.Text(), past, static_cast<int>(past.size()), min_score);
   std::vector<Recurrence> out;
   for (const core::Similar& s : similar) {
-    const KbIncident* p = nullptr;
-    for (const KbIncident* c : by_index) {
-      if (c->id == s.id) p = c;
-    }
-    if (p == nullptr) continue;
+    auto found = by_id.find(s.id);
+    if (found == by_id.end()) continue;
+    const KbIncident* p = found->second;
     Recurrence r;
     r.id = p->id;
     r.score = s.score;

@@ -28,6 +28,10 @@
 
 namespace endure::controller {
 
+// How many of the newest incidents a new one is compared with (Similar):
+// about 20 ms of matching here.
+inline constexpr int64_t kKbCompared = 5'000;
+
 struct KbIncident {
   int64_t id = 0;        // the knowledge base's own, over all jobs
   std::string job;       // the job's name
@@ -89,14 +93,17 @@ class IncidentKb {
                  const std::string& note, int64_t at_unix_ms);
 
   Result<std::optional<KbIncident>> Get(int64_t id);
-  // Every incident, oldest first.
-  Result<std::vector<KbIncident>> List();
+  // Every incident, oldest first; with `newest` > 0, the newest that many.
+  Result<std::vector<KbIncident>> List(int64_t newest = 0);
 
   // The `k` incidents most like `incident` (never itself), at least
   // `min_score` similar, best first; resolved ones before unresolved at equal
   // scores. `earlier_only`: among those recorded before it (a smaller id).
+  // Compared with the newest `compared` incidents only (kKbCompared): the
+  // controller asks on its event loop at each incident, and a base shared by
+  // every job of a cluster grows without end.
   Result<std::vector<Recurrence>> Similar(const KbIncident& incident, int k, double min_score,
-                                          bool earlier_only);
+                                          bool earlier_only, int64_t compared = kKbCompared);
 
  private:
   IncidentKb(std::string path, SqliteHandle db) : path_(std::move(path)), db_(std::move(db)) {}

@@ -77,6 +77,39 @@ TEST_F(IncidentKbTest, RecordsOnceResolvesAndFindsTheEarlierLikeIt) {
   EXPECT_FALSE((*all)[1].resolution.has_value());
 }
 
+// A base shared by every job grows without end: a new incident is compared
+// with the newest `compared` only, earlier ones than itself when asked.
+TEST_F(IncidentKbTest, ANewIncidentIsComparedWithTheNewestOnly) {
+  Result<IncidentKb> kb = IncidentKb::Open(IncidentKb::PathIn(dir_));
+  ASSERT_TRUE(kb.ok()) << kb.status().ToString();
+  const std::string hca = "fabricd[1]: mlx5_3: firmware assert 0x1f (syndrome 0x8b)\n";
+  std::vector<int64_t> ids;
+  for (int i = 1; i <= 12; ++i) ids.push_back(kb->Record(Incident("one", i, hca)).value());
+  KbIncident next = Incident("two", 1, hca);
+  Result<std::vector<Recurrence>> all = kb->Similar(next, 100, core::kRecurrenceScore, true);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(all->size(), 12u) << "all of them, under the default bound";
+  Result<std::vector<Recurrence>> newest =
+      kb->Similar(next, 100, core::kRecurrenceScore, true, /*compared=*/5);
+  ASSERT_TRUE(newest.ok());
+  ASSERT_EQ(newest->size(), 5u);
+  for (const Recurrence& r : *newest) EXPECT_GE(r.id, ids[7]) << "one of the newest five";
+  // Earlier than a recorded one: the five before it.
+  next.id = ids[5];
+  Result<std::vector<Recurrence>> before =
+      kb->Similar(next, 100, core::kRecurrenceScore, true, /*compared=*/5);
+  ASSERT_TRUE(before.ok());
+  ASSERT_EQ(before->size(), 5u);
+  for (const Recurrence& r : *before) {
+    EXPECT_LT(r.id, ids[5]);
+    EXPECT_GE(r.id, ids[0]);
+  }
+  Result<std::vector<KbIncident>> last3 = kb->List(3);
+  ASSERT_TRUE(last3.ok());
+  ASSERT_EQ(last3->size(), 3u);
+  EXPECT_EQ((*last3)[0].id, ids[9]) << "oldest first";
+}
+
 TEST_F(IncidentKbTest, AFileThatIsNoDatabaseIsDataLossNamingIt) {
   const std::string path = IncidentKb::PathIn(dir_);
   std::ofstream(path) << "not a database, just some text that is long enough to be read";

@@ -377,7 +377,22 @@ std::string RenderEarlierRuns(const Json& r) {
 }
 
 // The report of one run, without its history.
-std::string RenderRunReport(const Json& r) {
+// The last `rows` of `items` (all of them when `rows` is 0), and how many
+// are left out before them.
+std::pair<Json, size_t> Newest(const Json& items, size_t rows) {
+  if (rows == 0 || items.size() <= rows) return {items, 0};
+  Json kept = Json::array();
+  for (size_t i = items.size() - rows; i < items.size(); ++i) kept.push_back(items[i]);
+  return {kept, items.size() - rows};
+}
+
+std::string LeftOut(size_t count, const char* what) {
+  return count == 0 ? ""
+                    : "  (" + std::to_string(count) + " earlier " + what +
+                          " not shown: `endure report --all` shows them, --json has them all)\n";
+}
+
+std::string RenderRunReport(const Json& r, size_t max_rows) {
   std::ostringstream out;
   out << "Job " << Str(r.value("job", Json())) << ": " << Outcome(r);
   if (r.contains("exit_code") && r["exit_code"].is_number_integer()) {
@@ -399,11 +414,23 @@ std::string RenderRunReport(const Json& r) {
   }
   if (r.contains("nodes") && r["nodes"].is_array() && !r["nodes"].empty()) {
     std::string nodes;
-    for (const Json& n : r["nodes"]) nodes += (nodes.empty() ? "" : ",") + Str(n);
+    size_t shown = 0;
+    for (const Json& n : r["nodes"]) {
+      if (max_rows > 0 && shown++ == max_rows) {
+        nodes += " and " + std::to_string(r["nodes"].size() - max_rows) + " more";
+        break;
+      }
+      nodes += (nodes.empty() ? "" : ",") + Str(n);
+    }
     facts.push_back("nodes " + nodes);
   }
   if (r.contains("refused_nodes") && r["refused_nodes"].is_object()) {
+    size_t shown = 0;
     for (const auto& [name, why] : r["refused_nodes"].items()) {
+      if (max_rows > 0 && shown++ == max_rows) {
+        facts.push_back(std::to_string(r["refused_nodes"].size() - max_rows) + " more refused");
+        break;
+      }
       facts.push_back("refused " + name + " (" + Str(why) + ")");
     }
   }
@@ -454,24 +481,29 @@ std::string RenderRunReport(const Json& r) {
   out << Table(rows, {false, true, true}, "  ");
   out << "  ETTR " << Fixed(r.value("ettr", 0.0), 3) << " (productive / wall)\n";
 
-  const Json stragglers = r.value("stragglers", Json::array());
+  const auto [stragglers, earlier_stragglers] =
+      Newest(r.value("stragglers", Json::array()), max_rows);
   if (!stragglers.empty()) {
-    out << "\nStragglers kept (training went on): " << stragglers.size() << "\n";
+    out << "\nStragglers kept (training went on): " << stragglers.size() + earlier_stragglers
+        << "\n"
+        << LeftOut(earlier_stragglers, "stragglers");
     for (const Json& s : stragglers) {
       out << "  step " << Str(s.value("step", Json())) << ": " << Str(s.value("reason", Json()))
           << "\n";
     }
   }
-  const Json resizes = r.value("resizes", Json::array());
+  const auto [resizes, earlier_resizes] = Newest(r.value("resizes", Json::array()), max_rows);
   if (!resizes.empty()) {
-    out << "\nResized (no failure): " << resizes.size() << "\n";
+    out << "\nResized (no failure): " << resizes.size() + earlier_resizes << "\n"
+        << LeftOut(earlier_resizes, "resizes");
     for (const Json& z : resizes) {
       out << "  at " << Secs(z.value("at_s", Json())) << ": " << Str(z.value("reason", Json()))
           << "\n";
     }
   }
-  const Json incidents = r.value("incidents", Json::array());
-  out << "\nIncidents: " << incidents.size() << "\n";
+  const auto [incidents, earlier_incidents] = Newest(r.value("incidents", Json::array()), max_rows);
+  out << "\nIncidents: " << incidents.size() + earlier_incidents << "\n"
+      << LeftOut(earlier_incidents, "incidents");
   if (incidents.empty()) return out.str();
   std::vector<std::vector<std::string>> table = {{"id", "cause", "rank", "node", "injected at",
                                                   "detected after", "recovered after", "steps lost",
@@ -556,6 +588,8 @@ std::string RenderRunReport(const Json& r) {
 
 }  // namespace
 
-std::string RenderReport(const Json& r) { return RenderRunReport(r) + RenderEarlierRuns(r); }
+std::string RenderReport(const Json& r, size_t rows) {
+  return RenderRunReport(r, rows) + RenderEarlierRuns(r);
+}
 
 }  // namespace endure::controller

@@ -72,6 +72,10 @@ Status AddRunHistory(StateStore& store, nlohmann::json& report);
 // The human table: the ledger with ETTR, then one row per incident with its
 // reason, log line and the first lines of its stacks, then one line per
 // earlier run (when, exit code, incidents, ETTR, verdict).
-std::string RenderReport(const nlohmann::json& report);
+// At a large job's scale the table stays readable: the nodes, refused
+// nodes, stragglers, resizes and incidents beyond `rows` are left out (the
+// newest kept) and counted; 0 shows every one.
+inline constexpr size_t kReportRows = 50;
+std::string RenderReport(const nlohmann::json& report, size_t rows = kReportRows);
 
 }  // namespace endure::controller

@@ -15,6 +15,7 @@ namespace endure::controller {
 namespace {
 
 using testing::HasSubstr;
+using testing::Not;
 using namespace std::chrono_literals;
 
 core::TimePoint T(double s) { return core::At(FromSeconds(s)); }
@@ -199,6 +200,31 @@ TEST(Report, RenderShowsTheFigures) {
   EXPECT_THAT(text, HasSubstr("reason: "));
   EXPECT_THAT(text, HasSubstr("recovery: teardown 0.500s, relaunch 1.700s, restore 0.300s"));
   EXPECT_THAT(text, HasSubstr("route: full_restart: full restart from the checkpoint tiers"));
+}
+
+// At a large job's scale the table keeps the newest rows of each list and
+// counts the rest; rows = 0 shows every one.
+TEST(Report, RenderKeepsTheNewestRowsOfALargeJob) {
+  nlohmann::json r = {{"job", "big"}, {"nodes", nlohmann::json::array()},
+                      {"incidents", nlohmann::json::array()}};
+  for (int n = 0; n < 12500; ++n) r["nodes"].push_back("node" + std::to_string(n));
+  for (int i = 1; i <= 120; ++i) {
+    r["incidents"].push_back({{"id", i}, {"cause", "worker_exit code 1"}, {"rank", 0},
+                              {"node", "node7"}, {"reason", "incident " + std::to_string(i)}});
+  }
+  const std::string text = RenderReport(r, 50);
+  EXPECT_THAT(text, HasSubstr("nodes node0,node1,"));
+  EXPECT_THAT(text, HasSubstr("node49 and 12450 more"));
+  EXPECT_THAT(text, Not(HasSubstr("node50,")));
+  EXPECT_THAT(text, HasSubstr("Incidents: 120\n  (70 earlier incidents not shown"));
+  EXPECT_THAT(text, HasSubstr("reason: incident 71\n"));
+  EXPECT_THAT(text, HasSubstr("reason: incident 120\n"));
+  EXPECT_THAT(text, Not(HasSubstr("reason: incident 70\n")));
+  EXPECT_LT(text.size(), 20'000u);
+  const std::string all = RenderReport(r, 0);
+  EXPECT_THAT(all, HasSubstr("reason: incident 1\n"));
+  EXPECT_THAT(all, HasSubstr("node12499"));
+  EXPECT_THAT(all, Not(HasSubstr("not shown")));
 }
 
 TEST(Report, RenderShowsTheCheckpointTiers) {

@@ -22,6 +22,7 @@ namespace {
 struct ReportFlags {
   std::string state_dir;
   bool json = false;
+  bool all = false;
   int run = controller::StateStore::kCurrentRun;  // the newest
 };
 
@@ -58,7 +59,7 @@ int Run(const ReportFlags& flags) {
     (*report)["runs"] = std::move(runs).value();
     std::cout << report->dump(2) << "\n";
   } else {
-    std::cout << controller::RenderReport(*report);
+    std::cout << controller::RenderReport(*report, flags.all ? 0 : controller::kReportRows);
   }
   return kExitOk;
 }
@@ -75,6 +76,9 @@ Verb AddReportVerb(CLI::App& root) {
       ->required();
   cmd->add_flag("--json", flags->json,
                 "Print the report as JSON, with a summary of every run under \"runs\"");
+  cmd->add_flag("--all", flags->all,
+                "Show every node, straggler and incident (by default the table shows the newest " +
+                    std::to_string(controller::kReportRows) + " of each and counts the others)");
   cmd->add_option("--run", flags->run,
                   "Print run N's report (each start of the job on this state directory is a "
                   "run: 1, 2, ...); the newest by default")
