@@ -185,6 +185,11 @@ std::optional<core::TimePoint> FromStart(const std::optional<double>& s, core::T
 
 void StateStore::Closer::operator()(sqlite3* db) const { sqlite3_close_v2(db); }
 
+StateStore::StateStore(std::string path, sqlite3* db) : path_(std::move(path)), db_(db) {}
+StateStore::StateStore(StateStore&&) noexcept = default;
+StateStore& StateStore::operator=(StateStore&&) noexcept = default;
+StateStore::~StateStore() = default;
+
 std::string StateStore::PathIn(const std::string& state_dir) {
   return JoinPath(state_dir, "controller.db");
 }
@@ -613,13 +618,23 @@ Status StateStore::AbortTransaction() { return Exec("ROLLBACK"); }
 
 Status StateStore::AppendJournal(const JournalEntry& entry) {
   ENDURE_RETURN_IF_ERROR(NeedRun("journaling an input"));
-  Statement s(db_.get(), "INSERT INTO journal (run, seq, at_ns, event) VALUES (?, ?, ?, ?)");
-  if (!s.prepared()) return Error("journaling an input");
+  // Prepared once: parsing the statement was most of an input's cost.
+  if (!append_) {
+    append_ = std::make_unique<Statement>(
+        db_.get(), "INSERT INTO journal (run, seq, at_ns, event) VALUES (?, ?, ?, ?)");
+  }
+  if (!append_->prepared()) {
+    append_.reset();
+    return Error("journaling an input");
+  }
+  Statement& s = *append_;
   s.Bind(1, int64_t{run_});
   s.Bind(2, entry.seq);
   s.Bind(3, static_cast<int64_t>(entry.since_start.count()));
   s.Bind(4, entry.event);
-  if (s.Step() != SQLITE_DONE) return Error("journaling input " + std::to_string(entry.seq));
+  const int rc = s.Step();
+  s.Reset();
+  if (rc != SQLITE_DONE) return Error("journaling input " + std::to_string(entry.seq));
   return Status::Ok();
 }
 

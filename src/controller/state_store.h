@@ -51,6 +51,10 @@
 struct sqlite3;
 
 namespace endure::controller {
+class Statement;
+}  // namespace endure::controller
+
+namespace endure::controller {
 
 struct JobRecord {
   std::string name;
@@ -122,9 +126,9 @@ class StateStore {
   // Opens an existing database only: NotFound when `path` does not exist.
   static Result<StateStore> OpenExisting(const std::string& path);
 
-  StateStore(StateStore&&) noexcept = default;
-  StateStore& operator=(StateStore&&) noexcept = default;
-  ~StateStore() = default;
+  StateStore(StateStore&&) noexcept;
+  StateStore& operator=(StateStore&&) noexcept;
+  ~StateStore();
 
   const std::string& path() const { return path_; }
 
@@ -192,7 +196,7 @@ class StateStore {
     void operator()(sqlite3* db) const;
   };
 
-  StateStore(std::string path, sqlite3* db) : path_(std::move(path)), db_(db) {}
+  StateStore(std::string path, sqlite3* db);
   static Result<StateStore> OpenWithFlags(const std::string& path, int flags);
   Status Init();
   // Version `from` (1 or 2) -> the current one, inside Init's transaction.
@@ -210,6 +214,8 @@ class StateStore {
   std::string path_;
   std::unique_ptr<sqlite3, Closer> db_;
   int run_ = 0;  // the current run; 0 while there is none
+  // AppendJournal's statement, kept (finalized before db_ closes).
+  std::unique_ptr<Statement> append_;
 };
 
 }  // namespace endure::controller
