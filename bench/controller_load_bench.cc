@@ -132,10 +132,9 @@ int64_t JournalRows(const fs::path& state_dir) {
   // snapshot cuts the journal behind it (a controller of before snapshots
   // has no such table).
   int64_t rows = -1;
-  for (const char* sql :
-       {"SELECT MAX(COALESCE((SELECT MAX(seq) FROM journal), 0), "
-        "COALESCE((SELECT MAX(seq) FROM snapshots), 0))",
-        "SELECT COALESCE(MAX(seq), 0) FROM journal"}) {
+  for (const char* sql : {"SELECT MAX(COALESCE((SELECT MAX(seq) FROM journal), 0), "
+                          "COALESCE((SELECT MAX(seq) FROM snapshots), 0))",
+                          "SELECT COALESCE(MAX(seq), 0) FROM journal"}) {
     sqlite3_stmt* stmt = nullptr;
     if (sqlite3_prepare_v2(db, sql, -1, &stmt, nullptr) == SQLITE_OK &&
         sqlite3_step(stmt) == SQLITE_ROW) {
@@ -355,7 +354,7 @@ int main(int argc, char** argv) {
   files.rlim_cur = files.rlim_max;
   setrlimit(RLIMIT_NOFILE, &files);
   std::printf("agents report %s\n", g_per_rank ? "each rank's step apart (--per-rank)"
-                                              : "their ranks' steps in one message per node");
+                                               : "their ranks' steps in one message per node");
   std::printf("%6s %4s %8s %6s %7s %9s %8s %6s %8s %8s %8s %8s %8s %6s %7s\n", "nodes", "step",
               "start_s", "cpu%", "rss_mb", "in/s", "lag_s", "worst", "rows/s", "kb/s", "closed_s",
               "silent_s", "replay_s", "gen%", "late_ms");

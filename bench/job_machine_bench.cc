@@ -219,7 +219,8 @@ int main(int argc, char** argv) {
   }
   // What a restart costs at most, however long the job ran: the restore,
   // and the replay of as much journal as the snapshot rule lets build up.
-  const double after_bytes = static_cast<double>(endure::controller::ControllerOptions{}.snapshot_after_bytes);
+  const double after_bytes =
+      static_cast<double>(endure::controller::ControllerOptions{}.snapshot_after_bytes);
   std::printf(
       "\nThe controller's snapshot of JobMachine (the steady job above) and a restart from it\n");
   std::printf("%7s %8s %12s %12s %11s %11s %12s %14s %14s\n", "nodes", "ranks", "snapshot_mb",

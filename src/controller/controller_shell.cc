@@ -656,11 +656,10 @@ Result<bool> ControllerShell::CarryOn() {
   // journal after it, or from the whole journal, its configuration first.
   ENDURE_ASSIGN_OR_RETURN(const std::optional<SnapshotRecord> snapshot, store_->LoadSnapshot());
   const int64_t after = snapshot ? snapshot->seq : 0;
-  ENDURE_ASSIGN_OR_RETURN(const std::vector<JournalEntry> journal, store_->LoadJournal(
-                                                                       StateStore::kCurrentRun, after));
+  ENDURE_ASSIGN_OR_RETURN(const std::vector<JournalEntry> journal,
+                          store_->LoadJournal(StateStore::kCurrentRun, after));
   if (!snapshot && journal.empty()) return refuse("its journal is empty");
-  const Duration last_input =
-      journal.empty() ? snapshot->since_start : journal.back().since_start;
+  const Duration last_input = journal.empty() ? snapshot->since_start : journal.back().since_start;
   // The run's clock goes on: its start lies as far back as the run began.
   // The replayed inputs must not lie in the future (a wall clock set back).
   const TimePoint now = Now();
@@ -718,18 +717,18 @@ Result<bool> ControllerShell::CarryOn() {
       ++held;
     }
   }
-  std::fprintf(stderr,
-               "endure controller: carrying on run %d in %s: %sreplayed %zu journaled inputs "
-               "(generation %d, %s, step %lld, %zu incident(s)); holding %d node(s) for "
-               "their agents to resume within %s\n",
-               run, o_.state_dir.c_str(),
-               snapshot ? ("restored the snapshot of input " + std::to_string(snapshot->seq) + ", ")
-                              .c_str()
-                        : "",
-               journal.size(), machine_.generation().value,
-               std::string(core::JobPhaseName(machine_.phase())).c_str(),
-               static_cast<long long>(machine_.step().value), machine_.incidents().size(), held,
-               FormatDuration(kResumeGrace).c_str());
+  std::fprintf(
+      stderr,
+      "endure controller: carrying on run %d in %s: %sreplayed %zu journaled inputs "
+      "(generation %d, %s, step %lld, %zu incident(s)); holding %d node(s) for "
+      "their agents to resume within %s\n",
+      run, o_.state_dir.c_str(),
+      snapshot ? ("restored the snapshot of input " + std::to_string(snapshot->seq) + ", ").c_str()
+               : "",
+      journal.size(), machine_.generation().value,
+      std::string(core::JobPhaseName(machine_.phase())).c_str(),
+      static_cast<long long>(machine_.step().value), machine_.incidents().size(), held,
+      FormatDuration(kResumeGrace).c_str());
   return true;
 }
 
@@ -775,7 +774,8 @@ void ControllerShell::TakeSnapshot() {
   const TimePoint began = Now();
   std::string state = machine_.Snapshot();
   const size_t bytes = state.size();
-  const Status saved = store_->SaveSnapshot({journal_seq_, last_step_at_ - start_, std::move(state)});
+  const Status saved =
+      store_->SaveSnapshot({journal_seq_, last_step_at_ - start_, std::move(state)});
   if (!saved.ok()) {
     // The journal is whole: a restart replays more of it. Tried again after
     // as many bytes more.

@@ -1228,8 +1228,8 @@ TEST_F(ControllerShellTest, ARestartedControllerCarriesTheRunOnAndTheAgentsResum
 TEST_F(ControllerShellTest, ARestartRestoresTheSnapshotAndReplaysOnlyTheJournalAfterIt) {
   options_.snapshot_after_bytes = 1;  // a snapshot each time the journal is as large as one
   Make(2);
-  StepsOn(transport_, *shell_, clock_, CrashAndRecover(transport_, *shell_, clock_, AttachAndStart(2)),
-          1, 7, 30);
+  StepsOn(transport_, *shell_, clock_,
+          CrashAndRecover(transport_, *shell_, clock_, AttachAndStart(2)), 1, 7, 30);
   {
     Result<StateStore> store = StateStore::OpenExisting(StateStore::PathIn(state_dir()));
     ASSERT_TRUE(store.ok());

@@ -205,12 +205,15 @@ TEST(Report, RenderShowsTheFigures) {
 // At a large job's scale the table keeps the newest rows of each list and
 // counts the rest; rows = 0 shows every one.
 TEST(Report, RenderKeepsTheNewestRowsOfALargeJob) {
-  nlohmann::json r = {{"job", "big"}, {"nodes", nlohmann::json::array()},
-                      {"incidents", nlohmann::json::array()}};
+  nlohmann::json r = {
+      {"job", "big"}, {"nodes", nlohmann::json::array()}, {"incidents", nlohmann::json::array()}};
   for (int n = 0; n < 12500; ++n) r["nodes"].push_back("node" + std::to_string(n));
   for (int i = 1; i <= 120; ++i) {
-    r["incidents"].push_back({{"id", i}, {"cause", "worker_exit code 1"}, {"rank", 0},
-                              {"node", "node7"}, {"reason", "incident " + std::to_string(i)}});
+    r["incidents"].push_back({{"id", i},
+                              {"cause", "worker_exit code 1"},
+                              {"rank", 0},
+                              {"node", "node7"},
+                              {"reason", "incident " + std::to_string(i)}});
   }
   const std::string text = RenderReport(r, 50);
   EXPECT_THAT(text, HasSubstr("nodes node0,node1,"));

@@ -660,7 +660,8 @@ TEST(StateStore, ASnapshotReplacesTheLastAndCutsTheJournalBehindIt) {
   EXPECT_EQ(got->seq, 7);
   EXPECT_EQ(got->since_start, 5s);
   EXPECT_EQ(got->state, bytes) << "bytes, NULs included";
-  const std::vector<JournalEntry> after = store->LoadJournal(StateStore::kCurrentRun, got->seq).value();
+  const std::vector<JournalEntry> after =
+      store->LoadJournal(StateStore::kCurrentRun, got->seq).value();
   ASSERT_EQ(after.size(), 2u);
   EXPECT_EQ(after[0].seq, 8);
   EXPECT_EQ(store->LoadJournal().value().size(), 2u) << "entries 1 to 7 are cut";

@@ -15,7 +15,7 @@ namespace endure::core {
 namespace {
 
 StepEnd StepEndOf(const proto::StepProgress& s, int generation) {
-  StepEnd step{generation, s.rank(),    s.step(),   s.loss(), s.ckpt_stall_s(),
+  StepEnd step{generation,          s.rank(),   s.step(), s.loss(), s.ckpt_stall_s(),
                s.checkpoint_step(), s.skipped()};
   // Hostile until checked, by the worker contract's bounds: a negative or
   // non-finite compute time, or a step count beyond what a double holds, is

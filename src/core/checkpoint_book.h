@@ -232,7 +232,9 @@ class CheckpointBook {
   // come from the job's configuration.
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(copies_, durable_, leftovers_, pending_, pending_shards_, writing_, removing_, abandoned_, refused_, inventories_, newest_commit_, abandoned_from_, restored_step_, restored_generation_, totals_);
+    ar(copies_, durable_, leftovers_, pending_, pending_shards_, writing_, removing_, abandoned_,
+       refused_, inventories_, newest_commit_, abandoned_from_, restored_step_,
+       restored_generation_, totals_);
   }
 
  private:

@@ -157,7 +157,9 @@ class HangDetector {
   // come from the job's configuration.
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(active_, generation_, generation_start_, ranks_, ranks_done_startup_, reported_, frontier_step_, frontier_time_, samples_, next_sample_, total_samples_, cached_p99_, phases_, in_phase_, train_by_base_, phased_by_base_, shift_, phases_taken_out_until_);
+    ar(active_, generation_, generation_start_, ranks_, ranks_done_startup_, reported_,
+       frontier_step_, frontier_time_, samples_, next_sample_, total_samples_, cached_p99_, phases_,
+       in_phase_, train_by_base_, phased_by_base_, shift_, phases_taken_out_until_);
   }
 
  private:

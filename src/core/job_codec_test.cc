@@ -55,7 +55,8 @@ TEST(JobCodec, EveryEventKindRoundTrips) {
       ShardRefused{StepNumber{20}, 1, "checksum mismatch"},
       ControllerResumed{},
       Tick{},
-      NodeStepsEnd{NodeId{1}, Generation{3},
+      NodeStepsEnd{NodeId{1},
+                   Generation{3},
                    {StepEnd{3, 8, 12, 2.4810000000000001, 0.003, 10, false, 0.9, 100},
                     StepEnd{3, 9, 12, std::numeric_limits<double>::quiet_NaN(), 0, -1, true}}},
       NodeStepsEnd{NodeId{0}, Generation{0}, {}},
@@ -226,7 +227,7 @@ class RandomJob {
         loss = 50;
         break;
     }
-    return StepEnd{gen, r, step, loss, Pick(5) == 0 ? 0.01 : 0, step % 10 == 0 ? step : -1,
+    return StepEnd{gen,          r, step, loss, Pick(5) == 0 ? 0.01 : 0, step % 10 == 0 ? step : -1,
                    Pick(30) == 0};
   }
 
@@ -258,7 +259,8 @@ class RandomJob {
         if (Pick(4) == 0) {
           // The node's two ranks together, as an agent reports them.
           const int first = r / 2 * 2;
-          return {NodeStepsEnd{NodeId{first / 2}, gen, {RankStep(gen, first), RankStep(gen, first + 1)}},
+          return {NodeStepsEnd{
+                      NodeId{first / 2}, gen, {RankStep(gen, first), RankStep(gen, first + 1)}},
                   at};
         }
         return {RankStep(gen, r), at};

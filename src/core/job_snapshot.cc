@@ -11,10 +11,10 @@
 // it keeps are listed here. Times are written as offsets from the job's
 // start, so that a snapshot taken by one controller process restores in
 // another whose clock began elsewhere (every time moves with the job's,
-// so that every difference of two times is kept). The checksum is checked before anything is read, and
-// the archive is read in one place that turns every failure into an error.
-// UserDataAdapter (the archive carries the epoch its times are offsets
-// from) is behind cereal's "future experimental" switch in 1.3.
+// so that every difference of two times is kept). The checksum is checked before anything is read,
+// and the archive is read in one place that turns every failure into an error. UserDataAdapter (the
+// archive carries the epoch its times are offsets from) is behind cereal's "future experimental"
+// switch in 1.3.
 #define CEREAL_FUTURE_EXPERIMENTAL
 #include <cereal/archives/adapters.hpp>
 #include <cereal/archives/portable_binary.hpp>
@@ -28,6 +28,7 @@
 #include <cereal/types/vector.hpp>
 #include <charconv>
 #include <sstream>
+#include <type_traits>
 
 #include "common/hash.h"
 #include "core/job_codec.h"
@@ -85,21 +86,12 @@ void serialize(Archive& ar, ShardCopy& c) {
 
 namespace core {
 
-template <class Archive>
-void serialize(Archive& ar, NodeId& v) {
-  ar(v.value);
-}
-template <class Archive>
-void serialize(Archive& ar, StepNumber& v) {
-  ar(v.value);
-}
-template <class Archive>
-void serialize(Archive& ar, Rank& v) {
-  ar(v.value);
-}
-template <class Archive>
-void serialize(Archive& ar, Generation& v) {
-  ar(v.value);
+// The distinct value types of ids.h: their number.
+template <class Archive, class Id>
+  requires std::is_same_v<Id, NodeId> || std::is_same_v<Id, StepNumber> ||
+           std::is_same_v<Id, Rank> || std::is_same_v<Id, Generation>
+void serialize(Archive& ar, Id& id) {
+  ar(id.value);
 }
 template <class Archive>
 void serialize(Archive& ar, IncidentCause& c) {
@@ -157,16 +149,16 @@ void serialize(Archive& ar, CheckpointTotals& t) {
 
 template <class Archive>
 void JobMachine::serialize(Archive& ar) {
-  ar(start_, ledger_, hang_, heartbeats_, loss_, anomaly_, recovery_, phase_, nodes_,
-     generation_, members_, awaiting_stop_, rank_step_, ranks_at_step_, rank_ready_, rank_done_,
-     ranks_ready_, step_productive_, rank_rejoins_, rank_deterministic_, rank_loss_);
+  ar(start_, ledger_, hang_, heartbeats_, loss_, anomaly_, recovery_, phase_, nodes_, generation_,
+     members_, awaiting_stop_, rank_step_, ranks_at_step_, rank_ready_, rank_done_, ranks_ready_,
+     step_productive_, rank_rejoins_, rank_deterministic_, rank_loss_);
   ar(replay_incident_, replay_world_, replay_generation_, max_restore_s_, job_step_,
-     in_process_from_, all_ready_at_, first_step_took_, start_step_, productive_, last_loss_,
-     book_, rollback_notes_, fired_, fired_at_, fired_events_, stopping_collective_, wait_until_,
+     in_process_from_, all_ready_at_, first_step_took_, start_step_, productive_, last_loss_, book_,
+     rollback_notes_, fired_, fired_at_, fired_events_, stopping_collective_, wait_until_,
      replacement_deadline_, restore_step_, abandoned_from_, skip_steps_);
-  ar(incidents_, incident_open_, persist_failure_reported_, hang_held_, sdc_recompute_,
-     stragglers_, stragglers_kept_, resizes_, sdc_, stacks_, step_times_, last_job_step_at_,
-     total_steps_, pairwise_, pair_tests_, pairs_asked_, pair_results_, pairwise_deadline_);
+  ar(incidents_, incident_open_, persist_failure_reported_, hang_held_, sdc_recompute_, stragglers_,
+     stragglers_kept_, resizes_, sdc_, stacks_, step_times_, last_job_step_at_, total_steps_,
+     pairwise_, pair_tests_, pairs_asked_, pair_results_, pairwise_deadline_);
 }
 
 std::string JobMachine::Snapshot() const {

@@ -231,7 +231,8 @@ void NodeMachine::HoldStep(proto::AgentEvent event, std::vector<NodeAction>* out
   // says anything else: its heartbeat, within a second.)
   const size_t ranks_here =
       held_steps_->generation() == gate_.generation ? gate_.local_ranks.size() : 1;
-  if (static_cast<size_t>(held_steps_->node_steps().ranks_size()) >= std::max<size_t>(1, ranks_here)) {
+  if (static_cast<size_t>(held_steps_->node_steps().ranks_size()) >=
+      std::max<size_t>(1, ranks_here)) {
     FlushSteps(out);
   }
 }

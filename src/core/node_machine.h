@@ -266,7 +266,7 @@ class NodeMachine {
   OutageBuffer outage_;
   int64_t started_on_stream_ = -1;  // the newest generation started on this stream
 
-  DatagramGate gate_;    // this generation, its credential and its ranks here
+  DatagramGate gate_;  // this generation, its credential and its ranks here
   std::optional<proto::AgentEvent> held_steps_;  // the node's report being filled (HoldStep)
   bool member_ = false;  // a generation ran here (a spare keeps standbys only before)
   Clock::TimePoint started_{};

@@ -106,7 +106,8 @@ class PairwiseTest {
   // Its state, for a snapshot of the job (core/job_snapshot.h).
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(nodes_, options_, names_, round_, done_, pairs_, suspects_, reference_s_, round1_reason_, verdict_);
+    ar(nodes_, options_, names_, round_, done_, pairs_, suspects_, reference_s_, round1_reason_,
+       verdict_);
   }
 
  private:

@@ -32,9 +32,9 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <string>
 #include <string_view>
-#include <map>
 #include <vector>
 
 #include "common/duration.h"
