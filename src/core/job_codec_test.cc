@@ -451,8 +451,8 @@ TEST(JobCodec, AMachineActsOnlyOnceConfiguredAndKeepsItsFirstConfiguration) {
   EXPECT_EQ(m.Step(NodeUp{NodeId{1}, "node1", 2}, At(Duration(0))).size(), 1u);
 }
 
-// A node's ranks' steps in one input act as its ranks' StepEnds one after
-// another: the same decisions, the same state.
+// A node's ranks' steps in one input act as the node's heartbeat and its
+// ranks' StepEnds one after another: the same decisions, the same state.
 TEST(JobCodec, ANodeReportActsAsItsRanksStepsOneAfterAnother) {
   const Configure configure{ReplayOptions(), {}};
   JobMachine apart(At(Duration(0))), together(At(Duration(0)));
@@ -469,7 +469,7 @@ TEST(JobCodec, ANodeReportActsAsItsRanksStepsOneAfterAnother) {
     const double loss = step == 30 ? std::numeric_limits<double>::quiet_NaN() : 2.0;
     for (int n = 0; n < 2; ++n) {
       NodeStepsEnd report{NodeId{n}, apart.generation(), {}};
-      std::string decided;
+      std::string decided = Actions(apart.Step(NodeHeartbeat{NodeId{n}}, at));
       for (int r = 2 * n; r < 2 * n + 2; ++r) {
         StepEnd e{apart.generation(), r, step, r == 2 ? loss : 2.0, 0, -1, false, 0.5};
         decided += Actions(apart.Step(e, at));

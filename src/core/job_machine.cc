@@ -189,10 +189,11 @@ std::optional<TimePoint> JobMachine::NextDeadline() const {
 // finds a node lost fails the generation, then the new phase's timers run).
 std::vector<JobAction> JobMachine::Step(const JobEvent& event, TimePoint now) {
   if (const auto* steps = std::get_if<NodeStepsEnd>(&event)) {
-    // As its ranks' reports one after another: one may change the phase
-    // (a loss anomaly stops the generation), and the next is judged in the
-    // new one, as when they came apart.
-    std::vector<JobAction> out;
+    // The node's heartbeat (its agent sends none within a beat of a
+    // report), then its ranks' reports one after another: one may change
+    // the phase (a loss anomaly stops the generation), and the next is
+    // judged in the new one, as when they came apart.
+    std::vector<JobAction> out = Step(NodeHeartbeat{steps->node}, now);
     for (StepEnd e : steps->steps) {
       e.generation = steps->generation;
       for (JobAction& a : Step(e, now)) out.push_back(std::move(a));

@@ -169,8 +169,8 @@ struct StepEnd {
   int64_t total_steps = 0;  // the steps the job will train, when the worker says (0: unknown)
 };
 // The steps of one node's ranks, reported together (proto NodeSteps): one
-// input, stepped as its StepEnds one after another at the same time, each of
-// `generation`.
+// input, stepped as the node's heartbeat and then its StepEnds one after
+// another at the same time, each of `generation`.
 // A node's report holds at most one step per rank it runs, and a node runs
 // at most this many (the controller's kMaxRanksPerNode).
 inline constexpr size_t kMaxNodeStepsRanks = 1024;

@@ -149,6 +149,7 @@ double NodeMachine::comm_slow_factor(const std::string& fault_id) const {
 
 std::vector<NodeAction> NodeMachine::Step(const NodeInput& input, NodeTime time) {
   std::vector<NodeAction> out;
+  now_ = time.now;
   std::visit(
       [&](const auto& in) {
         using T = std::decay_t<decltype(in)>;
@@ -186,6 +187,12 @@ std::vector<NodeAction> NodeMachine::Step(const NodeInput& input, NodeTime time)
         } else if constexpr (std::is_same_v<T, WorkerExited>) {
           OnWorkerExited(in, time, &out);
         } else if constexpr (std::is_same_v<T, Report>) {
+          if (in.event.has_heartbeat()) {
+            // The node's report of its ranks' steps says it is alive too:
+            // a heartbeat within a beat of one is not sent.
+            FlushSteps(&out);
+            if (last_report_at_ && now_ - *last_report_at_ < kReportIsHeartbeat) return;
+          }
           proto::AgentEvent e = in.event;
           Stamp(&e, in.generation < 0 ? gate_.generation : in.generation, time.wall_s);
           Route(std::move(e), &out);
@@ -241,6 +248,7 @@ void NodeMachine::FlushSteps(std::vector<NodeAction>* out) {
   if (!held_steps_) return;
   proto::AgentEvent report = std::move(*held_steps_);
   held_steps_.reset();
+  if (link_ == Link::kOpen) last_report_at_ = now_;
   Send(std::move(report), out);
 }
 

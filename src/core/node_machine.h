@@ -195,6 +195,11 @@ std::string_view RestoreRouteName(RestoreRoute route);
 
 // ---- The machine ----
 
+// A node's report of its ranks' steps (proto NodeSteps) is its heartbeat
+// too, for the controller as for the agent: the agent's heartbeat (every
+// second) is not sent within this long of one that went down the stream.
+inline constexpr Clock::TimePoint::duration kReportIsHeartbeat = std::chrono::seconds(1);
+
 struct NodeMachineOptions {
   std::string token;     // the job token: stamped on every event, required on commands
   bool standby = false;  // this agent keeps warm standbys (--standby)
@@ -268,6 +273,10 @@ class NodeMachine {
 
   DatagramGate gate_;  // this generation, its credential and its ranks here
   std::optional<proto::AgentEvent> held_steps_;  // the node's report being filled (HoldStep)
+  Clock::TimePoint now_{};                        // of the input being stepped
+  // When the last report of the ranks' steps went down the stream: it is the
+  // node's heartbeat too (kReportIsHeartbeat).
+  std::optional<Clock::TimePoint> last_report_at_;
   bool member_ = false;  // a generation ran here (a spare keeps standbys only before)
   Clock::TimePoint started_{};
   std::optional<OutputReports> output_;                       // with a progress pattern
