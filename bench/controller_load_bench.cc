@@ -12,6 +12,8 @@
 //   lag_s     how long ago the agents reported the first step the
 //             controller has not applied (its live status): mean and worst
 //             of one sample a second
+//   behind    the worst the controller said of its own backlog (status
+//             "controller.behind_s": the oldest queued input's wait)
 //   rows/s    journal rows per second; kb/s what the controller wrote
 //             (/proc/PID/io wchar: the journal, its status file, its log)
 //   closed_s  a member's stream closed -> the next generation's start
@@ -213,7 +215,7 @@ void RunOne(const fs::path& work, int nodes, double step_s, double window_s) {
   const Clock::duration step_time =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(step_s));
   const Clock::time_point attach = Clock::now();
-  std::optional<double> startup_s, closed_s, silent_s, replay_s;
+  std::optional<double> startup_s, closed_s, silent_s, replay_s, behind;
   double cpu = 0, rss = 0, inputs = 0, rows = 0, kbps = 0, gen_cpu = 0, late_ms = 0;
   double lag_mean = 0, lag_max = 0;
   bool steady = false;
@@ -239,6 +241,11 @@ void RunOne(const fs::path& work, int nodes, double step_s, double window_s) {
           lag_mean += lag;
           lag_max = std::max(lag_max, lag);
           ++samples;
+          // The controller's own account of its backlog (a build without
+          // it prints "-").
+          if (s->contains("controller") && (*s)["controller"].is_object()) {
+            behind = std::max(behind.value_or(0.0), (*s)["controller"].value("behind_s", 0.0));
+          }
         }
       }
       const double w = Since(w0);
@@ -295,13 +302,14 @@ void RunOne(const fs::path& work, int nodes, double step_s, double window_s) {
     again->Signal(SIGKILL);
     again->Wait();
   }
-  std::printf("%6d %4.0f %8s %6.1f %7.0f %9.0f %8.2f %6.2f %8.0f %8.0f %8s %8s %8s %6.1f %7.0f%s\n",
-              nodes, step_s, Fmt(startup_s, "%.1f").c_str(), cpu, rss, inputs, lag_mean, lag_max,
-              rows, kbps, Fmt(closed_s).c_str(), Fmt(silent_s).c_str(), Fmt(replay_s).c_str(),
-              gen_cpu, late_ms,
-              !steady            ? "  (never started)"
-              : late_ms > 1000.0 ? "  (the load generator fell behind)"
-                                 : "");
+  std::printf(
+      "%6d %4.0f %8s %6.1f %7.0f %9.0f %8.2f %6.2f %7s %8.0f %8.0f %8s %8s %8s %6.1f %7.0f%s\n",
+      nodes, step_s, Fmt(startup_s, "%.1f").c_str(), cpu, rss, inputs, lag_mean, lag_max,
+      Fmt(behind).c_str(), rows, kbps, Fmt(closed_s).c_str(), Fmt(silent_s).c_str(),
+      Fmt(replay_s).c_str(), gen_cpu, late_ms,
+      !steady            ? "  (never started)"
+      : late_ms > 1000.0 ? "  (the load generator fell behind)"
+                         : "");
   std::fflush(stdout);
 }
 
@@ -355,9 +363,9 @@ int main(int argc, char** argv) {
   setrlimit(RLIMIT_NOFILE, &files);
   std::printf("agents report %s\n", g_per_rank ? "each rank's step apart (--per-rank)"
                                                : "their ranks' steps in one message per node");
-  std::printf("%6s %4s %8s %6s %7s %9s %8s %6s %8s %8s %8s %8s %8s %6s %7s\n", "nodes", "step",
-              "start_s", "cpu%", "rss_mb", "in/s", "lag_s", "worst", "rows/s", "kb/s", "closed_s",
-              "silent_s", "replay_s", "gen%", "late_ms");
+  std::printf("%6s %4s %8s %6s %7s %9s %8s %6s %7s %8s %8s %8s %8s %8s %6s %7s\n", "nodes", "step",
+              "start_s", "cpu%", "rss_mb", "in/s", "lag_s", "worst", "behind", "rows/s", "kb/s",
+              "closed_s", "silent_s", "replay_s", "gen%", "late_ms");
   for (double n : nodes) {
     for (double s : steps) RunOne(work, static_cast<int>(n), s, window_s);
   }

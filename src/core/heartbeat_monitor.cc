@@ -23,10 +23,14 @@ HeartbeatMonitor::HeartbeatMonitor(HeartbeatMonitorOptions options) : options_(o
 
 void HeartbeatMonitor::Refile(NodeId node, Member& m) {
   if (m.filed) deadlines_.erase({*m.filed, node});
+  if (m.heard) heard_.erase({*m.heard, node});
   m.filed.reset();
+  m.heard.reset();
   if (m.lost) return;
   m.filed = DeadlineOf(m);
   deadlines_.insert({*m.filed, node});
+  m.heard = m.last_heartbeat;
+  heard_.insert({*m.heard, node});
 }
 
 void HeartbeatMonitor::Register(NodeId node, TimePoint now) {
@@ -40,6 +44,7 @@ void HeartbeatMonitor::Remove(NodeId node) {
   auto it = members_.find(node);
   if (it == members_.end()) return;
   if (it->second.filed) deadlines_.erase({*it->second.filed, node});
+  if (it->second.heard) heard_.erase({*it->second.heard, node});
   members_.erase(it);
 }
 
@@ -80,6 +85,13 @@ std::optional<TimePoint> HeartbeatMonitor::LastHeard(NodeId node) const {
   auto it = members_.find(node);
   if (it == members_.end() || it->second.lost) return std::nullopt;
   return it->second.last_heartbeat;
+}
+
+bool HeartbeatMonitor::AnyHeardBy(TimePoint when, const std::function<bool(NodeId)>& counts) const {
+  for (auto it = heard_.begin(); it != heard_.end() && it->first <= when; ++it) {
+    if (counts(it->second)) return true;
+  }
+  return false;
 }
 
 TimePoint HeartbeatMonitor::DeadlineOf(const Member& m) const {

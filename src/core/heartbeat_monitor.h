@@ -15,6 +15,7 @@
 // thread-safe.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -73,6 +74,10 @@ class HeartbeatMonitor {
   // When `node` was last heard from (registered, a heartbeat, reconnected);
   // nullopt for a node not watched or lost.
   std::optional<TimePoint> LastHeard(NodeId node) const;
+  // Whether a node that `counts` was last heard from at or before `when`
+  // (not lost). O(log n + the nodes heard from before `when` that do not
+  // count): the nodes are kept in order of when they were last heard.
+  bool AnyHeardBy(TimePoint when, const std::function<bool(NodeId)>& counts) const;
 
   const HeartbeatMonitorOptions& options() const { return options_; }
 
@@ -80,7 +85,7 @@ class HeartbeatMonitor {
   // come from the job's configuration.
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(members_, deadlines_);
+    ar(members_, deadlines_, heard_);
   }
 
  private:
@@ -89,10 +94,11 @@ class HeartbeatMonitor {
     std::optional<TimePoint> dropped_at;
     bool lost = false;
     std::optional<TimePoint> filed;  // its entry in deadlines_ (none once lost)
+    std::optional<TimePoint> heard;  // its entry in heard_ (none once lost)
 
     template <class Archive>
     void serialize(Archive& ar) {
-      ar(last_heartbeat, dropped_at, lost, filed);
+      ar(last_heartbeat, dropped_at, lost, filed, heard);
     }
   };
   TimePoint DeadlineOf(const Member& m) const;
@@ -102,6 +108,7 @@ class HeartbeatMonitor {
   HeartbeatMonitorOptions options_;
   std::map<NodeId, Member> members_;
   std::set<std::pair<TimePoint, NodeId>> deadlines_;  // of the members not lost
+  std::set<std::pair<TimePoint, NodeId>> heard_;      // their last heartbeats
 };
 
 }  // namespace endure::core

@@ -31,6 +31,40 @@ TEST(HeartbeatMonitorOptions, Validate) {
   EXPECT_THAT(o.Validate().message(), HasSubstr("timeout"));
 }
 
+// Whether any node that counts (a member of the generation) has been quiet
+// since a time: answered from the nodes heard from longest ago, visiting
+// only those heard before it, whatever the number of nodes.
+TEST(HeartbeatMonitor, AnyHeardByVisitsOnlyTheNodesHeardBeforeTheTime) {
+  HeartbeatMonitor m(Opts());
+  constexpr int kNodes = 12'500;
+  for (int n = 0; n < kNodes; ++n) m.Register(NodeId{n}, T(seconds(0)));
+  for (int n = 0; n < kNodes; ++n) {
+    if (n != 7 && n != 9) m.OnHeartbeat(NodeId{n}, T(seconds(3)));
+  }
+  m.OnHeartbeat(NodeId{9}, T(milliseconds(1500)));
+  int visited = 0;
+  auto members_but_7 = [&](NodeId n) {
+    ++visited;
+    return n.value != 7;
+  };
+  // Node 7 (heard at 0) does not count; node 9 (heard at 1.5 s) does.
+  EXPECT_TRUE(m.AnyHeardBy(T(seconds(2)), members_but_7));
+  EXPECT_EQ(visited, 2);
+  visited = 0;
+  EXPECT_FALSE(m.AnyHeardBy(T(seconds(1)), members_but_7));
+  EXPECT_EQ(visited, 1) << "only node 7 was heard by 1 s";
+  // Lost and removed nodes are not asked about.
+  m.Remove(NodeId{9});
+  visited = 0;
+  EXPECT_FALSE(m.AnyHeardBy(T(seconds(2)), members_but_7));
+  EXPECT_EQ(visited, 1);
+  EXPECT_EQ(m.Check(T(seconds(10))).size(), 1u) << "node 7, silent for 10 s";
+  visited = 0;
+  EXPECT_FALSE(m.AnyHeardBy(T(seconds(2)), [&](NodeId) { return ++visited, true; }));
+  EXPECT_EQ(visited, 0);
+  EXPECT_TRUE(m.AnyHeardBy(T(seconds(3)), [](NodeId) { return true; }));
+}
+
 TEST(HeartbeatMonitor, RegularHeartbeatsKeepANodeAlive) {
   HeartbeatMonitor m(Opts());
   m.Register(kA, T(seconds(0)));

@@ -676,11 +676,10 @@ Duration JobMachine::QuietAfter() const {
 }
 
 bool JobMachine::AnyMemberQuiet(TimePoint now) const {
-  for (NodeId n : members_) {
-    std::optional<TimePoint> heard = heartbeats_.LastHeard(n);
-    if (heard && now - *heard >= QuietAfter()) return true;
-  }
-  return false;
+  // The nodes heard from longest ago first: no walk over every member (it
+  // is asked at every heartbeat while a hang is held).
+  return heartbeats_.AnyHeardBy(now - QuietAfter(),
+                                [&](NodeId n) { return member_set_.contains(n); });
 }
 
 void JobMachine::CheckHang(TimePoint now, std::vector<JobAction>& out) {
@@ -1124,6 +1123,7 @@ void JobMachine::StartGeneration(std::vector<NodeId> nodes, bool rejoin, TimePoi
   replacement_deadline_.reset();
   generation_ = generation_.Next();
   members_ = std::move(nodes);
+  member_set_ = std::set<NodeId>(members_.begin(), members_.end());
   rank_step_.assign(world_size(), StepNumber{0});
   ranks_at_step_ = {{StepNumber{0}, world_size()}};
   start_step_ = StepNumber{0};

@@ -636,6 +636,7 @@ class JobMachine {
   std::map<NodeId, Node> nodes_;
   Generation generation_;
   std::vector<NodeId> members_;  // nodes of the current generation, in rank order
+  std::set<NodeId> member_set_;  // the same, for lookups
   std::set<NodeId> awaiting_stop_;
   std::vector<StepNumber> rank_step_;  // by rank
   // How many ranks are at each step of rank_step_: the job's step (the

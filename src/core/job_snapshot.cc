@@ -88,11 +88,9 @@ namespace core {
 
 // The distinct value types of ids.h: their number.
 template <class Archive, class Id>
-  requires std::is_same_v<Id, NodeId> || std::is_same_v<Id, StepNumber> ||
-           std::is_same_v<Id, Rank> || std::is_same_v<Id, Generation>
-void serialize(Archive& ar, Id& id) {
-  ar(id.value);
-}
+requires std::is_same_v<Id, NodeId> || std::is_same_v<Id, StepNumber> || std::is_same_v<Id, Rank> ||
+    std::is_same_v<Id, Generation>
+void serialize(Archive& ar, Id& id) { ar(id.value); }
 template <class Archive>
 void serialize(Archive& ar, IncidentCause& c) {
   ar(c.kind, c.name);
@@ -150,8 +148,8 @@ void serialize(Archive& ar, CheckpointTotals& t) {
 template <class Archive>
 void JobMachine::serialize(Archive& ar) {
   ar(start_, ledger_, hang_, heartbeats_, loss_, anomaly_, recovery_, phase_, nodes_, generation_,
-     members_, awaiting_stop_, rank_step_, ranks_at_step_, rank_ready_, rank_done_, ranks_ready_,
-     step_productive_, rank_rejoins_, rank_deterministic_, rank_loss_);
+     members_, member_set_, awaiting_stop_, rank_step_, ranks_at_step_, rank_ready_, rank_done_,
+     ranks_ready_, step_productive_, rank_rejoins_, rank_deterministic_, rank_loss_);
   ar(replay_incident_, replay_world_, replay_generation_, max_restore_s_, job_step_,
      in_process_from_, all_ready_at_, first_step_took_, start_step_, productive_, last_loss_, book_,
      rollback_notes_, fired_, fired_at_, fired_events_, stopping_collective_, wait_until_,

@@ -273,7 +273,7 @@ class NodeMachine {
 
   DatagramGate gate_;  // this generation, its credential and its ranks here
   std::optional<proto::AgentEvent> held_steps_;  // the node's report being filled (HoldStep)
-  Clock::TimePoint now_{};                        // of the input being stepped
+  Clock::TimePoint now_{};                       // of the input being stepped
   // When the last report of the ranks' steps went down the stream: it is the
   // node's heartbeat too (kReportIsHeartbeat).
   std::optional<Clock::TimePoint> last_report_at_;

@@ -27,14 +27,22 @@ void SimAgent::Drive(Clock::time_point now, Clock::duration step_time) {
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_ || silent_) return;
   if (now >= next_beat_) {
-    proto::AgentEvent beat = Event(generation_);
-    beat.mutable_heartbeat();
-    Send(std::move(beat));
-    fleet_->Sent();
+    // As the agent: no heartbeat within a second of a node report, which
+    // says the node is alive too (core::kReportIsHeartbeat).
+    if (fleet_->per_rank() || !last_report_ || now - *last_report_ >= 1s) {
+      proto::AgentEvent beat = Event(generation_);
+      beat.mutable_heartbeat();
+      Send(std::move(beat));
+      fleet_->Sent();
+    }
     next_beat_ = now + 1s;
   }
   if (generation_ >= 0 && now >= next_step_) {
-    ++step_;
+    // The step due now on the generation's common clock: the ranks of a
+    // data-parallel job end each step together (an agent whose start came
+    // late joins at the step the others are at).
+    const int64_t due = 1 + (now - first_step_at_) / step_time;
+    step_ = step_base_ + due;
     proto::AgentEvent node = Event(generation_);
     for (int rank : ranks_) {
       proto::StepProgress s;
@@ -56,9 +64,9 @@ void SimAgent::Drive(Clock::time_point now, Clock::duration step_time) {
     if (!fleet_->per_rank() && !ranks_.empty()) {
       Send(std::move(node));
       fleet_->Reported(step_);
+      last_report_ = now;
     }
-    next_step_ += step_time;
-    if (next_step_ < now) next_step_ = now + step_time;
+    next_step_ = first_step_at_ + due * step_time;
   }
 }
 
@@ -79,10 +87,15 @@ void SimAgent::OnReadDone(bool ok) {
       Send(std::move(e));
       fleet_->Sent();
     }
-    next_step_ = Clock::now() + 1s;  // the first step after start-up
+    step_base_ = step_;
+    next_step_ = Clock::time_point::max();  // until the generation's clock is known
     const int64_t g = generation_;
     lock.unlock();
-    fleet_->OnStart(index_, g);
+    // The generation's first step comes a second after its first agent's
+    // start, for every agent.
+    const Clock::time_point first = fleet_->OnStart(index_, g) + 1s;
+    lock.lock();
+    if (generation_ == g) first_step_at_ = next_step_ = first;
   } else if (cmd.has_stop()) {
     if (silent_) return;
     for (int rank : ranks_) {

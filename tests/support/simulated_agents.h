@@ -114,6 +114,9 @@ class SimAgent final : public grpc::ClientBidiReactor<proto::AgentEvent, proto::
   std::vector<int> ranks_;
   Clock::time_point next_beat_{};
   Clock::time_point next_step_{};
+  std::optional<Clock::time_point> last_report_;  // the last node report sent
+  int64_t step_base_ = 0;                         // the generation's restore step
+  Clock::time_point first_step_at_{};             // its first step, for every agent
 };
 
 // ---- The agents, their send loop, what they saw ----
@@ -150,7 +153,8 @@ class SimulatedAgents {
   SimAgent& agent(int i) { return *agents_[i]; }
 
   // What the agents saw: commands by kind, the newest step reported.
-  void OnStart(int agent, int64_t generation) {
+  // OnStart returns when the generation's first agent started it.
+  Clock::time_point OnStart(int agent, int64_t generation) {
     std::lock_guard<std::mutex> lock(mu_);
     newest_start_ = std::max(newest_start_, generation);
     if (generation > started_gen_) {
@@ -159,6 +163,7 @@ class SimulatedAgents {
     }
     started_agents_.push_back(agent);
     cv_.notify_all();
+    return generation == started_gen_ ? started_at_ : Clock::now();
   }
   void OnStop(int agent, int64_t generation) {
     std::lock_guard<std::mutex> lock(mu_);
