@@ -776,14 +776,13 @@ void ControllerShell::TakeSnapshot() {
   const size_t bytes = state.size();
   const Status saved =
       store_->SaveSnapshot({journal_seq_, last_step_at_ - start_, std::move(state)});
+  // Failed, the journal is whole (a restart replays more of it), and the
+  // next try comes after as many bytes more.
+  journaled_bytes_ = 0;
   if (!saved.ok()) {
-    // The journal is whole: a restart replays more of it. Tried again after
-    // as many bytes more.
     Journal("a snapshot", saved);
-    journaled_bytes_ = 0;
     return;
   }
-  journaled_bytes_ = 0;
   snapshot_bytes_ = bytes;
   ++snapshots_;
   snapshot_took_ = Now() - began;
@@ -820,8 +819,9 @@ void ControllerShell::Turn(bool block) {
   // never makes one). Never two ticks in a row: the queue always moves.
   std::optional<TimePoint> oldest;
   queue_.PeekFront([&](const Queued& waiting) { oldest = waiting.at; });
-  JudgeLoad(Now(), oldest);
-  const TimePoint judged_at = oldest ? std::min(Now(), *oldest) : Now();
+  const TimePoint peeked = Now();
+  JudgeLoad(peeked, oldest);
+  const TimePoint judged_at = oldest ? std::min(peeked, *oldest) : peeked;
   const std::optional<TimePoint> due = machine_.NextDeadline();
   const bool tick_first = oldest && due && *due <= judged_at && !ticked_last_turn_;
   std::optional<Queued> next;
