@@ -83,7 +83,10 @@ Status HangDetector::OnPhase(int rank, std::string_view phase, TimePoint now) {
 
 void HangDetector::Unfile(int r) {
   RankProgress& p = ranks_[r];
-  if (p.filed == RankProgress::Filed::kTrain) train_by_base_.erase({p.base, r});
+  if (p.filed == RankProgress::Filed::kTrain) {
+    train_by_base_.erase({p.base, r});
+    train_by_own_.erase({p.own_base, r});
+  }
   if (p.filed == RankProgress::Filed::kPhased) phased_by_base_.erase({p.base, r});
   p.filed = RankProgress::Filed::kNone;
 }
@@ -97,7 +100,12 @@ void HangDetector::Refile(int r) {
     phased_by_base_.insert({p.base, r});
   } else {
     p.filed = RankProgress::Filed::kTrain;
+    p.own_base = p.base;
+    if (p.last_duration) {
+      p.own_base += std::chrono::duration_cast<Duration>(*p.last_duration * options_.k);
+    }
     train_by_base_.insert({p.base, r});
+    train_by_own_.insert({p.own_base, r});
   }
 }
 
@@ -109,6 +117,7 @@ void HangDetector::SetProgress(int r, TimePoint progress) {
 
 void HangDetector::RebuildProgressIndex() {
   train_by_base_.clear();
+  train_by_own_.clear();
   phased_by_base_.clear();
   for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) {
     ranks_[r].filed = RankProgress::Filed::kNone;
@@ -424,19 +433,24 @@ std::optional<HangVerdict> HangDetector::Check(TimePoint now) {
 std::optional<TimePoint> HangDetector::EarliestTrainDeadline() const {
   if (train_by_base_.empty()) return std::nullopt;
   if (InStartup()) return generation_start_ + options_.startup_timeout;
+  // Deadline of rank r, less shift_: max(base_r + timeout, own_base_r).
+  // Walked in both orders at once, a rank not yet seen has base_r at least
+  // the first walk's position and own_base_r at least the second's.
   const Duration timeout = StepTimeout();
+  auto deadline = [&](int r) { return std::max(ranks_[r].base + timeout, ranks_[r].own_base); };
   std::optional<TimePoint> best;
-  for (const auto& [base, r] : train_by_base_) {
-    const TimePoint progress = base + shift_;
-    // Every rank from here on has at least this much: none is earlier.
-    if (best && progress + timeout >= *best) break;
-    Duration own = timeout;
-    if (const std::optional<Duration>& d = ranks_[r].last_duration) {
-      own = std::max(own, std::chrono::duration_cast<Duration>(*d * options_.k));
+  auto by_base = train_by_base_.begin();
+  auto by_own = train_by_own_.begin();
+  while (by_base != train_by_base_.end() && by_own != train_by_own_.end()) {
+    const TimePoint unseen = std::max(by_base->first + timeout, by_own->first);
+    if (best && *best <= unseen) break;
+    for (int r : {by_base->second, by_own->second}) {
+      if (!best || deadline(r) < *best) best = deadline(r);
     }
-    if (!best || progress + own < *best) best = progress + own;
+    ++by_base;
+    ++by_own;
   }
-  return best;
+  return *best + shift_;
 }
 
 // The same as the earliest DeadlineOf over the watched ranks, by parts: the

@@ -159,7 +159,7 @@ class HangDetector {
   void serialize(Archive& ar) {
     ar(active_, generation_, generation_start_, ranks_, ranks_done_startup_, reported_,
        frontier_step_, frontier_time_, samples_, next_sample_, total_samples_, cached_p99_, phases_,
-       in_phase_, train_by_base_, phased_by_base_, shift_, phases_taken_out_until_);
+       in_phase_, train_by_base_, train_by_own_, phased_by_base_, shift_, phases_taken_out_until_);
   }
 
  private:
@@ -178,10 +178,13 @@ class HangDetector {
     // "train"), phased_by_base_ (watched, in another phase), or none
     // (finished).
     enum class Filed { kNone, kTrain, kPhased } filed = Filed::kNone;
+    // Its key in train_by_own_ while filed there: base + k x last_duration
+    // (base when it has none).
+    TimePoint own_base{};
 
     template <class Archive>
     void serialize(Archive& ar) {
-      ar(last_step, base, last_duration, phase, finished, phase_since, filed);
+      ar(last_step, base, last_duration, phase, finished, phase_since, filed, own_base);
     }
   };
   struct PhaseStats {
@@ -216,8 +219,10 @@ class HangDetector {
   void CapProgress(TimePoint cap);
   void FloorProgress(TimePoint floor);
   // The earliest deadline of a rank in "train" (without the wait for a
-  // phase), from train_by_base_: its oldest progress first, stopping where
-  // no later one can be earlier.
+  // phase), from train_by_base_ and train_by_own_ walked side by side: a
+  // rank's deadline is the later of base + the job's timeout and its own
+  // (base + k x its last step), so no rank not yet seen in either walk can
+  // be earlier than the later of the two walks' positions.
   std::optional<TimePoint> EarliestTrainDeadline() const;
   // Ends `p`'s current phase (unless "train") at `now`: a sample and progress.
   void EndPhase(int rank, TimePoint now);
@@ -257,6 +262,10 @@ class HangDetector {
   // in "train" and those in another phase apart: the next deadline, and the
   // phase time taken out of every clock, without a walk over every rank.
   std::set<std::pair<TimePoint, int>> train_by_base_, phased_by_base_;
+  // The ranks in train_by_base_ again, by own_base: each one's own deadline
+  // (less shift_), so that a rank whose own timeout is longer than the job's
+  // costs no walk over the ranks whose progress is just after its.
+  std::set<std::pair<TimePoint, int>> train_by_own_;
   Duration shift_{0};  // phase time taken out of every rank's clock
   // Phase time up to here has been taken out of the step clocks (EndPhase).
   TimePoint phases_taken_out_until_{};

@@ -473,8 +473,17 @@ TEST(HangDetector, AResumeRestartsEveryClock) {
 // must still be exactly the time from which Check gives a verdict, whatever
 // the ranks did. Random steps, phases, ends, resumes and restarts, checked
 // against Check on copies of the detector after every input.
-TEST(HangDetector, NextDeadlineIsExactlyWhenCheckFirstGivesAVerdict) {
-  std::mt19937_64 rng(28);
+// Small worlds reach every corner of phases and ends; large ones, with each
+// rank's own step time, the walk for the earliest deadline past its first
+// ranks.
+class HangDetectorDeadlines : public ::testing::TestWithParam<int> {};
+
+TEST_P(HangDetectorDeadlines, NextDeadlineIsExactlyWhenCheckFirstGivesAVerdict) {
+  const int max_world = GetParam();
+  // Other inputs than step ends as often per rank in a large world as in a
+  // small one: a large world steps long enough between them.
+  const int rarity = 20 * ((max_world + 5) / 6);
+  std::mt19937_64 rng(28 + max_world);
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
   const char* kPhases[] = {"train", "eval", "checkpoint"};
   HangDetectorOptions o;
@@ -488,12 +497,12 @@ TEST(HangDetector, NextDeadlineIsExactlyWhenCheckFirstGivesAVerdict) {
   int world = 4;
   std::vector<int64_t> steps(world, 0);
   d.OnGenerationStart(0, world, At(now));
-  for (int i = 0; i < 4000; ++i) {
+  for (int i = 0; i < 4000 * (rarity / 20); ++i) {
     now += Ms(pick(300));
     const int r = pick(world);
-    switch (pick(20)) {
+    switch (pick(rarity)) {
       case 0:
-        world = 1 + pick(6);
+        world = 1 + pick(max_world);
         steps.assign(world, 0);
         d.OnGenerationStart(i, world, At(now));
         break;
@@ -527,6 +536,37 @@ TEST(HangDetector, NextDeadlineIsExactlyWhenCheckFirstGivesAVerdict) {
     }
   }
 }
+
+// The earliest deadline can belong to a rank whose progress is not the
+// oldest: its own timeout (k x its last step) is shorter than an older
+// rank's. k = 2, timeout = floor 1 s (p99 0.5 s): A progressed at 5 s with a
+// 5 s step (deadline 15 s), B at 5.5 s with 3 s (11.5 s), U at 10 s with
+// 0.5 s (11 s).
+TEST(HangDetector, TheEarliestDeadlineIsARanksOwnWhereThatIsShorter) {
+  HangDetectorOptions o;
+  o.k = 2;
+  o.floor = seconds(1);
+  o.min_samples = 3;
+  Driver d(o);
+  d.StartGeneration(0, 3, Duration::zero());
+  for (int r = 0; r < 3; ++r) d.StepEnd(r, 1, Duration::zero());
+  for (int s = 2; s <= 21; ++s) {
+    d.StepEnd(2, s, Ms(500) * (s - 1));
+    if (s == 6) d.StepEnd(1, 2, Ms(2500));
+    if (s == 11) d.StepEnd(0, 2, Ms(5000));
+    if (s == 12) d.StepEnd(1, 3, Ms(5500));
+  }
+  ASSERT_EQ(d.detector().StepTimeout(), seconds(1));
+  EXPECT_EQ(*d.NextDeadline(), seconds(11));
+  // (A and B were judged before, at 1 s from their first steps.)
+  const size_t before = d.verdicts().size();
+  d.AdvanceTo(seconds(12));
+  ASSERT_EQ(d.verdicts().size(), before + 1);
+  EXPECT_EQ(d.verdicts().back().at, seconds(11));
+  EXPECT_THAT(d.verdicts().back().verdict.stalled_ranks, ElementsAre(2));
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, HangDetectorDeadlines, ::testing::Values(6, 64));
 
 }  // namespace
 }  // namespace endure::core
