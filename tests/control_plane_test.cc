@@ -1108,9 +1108,19 @@ TEST_F(ControlPlaneTest, TheControllerServesMetricsAndStatusOverHttp) {
   httplib::Client http("http://" + hostport);
   auto metrics = http.Get("/metrics");
   auto status = http.Get("/api/status");
+  auto nodes = http.Get("/api/nodes?page=0");
+  auto bad_page = http.Get("/api/incidents?page=last");
+  auto page = http.Get("/");
   controller->Signal(SIGKILL);
   controller->Wait();
-  ASSERT_TRUE(metrics && status);
+  ASSERT_TRUE(metrics && status && nodes && bad_page && page);
+  // The dashboard's tables, a page at a time: no node yet; a bad page says
+  // what to send.
+  EXPECT_EQ(nlohmann::json::parse(nodes->body, nullptr, false).value("total", -1), 0)
+      << nodes->body;
+  EXPECT_EQ(bad_page->status, 400);
+  EXPECT_NE(bad_page->body.find("?page=N"), std::string::npos) << bad_page->body;
+  EXPECT_NE(page->body.find("<table id=incidents>"), std::string::npos) << page->body;
   EXPECT_EQ(metrics->status, 200);
   // No node has registered yet: generation -1, all time is start-up so far.
   EXPECT_NE(metrics->body.find("endure_generation{job=\"http\"} -1"), std::string::npos)

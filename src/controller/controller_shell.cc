@@ -1188,6 +1188,12 @@ void ControllerShell::WriteStatus(TimePoint now, bool force) {
         inc.cause.name + " (rank " + std::to_string(inc.rank.value) + ", " + inc.action + ")";
   }
   Publish(status);
+  if (!tables_built_at_ || now - *tables_built_at_ >= kTablesEvery) {
+    tables_built_at_ = now;
+    auto tables = std::make_shared<const LiveTables>(BuildLiveTables(machine_, start_));
+    MutexLock lock(&published_mu_);
+    tables_ = std::move(tables);
+  }
   // Not durable on purpose: a live view, rewritten four times a second.
   const std::string path = JoinPath(o_.state_dir, "status.json");
   FILE* f = std::fopen((path + ".tmp").c_str(), "w");
@@ -1256,6 +1262,15 @@ void ControllerShell::Publish(const nlohmann::json& status) {
 std::string ControllerShell::StatusJson() const {
   MutexLock lock(&published_mu_);
   return status_json_;
+}
+
+Result<nlohmann::json> ControllerShell::TablePage(LiveTable table, std::string_view page) const {
+  std::shared_ptr<const LiveTables> tables;
+  {
+    MutexLock lock(&published_mu_);
+    tables = tables_;
+  }
+  return PageOf(table == LiveTable::kNodes ? tables->nodes : tables->incidents, page);
 }
 
 std::string ControllerShell::MetricsText() const {

@@ -26,6 +26,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -39,6 +40,7 @@
 #include "controller/durable_tier.h"
 #include "controller/event_queue.h"
 #include "controller/incident_kb.h"
+#include "controller/live_tables.h"
 #include "controller/node_ledger.h"
 #include "controller/state_store.h"
 #include "controller/transport.h"
@@ -66,6 +68,9 @@ bool SnapshotDue(uint64_t journaled_bytes, uint64_t snapshot_bytes, uint64_t aft
 // The live status (STATE_DIR/status.json, /api/status) is written at most
 // this often, and at the latest this long after the input it misses.
 inline constexpr Duration kStatusEvery = std::chrono::milliseconds(250);
+// The live node and incident tables are built again at most this often
+// (a walk over every node: 12,500 at a large job's scale).
+inline constexpr Duration kTablesEvery = std::chrono::seconds(1);
 // The controller is overloaded while the oldest input in its queue has
 // waited longer than kOverloadedAfter, until it is back within
 // kCaughtUpWithin: it says so in the log, the status ("controller") and the
@@ -132,6 +137,10 @@ class ControllerShell final : public TransportSink {
   // it (Prometheus' text format, with the ETTR ledger).
   std::string StatusJson() const;
   std::string MetricsText() const;
+  // A page of the live node or incident table (live_tables.h), as
+  // /api/nodes and /api/incidents serve it: at most a second old.
+  enum class LiveTable { kNodes, kIncidents };
+  Result<nlohmann::json> TablePage(LiveTable table, std::string_view page) const;
   // Events waiting for the loop.
   size_t queued() const { return queue_.size(); }
 
@@ -351,6 +360,9 @@ class ControllerShell final : public TransportSink {
   mutable Mutex published_mu_;
   std::string status_json_ GUARDED_BY(published_mu_) = "{}";
   std::string metrics_text_ GUARDED_BY(published_mu_);
+  std::shared_ptr<const LiveTables> tables_ GUARDED_BY(published_mu_) =
+      std::make_shared<const LiveTables>();
+  std::optional<core::TimePoint> tables_built_at_;  // the loop's: when tables_ was built
 };
 
 }  // namespace endure::controller

@@ -797,6 +797,50 @@ TEST_F(ControllerShellTest, AnXidInTheLogEvictsTheNodeAndAReplacementTakesItsRan
   EXPECT_TRUE(transport_.TakeCommands(ids[1]).empty());
 }
 
+// The dashboard's tables (/api/nodes, /api/incidents): each node's state
+// and each incident, a page at a time, at most kTablesEvery behind.
+TEST_F(ControllerShellTest, TheLiveTablesShowEachNodesStateAndEachIncidentAPageAtATime) {
+  Make(2);
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  const ConnectionId spare = Attach("node2");
+  Steps(ids, 0, 1, 2);
+  auto rows = [&](ControllerShell::LiveTable table) {
+    Result<nlohmann::json> page = shell_->TablePage(table, "");
+    EXPECT_TRUE(page.ok()) << page.status().ToString();
+    return page.ok() ? (*page)["rows"] : nlohmann::json();
+  };
+  nlohmann::json nodes = rows(ControllerShell::LiveTable::kNodes);
+  ASSERT_EQ(nodes.size(), 3u) << nodes.dump();
+  EXPECT_EQ(nodes[0]["state"], "member");
+  EXPECT_EQ(nodes[1]["first_rank"], 1);
+  EXPECT_EQ(nodes[2]["name"], "node2");
+  EXPECT_EQ(nodes[2]["state"], "spare");
+  EXPECT_TRUE(rows(ControllerShell::LiveTable::kIncidents).empty());
+
+  ASSERT_TRUE(transport_.Deliver(ids[1], Exited(0, 1, 1)));
+  Pump();
+  clock_.Advance(kTablesEvery);
+  Tick();
+  const nlohmann::json incidents = rows(ControllerShell::LiveTable::kIncidents);
+  ASSERT_EQ(incidents.size(), 1u);
+  EXPECT_EQ(incidents[0]["cause"], "worker_exit code 1");
+  EXPECT_EQ(incidents[0]["node"], "node1");
+  EXPECT_EQ(incidents[0]["failed_at_step"], 2);
+
+  // The spare's stream drops: down once the stream grace (2 s) has passed.
+  transport_.HangUp(spare);
+  Pump();
+  clock_.Advance(3s);
+  Tick();
+  nodes = rows(ControllerShell::LiveTable::kNodes);
+  ASSERT_EQ(nodes.size(), 3u);
+  EXPECT_EQ(nodes[2]["state"], "down") << nodes.dump();
+
+  Result<nlohmann::json> bad = shell_->TablePage(ControllerShell::LiveTable::kNodes, "two");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("?page=N"), std::string::npos);
+}
+
 TEST_F(ControllerShellTest, AStreamThatDropsIsANodeLostIncidentOnceTheStreamGracePasses) {
   Make(2);
   const std::vector<ConnectionId> ids = AttachAndStart(2);

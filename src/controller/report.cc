@@ -25,6 +25,8 @@ std::optional<double> Between(const std::optional<core::TimePoint>& a,
   return Seconds(*b - *a);
 }
 
+}  // namespace
+
 // One incident's figures. The phases partition the time to recover:
 //   recovered_after = detected_after + teardown + wait + relaunch + restore.
 Json IncidentJson(const core::Incident& inc, core::TimePoint start) {
@@ -65,6 +67,8 @@ Json IncidentJson(const core::Incident& inc, core::TimePoint start) {
   j["suspects"] = inc.suspects;
   return j;
 }
+
+namespace {
 
 // Fills the ledger, ETTR, recovery totals and incidents into `report`.
 // `ledger_s` holds every category; `wall_s` is their sum.

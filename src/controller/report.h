@@ -69,6 +69,11 @@ Result<nlohmann::json> RunHistory(StateStore& store);
 // RunHistory's entries before it. On failure `report` is unchanged.
 Status AddRunHistory(StateStore& store, nlohmann::json& report);
 
+// One incident as the report and the live tables show it: cause, rank,
+// node, route, its timings (seconds from `start`, and each phase of the
+// recovery), steps lost, the reason, its log line and stacks.
+nlohmann::json IncidentJson(const core::Incident& inc, core::TimePoint start);
+
 // The human table: the ledger with ETTR, then one row per incident with its
 // reason, log line and the first lines of its stacks, then one line per
 // earlier run (when, exit code, incidents, ETTR, verdict).

@@ -146,6 +146,21 @@ std::vector<std::pair<NodeId, std::string>> JobMachine::Nodes() const {
   return out;
 }
 
+std::vector<JobMachine::NodeView> JobMachine::NodeViews() const {
+  std::map<NodeId, Rank> first;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    first[members_[i]] = Rank{static_cast<int32_t>(i) * options_.ranks_per_node};
+  }
+  std::vector<NodeView> out;
+  out.reserve(nodes_.size());
+  for (const auto& [id, node] : nodes_) {
+    NodeView v{id, node.name, node.up, std::nullopt, node.refused};
+    if (auto it = first.find(id); it != first.end()) v.first = it->second;
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
 std::vector<NodeId> JobMachine::HealthyNodes() const {
   // Previous members first, in their order, so that ranks stay where they were.
   std::vector<NodeId> out;

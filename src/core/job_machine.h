@@ -470,6 +470,15 @@ class JobMachine {
   std::map<std::string, std::string> RefusedNodes() const;
   // Every node that registered, by id, with its name.
   std::vector<std::pair<NodeId, std::string>> Nodes() const;
+  // Every node that registered, by id, as the live status shows it.
+  struct NodeView {
+    NodeId node;
+    std::string name;
+    bool up = false;              // registered and not lost or evicted
+    std::optional<Rank> first;    // a member of the current worker set: its first rank
+    std::string refused;          // why it may not run the job (empty: it may)
+  };
+  std::vector<NodeView> NodeViews() const;
 
   // A snapshot of the machine: its configuration and every part of its
   // state, its times as offsets from the job's start (core/job_snapshot.cc).
