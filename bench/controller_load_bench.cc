@@ -18,8 +18,18 @@
 //             (/proc/PID/io wchar: the journal, its status file, its log)
 //   closed_s  a member's stream closed -> the next generation's start
 //   silent_s  a member falls silent (stream open) -> the controller's stop
-//   replay_s  the controller killed (-9) after the run, restarted on its
-//             state directory -> its first status written (replay done)
+//   replay_s  the controller killed (-9) once the journal since its last
+//             snapshot has grown to 90% of the size the next snapshot is due
+//             at (status "controller.snapshot_due_bytes"), restarted on its
+//             state directory -> its first status written (the snapshot
+//             restored and the journal after it replayed): the longest a
+//             restart takes at this size, however long the job has run —
+//             after 10 minutes (--window-s 600) or a day, as the snapshot
+//             holds no more after a day than after minutes (the journal
+//             before it is cut; core::JobMachine keeps bounded windows, and
+//             JobSnapshot.ASteadyJobsSnapshotStopsGrowing tests it). Killed
+//             at the limit of the wait (kTailWait) when the journal grows
+//             slower: tail_mb says what it replayed, snap_mb the snapshot
 //   gen%      this process's CPU over the window, and late_ms the worst
 //             lateness of its send loop: the load generator must not be
 //             the bottleneck (it says so when it was)
@@ -73,6 +83,9 @@ namespace {
 
 constexpr int kSlots = endure::loadgen::kSlotsPerAgent;
 constexpr char kToken[] = "load-bench-token";
+// How long training goes on, at most, for the journal to grow to its
+// largest before the controller is killed for replay_s.
+constexpr std::chrono::seconds kTailWait{150};
 
 std::string BinDir() {
   char exe[4096];
@@ -121,32 +134,36 @@ double SelfCpuSeconds() {
          1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
-// Inputs journaled so far.
-int64_t JournalRows(const fs::path& state_dir) {
+// The first column of `sql`'s first row over the controller's store, or
+// nullopt (no store, or a controller of before the tables it asks of).
+std::optional<double> Query(const fs::path& state_dir, const char* sql) {
   sqlite3* db = nullptr;
   const std::string path = (state_dir / "controller.db").string();
   if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
     sqlite3_close(db);
-    return -1;
+    return std::nullopt;
   }
   sqlite3_busy_timeout(db, 2000);
-  // The newest journal entry's number: entries are numbered from 1, and a
-  // snapshot cuts the journal behind it (a controller of before snapshots
-  // has no such table).
-  int64_t rows = -1;
-  for (const char* sql : {"SELECT MAX(COALESCE((SELECT MAX(seq) FROM journal), 0), "
-                          "COALESCE((SELECT MAX(seq) FROM snapshots), 0))",
-                          "SELECT COALESCE(MAX(seq), 0) FROM journal"}) {
-    sqlite3_stmt* stmt = nullptr;
-    if (sqlite3_prepare_v2(db, sql, -1, &stmt, nullptr) == SQLITE_OK &&
-        sqlite3_step(stmt) == SQLITE_ROW) {
-      rows = sqlite3_column_int64(stmt, 0);
-    }
-    sqlite3_finalize(stmt);
-    if (rows >= 0) break;
+  std::optional<double> value;
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db, sql, -1, &stmt, nullptr) == SQLITE_OK &&
+      sqlite3_step(stmt) == SQLITE_ROW) {
+    value = sqlite3_column_double(stmt, 0);
   }
+  sqlite3_finalize(stmt);
   sqlite3_close(db);
-  return rows;
+  return value;
+}
+
+// Inputs journaled so far: the newest journal entry's number (entries are
+// numbered from 1, and a snapshot cuts the journal behind it; a controller
+// of before snapshots has no such table).
+int64_t JournalRows(const fs::path& state_dir) {
+  std::optional<double> rows = Query(state_dir,
+                                     "SELECT MAX(COALESCE((SELECT MAX(seq) FROM journal), 0), "
+                                     "COALESCE((SELECT MAX(seq) FROM snapshots), 0))");
+  if (!rows) rows = Query(state_dir, "SELECT COALESCE(MAX(seq), 0) FROM journal");
+  return rows ? static_cast<int64_t>(*rows) : -1;
 }
 
 std::optional<nlohmann::json> Status(const fs::path& state_dir) {
@@ -215,7 +232,7 @@ void RunOne(const fs::path& work, int nodes, double step_s, double window_s) {
   const Clock::duration step_time =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(step_s));
   const Clock::time_point attach = Clock::now();
-  std::optional<double> startup_s, closed_s, silent_s, replay_s, behind;
+  std::optional<double> startup_s, closed_s, silent_s, replay_s, tail_mb, snap_mb, behind;
   double cpu = 0, rss = 0, inputs = 0, rows = 0, kbps = 0, gen_cpu = 0, late_ms = 0;
   double lag_mean = 0, lag_max = 0;
   bool steady = false;
@@ -282,11 +299,28 @@ void RunOne(const fs::path& work, int nodes, double step_s, double window_s) {
           silent_s = std::chrono::duration<double>(*at - t0).count();
         }
       }
+      // Training goes on until the journal since the last snapshot is
+      // nearly as large as it ever gets.
+      const Clock::time_point t1 = Clock::now();
+      while (Since(t1) < kTailWait.count()) {
+        std::optional<nlohmann::json> s = Status(state);
+        if (s && s->contains("controller") && (*s)["controller"].is_object()) {
+          const nlohmann::json& c = (*s)["controller"];
+          if (c.value("journal_bytes_since_snapshot", 0.0) >=
+              0.9 * c.value("snapshot_due_bytes", 1e18)) {
+            break;
+          }
+        }
+        std::this_thread::sleep_for(50ms);
+      }
     }
+    // The controller dies under load and comes back on its state
+    // directory: the snapshot restored, the journal after it replayed.
+    controller->Signal(SIGKILL);
+    controller->Wait();
   }
-  // The controller dies and comes back on its state directory: replay.
-  controller->Signal(SIGKILL);
-  controller->Wait();
+  tail_mb = Query(state, "SELECT COALESCE(SUM(LENGTH(event)), 0) / 1048576.0 FROM journal");
+  snap_mb = Query(state, "SELECT COALESCE(MAX(LENGTH(state)), 0) / 1048576.0 FROM snapshots");
   fs::remove(state / "status.json");
   const Clock::time_point r0 = Clock::now();
   std::optional<endure::Subprocess> again =
@@ -303,10 +337,12 @@ void RunOne(const fs::path& work, int nodes, double step_s, double window_s) {
     again->Wait();
   }
   std::printf(
-      "%6d %4.0f %8s %6.1f %7.0f %9.0f %8.2f %6.2f %7s %8.0f %8.0f %8s %8s %8s %6.1f %7.0f%s\n",
+      "%6d %4.0f %8s %6.1f %7.0f %9.0f %8.2f %6.2f %7s %8.0f %8.0f %8s %8s %8s %7s %7s %6.1f "
+      "%7.0f%s\n",
       nodes, step_s, Fmt(startup_s, "%.1f").c_str(), cpu, rss, inputs, lag_mean, lag_max,
       Fmt(behind).c_str(), rows, kbps, Fmt(closed_s).c_str(), Fmt(silent_s).c_str(),
-      Fmt(replay_s).c_str(), gen_cpu, late_ms,
+      Fmt(replay_s).c_str(), Fmt(tail_mb, "%.1f").c_str(), Fmt(snap_mb, "%.1f").c_str(), gen_cpu,
+      late_ms,
       !steady            ? "  (never started)"
       : late_ms > 1000.0 ? "  (the load generator fell behind)"
                          : "");
@@ -363,9 +399,9 @@ int main(int argc, char** argv) {
   setrlimit(RLIMIT_NOFILE, &files);
   std::printf("agents report %s\n", g_per_rank ? "each rank's step apart (--per-rank)"
                                                : "their ranks' steps in one message per node");
-  std::printf("%6s %4s %8s %6s %7s %9s %8s %6s %7s %8s %8s %8s %8s %8s %6s %7s\n", "nodes", "step",
-              "start_s", "cpu%", "rss_mb", "in/s", "lag_s", "worst", "behind", "rows/s", "kb/s",
-              "closed_s", "silent_s", "replay_s", "gen%", "late_ms");
+  std::printf("%6s %4s %8s %6s %7s %9s %8s %6s %7s %8s %8s %8s %8s %8s %7s %7s %6s %7s\n", "nodes",
+              "step", "start_s", "cpu%", "rss_mb", "in/s", "lag_s", "worst", "behind", "rows/s",
+              "kb/s", "closed_s", "silent_s", "replay_s", "tail_mb", "snap_mb", "gen%", "late_ms");
   for (double n : nodes) {
     for (double s : steps) RunOne(work, static_cast<int>(n), s, window_s);
   }

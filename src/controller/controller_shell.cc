@@ -756,8 +756,12 @@ std::vector<core::JobAction> ControllerShell::Input(const core::JobEvent& event,
   return actions;
 }
 
+uint64_t SnapshotDueAt(uint64_t snapshot_bytes, uint64_t after_bytes) {
+  return std::max(after_bytes, snapshot_bytes);
+}
+
 bool SnapshotDue(uint64_t journaled_bytes, uint64_t snapshot_bytes, uint64_t after_bytes) {
-  return journaled_bytes >= std::max(after_bytes, snapshot_bytes);
+  return journaled_bytes >= SnapshotDueAt(snapshot_bytes, after_bytes);
 }
 
 void ControllerShell::CommitJournal() {
@@ -1178,6 +1182,7 @@ void ControllerShell::WriteStatus(TimePoint now, bool force) {
         {"overloaded_s",
          Seconds(overloaded_for_ + (overloaded_since_ ? now - *overloaded_since_ : Duration(0)))},
         {"journal_bytes_since_snapshot", journaled_bytes_},
+        {"snapshot_due_bytes", SnapshotDueAt(snapshot_bytes_, o_.snapshot_after_bytes)},
         {"snapshot_bytes", snapshot_bytes_},
         {"snapshots", snapshots_},
         {"snapshot_s", Seconds(snapshot_took_)}}},

@@ -63,8 +63,10 @@ inline constexpr Duration kJournalGroupAge = std::chrono::milliseconds(50);
 // Whether the machine is to be snapshotted (JobMachine::Snapshot,
 // StateStore::SaveSnapshot) and the journal cut behind it, after
 // `journaled_bytes` of journal since the last snapshot of `snapshot_bytes`:
-// ControllerOptions::snapshot_after_bytes.
+// ControllerOptions::snapshot_after_bytes. SnapshotDueAt: the journal
+// bytes it is due at, the most a restart replays.
 bool SnapshotDue(uint64_t journaled_bytes, uint64_t snapshot_bytes, uint64_t after_bytes);
+uint64_t SnapshotDueAt(uint64_t snapshot_bytes, uint64_t after_bytes);
 // The live status (STATE_DIR/status.json, /api/status) is written at most
 // this often, and at the latest this long after the input it misses.
 inline constexpr Duration kStatusEvery = std::chrono::milliseconds(250);

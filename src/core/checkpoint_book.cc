@@ -86,6 +86,7 @@ void CheckpointBook::OnListed(const DurableListed& listed) {
 bool CheckpointBook::OnCopyTaken(StepNumber step) {
   if (!copies_.empty() && step <= *copies_.rbegin()) return false;
   copies_.insert(step);
+  if (copies_.size() > kMaxCopies) copies_.erase(copies_.begin());
   ++totals_.copies_taken;
   return true;
 }

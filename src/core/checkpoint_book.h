@@ -260,7 +260,11 @@ class CheckpointBook {
   void Remove(StepNumber step, RemoveReason reason, std::vector<BookAction>& out);
 
   CheckpointBookOptions options_;
-  std::set<StepNumber> copies_;            // T0 copies of this timeline
+  // T0 copies of this timeline: the newest kMaxCopies (a node's memory
+  // holds far fewer; without a bound the book, and with it every snapshot
+  // of the job, would grow by each copy for as long as the job runs).
+  std::set<StepNumber> copies_;
+  static constexpr size_t kMaxCopies = 1024;
   std::map<StepNumber, Durable> durable_;  // committed, in the directory
   std::set<StepNumber> leftovers_;         // uncommitted, in the directory
   std::map<StepNumber, std::map<int, std::pair<uint64_t, uint64_t>>> pending_;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <random>
 #include <utility>
 #include <vector>
@@ -582,6 +583,39 @@ TEST(JobSnapshot, AMachineRestoredFromASnapshotAtAnyInputActsAsTheOneThatNeverSt
   EXPECT_GT(incidents_after, 500);
   std::cout << "restored " << restored << " snapshots; " << incidents_after
             << " incidents after them\n";
+}
+
+// A snapshot restores in time proportional to its size, so that a restart
+// after a day costs what one after minutes does: a steady job's state stops
+// growing (every window and history the machine keeps is bounded), without
+// checkpoints (what is kept per step until a copy is the largest) and with.
+TEST(JobSnapshot, ASteadyJobsSnapshotStopsGrowing) {
+  for (const int every : {0, 5}) {
+    SCOPED_TRACE("a checkpoint every " + std::to_string(every) + " steps (0: none)");
+    JobMachineOptions o;
+    o.nodes = 2;
+    o.ranks_per_node = 2;
+    JobMachine m(o, {}, At(Duration(0)));
+    m.Step(NodeUp{NodeId{0}, "node0", 2}, At(Duration(0)));
+    m.Step(NodeUp{NodeId{1}, "node1", 2}, At(Duration(0)));
+    for (int r = 0; r < 4; ++r) m.Step(WorkerReady{m.generation(), r, 0, 0.1}, At(1s));
+    std::mt19937_64 noise(11);
+    std::map<int64_t, size_t> size_at;
+    for (int64_t step = 1; step <= 12'000; ++step) {
+      const TimePoint now = At(1s + step * 100ms);
+      if (step % 10 == 0) {
+        for (int n = 0; n < 2; ++n) m.Step(NodeHeartbeat{NodeId{n}}, now);
+      }
+      for (int r = 0; r < 4; ++r) {
+        const double loss = 2.0 + 0.01 * static_cast<double>(noise() % 100) / 100.0;
+        const int64_t copy = every > 0 && r == 0 && step % every == 0 ? step : -1;
+        m.Step(StepEnd{m.generation(), r, step, loss, 0, copy}, now + Duration(r));
+      }
+      if (step == 6'000 || step == 12'000) size_at[step] = m.Snapshot().size();
+    }
+    ASSERT_TRUE(m.incidents().empty()) << m.incidents()[0].reason;
+    EXPECT_EQ(size_at[12'000], size_at[6'000]) << "it grew between steps 6,000 and 12,000";
+  }
 }
 
 // A snapshot is read from disk: one that is cut short, altered, of another

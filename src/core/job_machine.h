@@ -474,9 +474,9 @@ class JobMachine {
   struct NodeView {
     NodeId node;
     std::string name;
-    bool up = false;              // registered and not lost or evicted
-    std::optional<Rank> first;    // a member of the current worker set: its first rank
-    std::string refused;          // why it may not run the job (empty: it may)
+    bool up = false;            // registered and not lost or evicted
+    std::optional<Rank> first;  // a member of the current worker set: its first rank
+    std::string refused;        // why it may not run the job (empty: it may)
   };
   std::vector<NodeView> NodeViews() const;
 
