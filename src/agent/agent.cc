@@ -459,21 +459,31 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
         "gen" + std::to_string(generation) + "-rank" + std::to_string(r.rank());
     spec.log_path = JoinPath(logs, name + ".log");
     spec.stacks_path = JoinPath(logs, name + ".stacks");
-    spec.env = {{"RANK", std::to_string(r.rank())},
-                {"LOCAL_RANK", std::to_string(r.local_rank())},
-                {"WORLD_SIZE", std::to_string(start.world_size())},
-                {"LOCAL_WORLD_SIZE", std::to_string(start.ranks_size())},
-                {"GROUP_RANK", std::to_string(r.rank() / std::max(1, start.ranks_size()))},
-                {"MASTER_ADDR", start.master_addr()},
-                {"MASTER_PORT", std::to_string(start.master_port())},
-                {worker_env::kAgentSocket, socket_path_},
-                {worker_env::kToken, credential.ok() ? *credential : ""},
-                {worker_env::kGeneration, std::to_string(generation)},
-                {worker_env::kNodeId, o_.node_id},
-                {worker_env::kRestoreStep, std::to_string(start.restore_step())},
-                {worker_env::kSkipSteps, skip},
-                {worker_env::kFaults, r.faults_json()},
-                {worker_env::kStacksFile, spec.stacks_path}};
+    spec.env = {
+        {"RANK", std::to_string(r.rank())},
+        {"LOCAL_RANK", std::to_string(r.local_rank())},
+        {"WORLD_SIZE", std::to_string(start.world_size())},
+        {"LOCAL_WORLD_SIZE", std::to_string(start.ranks_size())},
+        {"GROUP_RANK", std::to_string(r.rank() / std::max(1, start.ranks_size()))},
+        // The rest of what torchrun gives a worker: one role, and a
+        // restart count (each generation is one).
+        {"GROUP_WORLD_SIZE", std::to_string(start.world_size() / std::max(1, start.ranks_size()))},
+        {"ROLE_NAME", "default"},
+        {"ROLE_RANK", std::to_string(r.rank())},
+        {"ROLE_WORLD_SIZE", std::to_string(start.world_size())},
+        {"TORCHELASTIC_RESTART_COUNT", std::to_string(generation)},
+        // No agent store: rank 0 serves the rendezvous (env://).
+        {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+        {"MASTER_ADDR", start.master_addr()},
+        {"MASTER_PORT", std::to_string(start.master_port())},
+        {worker_env::kAgentSocket, socket_path_},
+        {worker_env::kToken, credential.ok() ? *credential : ""},
+        {worker_env::kGeneration, std::to_string(generation)},
+        {worker_env::kNodeId, o_.node_id},
+        {worker_env::kRestoreStep, std::to_string(start.restore_step())},
+        {worker_env::kSkipSteps, skip},
+        {worker_env::kFaults, r.faults_json()},
+        {worker_env::kStacksFile, spec.stacks_path}};
     for (const auto& [k, v] : start.env()) {
       spec.env.emplace_back(k, k == worker_env::kCkptDir ? ResolveCheckpointDir(v) : v);
     }

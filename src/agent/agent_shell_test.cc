@@ -302,6 +302,13 @@ TEST_F(AgentShellTest, StartGivesEachLocalRankItsEnvironmentAndAFreshCredential)
     EXPECT_EQ(env["WORLD_SIZE"], "4");
     EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "2");
     EXPECT_EQ(env["GROUP_RANK"], "1");
+    // The rest of torchrun's: what a script run under it may read.
+    EXPECT_EQ(env["GROUP_WORLD_SIZE"], "2");
+    EXPECT_EQ(env["ROLE_RANK"], std::to_string(rank));
+    EXPECT_EQ(env["ROLE_WORLD_SIZE"], "4");
+    EXPECT_EQ(env["ROLE_NAME"], "default");
+    EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "3");
+    EXPECT_EQ(env["TORCHELASTIC_USE_AGENT_STORE"], "False");
     EXPECT_EQ(env["MASTER_ADDR"], "10.0.0.1");
     EXPECT_EQ(env["MASTER_PORT"], "29500");
     EXPECT_EQ(env["ENDURE_GENERATION"], "3");

@@ -998,6 +998,11 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
       start.set_restore_step(a->restore_step.value);
       for (core::StepNumber s : a->skip_steps) start.add_skip_steps(s.value);
       for (const std::string& arg : spec.command) start.add_command(arg);
+      // What torchrun tells its workers of the job (the agent adds each
+      // rank's own), unless the spec's [job] env says otherwise.
+      (*start.mutable_env())["TORCHELASTIC_RUN_ID"] = spec.name;
+      (*start.mutable_env())["TORCHELASTIC_MAX_RESTARTS"] =
+          std::to_string(spec.recovery.max_restarts);
       for (const auto& [k, v] : spec.env) (*start.mutable_env())[k] = v;
       if (spec.detection.sdc_check_every > 0) {
         (*start.mutable_env())[worker_env::kSdcCheckEvery] =

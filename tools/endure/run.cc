@@ -1,4 +1,5 @@
-// `endure run JOB.toml`: the embedded single-machine mode. Starts the
+// `endure run JOB.toml`, or `endure run --nproc-per-node N script.py ARGS`
+// as torchrun (launch.h): the embedded single-machine mode. Starts the
 // controller and one agent per node as child processes on 127.0.0.1, brings
 // up a replacement node when one dies (after the spec's repair_delay,
 // standing in for a spare machine), shows a live status line, prints the
@@ -11,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -31,6 +33,7 @@
 #include "controller/etcd_client.h"
 #include "controller/job_spec.h"
 #include "controller/report.h"
+#include "tools/endure/launch.h"
 #include "tools/endure/verbs.h"
 
 namespace endure::cli {
@@ -587,17 +590,85 @@ int EmbeddedRun::Run() {
   return controller_exit->exited ? controller_exit->code : kExitInternal;
 }
 
+// The job spec a torchrun-style command line stands for (launch.h), written
+// to STATE_DIR/job.toml (what to copy and edit to say more) once it is
+// valid, and read back from there as the controller reads it.
+Result<controller::JobSpec> LaunchedSpec(const LaunchFlags& flags) {
+  ENDURE_ASSIGN_OR_RETURN(const std::string text, LaunchSpec(flags, ThisHost()));
+  ENDURE_ASSIGN_OR_RETURN(const controller::JobSpec spec,
+                          controller::ParseJobSpec(text, "endure run (its command line)"));
+  ENDURE_RETURN_IF_ERROR(controller::ValidateForEmbeddedRun(spec));
+  Env* env = Env::Default();
+  const std::string path = JoinPath(spec.state_dir, "job.toml");
+  if (Status st = env->CreateDirs(spec.state_dir); !st.ok()) {
+    return InvalidArgument("cannot make the state directory " + spec.state_dir + ": " +
+                           st.message() + " (--state-dir)");
+  }
+  if (Status st = WriteFileAtomically(env, path, text); !st.ok()) {
+    return InvalidArgument("cannot write " + path + ": " + st.message() + " (--state-dir)");
+  }
+  return controller::LoadJobSpec(path);
+}
+
 }  // namespace
 
 Verb AddRunVerb(CLI::App& root) {
-  auto path = std::make_shared<std::string>();
+  auto args = std::make_shared<std::vector<std::string>>();
+  auto launch = std::make_shared<LaunchFlags>();
   auto quiet = std::make_shared<bool>(false);
   CLI::App* cmd = root.add_subcommand(
-      "run", "Run a job on this machine: controller, one agent per node, the report at the end");
-  cmd->add_option("spec", *path, "Job spec (TOML)")->required();
+      "run",
+      "Run a job on this machine: controller, one agent per node, the report at the end.\n"
+      "  endure run JOB.toml\n"
+      "  endure run --nproc-per-node N [--nnodes M] script.py [ARGS...]   (as torchrun)");
+  // What follows the spec or the script is the script's own: not parsed here.
+  cmd->prefix_command();
+  cmd->add_option("--nproc-per-node,--nproc_per_node", launch->nproc_per_node,
+                  "Workers per node: a number, or cpu, gpu, auto (torchrun's; default 1)");
+  cmd->add_option("--nnodes", launch->nnodes,
+                  "Nodes, each a process on this machine: M, or MIN:MAX to go on with as few as "
+                  "MIN when nodes are lost (default 1)");
+  cmd->add_option("--max-restarts,--max_restarts", launch->max_restarts,
+                  "Restarts within [recovery] restart_window before the job gives up (1 or more)");
+  cmd->add_option("--run-id,--run_id,--rdzv-id,--rdzv_id", launch->run_id,
+                  "The job's name (default: the script's)");
+  cmd->add_option("--state-dir", launch->state_dir,
+                  "Where the job's state, logs and report go (default: endure-NAME here)");
+  cmd->add_flag("-m,--module", launch->module, "The script is a Python module (python -m)");
+  cmd->add_flag("--no-python,--no_python", launch->no_python,
+                "The script is a program, run as it is");
+  cmd->add_flag("--standalone")
+      ->description("Accepted for torchrun's command lines: a run is standalone");
   cmd->add_flag("--quiet", *quiet, "No live status line");
-  return {cmd, [path, quiet] {
-            Result<controller::JobSpec> spec = controller::LoadJobSpec(*path);
+  return {cmd, [cmd, args, launch, quiet] {
+            *args = cmd->remaining();
+            // A script: any of the launcher's flags, or a .py. Else a spec,
+            // with --quiet before or after it.
+            const bool script = cmd->count("--nproc-per-node") + cmd->count("--nnodes") +
+                                        cmd->count("--max-restarts") + cmd->count("--run-id") +
+                                        cmd->count("--state-dir") + cmd->count("--module") +
+                                        cmd->count("--no-python") + cmd->count("--standalone") >
+                                    0 ||
+                                (!args->empty() && args->front().ends_with(".py"));
+            Result<controller::JobSpec> spec = InvalidArgument("no job spec");
+            if (script) {
+              launch->command = *args;
+              spec = LaunchedSpec(*launch);
+            } else if (args->empty()) {
+              spec = InvalidArgument(
+                  "a job spec or a script: endure run JOB.toml, or endure run --nproc-per-node N "
+                  "script.py [ARGS...]");
+            } else {
+              const auto extra = std::find_if(args->begin() + 1, args->end(),
+                                              [](const std::string& a) { return a != "--quiet"; });
+              if (extra != args->end()) {
+                spec = InvalidArgument("unexpected '" + *extra + "' after the job spec " +
+                                       args->front() + " (endure run --help)");
+              } else {
+                *quiet = *quiet || args->size() > 1;
+                spec = controller::LoadJobSpec(args->front());
+              }
+            }
             if (!spec.ok()) {
               std::fprintf(stderr, "endure run: %s\n", spec.status().message().c_str());
               return kExitUsage;
