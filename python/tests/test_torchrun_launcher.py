@@ -75,7 +75,9 @@ class TorchrunStyleLauncher(unittest.TestCase):
         return out
 
     def test_a_torchrun_script_runs_unchanged_with_torchruns_environment(self):
-        p = self.endure_run("--nproc-per-node", "2", "--quiet", "plain_ddp.py",
+        # As torchrun's documentation writes it for one machine.
+        p = self.endure_run("--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                            "--rdzv-endpoint=localhost:0", "--quiet", "plain_ddp.py",
                             "--out", self.out, "--tag", "a b")
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         ranks = self.ranks()
@@ -122,6 +124,7 @@ class TorchrunStyleLauncher(unittest.TestCase):
             (["--nnodes", "3:2", "plain_ddp.py"], "--nnodes: '3:2'"),
             (["--max-restarts", "0", "plain_ddp.py"], "--max-restarts"),
             (["--nproc-per-node", "2"], "no script"),
+            (["--node-rank", "1", "plain_ddp.py"], "unknown flag --node-rank"),
         ]:
             p = self.endure_run(*args)
             self.assertEqual(p.returncode, 2, (args, p.stdout, p.stderr))

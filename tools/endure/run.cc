@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -623,37 +624,49 @@ Verb AddRunVerb(CLI::App& root) {
       "  endure run --nproc-per-node N [--nnodes M] script.py [ARGS...]   (as torchrun)");
   // What follows the spec or the script is the script's own: not parsed here.
   cmd->prefix_command();
-  cmd->add_option("--nproc-per-node,--nproc_per_node", launch->nproc_per_node,
-                  "Workers per node: a number, or cpu, gpu, auto (torchrun's; default 1)");
-  cmd->add_option("--nnodes", launch->nnodes,
-                  "Nodes, each a process on this machine: M, or MIN:MAX to go on with as few as "
-                  "MIN when nodes are lost (default 1)");
-  cmd->add_option("--max-restarts,--max_restarts", launch->max_restarts,
-                  "Restarts within [recovery] restart_window before the job gives up (1 or more)");
-  cmd->add_option("--run-id,--run_id,--rdzv-id,--rdzv_id", launch->run_id,
-                  "The job's name (default: the script's)");
-  cmd->add_option("--state-dir", launch->state_dir,
-                  "Where the job's state, logs and report go (default: endure-NAME here)");
-  cmd->add_flag("-m,--module", launch->module, "The script is a Python module (python -m)");
-  cmd->add_flag("--no-python,--no_python", launch->no_python,
-                "The script is a program, run as it is");
-  cmd->add_flag("--standalone")
-      ->description("Accepted for torchrun's command lines: a run is standalone");
+  // The launcher's flags: any of them (or a .py) says a script follows.
+  auto flags = std::make_shared<std::vector<CLI::Option*>>();
+  flags->push_back(
+      cmd->add_option("--nproc-per-node,--nproc_per_node", launch->nproc_per_node,
+                      "Workers per node: a number, or cpu, gpu, auto (torchrun's; default 1)"));
+  flags->push_back(cmd->add_option(
+      "--nnodes", launch->nnodes,
+      "Nodes, each a process on this machine: M, or MIN:MAX to go on with as few as MIN when "
+      "nodes are lost (default 1)"));
+  flags->push_back(cmd->add_option(
+      "--max-restarts,--max_restarts", launch->max_restarts,
+      "Restarts within [recovery] restart_window before the job gives up (1 or more)"));
+  flags->push_back(cmd->add_option("--run-id,--run_id,--rdzv-id,--rdzv_id", launch->run_id,
+                                   "The job's name (default: the script's)"));
+  flags->push_back(
+      cmd->add_option("--state-dir", launch->state_dir,
+                      "Where the job's state, logs and report go (default: endure-NAME here)"));
+  flags->push_back(
+      cmd->add_flag("-m,--module", launch->module, "The script is a Python module (python -m)"));
+  flags->push_back(cmd->add_flag("--no-python,--no_python", launch->no_python,
+                                 "The script is a program, run as it is"));
+  flags->push_back(cmd->add_flag("--standalone")
+                       ->description("Accepted for torchrun's command lines: a run is standalone"));
+  auto ignored = std::make_shared<std::array<std::string, 2>>();
+  flags->push_back(cmd->add_option("--rdzv-backend,--rdzv_backend", (*ignored)[0],
+                                   "Accepted for torchrun's command lines (ignored)"));
+  flags->push_back(cmd->add_option(
+      "--rdzv-endpoint,--rdzv_endpoint", (*ignored)[1],
+      "Accepted for torchrun's command lines: a run on this machine makes its own rendezvous"));
   cmd->add_flag("--quiet", *quiet, "No live status line");
-  return {cmd, [cmd, args, launch, quiet] {
+  return {cmd, [cmd, args, launch, quiet, flags, ignored] {
             *args = cmd->remaining();
             // A script: any of the launcher's flags, or a .py. Else a spec,
             // with --quiet before or after it.
-            const bool script = cmd->count("--nproc-per-node") + cmd->count("--nnodes") +
-                                        cmd->count("--max-restarts") + cmd->count("--run-id") +
-                                        cmd->count("--state-dir") + cmd->count("--module") +
-                                        cmd->count("--no-python") + cmd->count("--standalone") >
-                                    0 ||
+            const bool script = std::any_of(flags->begin(), flags->end(),
+                                            [](const CLI::Option* o) { return o->count() > 0; }) ||
                                 (!args->empty() && args->front().ends_with(".py"));
             Result<controller::JobSpec> spec = InvalidArgument("no job spec");
             if (script) {
               launch->command = *args;
               spec = LaunchedSpec(*launch);
+            } else if (!args->empty() && args->front().starts_with("-")) {
+              spec = InvalidArgument("unknown flag " + args->front() + " (endure run --help)");
             } else if (args->empty()) {
               spec = InvalidArgument(
                   "a job spec or a script: endure run JOB.toml, or endure run --nproc-per-node N "
