@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 namespace endure::core {
@@ -37,6 +38,7 @@ Status HangDetectorOptions::Validate() const {
 HangDetector::HangDetector(HangDetectorOptions options) : options_(options) {
   ENDURE_CHECK(options_.Validate().ok());
   samples_.reserve(options_.window);
+  grouped_at_ = StepTimeout();
 }
 
 void HangDetector::OnGenerationStart(int generation, int world_size, TimePoint now) {
@@ -85,7 +87,12 @@ void HangDetector::Unfile(int r) {
   RankProgress& p = ranks_[r];
   if (p.filed == RankProgress::Filed::kTrain) {
     train_by_base_.erase({p.base, r});
-    train_by_own_.erase({p.own_base, r});
+    train_by_timeout_.erase({p.own_timeout, r});
+    if (p.beyond) {
+      beyond_by_own_.erase({p.base + p.own_timeout, r});
+    } else {
+      within_by_base_.erase({p.base, r});
+    }
   }
   if (p.filed == RankProgress::Filed::kPhased) phased_by_base_.erase({p.base, r});
   p.filed = RankProgress::Filed::kNone;
@@ -100,12 +107,17 @@ void HangDetector::Refile(int r) {
     phased_by_base_.insert({p.base, r});
   } else {
     p.filed = RankProgress::Filed::kTrain;
-    p.own_base = p.base;
-    if (p.last_duration) {
-      p.own_base += std::chrono::duration_cast<Duration>(*p.last_duration * options_.k);
-    }
+    p.own_timeout = p.last_duration
+                        ? std::chrono::duration_cast<Duration>(*p.last_duration * options_.k)
+                        : Duration(0);
+    p.beyond = p.own_timeout > grouped_at_;
     train_by_base_.insert({p.base, r});
-    train_by_own_.insert({p.own_base, r});
+    train_by_timeout_.insert({p.own_timeout, r});
+    if (p.beyond) {
+      beyond_by_own_.insert({p.base + p.own_timeout, r});
+    } else {
+      within_by_base_.insert({p.base, r});
+    }
   }
 }
 
@@ -117,7 +129,9 @@ void HangDetector::SetProgress(int r, TimePoint progress) {
 
 void HangDetector::RebuildProgressIndex() {
   train_by_base_.clear();
-  train_by_own_.clear();
+  train_by_timeout_.clear();
+  within_by_base_.clear();
+  beyond_by_own_.clear();
   phased_by_base_.clear();
   for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) {
     ranks_[r].filed = RankProgress::Filed::kNone;
@@ -292,6 +306,30 @@ void HangDetector::RecordStepDuration(Duration d) {
   const size_t index = static_cast<size_t>(std::ceil(0.99 * sorted.size())) - 1;
   std::nth_element(sorted.begin(), sorted.begin() + index, sorted.end());
   cached_p99_ = sorted[index];
+  Regroup();
+}
+
+void HangDetector::Regroup() {
+  const Duration timeout = StepTimeout();
+  if (timeout == grouped_at_) return;
+  // The ranks whose own timeout lies in (lower, upper] change sides.
+  const Duration lower = std::min(timeout, grouped_at_), upper = std::max(timeout, grouped_at_);
+  grouped_at_ = timeout;
+  for (auto it = train_by_timeout_.upper_bound({lower, std::numeric_limits<int>::max()});
+       it != train_by_timeout_.end() && it->first <= upper; ++it) {
+    RankProgress& p = ranks_[it->second];
+    if (p.beyond) {
+      beyond_by_own_.erase({p.base + p.own_timeout, it->second});
+    } else {
+      within_by_base_.erase({p.base, it->second});
+    }
+    p.beyond = p.own_timeout > grouped_at_;
+    if (p.beyond) {
+      beyond_by_own_.insert({p.base + p.own_timeout, it->second});
+    } else {
+      within_by_base_.insert({p.base, it->second});
+    }
+  }
 }
 
 std::optional<Duration> HangDetector::P99StepDuration() const {
@@ -433,22 +471,12 @@ std::optional<HangVerdict> HangDetector::Check(TimePoint now) {
 std::optional<TimePoint> HangDetector::EarliestTrainDeadline() const {
   if (train_by_base_.empty()) return std::nullopt;
   if (InStartup()) return generation_start_ + options_.startup_timeout;
-  // Deadline of rank r, less shift_: max(base_r + timeout, own_base_r).
-  // Walked in both orders at once, a rank not yet seen has base_r at least
-  // the first walk's position and own_base_r at least the second's.
   const Duration timeout = StepTimeout();
-  auto deadline = [&](int r) { return std::max(ranks_[r].base + timeout, ranks_[r].own_base); };
+  ENDURE_CHECK(timeout == grouped_at_);  // Regroup follows every change of it
   std::optional<TimePoint> best;
-  auto by_base = train_by_base_.begin();
-  auto by_own = train_by_own_.begin();
-  while (by_base != train_by_base_.end() && by_own != train_by_own_.end()) {
-    const TimePoint unseen = std::max(by_base->first + timeout, by_own->first);
-    if (best && *best <= unseen) break;
-    for (int r : {by_base->second, by_own->second}) {
-      if (!best || deadline(r) < *best) best = deadline(r);
-    }
-    ++by_base;
-    ++by_own;
+  if (!within_by_base_.empty()) best = within_by_base_.begin()->first + timeout;
+  if (!beyond_by_own_.empty() && (!best || beyond_by_own_.begin()->first < *best)) {
+    best = beyond_by_own_.begin()->first;
   }
   return *best + shift_;
 }

@@ -159,7 +159,8 @@ class HangDetector {
   void serialize(Archive& ar) {
     ar(active_, generation_, generation_start_, ranks_, ranks_done_startup_, reported_,
        frontier_step_, frontier_time_, samples_, next_sample_, total_samples_, cached_p99_, phases_,
-       in_phase_, train_by_base_, train_by_own_, phased_by_base_, shift_, phases_taken_out_until_);
+       in_phase_, train_by_base_, phased_by_base_, train_by_timeout_, within_by_base_,
+       beyond_by_own_, grouped_at_, shift_, phases_taken_out_until_);
   }
 
  private:
@@ -178,13 +179,15 @@ class HangDetector {
     // "train"), phased_by_base_ (watched, in another phase), or none
     // (finished).
     enum class Filed { kNone, kTrain, kPhased } filed = Filed::kNone;
-    // Its key in train_by_own_ while filed there: base + k x last_duration
-    // (base when it has none).
-    TimePoint own_base{};
+    // While filed in train: k x last_duration (0 when it has none), and
+    // whether that is beyond the job's timeout the groups were made at
+    // (beyond_by_own_) or not (within_by_base_).
+    Duration own_timeout{0};
+    bool beyond = false;
 
     template <class Archive>
     void serialize(Archive& ar) {
-      ar(last_step, base, last_duration, phase, finished, phase_since, filed, own_base);
+      ar(last_step, base, last_duration, phase, finished, phase_since, filed, own_timeout, beyond);
     }
   };
   struct PhaseStats {
@@ -219,11 +222,14 @@ class HangDetector {
   void CapProgress(TimePoint cap);
   void FloorProgress(TimePoint floor);
   // The earliest deadline of a rank in "train" (without the wait for a
-  // phase), from train_by_base_ and train_by_own_ walked side by side: a
-  // rank's deadline is the later of base + the job's timeout and its own
-  // (base + k x its last step), so no rank not yet seen in either walk can
-  // be earlier than the later of the two walks' positions.
+  // phase): a rank's is base + max(the job's timeout, its own), so the
+  // earliest is the oldest base of within_by_base_ + the job's timeout, or
+  // the first of beyond_by_own_. O(1).
   std::optional<TimePoint> EarliestTrainDeadline() const;
+  // After the job's timeout changed (at most once a step): the ranks whose
+  // own timeout lies between the one the groups were made at and the new
+  // one change groups.
+  void Regroup();
   // Ends `p`'s current phase (unless "train") at `now`: a sample and progress.
   void EndPhase(int rank, TimePoint now);
 
@@ -262,11 +268,13 @@ class HangDetector {
   // in "train" and those in another phase apart: the next deadline, and the
   // phase time taken out of every clock, without a walk over every rank.
   std::set<std::pair<TimePoint, int>> train_by_base_, phased_by_base_;
-  // The ranks in train_by_base_ again, by own_base: each one's own deadline
-  // (less shift_), so that a rank whose own timeout is longer than the job's
-  // costs no walk over the ranks whose progress is just after its.
-  std::set<std::pair<TimePoint, int>> train_by_own_;
-  Duration shift_{0};  // phase time taken out of every rank's clock
+  // The ranks in train_by_base_ again: by own timeout; those whose own
+  // timeout is at most grouped_at_ by base, the others by base + own
+  // timeout (their own deadline less shift_).
+  std::set<std::pair<Duration, int>> train_by_timeout_;
+  std::set<std::pair<TimePoint, int>> within_by_base_, beyond_by_own_;
+  Duration grouped_at_{0};  // StepTimeout() when the groups were last made
+  Duration shift_{0};       // phase time taken out of every rank's clock
   // Phase time up to here has been taken out of the step clocks (EndPhase).
   TimePoint phases_taken_out_until_{};
 };

@@ -71,7 +71,12 @@ void SimAgent::Drive(Clock::time_point now, Clock::duration step_time) {
 }
 
 void SimAgent::OnReadDone(bool ok) {
-  if (!ok) return;
+  if (!ok) {
+    // The stream is ending: nothing more is sent on it.
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_ = true;
+    return;
+  }
   const proto::AgentCommand cmd = command_;
   StartRead(&command_);
   std::unique_lock<std::mutex> lock(mu_);

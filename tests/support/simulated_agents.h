@@ -83,7 +83,15 @@ class SimAgent final : public grpc::ClientBidiReactor<proto::AgentEvent, proto::
     }
   }
   void OnReadDone(bool ok) override;
-  void OnDone(const grpc::Status&) override { done_ = true; }
+  // The stream has ended (the controller closed it, died, or Close): no
+  // operation may start on it from here on (gRPC's reactor contract), so
+  // the send loop's next Drive sends nothing.
+  void OnDone(const grpc::Status&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_ = true;
+    writes_.clear();
+    done_ = true;
+  }
 
  private:
   proto::AgentEvent Event(int64_t generation) const;
