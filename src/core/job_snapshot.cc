@@ -2,7 +2,7 @@
 // portable binary archive (libcereal-dev), behind a header line and the
 // job's configuration as the journal writes it.
 //
-//   endure-job-snapshot 1 bytes=<size of what follows> xxh3=<its checksum>\n
+//   endure-job-snapshot 2 bytes=<size of what follows> xxh3=<its checksum>\n
 //   <the Configure input, EncodeEvent's line>\n
 //   <the archive>
 //
@@ -42,7 +42,10 @@ struct Epoch {
   TimePoint start;
 };
 
-constexpr std::string_view kMagic = "endure-job-snapshot 1";
+// The number is the archive's layout: raised whenever a `serialize` list
+// changes, so that a snapshot of another build is refused (and a new run
+// begun, saying so), never misread. 2: the hang detector's deadline groups.
+constexpr std::string_view kMagic = "endure-job-snapshot 2";
 
 }  // namespace
 }  // namespace endure::core
