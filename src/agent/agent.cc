@@ -273,9 +273,6 @@ Status Agent::OpenSocket() {
 }
 
 void Agent::ReceiveDatagrams() {
-  // One byte more than the largest datagram accepted; MSG_TRUNC makes recv
-  // return the real size of a larger one, which the core refuses.
-  std::vector<char> buf(contract::kMaxDatagramBytes + 1);
   Clock::TimePoint next_beat = clock_->Now();
   while (!done_) {
     // The controller hears from the agent every second, whatever the
@@ -286,10 +283,26 @@ void Agent::ReceiveDatagrams() {
       Send(std::move(beat));
       next_beat += std::chrono::seconds(1);
     }
-    const ssize_t n = ::recv(socket_fd_, buf.data(), buf.size(), MSG_TRUNC);
-    if (n <= 0) continue;
+    // Up to 200 ms for a datagram (then a heartbeat may be due, or done_).
+    pollfd ready{socket_fd_, POLLIN, 0};
+    if (::poll(&ready, 1, 200) <= 0) continue;
+    MutexLock lock(&receive_mu_);
+    PostWaitingDatagrams();
+  }
+}
+
+void Agent::PostWaitingDatagrams() {
+  // One byte more than the largest datagram accepted; MSG_TRUNC makes recv
+  // return the real size of a larger one, which the core refuses.
+  datagram_.resize(contract::kMaxDatagramBytes + 1);
+  for (;;) {
+    const ssize_t n =
+        ::recv(socket_fd_, datagram_.data(), datagram_.size(), MSG_TRUNC | MSG_DONTWAIT);
+    if (n < 0) return;  // none waiting (or the socket is gone)
     const size_t size = static_cast<size_t>(n);
-    Post(core::DatagramArrived{std::string(buf.data(), std::min(size, buf.size())), size});
+    if (size == 0) continue;  // WakeReceiver's
+    Post(core::DatagramArrived{std::string(datagram_.data(), std::min(size, datagram_.size())),
+                               size});
   }
 }
 
@@ -313,6 +326,11 @@ void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
   // A worker that finished leaves its final state durable before the
   // controller hears that it finished.
   if (end.status.Success()) tiers_->PersistNewest(end.rank);
+  // What it sent before it died is in the socket's buffer by now: it goes
+  // to the loop first (a kill it reported firing must not fire again in
+  // the next generation because its report came after the exit).
+  MutexLock lock(&receive_mu_);
+  PostWaitingDatagrams();
   core::WorkerExited exited;
   exited.generation = generation;
   exited.rank = end.rank;

@@ -143,6 +143,12 @@ class Agent {
   int64_t StopWorkersAndPersist() REQUIRES(command_mu_);
   Status OpenSocket();
   void ReceiveDatagrams();
+  // Hands every datagram waiting on the socket to the loop, in order,
+  // without waiting. Under receive_mu_ with the Post of what it read, so
+  // that a worker's exit posted after it (OnWorkerExit) comes after
+  // everything the worker sent before it died (a fault it reported firing,
+  // its last step).
+  void PostWaitingDatagrams() REQUIRES(receive_mu_);
   // Ends the receiver's wait for a datagram (once done_ is set).
   void WakeReceiver();
   void OnWorkerExit(int64_t generation, const WorkerEnd& end);
@@ -210,6 +216,8 @@ class Agent {
   std::vector<std::string> secret_variables_;
   int socket_fd_ = -1;
   std::string socket_path_;
+  Mutex receive_mu_;  // reading the socket and posting what was read
+  std::vector<char> datagram_ GUARDED_BY(receive_mu_);  // the receive buffer
   std::atomic<bool> done_{false};
   int wake_fd_ = -1;  // an eventfd that ends the shutdown thread's wait at the end of Run()
   NodeLoop loop_;     // last: its thread uses the members above

@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +30,7 @@
 #include "checkpoint/snapshot_file.h"
 #include "common/config_files.h"
 #include "common/hash.h"
+#include "contract/worker_contract.h"
 #include "proto/wire_enums.h"
 
 namespace endure::agent {
@@ -985,6 +988,52 @@ TEST_F(AgentShellTest, InjectedDiskFaultsFailPersisting) {
     ASSERT_EQ(result.wait_for(10s), std::future_status::ready);
     EXPECT_TRUE(result.get().ok());
   }
+}
+
+// A worker that reports a fault firing and dies of it at once: its report
+// is in the agent's socket before its exit is seen, and goes up before the
+// exit. (When it came after, the controller planned the next generation
+// without knowing that the fault had fired and gave it again: the
+// replacement was killed too.) Sixteen workers, each racing its exit.
+TEST_F(AgentShellTest, WhatAWorkerSentBeforeItDiedGoesUpBeforeItsExit) {
+  StartAgent();
+  constexpr int kWorkers = 16;
+  std::vector<int> ranks(kWorkers);
+  for (int r = 0; r < kWorkers; ++r) ranks[r] = r;
+  Do(StartCommand(1, ranks, kWorkers));
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  for (int r = 0; r < kWorkers; ++r) {
+    std::map<std::string, std::string> env = EnvOf(launcher_.launches().at(r).spec);
+    contract::Datagram d;
+    d.token = env[worker_env::kToken];
+    d.generation = 1;
+    d.rank = r;
+    d.message = contract::FaultMessage{"kill-" + std::to_string(r), faults::FaultKind::kKill, 5};
+    const std::string bytes = contract::EncodeDatagram(d);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", env[worker_env::kAgentSocket].c_str());
+    ASSERT_EQ(::sendto(fd, bytes.data(), bytes.size(), 0, reinterpret_cast<sockaddr*>(&addr),
+                       sizeof addr),
+              static_cast<ssize_t>(bytes.size()));
+    ASSERT_TRUE(launcher_.Exit(r, ExitStatus{false, 0, SIGKILL}));
+  }
+  ::close(fd);
+  ASSERT_EQ(transport_.WaitForEvents([](const auto& e) { return e.has_worker_exited(); }, kWorkers)
+                .size(),
+            static_cast<size_t>(kWorkers));
+  const std::vector<proto::AgentEvent> events = transport_.EventsWhere(
+      [](const auto& e) { return e.has_fault_fired() || e.has_worker_exited(); });
+  std::set<int> fired;
+  for (const proto::AgentEvent& e : events) {
+    if (e.has_fault_fired()) fired.insert(e.fault_fired().rank());
+    if (e.has_worker_exited()) {
+      EXPECT_TRUE(fired.count(e.worker_exited().rank()))
+          << "rank " << e.worker_exited().rank() << "'s exit went up before its fault";
+    }
+  }
+  EXPECT_EQ(fired.size(), static_cast<size_t>(kWorkers));
 }
 
 TEST_F(AgentShellTest, InjectedHangStopsTheWorkerAndOtherWorkerFaultsKillIt) {
