@@ -88,11 +88,7 @@ void HangDetector::Unfile(int r) {
   if (p.filed == RankProgress::Filed::kTrain) {
     train_by_base_.erase({p.base, r});
     train_by_timeout_.erase({p.own_timeout, r});
-    if (p.beyond) {
-      beyond_by_own_.erase({p.base + p.own_timeout, r});
-    } else {
-      within_by_base_.erase({p.base, r});
-    }
+    Ungroup(r);
   }
   if (p.filed == RankProgress::Filed::kPhased) phased_by_base_.erase({p.base, r});
   p.filed = RankProgress::Filed::kNone;
@@ -110,14 +106,28 @@ void HangDetector::Refile(int r) {
     p.own_timeout = p.last_duration
                         ? std::chrono::duration_cast<Duration>(*p.last_duration * options_.k)
                         : Duration(0);
-    p.beyond = p.own_timeout > grouped_at_;
     train_by_base_.insert({p.base, r});
     train_by_timeout_.insert({p.own_timeout, r});
-    if (p.beyond) {
-      beyond_by_own_.insert({p.base + p.own_timeout, r});
-    } else {
-      within_by_base_.insert({p.base, r});
-    }
+    Group(r);
+  }
+}
+
+void HangDetector::Group(int r) {
+  RankProgress& p = ranks_[r];
+  p.beyond = p.own_timeout > grouped_at_;
+  if (p.beyond) {
+    beyond_by_own_.insert({p.base + p.own_timeout, r});
+  } else {
+    within_by_base_.insert({p.base, r});
+  }
+}
+
+void HangDetector::Ungroup(int r) {
+  const RankProgress& p = ranks_[r];
+  if (p.beyond) {
+    beyond_by_own_.erase({p.base + p.own_timeout, r});
+  } else {
+    within_by_base_.erase({p.base, r});
   }
 }
 
@@ -317,18 +327,8 @@ void HangDetector::Regroup() {
   grouped_at_ = timeout;
   for (auto it = train_by_timeout_.upper_bound({lower, std::numeric_limits<int>::max()});
        it != train_by_timeout_.end() && it->first <= upper; ++it) {
-    RankProgress& p = ranks_[it->second];
-    if (p.beyond) {
-      beyond_by_own_.erase({p.base + p.own_timeout, it->second});
-    } else {
-      within_by_base_.erase({p.base, it->second});
-    }
-    p.beyond = p.own_timeout > grouped_at_;
-    if (p.beyond) {
-      beyond_by_own_.insert({p.base + p.own_timeout, it->second});
-    } else {
-      within_by_base_.insert({p.base, it->second});
-    }
+    Ungroup(it->second);
+    Group(it->second);
   }
 }
 

@@ -230,6 +230,10 @@ class HangDetector {
   // own timeout lies between the one the groups were made at and the new
   // one change groups.
   void Regroup();
+  // Files train rank `r` in its group by its own timeout against
+  // grouped_at_ (setting `beyond`); and takes it out of the one it is in.
+  void Group(int r);
+  void Ungroup(int r);
   // Ends `p`'s current phase (unless "train") at `now`: a sample and progress.
   void EndPhase(int rank, TimePoint now);
 
