@@ -22,6 +22,7 @@
 #include "common/subprocess.h"
 #include "common/tls.h"
 #include "controller/controller_shell.h"
+#include "controller/dashboard_html.h"  // kDashboardHtml: dashboard.html, embedded
 #include "controller/grpc_transport.h"
 #include "controller/leader_election.h"
 
@@ -29,73 +30,8 @@ namespace endure::controller {
 namespace {
 
 constexpr int kMaxMessageBytes = 4 << 20;  // one AgentEvent (gRPC's receive limit)
+constexpr char kChartJsPath[] = "/usr/share/javascript/chart.js/chart.min.js";
 
-// The dashboard: the live status, refreshed every second, and the node
-// and incident tables a page at a time (/api/nodes, /api/incidents), so
-// that it stays fast at 12,500 nodes. A query string (?token= beyond
-// loopback) is carried to every request it makes.
-constexpr char kDashboardHtml[] = R"html(<!doctype html>
-<meta charset=utf-8><title>Endure</title>
-<style>
-body{font:14px system-ui,sans-serif;margin:1em 2em}
-table{border-collapse:collapse;margin:.3em 0 1.5em}
-td,th{border:1px solid #ccc;padding:2px 8px;text-align:left;vertical-align:top}
-th{background:#eee}pre{background:#f6f6f6;padding:.5em}
-</style>
-<h1>Endure job</h1>
-<pre id=status>loading</pre>
-<h2>Nodes <small id=nodes-total></small></h2>
-<div><button id=nodes-prev>&larr;</button> page <span id=nodes-page></span>
-<button id=nodes-next>&rarr;</button></div><table id=nodes></table>
-<h2>Incidents <small id=incidents-total></small></h2>
-<div><button id=incidents-prev>&larr;</button> page <span id=incidents-page></span>
-<button id=incidents-next>&rarr;</button></div><table id=incidents></table>
-<p><a id=metrics href=/metrics>/metrics</a> <a id=api href=/api/status>/api/status</a></p>
-<script>
-const q = location.search, and = q ? '&' : '?';
-const $ = id => document.getElementById(id);
-$('metrics').href += q; $('api').href += q;
-const columns = {
-  nodes: ['node', 'name', 'state', 'first_rank', 'why'],
-  incidents: ['id', 'generation', 'cause', 'rank', 'node', 'route', 'detected_after_s',
-              'recovered_after_s', 'steps_lost', 'reason'],
-};
-const page = {nodes: 0, incidents: 0}, pages = {nodes: 1, incidents: 1};
-const text = v => v === null || v === undefined ? '' :
-  String(typeof v === 'number' && !Number.isInteger(v) ? v.toFixed(2) : v);
-function cell(tag, v) {
-  const c = document.createElement(tag); c.textContent = text(v); return c;
-}
-function load(table) {
-  fetch('/api/' + table + q + and + 'page=' + page[table]).then(r => r.json()).then(j => {
-    pages[table] = Math.max(j.pages, 1);
-    $(table + '-total').textContent = '(' + j.total + ')';
-    $(table + '-page').textContent = (j.page + 1) + ' of ' + pages[table];
-    const t = $(table), head = document.createElement('tr');
-    t.replaceChildren();
-    for (const c of columns[table]) head.appendChild(cell('th', c));
-    t.appendChild(head);
-    for (const row of j.rows) {
-      const tr = document.createElement('tr');
-      for (const c of columns[table]) tr.appendChild(cell('td', row[c]));
-      t.appendChild(tr);
-    }
-  });
-}
-for (const table of ['nodes', 'incidents']) {
-  $(table + '-prev').onclick = () => { if (page[table] > 0) { page[table]--; load(table); } };
-  $(table + '-next').onclick = () => {
-    if (page[table] + 1 < pages[table]) { page[table]++; load(table); }
-  };
-}
-function refresh() {
-  fetch('/api/status' + q).then(r => r.json())
-    .then(j => $('status').textContent = JSON.stringify(j, null, 2));
-  load('nodes'); load('incidents');
-}
-refresh(); setInterval(refresh, 1000);
-</script>
-)html";
 
 // /metrics (Prometheus), /api/status (JSON), /api/nodes and /api/incidents
 // (a page of each table: ?page=N) and / (the dashboard), served from what
@@ -113,6 +49,7 @@ class StatusHttpServer {
 
  private:
   const ControllerShell& shell_;
+  std::string chart_js_;  // empty: not installed
   httplib::Server http_;
   std::thread thread_;
 };
@@ -154,6 +91,7 @@ Result<std::string> StatusHttpServer::Start(const std::string& listen, const std
         "text/plain");
     return httplib::Server::HandlerResponse::Handled;
   });
+  if (Result<std::string> js = Env::Default()->ReadFile(kChartJsPath); js.ok()) chart_js_ = *js;
   // GET only: nothing a client sends needs more than a few kilobytes.
   http_.set_payload_max_length(64 * 1024);
   http_.set_read_timeout(5, 0);
@@ -177,8 +115,29 @@ Result<std::string> StatusHttpServer::Start(const std::string& listen, const std
   };
   http_.Get("/api/nodes", table(ControllerShell::LiveTable::kNodes));
   http_.Get("/api/incidents", table(ControllerShell::LiveTable::kIncidents));
+  http_.Get("/api/history", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(shell_.HistoryJson(), "application/json");
+  });
+  http_.Get("/api/steptimes", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(shell_.StepTimesJson(), "application/json");
+  });
   http_.Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(kDashboardHtml, "text/html; charset=utf-8");
+  });
+  // The dashboard's charting library, from Debian's libjs-chart.js (no CDN:
+  // the page works offline). Read once; without it the page shows its
+  // figures and tables and says the charts need the package.
+  http_.Get("/static/chart.js", [this](const httplib::Request&, httplib::Response& res) {
+    if (chart_js_.empty()) {
+      res.status = 404;
+      res.set_content(std::string("Chart.js is not installed on the controller's host: install "
+                                  "Debian's libjs-chart.js (") +
+                          kChartJsPath + ")\n",
+                      "text/plain");
+      return;
+    }
+    res.set_header("Cache-Control", "max-age=86400");
+    res.set_content(chart_js_, "text/javascript");
   });
   const int port = wanted > 0 && http_.bind_to_port(host.c_str(), wanted)
                        ? wanted

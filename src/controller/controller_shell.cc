@@ -543,6 +543,19 @@ Status ControllerShell::Start() {
     // The machine is where the earlier controller left it; its agents
     // resume into it. A ControllerResumed tells it that nothing was
     // watched meanwhile.
+    metrics_ = std::make_unique<JobMetrics>(o_.spec.name, store_->run());
+    // The run's history so far, carried on with it (a damaged one is
+    // begun again: it is a view, not the job's state).
+    Result<std::optional<nlohmann::json>> saved = store_->LoadHistory();
+    if (saved.ok() && *saved) {
+      Result<LiveHistory> history = LiveHistory::FromJson(**saved);
+      if (history.ok()) {
+        history_ = std::move(history).value();
+      } else {
+        std::fprintf(stderr, "endure controller: %s; the history begins again\n",
+                     history.status().message().c_str());
+      }
+    }
     const TimePoint now = Now();
     Execute(Input(core::ControllerResumed{}, now), now);
     // The durable directory may have changed meanwhile (a manifest this
@@ -554,6 +567,7 @@ Status ControllerShell::Start() {
   }
   // A new run in the same database: the earlier runs' history stays.
   ENDURE_ASSIGN_OR_RETURN(const int run, store_->BeginRun(job_));
+  metrics_ = std::make_unique<JobMetrics>(o_.spec.name, run);
   // The run's first input, journaled like the others: its configuration.
   // Generations are numbered after the earlier runs' ones: agents that rode
   // out a dead controller resume theirs, and what their old workers say must
@@ -593,12 +607,14 @@ void ControllerShell::JudgeRegistration(core::NodeUp& up, const Queued& item) {
     const core::Strike strike =
         core::StrikeFor("health_check_failed", WallMs(), item.health_summary);
     LedgerError("a strike against " + up.name, nodes_->AddStrike(up.name, strike, o_.spec.name));
+    ++live_.strikes[up.name];
   } else {
     Result<std::vector<core::Strike>> strikes = nodes_->ActiveStrikes(up.name);
     if (!strikes.ok()) {
       LedgerError("the strikes of " + up.name, strikes.status());
       return;
     }
+    live_.strikes[up.name] = static_cast<int>(strikes->size());
     const core::NodeVerdict v =
         core::JudgeNode(*strikes, WallMs(), MachineOptions(o_.spec).isolation.health);
     if (v.state == core::HealthState::kQuarantined) {
@@ -620,9 +636,11 @@ void ControllerShell::RecordStrike(const core::StrikeNodeAction& a) {
   const core::Strike strike = core::StrikeFor(a.cause, WallMs(), a.detail);
   Status st = nodes_->AddStrike(a.node_name, strike, o_.spec.name);
   LedgerError("a strike against " + a.node_name, st);
+  if (st.ok()) ++live_.strikes[a.node_name];
   if (!st.ok() || a.hard) return;  // a hard strike: the machine stopped using the node
   Result<std::vector<core::Strike>> strikes = nodes_->ActiveStrikes(a.node_name);
   if (!strikes.ok()) return;
+  live_.strikes[a.node_name] = static_cast<int>(strikes->size());
   const core::NodeVerdict v =
       core::JudgeNode(*strikes, WallMs(), MachineOptions(o_.spec).isolation.health);
   if (v.state == core::HealthState::kQuarantined) Post(core::NodeQuarantined{a.node, v.reason});
@@ -929,6 +947,8 @@ Result<int> ControllerShell::Finish() {
   const TimePoint end = Now();
   Persist();
   CommitJournal();
+  tables_built_at_.reset();  // the live view's last state, with the run's last history sample
+  final_view_ = true;
   WriteStatus(end, true);
   ReportInputs in{machine_,
                   o_.spec.name,
@@ -950,6 +970,7 @@ Result<int> ControllerShell::Finish() {
   }
   nlohmann::json report = BuildReport(in);
   report["checkpoint"] = CheckpointJson();
+  report["history"] = history_.ToJson();
   if (store_) Journal("the run history", AddRunHistory(*store_, report));
   if (store_) Journal("the report", store_->SaveReport(report));
   job_.finished_at_unix = clock_->WallSeconds();
@@ -1197,12 +1218,32 @@ void ControllerShell::WriteStatus(TimePoint now, bool force) {
     status["last_incident"] =
         inc.cause.name + " (rank " + std::to_string(inc.rank.value) + ", " + inc.action + ")";
   }
-  Publish(status);
+  status["name"] = o_.spec.name;
+  status["world_size"] = machine_.members().size() * machine_.ranks_per_node();
+  status["stragglers_flagged"] = machine_.stragglers().size();
+  const DurableView durable = Durable(now);
+  status["durable"] = {{"step", durable.step}, {"age_s", durable.age_s}};
+  nlohmann::json ledger_s = nlohmann::json::object();
+  for (int c = 0; c < core::kNumLedgerCategories; ++c) {
+    const auto category = static_cast<core::LedgerCategory>(c);
+    ledger_s[std::string(core::LedgerCategoryName(category))] =
+        Seconds(machine_.ledger().total(category));
+  }
+  status["ledger_s"] = std::move(ledger_s);
+  if (metrics_) metrics_->Update(machine_, status, durable);
   if (!tables_built_at_ || now - *tables_built_at_ >= kTablesEvery) {
     tables_built_at_ = now;
-    auto tables = std::make_shared<const LiveTables>(BuildLiveTables(machine_, start_));
+    BuildLiveView(now, status);
+  }
+  {
     MutexLock lock(&published_mu_);
-    tables_ = std::move(tables);
+    nlohmann::json by_state = nlohmann::json::object();
+    for (int st = 0; st < kNumNodeStates; ++st) {
+      by_state[std::string(NodeStateName(static_cast<NodeState>(st)))] =
+          tables_->nodes_by_state[st];
+    }
+    status["nodes_by_state"] = std::move(by_state);
+    status_json_ = status.dump();
   }
   // Not durable on purpose: a live view, rewritten four times a second.
   const std::string path = JoinPath(o_.state_dir, "status.json");
@@ -1213,60 +1254,64 @@ void ControllerShell::WriteStatus(TimePoint now, bool force) {
   std::rename((path + ".tmp").c_str(), path.c_str());
 }
 
-void ControllerShell::Publish(const nlohmann::json& status) {
-  const std::string job = "{job=\"" + o_.spec.name + "\"}";
-  std::string m;
-  auto gauge = [&](const char* name, const char* help, double value, const char* type = "gauge") {
-    char line[64];
-    std::snprintf(line, sizeof line, "%.9g", value);
-    m += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
-         name + job + " " + line + "\n";
-  };
-  gauge("endure_generation", "Current generation of the worker set.", machine_.generation().value);
-  gauge("endure_step", "Steps every rank has completed.",
-        static_cast<double>(machine_.step().value));
-  gauge("endure_loss", "Loss reported by rank 0 for its last step.", machine_.last_loss());
-  gauge("endure_tokens_per_second", "Training throughput.", status.value("tokens_per_s", 0.0));
-  gauge("endure_ettr", "Effective training time ratio so far (productive / wall).",
-        machine_.ledger().Ettr());
-  gauge("endure_incidents_total", "Failures detected so far.",
-        static_cast<double>(machine_.incidents().size()), "counter");
-  gauge("endure_data_anomalies_total",
-        "Loss anomalies whose replay reproduced them bit for bit (the data's), trained through.",
-        static_cast<double>(machine_.data_anomalies().size()), "counter");
-  gauge("endure_skipped_steps", "Steps whose data the job skips after a loss anomaly.",
-        static_cast<double>(machine_.skipped_steps().size()));
-  const nlohmann::json& c = status["controller"];
-  gauge("endure_controller_queued_inputs", "Inputs waiting for the controller's event loop.",
-        c.value("queued", 0.0));
-  gauge("endure_controller_behind_seconds",
-        "How long the oldest queued input has waited for the event loop.",
-        c.value("behind_s", 0.0));
-  gauge("endure_controller_overloaded",
-        "1 while the controller is overloaded (its oldest queued input waited over 2s).",
-        c.value("overloaded", false) ? 1 : 0);
-  gauge("endure_controller_overloaded_seconds_total", "Time the controller spent overloaded.",
-        c.value("overloaded_s", 0.0), "counter");
-  gauge("endure_journal_bytes_since_snapshot",
-        "Journal written since the last snapshot: what a restart replays.",
-        c.value("journal_bytes_since_snapshot", 0.0));
-  gauge("endure_snapshot_bytes", "Size of the controller's last snapshot of its decision core.",
-        c.value("snapshot_bytes", 0.0));
-  gauge("endure_snapshots_total", "Snapshots this controller took.", c.value("snapshots", 0.0),
-        "counter");
-  m += "# HELP endure_ledger_seconds Wall time so far, by ETTR ledger category.\n"
-       "# TYPE endure_ledger_seconds counter\n";
-  for (int c = 0; c < core::kNumLedgerCategories; ++c) {
-    const auto category = static_cast<core::LedgerCategory>(c);
-    char line[160];
-    std::snprintf(line, sizeof line, "endure_ledger_seconds{job=\"%s\",category=\"%s\"} %.6f\n",
-                  o_.spec.name.c_str(), std::string(core::LedgerCategoryName(category)).c_str(),
-                  Seconds(machine_.ledger().total(category)));
-    m += line;
+DurableView ControllerShell::Durable(TimePoint now) {
+  const int64_t newest = machine_.checkpoints().totals().newest_durable.value;
+  if (newest != durable_seen_) {
+    if (newest >= 0 && !durable_at_) {
+      // Committed before this controller: its directory's time says when.
+      const std::optional<double> at = durable_.CommittedAtUnix(core::StepNumber{newest});
+      durable_at_ = now - std::chrono::duration_cast<Duration>(std::chrono::duration<double>(
+                              std::max(0.0, at ? clock_->WallSeconds() - *at : 0.0)));
+    } else if (newest >= 0) {
+      durable_at_ = now;
+    }
+    durable_seen_ = newest;
+  }
+  return {newest, Seconds(now - (newest >= 0 && durable_at_ ? *durable_at_ : start_)),
+          machine_.checkpoints().totals().durable_commits};
+}
+
+void ControllerShell::BuildLiveView(TimePoint now, const nlohmann::json& status) {
+  auto tables = std::make_shared<LiveTables>(BuildLiveTables(machine_, start_, live_));
+  const double t_s = Seconds(now - start_);
+  heat_.Add(t_s, *tables);
+  tables->steptimes = heat_.ToJson();
+  tables->steptimes["outliers"] = tables->outliers;
+  nlohmann::json flagged = nlohmann::json::array();
+  for (const core::StragglerReport& r : machine_.stragglers()) {
+    flagged.push_back({{"rank", r.rank.value},
+                       {"node", r.node_name},
+                       {"step", r.step.value},
+                       {"slowdown", r.slowdown},
+                       {"at_s", Seconds(r.at - start_)}});
+  }
+  tables->steptimes["flagged"] = std::move(flagged);
+  if (metrics_) metrics_->UpdateNodes(*tables);
+
+  std::optional<std::string> history;
+  if (final_view_ || history_.Due(t_s)) {
+    HistorySample sample;
+    sample.t_s = t_s;
+    sample.ettr = machine_.ledger().Ettr();
+    sample.step = machine_.step().value;
+    sample.loss = machine_.last_loss();
+    sample.tokens_per_s = status.value("tokens_per_s", 0.0);
+    for (int c = 0; c < core::kNumLedgerCategories; ++c) {
+      sample.ledger_s[c] = Seconds(machine_.ledger().total(static_cast<core::LedgerCategory>(c)));
+    }
+    history_.Add(sample);
+    const nlohmann::json j = history_.ToJson();
+    history = j.dump();
+    // Saved with the ledger's cadence or slower: the report's plots.
+    if (store_ &&
+        (final_view_ || !history_saved_at_ || now - *history_saved_at_ >= kHistorySaveEvery)) {
+      history_saved_at_ = now;
+      Journal("the history", store_->SaveHistory(j));
+    }
   }
   MutexLock lock(&published_mu_);
-  status_json_ = status.dump();
-  metrics_text_ = std::move(m);
+  tables_ = std::move(tables);
+  if (history) history_json_ = std::move(*history);
 }
 
 std::string ControllerShell::StatusJson() const {
@@ -1284,11 +1329,40 @@ Result<nlohmann::json> ControllerShell::TablePage(LiveTable table, std::string_v
 }
 
 std::string ControllerShell::MetricsText() const {
+  return metrics_ ? metrics_->Text() : std::string();
+}
+
+std::string ControllerShell::HistoryJson() const {
   MutexLock lock(&published_mu_);
-  return metrics_text_;
+  return history_json_;
+}
+
+std::string ControllerShell::StepTimesJson() const {
+  std::shared_ptr<const LiveTables> tables;
+  {
+    MutexLock lock(&published_mu_);
+    tables = tables_;
+  }
+  return tables->steptimes.dump();
+}
+
+void ControllerShell::NoteTiers(const Queued& item) {
+  if (item.stopped) {
+    NodeTiers& t = live_.tiers[NameOf(item.node)];
+    t.t0_bytes = item.stopped->t0_bytes();
+    t.t1_bytes = item.stopped->t1_bytes();
+  } else if (item.event) {
+    if (const auto* p = std::get_if<core::ShardPersisted>(&*item.event)) {
+      NodeTiers& t = live_.tiers[NameOf(item.node)];
+      t.t0_bytes = p->t0_bytes;
+      t.t1_bytes = p->t1_bytes;
+      t.persisted_step = std::max(t.persisted_step, p->step.value);
+    }
+  }
 }
 
 void ControllerShell::OnInventory(const Queued& item) {
+  NoteTiers(item);
   if (!item.stopped) return;
   core::InventoryReported inventory{
       item.node, {}, item.stopped->t0_bytes(), item.stopped->t1_bytes()};
@@ -1452,6 +1526,7 @@ void ControllerShell::RecordInKnowledgeBase() {
       Journal("the incident knowledge base", id.status());
       continue;
     }
+    if (!recurrence.empty()) live_.recurrences[inc.id] = recurrence;
     kb_entries_[inc.id] = {*id, inc.action, std::move(recurrence)};
   }
 }

@@ -40,7 +40,9 @@
 #include "controller/durable_tier.h"
 #include "controller/event_queue.h"
 #include "controller/incident_kb.h"
+#include "controller/live_history.h"
 #include "controller/live_tables.h"
+#include "controller/metrics.h"
 #include "controller/node_ledger.h"
 #include "controller/state_store.h"
 #include "controller/transport.h"
@@ -73,6 +75,8 @@ inline constexpr Duration kStatusEvery = std::chrono::milliseconds(250);
 // The live node and incident tables are built again at most this often
 // (a walk over every node: 12,500 at a large job's scale).
 inline constexpr Duration kTablesEvery = std::chrono::seconds(1);
+// How often the history (the report's plots) is saved in the state store.
+inline constexpr Duration kHistorySaveEvery = std::chrono::seconds(10);
 // The controller is overloaded while the oldest input in its queue has
 // waited longer than kOverloadedAfter, until it is back within
 // kCaughtUpWithin: it says so in the log, the status ("controller") and the
@@ -139,6 +143,9 @@ class ControllerShell final : public TransportSink {
   // it (Prometheus' text format, with the ETTR ledger).
   std::string StatusJson() const;
   std::string MetricsText() const;
+  // /api/history and /api/steptimes (docs/monitoring.md).
+  std::string HistoryJson() const;
+  std::string StepTimesJson() const;
   // A page of the live node or incident table (live_tables.h), as
   // /api/nodes and /api/incidents serve it: at most a second old.
   enum class LiveTable { kNodes, kIncidents };
@@ -259,8 +266,6 @@ class ControllerShell final : public TransportSink {
   // How far behind its inputs the loop is (`oldest`: the queue's first
   // input's time), and whether it is overloaded (kOverloadedAfter).
   void JudgeLoad(core::TimePoint now, std::optional<core::TimePoint> oldest);
-  // Hands the live status to StatusJson and MetricsText.
-  void Publish(const nlohmann::json& status);
   void Persist();
   // Commits the open group of journaled inputs (kJournalGroupInputs), and
   // takes a snapshot when one is due (SnapshotDue).
@@ -361,10 +366,26 @@ class ControllerShell final : public TransportSink {
 
   mutable Mutex published_mu_;
   std::string status_json_ GUARDED_BY(published_mu_) = "{}";
-  std::string metrics_text_ GUARDED_BY(published_mu_);
   std::shared_ptr<const LiveTables> tables_ GUARDED_BY(published_mu_) =
       std::make_shared<const LiveTables>();
   std::optional<core::TimePoint> tables_built_at_;  // the loop's: when tables_ was built
+  // The live view beyond the machine (the loop thread's): strikes and tiers
+  // by node, the knowledge base's recurrences; the history and the step-time
+  // heatmap; the newest durable step and when it was committed.
+  void BuildLiveView(core::TimePoint now, const nlohmann::json& status);
+  void NoteTiers(const Queued& item);
+  DurableView Durable(core::TimePoint now);
+  LiveInputs live_;
+  LiveHistory history_;
+  std::optional<core::TimePoint> history_saved_at_;
+  bool final_view_ = false;  // Finish's: the history's last sample, saved
+  StepHeat heat_;
+  int64_t durable_seen_ = -1;
+  std::optional<core::TimePoint> durable_at_;
+  // Prometheus' registry: set by Start before any HTTP thread asks for it,
+  // thread-safe itself.
+  std::unique_ptr<JobMetrics> metrics_;
+  std::string history_json_ GUARDED_BY(published_mu_) = "{}";
 };
 
 }  // namespace endure::controller

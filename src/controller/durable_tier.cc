@@ -1,6 +1,8 @@
 // The checkpoint book's I/O; see durable_tier.h.
 #include "controller/durable_tier.h"
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <map>
 
@@ -118,6 +120,12 @@ core::RestoreChosen RestoreChosenFor(core::Generation generation,
     }
   }
   return chosen;
+}
+
+std::optional<double> DurableTier::CommittedAtUnix(core::StepNumber step) const {
+  struct stat st;
+  if (::stat(dir_.StepDir(step.value).c_str(), &st) != 0) return std::nullopt;
+  return double(st.st_mtim.tv_sec) + double(st.st_mtim.tv_nsec) * 1e-9;
 }
 
 }  // namespace endure::controller

@@ -41,6 +41,10 @@ class DurableTier {
   // after which the book chooses again.
   std::vector<core::ShardRefused> Verify(checkpoint::RestorePlan& plan) const;
 
+  // When `step`'s directory last changed (its manifest's commit), in Unix
+  // seconds; nullopt when it cannot be read.
+  std::optional<double> CommittedAtUnix(core::StepNumber step) const;
+
  private:
   checkpoint::CheckpointDir dir_;
 };

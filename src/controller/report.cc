@@ -299,6 +299,10 @@ Result<Json> ReportFromStore(StateStore& store, int run) {
   ENDURE_ASSIGN_OR_RETURN(Json report, RunReport(store, run));
   ENDURE_ASSIGN_OR_RETURN(Json runs, RunHistory(store));
   SetHistory(report, run == StateStore::kCurrentRun ? store.run() : run, runs);
+  // ETTR, the ledger, step, loss and tokens/s over time, as the dashboard
+  // showed them (none in a database from before schema version 7).
+  ENDURE_ASSIGN_OR_RETURN(std::optional<Json> series, store.LoadHistory(run));
+  if (series) report["history"] = std::move(*series);
   return report;
 }
 

@@ -54,7 +54,8 @@ nlohmann::json BuildReport(const ReportInputs& inputs);
 // after Open) from its state store: the final report when one was saved;
 // otherwise one built from the stored job, ledger and incidents (a run still
 // going, or whose controller died), with "final": false. Either way with
-// "run" and "earlier_runs" as of now. NotFound when the store holds no job,
+// "run" and "earlier_runs" as of now, and "history" (live_history.h) where one was
+// saved. NotFound when the store holds no job,
 // or no such run.
 Result<nlohmann::json> ReportFromStore(StateStore& store, int run = StateStore::kCurrentRun);
 

@@ -16,7 +16,7 @@ namespace {
 // 3 adds each run's journal and spec digest; 4 each incident's suspects; 5
 // each incident's recovery route; 6 each run's newest snapshot. Bump it with
 // every change, and add the step from the version before to Migrate.
-constexpr int kSchemaVersion = 6;
+constexpr int kSchemaVersion = 7;
 
 constexpr char kSchema[] = R"sql(
 CREATE TABLE runs (
@@ -104,6 +104,16 @@ CREATE TABLE snapshots (
   seq INTEGER NOT NULL,
   at_ns INTEGER NOT NULL,
   state BLOB NOT NULL
+);
+)sql";
+
+// Version 6 -> 7 (the last step of every database's schema): each run's
+// history for the dashboard and the HTML report (controller/live_history.h),
+// as its JSON columns, rewritten every few seconds.
+constexpr char kHistoryTable[] = R"sql(
+CREATE TABLE history (
+  run INTEGER PRIMARY KEY,
+  json TEXT NOT NULL
 );
 )sql";
 
@@ -268,6 +278,7 @@ Status StateStore::Init() {
     if (Status st = Exec(kIncidentSuspects); !st.ok()) return rollback(st);
     if (Status st = Exec(kIncidentRoute); !st.ok()) return rollback(st);
     if (Status st = Exec(kSnapshotTable); !st.ok()) return rollback(st);
+    if (Status st = Exec(kHistoryTable); !st.ok()) return rollback(st);
     Statement ins(db_.get(), "INSERT INTO schema_version (version) VALUES (?)");
     ins.Bind(1, int64_t{kSchemaVersion});
     if (ins.Step() != SQLITE_DONE) return rollback(Error("writing the schema version"));
@@ -291,7 +302,8 @@ Status StateStore::Migrate(int from) {
   if (from == 2) steps = {kMigrateFrom2, kJournalTable};
   if (from <= 3) steps.push_back(kIncidentSuspects);  // 3 -> 4
   if (from <= 4) steps.push_back(kIncidentRoute);     // 4 -> 5
-  steps.push_back(kSnapshotTable);                    // 5 -> 6, the last step of each
+  if (from <= 5) steps.push_back(kSnapshotTable);     // 5 -> 6
+  steps.push_back(kHistoryTable);                     // 6 -> 7, the last step of each
   for (const char* sql : steps) {
     if (sqlite3_exec(db_.get(), sql, nullptr, nullptr, nullptr) != SQLITE_OK) {
       return Error(what);
@@ -580,6 +592,28 @@ Result<std::map<std::string, double>> StateStore::LoadLedger(int run) {
   while ((rc = q.Step()) == SQLITE_ROW) out[q.Text(0)] = q.Real(1);
   if (rc != SQLITE_DONE) return Error("loading the ledger");
   return out;
+}
+
+Status StateStore::SaveHistory(const nlohmann::json& history) {
+  ENDURE_RETURN_IF_ERROR(NeedRun("saving the history"));
+  Statement s(db_.get(), "INSERT OR REPLACE INTO history (run, json) VALUES (?, ?)");
+  if (!s.prepared()) return Error("saving the history");
+  s.Bind(1, int64_t{run_});
+  s.Bind(2, history.dump());
+  if (s.Step() != SQLITE_DONE) return Error("saving the history");
+  return Status::Ok();
+}
+
+Result<std::optional<nlohmann::json>> StateStore::LoadHistory(int run) {
+  Statement q(db_.get(), "SELECT json FROM history WHERE run = ?");
+  if (!q.prepared()) return Error("loading the history");
+  q.Bind(1, int64_t{RunOrCurrent(run)});
+  const int rc = q.Step();
+  if (rc == SQLITE_DONE) return std::optional<nlohmann::json>();
+  if (rc != SQLITE_ROW) return Error("loading the history");
+  nlohmann::json j = nlohmann::json::parse(q.Text(0), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return DataLoss(path_ + ": the saved history is not JSON");
+  return std::optional<nlohmann::json>(std::move(j));
 }
 
 Status StateStore::SaveReport(const nlohmann::json& report) {

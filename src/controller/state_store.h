@@ -163,6 +163,10 @@ class StateStore {
 
   // Replaces the ledger with `ledger`'s totals per category.
   Status SaveLedger(const core::EttrLedger& ledger);
+  // The run's history (controller/live_history.h's JSON), replacing the
+  // one saved before; none before the first save.
+  Status SaveHistory(const nlohmann::json& history);
+  Result<std::optional<nlohmann::json>> LoadHistory(int run = kCurrentRun);
   // Category name (LedgerCategoryName) -> seconds; empty before SaveLedger.
   Result<std::map<std::string, double>> LoadLedger(int run = kCurrentRun);
 

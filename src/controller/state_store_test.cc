@@ -469,7 +469,7 @@ TEST(StateStore, MigratesAVersion1DatabaseIntoRun1) {
     ASSERT_EQ(store->BeginRun({"demo", "demo.toml", "", 1.7e9 + 100, {}, {}, "", ""}).value(), 2);
     ASSERT_TRUE(store->SaveGeneration({0, 0.0, 40, 2, "node0,node1", {}}).ok());
   }
-  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 6);
+  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 7);
   EXPECT_EQ(RawInt(path, "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '%_v1'"), 0);
 
   Result<StateStore> store = StateStore::OpenExisting(path);  // migrated once only
@@ -586,7 +586,7 @@ TEST(StateStore, MigratesAVersion2DatabaseKeepingItsRuns) {
   )sql"));
   Result<StateStore> store = StateStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
-  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 6);
+  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 7);
   EXPECT_EQ(store->run(), 1);
   EXPECT_EQ(store->LoadJob().value().spec_digest, "");
   ASSERT_EQ(store->LoadIncidents(core::At(0s)).value().size(), 1u);

@@ -214,6 +214,12 @@ IncidentCause ParseIncidentCause(std::string_view name) {
   return {Cause::kLogRule, std::string(name)};
 }
 
+std::vector<std::string_view> CatalogueNames() {
+  std::vector<std::string_view> out;
+  for (const CatalogueEntry& e : kCatalogue) out.push_back(e.name);
+  return out;
+}
+
 bool IsCatalogued(std::string_view name) {
   if (const size_t brace = name.find('{'); brace != std::string_view::npos) {
     // A rule's cause with a placeholder: its family.

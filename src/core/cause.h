@@ -16,6 +16,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/loss_anomaly_detector.h"
 
@@ -82,6 +83,9 @@ enum class StrikeClass { kHard, kSoft };
 // Whether `name` is in the catalogue, by name or by family. A rule's cause
 // with a placeholder ("xid_{xid}") is checked by the text before it.
 bool IsCatalogued(std::string_view name);
+// The catalogue's names (not its families), in its order: what a counter by
+// cause starts at zero for.
+std::vector<std::string_view> CatalogueNames();
 
 // The class of a cause; kAmbiguous for a name the catalogue does not know.
 CauseClass ClassifyCause(std::string_view cause);

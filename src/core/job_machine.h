@@ -442,6 +442,10 @@ class JobMachine {
   double last_loss() const { return last_loss_; }
   const std::vector<Incident>& incidents() const { return incidents_; }
   const std::vector<StragglerReport>& stragglers() const { return stragglers_kept_; }
+  // The straggler detector's view of the current generation: each rank's
+  // mean compute time over its window (NaN: none yet), and whether it was
+  // flagged.
+  const StragglerDetector& straggler_detector() const { return stragglers_; }
   // Loss anomalies a replay showed to be the data's, trained through.
   const std::vector<DataAnomaly>& data_anomalies() const { return anomaly_.data_anomalies(); }
   // Steps whose data the job skips after an anomaly, ascending.
@@ -453,6 +457,7 @@ class JobMachine {
   // The nodes of the current generation, in rank order (node i runs ranks
   // [i * ranks_per_node, (i+1) * ranks_per_node)).
   const std::vector<NodeId>& members() const { return members_; }
+  int ranks_per_node() const { return options_.ranks_per_node; }
   const EttrLedger& ledger() const { return ledger_; }
   // What the job knows of its checkpoints, and where it restores from.
   const CheckpointBook& checkpoints() const { return book_; }

@@ -1,6 +1,8 @@
 // Straggler detection and the keep-or-move decision; see straggler.h.
 #include "core/straggler.h"
 
+#include <limits>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -77,6 +79,18 @@ void StragglerDetector::OnGenerationStart(int world_size) {
   ranks_.assign(world_size, RankState{});
   pending_.clear();
   newest_reported_.reset();
+}
+
+std::vector<double> StragglerDetector::RecentComputeByRank() const {
+  std::vector<double> out(ranks_.size(), std::numeric_limits<double>::quiet_NaN());
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    const std::deque<Judged>& window = ranks_[r].window;
+    if (window.empty()) continue;
+    double sum = 0;
+    for (const Judged& j : window) sum += j.rank_s;
+    out[r] = sum / double(window.size());
+  }
+  return out;
 }
 
 std::vector<StragglerFlag> StragglerDetector::OnStepCompute(Rank rank, StepNumber step,

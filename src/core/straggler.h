@@ -108,6 +108,16 @@ class StragglerDetector {
   // detector will catch) costs at most 2 x window + 1 pending steps.
   size_t pending_steps() const { return pending_.size(); }
 
+  // Each rank's mean compute time (seconds) over its window of judged
+  // steps, by rank; NaN where a rank has none yet. What the live view shows
+  // (step time by node); O(world x window).
+  std::vector<double> RecentComputeByRank() const;
+  // Whether `rank` was flagged in this generation.
+  bool flagged(Rank rank) const {
+    return rank.value >= 0 && rank.value < static_cast<int>(ranks_.size()) &&
+           ranks_[rank.value].flagged;
+  }
+
   const StragglerOptions& options() const { return options_; }
 
   // Its state, for a snapshot of the job (core/job_snapshot.h); the options

@@ -109,6 +109,50 @@ TEST(EndureSimCli, SweepWritesCsvAndSvg) {
   EXPECT_THAT(*svg_text, HasSubstr("<svg"));
 }
 
+// The sweep's plot: a well-formed SVG file (an XML parser reads it) with
+// the exact curve drawn through far more points than were simulated, and
+// its optimum marked on it.
+TEST(EndureSimCli, SweepSvgDrawsTheAnalyticCurveDenselyAndMarksItsOptimum) {
+  testing_support::ScratchDir dir("endure_cli_test");
+  ASSERT_FALSE(dir.path().empty());
+  const std::string svg = dir.Path("sweep.svg");
+  Outcome o = RunEndure({"sim", "--nodes", "1000", "--duration", "5d", "--runs", "2", "--seed", "1",
+                         "--sweep", "ckpt-interval=5m:120m:4", "--csv", dir.Path("sweep.csv"),
+                         "--svg", svg});
+  ASSERT_EQ(o.code, 0) << o.output;
+  EXPECT_THAT(o.output, HasSubstr("wrote " + dir.Path("sweep.csv") + " and " + svg));
+  // The optimum the table prints, e.g. "exact-optimal interval 41m37s (ETTR 0.9470)".
+  const size_t at = o.output.find("(ETTR ", o.output.find("exact-optimal interval"));
+  ASSERT_NE(at, std::string::npos) << o.output;
+  const std::string optimum_ettr = o.output.substr(at + 6, 6);
+
+  // Debian's Python's XML parser (scripts/install-deps): the file is
+  // well-formed, its root is an SVG element; it lists each polyline's point
+  // count and the markers' text.
+  Outcome parsed = testing_support::RunCommand({"/usr/bin/python3", "-c", R"(
+import sys, xml.etree.ElementTree as ET
+svg = '{http://www.w3.org/2000/svg}'
+root = ET.parse(sys.argv[1]).getroot()
+print('root', root.tag == svg + 'svg')
+for e in root.iter(svg + 'polyline'):
+    if e.get('class') == 'line':
+        print('line', e.get('stroke'), len(e.get('points').split()))
+for g in root.iter(svg + 'g'):
+    if g.get('class') == 'marker':
+        print('marker', ''.join(g.find(svg + 'text').itertext()))
+print('points', sum(1 for c in root.iter(svg + 'circle') if c.get('class') == 'point'))
+)",
+                                                svg});
+  ASSERT_EQ(parsed.code, 0) << parsed.output;
+  EXPECT_THAT(parsed.output, HasSubstr("root True\n"));
+  // The exact and first-order curves: 241 samples and the optimum itself.
+  EXPECT_THAT(parsed.output, HasSubstr("line #1f77b4 242\n"));
+  EXPECT_THAT(parsed.output, HasSubstr("line #2ca02c 242\n"));
+  EXPECT_THAT(parsed.output, HasSubstr("points 4\n"));
+  EXPECT_THAT(parsed.output, HasSubstr("marker exact optimum "));
+  EXPECT_THAT(parsed.output, HasSubstr(" min, ETTR " + optimum_ettr + "\n"));
+}
+
 mode_t ModeOf(const std::string& path) {
   struct stat st {};
   EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;

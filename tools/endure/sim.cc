@@ -5,17 +5,20 @@
 // range of one parameter and writes CSV and SVG; `--compare-mechanisms`
 // prints what each mechanism of issue 12 is worth (ETTR on and off). The work is in src/sim;
 // this file parses flags and formats output.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "common/duration.h"
 #include "common/env.h"
+#include "common/svg_chart.h"
 #include "core/analytic.h"
 #include "sim/experiment.h"
 #include "sim/scenario.h"
@@ -310,6 +313,145 @@ int RunSimulation(const SimConfig& c, const SimFlags& flags) {
   return kExitOk;
 }
 
+// The analytic models at one value `x` of the swept parameter (in the
+// sweep's unit: minutes for durations); nullopt where the value is not a
+// valid setting (an interval shorter than the write cost). `x` is moved to
+// the value actually set (an integer knob rounds it).
+std::optional<sim::AnalyticSummary> AnalyticAt(const SimConfig& base, const sim::SweepSpec& spec,
+                                               double& x) {
+  std::vector<std::string> texts;
+  std::vector<double> xs;
+  if (spec.column.ends_with("_min")) {  // a duration, as ParseSweep writes them
+    const auto ns = static_cast<int64_t>(std::llround(x * 60e9));
+    texts.push_back(std::to_string(ns) + "ns");
+    xs.push_back(static_cast<double>(ns) / 60e9);
+  } else {
+    texts.push_back(Fmt("%.12g", x));
+    xs.push_back(x);
+    texts.push_back(std::to_string(std::llround(x)));  // integer knobs
+    xs.push_back(static_cast<double>(std::llround(x)));
+  }
+  for (size_t i = 0; i < texts.size(); ++i) {
+    SimConfig c = base;
+    if (!sim::SetKnob(c, spec.param, texts[i], "--sweep").ok()) continue;
+    if (!sim::Finalize(c).ok()) return std::nullopt;
+    x = xs[i];
+    return sim::Analyze(c);
+  }
+  return std::nullopt;
+}
+
+// The sweep's plot (--svg): the simulated points with their 95% intervals,
+// and the exact and first-order models drawn densely between and around
+// them, so that the exact curve shows its own optimum, which is marked (the
+// exact-optimal interval for an interval sweep; otherwise the best point
+// of the curve when it lies inside the range).
+std::string SweepPlot(const SimConfig& base, const sim::SweepSpec& spec,
+                      const std::vector<sim::SweepRow>& rows, const std::string& title) {
+  constexpr int kCurvePoints = 241;
+  double x_lo = INFINITY, x_hi = -INFINITY;
+  for (const sim::SweepRow& r : rows) {
+    x_lo = std::min(x_lo, r.x);
+    x_hi = std::max(x_hi, r.x);
+  }
+  chart::LineChart plot;
+  plot.id = "sweep";
+  plot.title = title;
+  plot.x_label = spec.x_label;
+  plot.y_label = "ETTR";
+  plot.width = 860;
+  plot.height = 480;
+  if (rows.empty()) return chart::RenderLineChart(plot);
+
+  // Where the exact model peaks: for an interval sweep the model knows
+  // (its optimum does not depend on the interval).
+  std::optional<double> optimum_x;
+  const sim::AnalyticSummary& first = rows.front().analytic;
+  if (spec.param == "ckpt-interval" && first.exact_optimum != core::kNeverFails) {
+    optimum_x = Seconds(first.exact_optimum) / 60;
+  }
+  std::vector<double> xs;
+  for (int i = 0; i < kCurvePoints; ++i) {
+    xs.push_back(x_hi > x_lo ? x_lo + (x_hi - x_lo) * i / (kCurvePoints - 1) : x_lo);
+  }
+  if (optimum_x && *optimum_x > x_lo && *optimum_x < x_hi) xs.push_back(*optimum_x);
+  std::sort(xs.begin(), xs.end());
+  chart::Series exact{"exact analytic", {}, {}, "#1f77b4"};
+  chart::Series first_order{"first-order", {}, {}, "#2ca02c", chart::LineStyle::kDashed};
+  for (double x : xs) {
+    std::optional<sim::AnalyticSummary> a = AnalyticAt(base, spec, x);
+    exact.x.push_back(x);
+    first_order.x.push_back(x);
+    exact.y.push_back(a ? a->exact_ettr : NAN);
+    first_order.y.push_back(a ? a->first_order_ettr : NAN);
+  }
+  chart::Series simulated{"simulated (95% CI)", {}, {}, "#d62728", chart::LineStyle::kPoints};
+  for (const sim::SweepRow& r : rows) {
+    simulated.x.push_back(r.x);
+    simulated.y.push_back(r.sim.ettr);
+    simulated.y_low.push_back(r.sim.ci95_low);
+    simulated.y_high.push_back(r.sim.ci95_high);
+  }
+
+  // The marker, at the optimum the model names, or at the curve's best
+  // sample when that is inside the range (at an end it is no optimum).
+  std::optional<chart::Marker> marker;
+  if (optimum_x) {
+    if (*optimum_x >= x_lo && *optimum_x <= x_hi) {
+      marker = chart::Marker{*optimum_x, first.exact_ettr_at_optimum,
+                             "exact optimum " + Fmt("%.1f", *optimum_x) + " min, ETTR " +
+                                 Fmt("%.4f", first.exact_ettr_at_optimum)};
+    } else {
+      plot.title += " (exact optimum " + Fmt("%.1f", *optimum_x) + " min: outside the range)";
+    }
+  } else {
+    size_t best = 0;
+    for (size_t i = 1; i < exact.y.size(); ++i) {
+      if (std::isfinite(exact.y[i]) && !(exact.y[i] <= exact.y[best])) best = i;
+    }
+    if (best > 0 && best + 1 < exact.y.size() && std::isfinite(exact.y[best])) {
+      marker = chart::Marker{exact.x[best], exact.y[best],
+                             "analytic optimum " + Fmt("%.4g", exact.x[best]) + ", ETTR " +
+                                 Fmt("%.4f", exact.y[best])};
+    }
+  }
+  if (marker) {
+    marker->color = "#555";
+    plot.markers.push_back(*marker);
+  }
+
+  // ETTR axis: the simulated intervals and the exact curve, on round ticks
+  // within [0, 1]; the first-order curve is clipped where it falls below.
+  double y_lo = 1, y_hi = 0;
+  for (const sim::SweepRow& r : rows) {
+    y_lo = std::min({y_lo, r.sim.ci95_low, r.sim.ettr});
+    y_hi = std::max({y_hi, r.sim.ci95_high, r.sim.ettr});
+  }
+  for (double y : exact.y) {
+    if (!std::isfinite(y)) continue;
+    y_lo = std::min(y_lo, y);
+    y_hi = std::max(y_hi, y);
+  }
+  const double pad = std::max(0.01, (y_hi - y_lo) * 0.08);
+  y_lo = std::max(0.0, y_lo - pad);
+  y_hi = std::min(1.0, y_hi + pad);
+  if (y_hi <= y_lo) y_hi = std::min(1.0, y_lo + 0.01);
+  const std::vector<double> ticks = chart::NiceTicks(y_lo, y_hi);
+  if (ticks.size() >= 2) {
+    const double step = ticks[1] - ticks[0];
+    y_lo = std::max(0.0, std::floor(y_lo / step) * step);
+    y_hi = std::min(1.0, std::ceil(y_hi / step) * step);
+  }
+  plot.y_min = y_lo;
+  plot.y_max = y_hi;
+  // A little room either side, so that the points at the ends show whole.
+  const double margin = x_hi > x_lo ? (x_hi - x_lo) * 0.02 : 0;
+  plot.x_min = x_lo - margin;
+  plot.x_max = x_hi + margin;
+  plot.series = {std::move(exact), std::move(first_order), std::move(simulated)};
+  return chart::RenderLineChart(plot);
+}
+
 int RunSweep(const SimConfig& c, const SimFlags& flags) {
   Result<sim::SweepSpec> spec = sim::ParseSweep(flags.sweep);
   if (!spec.ok()) {
@@ -324,7 +466,7 @@ int RunSweep(const SimConfig& c, const SimFlags& flags) {
   std::string title = "ETTR vs " + spec->param + ": " + std::to_string(c.nodes) + " nodes, " +
                       Fmt("%.3g", c.FailureRate()) + " failures/1000 node-days";
   for (const auto& [path, text] : {std::pair{flags.csv, sim::SweepCsv(*spec, *rows)},
-                                   std::pair{flags.svg, sim::SweepSvg(*spec, *rows, title)}}) {
+                                   std::pair{flags.svg, SweepPlot(c, *spec, *rows, title)}}) {
     Status st = WriteFileAtomically(Env::Default(), path, text);
     if (!st.ok()) {
       std::fprintf(stderr, "endure sim: writing %s: %s\n", path.c_str(), st.message().c_str());
@@ -455,7 +597,10 @@ Verb AddSimVerb(CLI::App& root) {
       "PARAM=FROM:TO:POINTS, e.g. ckpt-interval=1m:120m:30: simulated vs analytic ETTR");
   cmd->add_option("--csv", flags->csv, "where --sweep writes its CSV (default sim_sweep.csv)")
       ->type_name("FILE");
-  cmd->add_option("--svg", flags->svg, "where --sweep writes its plot (default sim_sweep.svg)")
+  cmd->add_option(
+         "--svg", flags->svg,
+         "where --sweep writes its plot: the simulated points, the analytic curves drawn densely "
+         "and the optimum marked (default sim_sweep.svg)")
       ->type_name("FILE");
   cmd->add_option("--incidents", flags->incidents,
                   "print the first N recovery decisions of run 0 with their reasons")
