@@ -40,7 +40,17 @@
 //
 //   build/bin/controller_load_bench [--nodes 128,1024] [--step-s 1,2]
 //                                   [--window-s 20] [--controller PATH]
-//                                   [--per-rank] [WORK_DIR]
+//                                   [--per-rank] [--dashboard] [WORK_DIR]
+//
+// --dashboard (issue 29) also measures, after the steady window, what the
+// dashboard and Prometheus ask of the controller at that size: for each path
+// the page or a scrape asks (/metrics, /api/status, /api/history,
+// /api/steptimes, /api/nodes, /api/incidents, /), the median and worst
+// answer time of 20 requests and the answer's size; the controller's CPU per
+// round of every path (its CPU over 20 rounds, less its CPU over as long
+// without them, per round); and the loop's own CPU building the live view
+// and the metrics once a second (status "controller.view_cpu_s", as % of a
+// core).
 //
 // --controller runs another build's `endure` (a before-and-after in one run).
 // The agents report their ranks' steps in one NodeSteps per node and step, as
@@ -70,6 +80,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <httplib.h>
 
 #include "common/subprocess.h"
 #include "tests/support/simulated_agents.h"
@@ -175,6 +187,7 @@ std::optional<nlohmann::json> Status(const fs::path& state_dir) {
 }
 
 std::string g_controller;  // the `endure` binary
+bool g_dashboard = false;  // --dashboard
 bool g_per_rank = false;   // agents report each rank's step apart (before node reports)
 
 std::optional<endure::Subprocess> StartController(const fs::path& dir, const fs::path& spec,
@@ -203,6 +216,66 @@ std::string Fmt(std::optional<double> v, const char* format = "%.2f") {
 }
 
 // One configuration: N nodes x 8 ranks at `step_s` per step.
+// The dashboard's figures at this size (--dashboard): lines to print under
+// the size's row.
+std::string DashboardFigures(const fs::path& state, pid_t controller) {
+  std::string address;
+  std::getline(std::ifstream(state / "http.addr"), address);
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return "  dashboard: no http.addr\n";
+  httplib::Client http(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
+  http.set_read_timeout(30, 0);
+  constexpr int kAsks = 20;
+  const char* paths[] = {"/metrics",       "/api/status",    "/api/history", "/api/steptimes",
+                         "/api/nodes?page=0", "/api/incidents?page=0", "/"};
+  std::string out;
+  char line[256];
+  const auto view_cpu = [&] {
+    const std::optional<nlohmann::json> s = Status(state);
+    return s ? s->value("controller", nlohmann::json::object()).value("view_cpu_s", 0.0) : 0.0;
+  };
+  // The controller without requests, then with kAsks rounds of every path.
+  const ProcStat idle0 = ReadProc(controller);
+  const double view0 = view_cpu();
+  const Clock::time_point i0 = Clock::now();
+  std::this_thread::sleep_for(5s);
+  const ProcStat idle1 = ReadProc(controller);
+  const double view1 = view_cpu();
+  const double idle_rate = (idle1.cpu_s - idle0.cpu_s) / Since(i0);
+  std::map<std::string, std::vector<double>> ms;
+  std::map<std::string, size_t> bytes;
+  const ProcStat busy0 = ReadProc(controller);
+  const Clock::time_point b0 = Clock::now();
+  for (int i = 0; i < kAsks; ++i) {
+    for (const char* path : paths) {
+      const Clock::time_point t0 = Clock::now();
+      httplib::Result r = http.Get(path);
+      ms[path].push_back(Since(t0) * 1000);
+      bytes[path] = r && r->status == 200 ? r->body.size() : 0;
+    }
+  }
+  const double busy_s = Since(b0);
+  const ProcStat busy1 = ReadProc(controller);
+  const double per_round_ms =
+      1000.0 * std::max(0.0, (busy1.cpu_s - busy0.cpu_s) - idle_rate * busy_s) / kAsks;
+  std::snprintf(line, sizeof line, "  dashboard: %-22s %9s %9s %10s\n", "path", "median_ms",
+                "worst_ms", "bytes");
+  out += line;
+  for (const char* path : paths) {
+    std::vector<double>& v = ms[path];
+    std::sort(v.begin(), v.end());
+    std::snprintf(line, sizeof line, "  dashboard: %-22s %9.2f %9.2f %10zu%s\n", path,
+                  v[v.size() / 2], v.back(), bytes[path], bytes[path] == 0 ? "  (failed)" : "");
+    out += line;
+  }
+  std::snprintf(line, sizeof line,
+                "  dashboard: controller CPU per round of every path %.2f ms; the loop's live "
+                "view and metrics %.2f%% of a core\n",
+                per_round_ms, 100.0 * (view1 - view0) / 5.0);
+  out += line;
+  return out;
+}
+
 void RunOne(const fs::path& work, int nodes, double step_s, double window_s) {
   const fs::path dir = work / ("n" + std::to_string(nodes) + "-s" + Fmt(step_s, "%.0f"));
   fs::remove_all(dir);
@@ -236,6 +309,7 @@ void RunOne(const fs::path& work, int nodes, double step_s, double window_s) {
   double cpu = 0, rss = 0, inputs = 0, rows = 0, kbps = 0, gen_cpu = 0, late_ms = 0;
   double lag_mean = 0, lag_max = 0;
   bool steady = false;
+  std::string dashboard;
   {
     endure::loadgen::SimulatedAgents fleet(address, kToken, nodes + 2, step_time, g_per_rank);
     const Clock::duration limit = std::chrono::seconds(60 + nodes / 50);
@@ -275,6 +349,7 @@ void RunOne(const fs::path& work, int nodes, double step_s, double window_s) {
       rows = static_cast<double>(JournalRows(state) - rows0) / w;
       kbps = (p1.written - p0.written) / 1024.0 / w;
       lag_mean = samples > 0 ? lag_mean / samples : 0;
+      if (g_dashboard) dashboard = DashboardFigures(state, controller->pid());
 
       // A member's stream closes: the time to the next generation's start.
       std::vector<int> members = fleet.started_agents();
@@ -346,6 +421,7 @@ void RunOne(const fs::path& work, int nodes, double step_s, double window_s) {
       !steady            ? "  (never started)"
       : late_ms > 1000.0 ? "  (the load generator fell behind)"
                          : "");
+  std::fputs(dashboard.c_str(), stdout);
   std::fflush(stdout);
 }
 
@@ -383,12 +459,14 @@ int main(int argc, char** argv) {
       g_controller = argv[++i];
     } else if (a == "--per-rank") {
       g_per_rank = true;
+    } else if (a == "--dashboard") {
+      g_dashboard = true;
     } else if (!a.empty() && a[0] != '-') {
       work = a;
     } else {
       std::fprintf(stderr,
                    "usage: controller_load_bench [--nodes 128,1024] [--step-s 1,2] "
-                   "[--window-s 20] [--controller PATH] [--per-rank] [WORK_DIR]\n");
+                   "[--window-s 20] [--controller PATH] [--per-rank] [--dashboard] [WORK_DIR]\n");
       return 2;
     }
   }

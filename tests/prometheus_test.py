@@ -13,7 +13,8 @@
    - endure_build_info has a series, endure_ettr samples in [0, 1];
    - every metric of the table is scraped with the table's type (metadata);
    - sum(endure_incidents_total) is 0 (or absent) before the kill and 1 after
-     it, on one series whose `cause` is the incident's cause in report.json;
+     it, on one series whose `cause` is the incident's cause in report.json,
+     and increase() by cause sees that one incident (as an alert would);
      one restart (a route of the table), one detection and one recovery
      observed in the histograms; no counter ever went down;
    - the alert EndureNoDurableCheckpoint fires while the job runs;
@@ -284,6 +285,14 @@ step = %d
 """ % (train, STEPS, state_dir, KILL_STEP)
 
 
+def incident_field(state, key):
+    """report.json's incidents' `key`, once the job has written it."""
+    try:
+        return [i.get(key) for i in json.load(open(os.path.join(state, "report.json")))["incidents"]]
+    except (OSError, ValueError, KeyError):
+        return "(no report yet)"
+
+
 def stop(proc, grace_s):
     """SIGTERM to the process group we started, then SIGKILL after grace_s."""
     if proc is None or proc.poll() is not None:
@@ -387,15 +396,29 @@ scrape_configs:
         # The kill: one incident, and its recovery.
         wait_for("sum(endure_incidents_total) >= 1",
                  lambda: (api.scalar("sum(endure_incidents_total)") or 0) >= 1, 120, alive=alive)
+        counted = {q: None for q in ("endure_restarts_total", "endure_detection_seconds_count",
+                                     "endure_recovery_seconds_count")}
         def recovered():
-            return all((api.scalar("sum(%s)" % q) or 0) >= 1 for q in
-                       ("endure_restarts_total", "endure_detection_seconds_count", "endure_recovery_seconds_count"))
-        wait_for("the restart, detection and recovery counted", recovered, 60, alive=alive)
+            counted.update((q, api.scalar("sum(%s)" % q)) for q in counted)
+            return all((v or 0) >= 1 for v in counted.values())
+        try:
+            wait_for("the restart, detection and recovery counted", recovered, 60, alive=alive)
+        except Failure as e:
+            raise Failure("%s (last seen: %s; report.json's recovered_after_s: %s)" % (e, ", ".join(
+                "sum(%s) = %s" % kv for kv in counted.items()), incident_field(state, "recovered_after_s")))
         incidents = [(m, v) for m, v in api.query("endure_incidents_total") if v > 0]
         check(len(incidents) == 1 and incidents[0][1] == 1,
               "endure_incidents_total after the kill: %s, expected one series at 1" % incidents)
         cause = incidents[0][0].get("cause", "")
         check(cause, "endure_incidents_total has no cause label: %s" % incidents)
+        # What an alert or a dashboard computes: increase() sees the kill only
+        # when the cause's series was there (at 0) before it; a series born
+        # at 1 has no increase (Prometheus' "avoid missing metrics").
+        seen = api.query('sum by (cause) (increase(endure_incidents_total[10m])) > 0.5')
+        check(len(seen) == 1 and seen[0][0].get("cause") == cause and round(seen[0][1]) == 1,
+              "increase(endure_incidents_total[10m]) by cause: %s, expected %r at 1; its series' lowest "
+              "value in the run: %s (1: it was not exported at 0 before the kill)" % (seen, cause, api.scalar(
+                  'min_over_time(endure_incidents_total{cause=%s}[10m])' % json.dumps(cause))))
         restarts = [(m, v) for m, v in api.query("endure_restarts_total") if v > 0]
         check(len(restarts) == 1 and restarts[0][1] == 1
               and restarts[0][0].get("route") in ("in_process", "spare", "shrink", "full_restart"),

@@ -2,6 +2,8 @@
 // event loop, command dispatch, persistence and status.
 #include "controller/controller_shell.h"
 
+#include <time.h>
+
 #include <signal.h>
 
 #include <algorithm>
@@ -48,6 +50,13 @@ std::string SignalName(int sig) {
 std::string DurableDir(const JobSpec& spec) {
   std::error_code ec;
   return std::filesystem::absolute(spec.checkpoint.dir, ec).string();
+}
+
+// This thread's CPU time (the loop's own cost of a part of its work).
+double ThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
 }
 
 }  // namespace
@@ -901,9 +910,17 @@ void ControllerShell::Turn(bool block) {
     if (!item.fingerprint.empty() && exit->rank == core::Rank{0}) fingerprint_ = item.fingerprint;
   }
   if (auto* up = std::get_if<core::NodeUp>(&*item.event)) JudgeRegistration(*up, item);
-  if (auto* step = std::get_if<core::StepEnd>(&*item.event); step && step->rank == core::Rank{0}) {
+  // Rank 0's steps give the rate (status steps_per_s, tokens_per_s): one
+  // StepEnd, or its step among its node's (NodeStepsEnd).
+  const core::StepEnd* rank0 = std::get_if<core::StepEnd>(&*item.event);
+  if (const auto* batch = std::get_if<core::NodeStepsEnd>(&*item.event)) {
+    for (const core::StepEnd& s : batch->steps) {
+      if (s.rank == core::Rank{0}) rank0 = &s;
+    }
+  }
+  if (rank0 != nullptr && rank0->rank == core::Rank{0}) {
     if (item.tokens > 0) tokens_per_step_ = item.tokens;
-    recent_steps_.emplace_back(item.at, step->step.value);
+    recent_steps_.emplace_back(item.at, rank0->step.value);
     while (recent_steps_.size() > 20) recent_steps_.pop_front();
   }
   const size_t incidents_before = machine_.incidents().size();
@@ -1230,11 +1247,16 @@ void ControllerShell::WriteStatus(TimePoint now, bool force) {
         Seconds(machine_.ledger().total(category));
   }
   status["ledger_s"] = std::move(ledger_s);
+  // What the dashboard and /metrics cost the loop (CPU time, whatever
+  // the clock): status "controller.view_cpu_s".
+  const double cpu0 = ThreadCpuSeconds();
   if (metrics_) metrics_->Update(machine_, status, durable);
   if (!tables_built_at_ || now - *tables_built_at_ >= kTablesEvery) {
     tables_built_at_ = now;
     BuildLiveView(now, status);
   }
+  view_cpu_s_ += ThreadCpuSeconds() - cpu0;
+  status["controller"]["view_cpu_s"] = view_cpu_s_;
   {
     MutexLock lock(&published_mu_);
     nlohmann::json by_state = nlohmann::json::object();
@@ -1294,7 +1316,7 @@ void ControllerShell::BuildLiveView(TimePoint now, const nlohmann::json& status)
     sample.t_s = t_s;
     sample.ettr = machine_.ledger().Ettr();
     sample.step = machine_.step().value;
-    sample.loss = machine_.last_loss();
+    sample.loss = machine_.step().value > 0 ? machine_.last_loss() : std::nan("");
     sample.tokens_per_s = status.value("tokens_per_s", 0.0);
     for (int c = 0; c < core::kNumLedgerCategories; ++c) {
       sample.ledger_s[c] = Seconds(machine_.ledger().total(static_cast<core::LedgerCategory>(c)));

@@ -648,6 +648,34 @@ TEST_F(ControllerShellTest, ANodesReportOfItsRanksStepsIsOneInput) {
   EXPECT_EQ(status["controller"]["inputs"], before + 3) << "two reports and a tick";
 }
 
+// The live rate (steps_per_s, tokens_per_s) follows rank 0's steps also
+// when they come in its node's report: it read only single-rank reports and
+// said 0 once agents batched their ranks (issue 24's NodeSteps).
+TEST_F(ControllerShellTest, TheRateFollowsRankZerosStepsInItsNodesReports) {
+  Make(2);
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  for (int64_t step = 1; step <= 5; ++step) {
+    clock_.Advance(500ms);
+    for (int rank = 0; rank < 2; ++rank) {
+      proto::AgentEvent e = Event(0);
+      proto::StepProgress* s = e.mutable_node_steps()->add_ranks();
+      s->set_rank(rank);
+      s->set_step(step);
+      s->set_loss(2.0);
+      s->set_checkpoint_step(-1);
+      s->set_tokens(1000);
+      ASSERT_TRUE(transport_.Deliver(ids[rank], e));
+    }
+    Pump();
+  }
+  clock_.Advance(300ms);
+  Tick();
+  const nlohmann::json status = Status();
+  EXPECT_EQ(status["step"], 5) << status;
+  EXPECT_NEAR(status["steps_per_s"].get<double>(), 2.0, 1e-9) << status;  // a step per 0.5 s
+  EXPECT_NEAR(status["tokens_per_s"].get<double>(), 2000.0, 1e-6) << status;
+}
+
 // A loop whose oldest queued input waited longer than kOverloadedAfter says
 // so — in its log, its status and its metrics — until it is back within
 // kCaughtUpWithin, and counts the time.
