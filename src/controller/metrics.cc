@@ -60,9 +60,7 @@ JobMetrics::JobMetrics(const std::string& job_name, int run)
   // Every known cause and route starts at zero, so that the first incident
   // is an increase (rate() and increase() see nothing in a series that
   // appears with its first value).
-  for (std::string_view cause : core::CatalogueNames()) {
-    incidents_->Add({{"cause", std::string(cause)}});
-  }
+  for (const std::string& cause : core::CauseLabels()) incidents_->Add({{"cause", cause}});
   for (core::RecoveryRoute route : {core::RecoveryRoute::kInProcess, core::RecoveryRoute::kSpare,
                                     core::RecoveryRoute::kShrink, core::RecoveryRoute::kFullRestart}) {
     restarts_->Add({{"route", std::string(core::RecoveryRouteName(route))}});
@@ -125,24 +123,23 @@ void JobMetrics::CountIncidents(const core::JobMachine& machine) {
   const std::vector<core::Incident>& incidents = machine.incidents();
   for (; incidents_counted_ < incidents.size(); ++incidents_counted_) {
     const core::Incident& inc = incidents[incidents_counted_];
-    incidents_->Add({{"cause", inc.cause.name}}).Increment();
+    incidents_->Add({{"cause", core::CauseLabel(inc.cause.name)}}).Increment();
     detection_->Observe(std::max(0.0, Seconds(inc.detected_at - inc.fault_at)));
+    awaiting_restart_.insert(inc.id);
     awaiting_recovery_.insert(inc.id);
   }
-  // Routes, recoveries and steps lost are known later than the incident.
+  // The restart (its route, once the next generation starts) and the
+  // recovery (its first step) come later than the incident, each counted
+  // once when it does.
   int64_t steps_lost = 0;
   for (const core::Incident& inc : incidents) {
     steps_lost += inc.steps_lost();
-    if (!awaiting_recovery_.contains(inc.id)) continue;
-    if (!inc.route && !inc.recovered_at) continue;
-    if (inc.route && !inc.relaunched_at && !inc.recovered_at) continue;
-    if (inc.route) {
+    if (inc.route && (inc.relaunched_at || inc.recovered_at) && awaiting_restart_.erase(inc.id)) {
       restarts_->Add({{"route", std::string(core::RecoveryRouteName(*inc.route))}}).Increment();
     }
-    if (inc.recovered_at) {
+    if (inc.recovered_at && awaiting_recovery_.erase(inc.id)) {
       recovery_->Observe(std::max(0.0, Seconds(*inc.recovered_at - inc.fault_at)));
     }
-    awaiting_recovery_.erase(inc.id);
   }
   CountUpTo("endure_steps_lost_total", "Steps redone after incidents.", double(steps_lost));
 }

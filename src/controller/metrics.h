@@ -74,7 +74,8 @@ class JobMetrics {
   prometheus::Histogram* recovery_ = nullptr;
   std::map<std::string, NodeGauges> node_gauges_;  // by node name
   size_t incidents_counted_ = 0;
-  std::set<int> awaiting_recovery_;  // incident ids counted, not yet recovered
+  // Incident ids counted whose restart, and whose recovery, is not yet.
+  std::set<int> awaiting_restart_, awaiting_recovery_;
   // Totals that only the machine keeps (checkpoints taken, stragglers...),
   // as far as counted into their counter, by metric name.
   std::map<std::string, double> counted_;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "core/cause.h"
 #include "core/job_machine.h"
 
 namespace endure::controller {
@@ -87,13 +88,16 @@ TEST_F(JobMetricsTest, AnIncidentIsCountedOnceByCauseAndItsRestartByRouteWhenItR
   EXPECT_EQ(Value(text, "endure_nodes{state=\"spare\"}"), 0);
   // Every catalogued cause and every route starts at zero.
   EXPECT_EQ(Value(text, "endure_incidents_total{cause=\"node_lost\"}"), 0);
+  EXPECT_EQ(Value(text, "endure_incidents_total{cause=\"worker_exit\"}"), 0);
+  EXPECT_EQ(Value(text, "endure_incidents_total{cause=\"signal_sigkill\"}"), 0);
   EXPECT_EQ(Value(text, "endure_restarts_total{route=\"in_process\"}"), 0);
 
   now_ += 1;
   Step(core::WorkerExitEvent{machine_.generation(), core::Rank{3}, core::NodeId{1}, 1,
                              std::nullopt});
   text = Scrape();
-  const std::string cause = machine_.incidents().at(0).cause.name;
+  const std::string cause = core::CauseLabel(machine_.incidents().at(0).cause.name);
+  EXPECT_EQ(cause, "worker_exit");  // "worker_exit code 1", folded
   EXPECT_EQ(Value(text, "endure_incidents_total{cause=\"" + cause + "\"}"), 1) << text;
   EXPECT_EQ(Value(text, "endure_detection_seconds_count"), 1);
   EXPECT_EQ(Value(text, "endure_recovery_seconds_count"), 0);  // not yet recovered
@@ -103,6 +107,14 @@ TEST_F(JobMetricsTest, AnIncidentIsCountedOnceByCauseAndItsRestartByRouteWhenItR
   Step(core::GenerationStoppedEvent{machine_.generation(), core::NodeId{0}});
   Step(core::GenerationStoppedEvent{machine_.generation(), core::NodeId{1}});
   Ready(0);
+  // Relaunched, not yet recovered: the restart counts now, the recovery
+  // when its first step ends (it was never observed when the restart came
+  // first).
+  ASSERT_TRUE(machine_.incidents().at(0).relaunched_at.has_value());
+  ASSERT_FALSE(machine_.incidents().at(0).recovered_at.has_value());
+  text = Scrape();
+  EXPECT_EQ(Value(text, "endure_restarts_total{route=\"full_restart\"}"), 1) << text;
+  EXPECT_EQ(Value(text, "endure_recovery_seconds_count"), 0);
   Run(1, 3);
   ASSERT_TRUE(machine_.incidents().at(0).recovered_at.has_value());
   text = Scrape();

@@ -1,5 +1,10 @@
 // Incident causes; see cause.h.
 #include "core/cause.h"
+#include "core/crash_detector.h"
+
+#include <charconv>
+
+#include <cctype>
 
 #include <algorithm>
 #include <iterator>
@@ -217,6 +222,42 @@ IncidentCause ParseIncidentCause(std::string_view name) {
 std::vector<std::string_view> CatalogueNames() {
   std::vector<std::string_view> out;
   for (const CatalogueEntry& e : kCatalogue) out.push_back(e.name);
+  return out;
+}
+
+std::string CauseLabel(std::string_view cause) {
+  if (Find(cause) != nullptr) return std::string(cause);
+  if (cause.starts_with("worker_exit code ")) return "worker_exit";
+  if (IsHealthCheckFailure(cause)) return "health_check_failed";
+  if (std::optional<int> xid = XidOf(cause)) {
+    return Contains(kHardwareXids, *xid) ? "xid_" + std::to_string(*xid) : "xid_other";
+  }
+  if (cause.starts_with("signal ")) {
+    int number = 0;
+    const std::string_view digits = cause.substr(7);
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), number);
+    const std::string_view name = SignalName(number);
+    if (ec != std::errc() || name == "SIG?") return "signal_other";
+    std::string label = "signal_";
+    for (char ch : name) label += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return label;
+  }
+  return "other";
+}
+
+std::vector<std::string> CauseLabels() {
+  std::vector<std::string> out;
+  auto add = [&](std::string label) {
+    if (std::find(out.begin(), out.end(), label) == out.end()) out.push_back(std::move(label));
+  };
+  for (const CatalogueEntry& e : kCatalogue) add(std::string(e.name));
+  add("worker_exit");
+  add("health_check_failed");
+  for (int signal : KnownSignals()) add(CauseLabel("signal " + std::to_string(signal)));
+  add("signal_other");
+  for (int xid : kHardwareXids) add("xid_" + std::to_string(xid));
+  add("xid_other");
+  add("other");
   return out;
 }
 

@@ -83,9 +83,20 @@ enum class StrikeClass { kHard, kSoft };
 // Whether `name` is in the catalogue, by name or by family. A rule's cause
 // with a placeholder ("xid_{xid}") is checked by the text before it.
 bool IsCatalogued(std::string_view name);
-// The catalogue's names (not its families), in its order: what a counter by
-// cause starts at zero for.
+// The catalogue's names (not its families), in its order.
 std::vector<std::string_view> CatalogueNames();
+
+// A cause as a metric's label (endure_incidents_total{cause=...}): few values,
+// each known in advance, so that a counter starts every one at zero and the
+// first incident of a kind is an increase. The catalogue's names are their
+// own label; each family folds into one: "worker_exit" (any code),
+// "signal_sigkill" and the like by the signal's name ("signal_other" for
+// one without), "xid_N" for the Xids that name the hardware ("xid_other"
+// for the rest), "health_check_failed"; anything else is "other". The
+// incident itself keeps its whole cause.
+std::string CauseLabel(std::string_view cause);
+// Every value CauseLabel gives, each once.
+std::vector<std::string> CauseLabels();
 
 // The class of a cause; kAmbiguous for a name the catalogue does not know.
 CauseClass ClassifyCause(std::string_view cause);

@@ -76,6 +76,12 @@ std::string_view SignalName(int signal) {
   return s != nullptr ? s->name : "SIG?";
 }
 
+std::vector<int> KnownSignals() {
+  std::vector<int> out;
+  for (const SignalInfo& s : kSignals) out.push_back(s.number);
+  return out;
+}
+
 std::optional<CrashReport> ClassifyWorkerExit(const WorkerExit& e) {
   if (e.stop_requested) return std::nullopt;
   CrashReport r;

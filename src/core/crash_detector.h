@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/ids.h"
 
@@ -55,5 +56,7 @@ std::optional<CrashReport> ClassifyWorkerExit(const WorkerExit& exit);
 
 // "SIGKILL" for 9, and so on for the Linux signals; "SIG?" when unknown.
 std::string_view SignalName(int signal);
+// The signals SignalName knows, by number.
+std::vector<int> KnownSignals();
 
 }  // namespace endure::core

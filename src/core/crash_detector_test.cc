@@ -1,9 +1,15 @@
 #include "core/crash_detector.h"
 
+#include "core/cause.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <csignal>
+#include <set>
+#include <string>
+#include <vector>
 
 namespace endure::core {
 namespace {
@@ -94,6 +100,38 @@ TEST(SignalName, KnownAndUnknown) {
   EXPECT_EQ(SignalName(SIGABRT), "SIGABRT");
   EXPECT_EQ(SignalName(SIGBUS), "SIGBUS");
   EXPECT_EQ(SignalName(200), "SIG?");
+}
+
+// Every cause a worker's end gives has a metric label known in advance (the
+// counter starts it at zero), and the families fold into few labels.
+TEST(CauseLabel, EveryCrashCauseHasALabelKnownInAdvance) {
+  const std::vector<std::string> labels = CauseLabels();
+  std::set<std::string> seen;
+  for (int code = 1; code < 256; ++code) {
+    WorkerExit e{NodeId{0}, "node0", 1, code, std::nullopt};
+    const std::optional<CrashReport> r = ClassifyWorkerExit(e);
+    ASSERT_TRUE(r.has_value());
+    seen.insert(CauseLabel(r->cause));
+  }
+  for (int signal = 1; signal < 65; ++signal) {
+    WorkerExit e{NodeId{0}, "node0", 1, std::nullopt, signal};
+    const std::optional<CrashReport> r = ClassifyWorkerExit(e);
+    ASSERT_TRUE(r.has_value());
+    seen.insert(CauseLabel(r->cause));
+  }
+  for (const std::string& label : seen) {
+    EXPECT_NE(std::find(labels.begin(), labels.end(), label), labels.end()) << label;
+  }
+  EXPECT_TRUE(seen.contains("worker_exit"));
+  EXPECT_TRUE(seen.contains("signal_sigkill"));
+  EXPECT_TRUE(seen.contains("signal_other"));  // a real-time signal
+  EXPECT_LT(seen.size(), 40u);
+  EXPECT_EQ(CauseLabel("xid_79"), "xid_79");
+  EXPECT_EQ(CauseLabel("xid_13"), "xid_other");
+  EXPECT_EQ(CauseLabel("node_lost"), "node_lost");
+  EXPECT_EQ(CauseLabel("health_check_failed: gpu burn"), "health_check_failed");
+  EXPECT_EQ(CauseLabel("something nobody named"), "other");
+  EXPECT_EQ(std::set<std::string>(labels.begin(), labels.end()).size(), labels.size());
 }
 
 }  // namespace
