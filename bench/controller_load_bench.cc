@@ -57,6 +57,7 @@
 // the agent does; --per-rank, a StepProgress for each rank, as agents did
 // before (and as a controller of then reads them).
 #include <grpcpp/grpcpp.h>
+#include <httplib.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/resource.h>
@@ -80,8 +81,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <httplib.h>
 
 #include "common/subprocess.h"
 #include "tests/support/simulated_agents.h"
@@ -226,8 +225,13 @@ std::string DashboardFigures(const fs::path& state, pid_t controller) {
   httplib::Client http(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
   http.set_read_timeout(30, 0);
   constexpr int kAsks = 20;
-  const char* paths[] = {"/metrics",       "/api/status",    "/api/history", "/api/steptimes",
-                         "/api/nodes?page=0", "/api/incidents?page=0", "/"};
+  const char* paths[] = {"/metrics",
+                         "/api/status",
+                         "/api/history",
+                         "/api/steptimes",
+                         "/api/nodes?page=0",
+                         "/api/incidents?page=0",
+                         "/"};
   std::string out;
   char line[256];
   const auto view_cpu = [&] {

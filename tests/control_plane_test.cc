@@ -1111,9 +1111,23 @@ TEST_F(ControlPlaneTest, TheControllerServesMetricsAndStatusOverHttp) {
   auto nodes = http.Get("/api/nodes?page=0");
   auto bad_page = http.Get("/api/incidents?page=last");
   auto page = http.Get("/");
+  auto history = http.Get("/api/history");
+  auto steptimes = http.Get("/api/steptimes");
+  auto chart = http.Get("/static/chart.js");
   controller->Signal(SIGKILL);
   controller->Wait();
-  ASSERT_TRUE(metrics && status && nodes && bad_page && page);
+  ASSERT_TRUE(metrics && status && nodes && bad_page && page && history && steptimes && chart);
+  // The dashboard's plots: the history's columns from the start on, the
+  // heatmap (no member yet: no band), and Chart.js from Debian's package.
+  const nlohmann::json h = nlohmann::json::parse(history->body, nullptr, false);
+  ASSERT_TRUE(h.is_object()) << history->body;
+  EXPECT_GE(h["t_s"].size(), 1u) << history->body;
+  EXPECT_EQ(h["ettr"].size(), h["t_s"].size());
+  const nlohmann::json st = nlohmann::json::parse(steptimes->body, nullptr, false);
+  ASSERT_TRUE(st.is_object()) << steptimes->body;
+  EXPECT_TRUE(st["bands"].empty()) << steptimes->body;
+  EXPECT_EQ(chart->status, 200) << chart->body;
+  EXPECT_NE(chart->body.find("Chart.js"), std::string::npos);
   // The dashboard's tables, a page at a time: no node yet; a bad page says
   // what to send.
   EXPECT_EQ(nlohmann::json::parse(nodes->body, nullptr, false).value("total", -1), 0)
@@ -1123,10 +1137,9 @@ TEST_F(ControlPlaneTest, TheControllerServesMetricsAndStatusOverHttp) {
   EXPECT_NE(page->body.find("<table id=incidents>"), std::string::npos) << page->body;
   EXPECT_EQ(metrics->status, 200);
   // No node has registered yet: generation -1, all time is start-up so far.
-  EXPECT_NE(metrics->body.find("endure_generation{job=\"http\"} -1"), std::string::npos)
-      << metrics->body;
-  EXPECT_NE(metrics->body.find("endure_ledger_seconds{job=\"http\",category=\"startup\"}"),
-            std::string::npos);
+  EXPECT_NE(metrics->body.find("\nendure_generation -1\n"), std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("endure_ledger_seconds{category=\"startup\"}"), std::string::npos);
+  EXPECT_NE(metrics->body.find("endure_job_info{name=\"http\",run=\"1\"} 1"), std::string::npos);
   EXPECT_NE(metrics->body.find("# TYPE endure_incidents_total counter"), std::string::npos);
   nlohmann::json j = nlohmann::json::parse(status->body, nullptr, false);
   EXPECT_EQ(j.value("phase", ""), "waiting_for_nodes") << status->body;

@@ -32,7 +32,6 @@ namespace {
 constexpr int kMaxMessageBytes = 4 << 20;  // one AgentEvent (gRPC's receive limit)
 constexpr char kChartJsPath[] = "/usr/share/javascript/chart.js/chart.min.js";
 
-
 // /metrics (Prometheus), /api/status (JSON), /api/nodes and /api/incidents
 // (a page of each table: ?page=N) and / (the dashboard), served from what
 // the shell last published. Stop (or the destructor) before the shell

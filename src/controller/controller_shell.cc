@@ -2,9 +2,8 @@
 // event loop, command dispatch, persistence and status.
 #include "controller/controller_shell.h"
 
-#include <time.h>
-
 #include <signal.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cctype>

@@ -348,7 +348,7 @@ class ControllerShell final : public TransportSink {
   uint64_t snapshot_bytes_ = 0;           // of the last snapshot
   int snapshots_ = 0;                     // taken by this controller
   Duration snapshot_took_{0};             // the last one's time on the loop
-  double view_cpu_s_ = 0;  // the loop's CPU building the live view and the metrics
+  double view_cpu_s_ = 0;                 // the loop's CPU building the live view and the metrics
   Duration behind_{0};                    // the oldest queued input's wait (JudgeLoad)
   std::optional<core::TimePoint> overloaded_since_;
   Duration overloaded_for_{0};  // overloaded, before overloaded_since_

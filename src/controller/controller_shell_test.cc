@@ -700,8 +700,7 @@ TEST_F(ControllerShellTest, AnOverloadedControllerSaysSoUntilItCatchesUp) {
   EXPECT_EQ(c["overloaded"], true) << c;
   EXPECT_EQ(c["queued"], 19) << c;
   EXPECT_DOUBLE_EQ(c["behind_s"].get<double>(), 3.0) << c;
-  EXPECT_NE(shell_->MetricsText().find("\nendure_controller_overloaded 1\n"),
-            std::string::npos);
+  EXPECT_NE(shell_->MetricsText().find("\nendure_controller_overloaded 1\n"), std::string::npos);
   // The queue drains, the clock moving 0.1 s a turn: overloaded until the
   // oldest input is back within 0.5 s (the queue empty, a turn later).
   testing::internal::CaptureStderr();
@@ -718,8 +717,7 @@ TEST_F(ControllerShellTest, AnOverloadedControllerSaysSoUntilItCatchesUp) {
   c = Status()["controller"];
   EXPECT_EQ(c["overloaded"], false) << c;
   EXPECT_NEAR(c["overloaded_s"].get<double>(), 2.15, 1e-9) << c;
-  EXPECT_NE(shell_->MetricsText().find("\nendure_controller_overloaded 0\n"),
-            std::string::npos);
+  EXPECT_NE(shell_->MetricsText().find("\nendure_controller_overloaded 0\n"), std::string::npos);
 }
 
 TEST_F(ControllerShellTest, StreamsBeyondTheBoundAreRefusedAndEndedOnesForgotten) {
@@ -1232,6 +1230,34 @@ std::vector<ConnectionId> CrashAndRecover(FakeTransport& t, ControllerShell& she
   }
   StepsOn(t, shell, clock, ids, 1, 4, 6);
   return ids;
+}
+
+// The history the dashboard plots (/api/history) is saved with the run and
+// carried on by a controller that restarts on its state directory: the plot
+// does not begin again at its restart.
+TEST_F(ControllerShellTest, ARestartedControllerCarriesTheHistoryOn) {
+  Make(2);
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  for (int64_t step = 1; step <= 15; ++step) {  // a step a second, past a save of the history
+    clock_.Advance(1s);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(transport_.Deliver(ids[r], Step(0, r, step)));
+      ASSERT_TRUE(transport_.Deliver(ids[r], Heartbeat()));
+    }
+    Pump();
+  }
+  const nlohmann::json before = nlohmann::json::parse(shell_->HistoryJson());
+  ASSERT_GE(before["t_s"].size(), 10u) << before;
+  EXPECT_GE(before["step"].back(), 14) << before;  // sampled as the steps came
+  clock_.Advance(3s);
+  Restart();
+  clock_.Advance(2s);
+  Tick();
+  const nlohmann::json after = nlohmann::json::parse(shell_->HistoryJson());
+  ASSERT_GT(after["t_s"].size(), 10u) << after;
+  EXPECT_EQ(after["t_s"][0], before["t_s"][0]);
+  EXPECT_GE(after["t_s"].back().get<double>(), 20.0) << "a sample after the restart";
+  EXPECT_EQ(after["ettr"].size(), after["t_s"].size());
 }
 
 // The controller is killed mid-run and started again on the same state

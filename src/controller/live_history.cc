@@ -38,12 +38,17 @@ nlohmann::json LiveHistory::ToJson() const {
     loss.push_back(std::isfinite(s.loss) ? nlohmann::json(s.loss) : nlohmann::json());
     tokens.push_back(s.tokens_per_s);
     for (int c = 0; c < core::kNumLedgerCategories; ++c) {
-      ledger[std::string(core::LedgerCategoryName(static_cast<core::LedgerCategory>(c)))]
-          .push_back(s.ledger_s[c]);
+      ledger[std::string(core::LedgerCategoryName(static_cast<core::LedgerCategory>(c)))].push_back(
+          s.ledger_s[c]);
     }
   }
-  return {{"t_s", t},         {"ettr", ettr},       {"step", step},     {"loss", loss},
-          {"tokens_per_s", tokens}, {"ledger_s", ledger}, {"spacing_s", spacing_s_}};
+  return {{"t_s", t},
+          {"ettr", ettr},
+          {"step", step},
+          {"loss", loss},
+          {"tokens_per_s", tokens},
+          {"ledger_s", ledger},
+          {"spacing_s", spacing_s_}};
 }
 
 Result<LiveHistory> LiveHistory::FromJson(const nlohmann::json& j) {

@@ -34,9 +34,9 @@ struct NodeTiers {
 
 // What the shell knows beside the machine.
 struct LiveInputs {
-  std::map<std::string, int> strikes;                  // active strikes, by node name
-  std::map<std::string, NodeTiers> tiers;              // by node name
-  std::map<int, nlohmann::json> recurrences;           // the knowledge base's, by incident id
+  std::map<std::string, int> strikes;         // active strikes, by node name
+  std::map<std::string, NodeTiers> tiers;     // by node name
+  std::map<int, nlohmann::json> recurrences;  // the knowledge base's, by incident id
 };
 
 // One registered node, by id.

@@ -42,8 +42,9 @@ JobMetrics::JobMetrics(const std::string& job_name, int run)
                 .Register(*registry_);
   ledger_ = &prometheus::BuildGauge()
                  .Name("endure_ledger_seconds")
-                 .Help("Wall time so far by ETTR ledger category (a rollback moves time "
-                       "booked productive to recompute, so not a counter).")
+                 .Help(
+                     "Wall time so far by ETTR ledger category (a rollback moves time "
+                     "booked productive to recompute, so not a counter).")
                  .Register(*registry_);
   nodes_ = &prometheus::BuildGauge()
                 .Name("endure_nodes")
@@ -61,8 +62,9 @@ JobMetrics::JobMetrics(const std::string& job_name, int run)
   // is an increase (rate() and increase() see nothing in a series that
   // appears with its first value).
   for (const std::string& cause : core::CauseLabels()) incidents_->Add({{"cause", cause}});
-  for (core::RecoveryRoute route : {core::RecoveryRoute::kInProcess, core::RecoveryRoute::kSpare,
-                                    core::RecoveryRoute::kShrink, core::RecoveryRoute::kFullRestart}) {
+  for (core::RecoveryRoute route :
+       {core::RecoveryRoute::kInProcess, core::RecoveryRoute::kSpare, core::RecoveryRoute::kShrink,
+        core::RecoveryRoute::kFullRestart}) {
     restarts_->Add({{"route", std::string(core::RecoveryRouteName(route))}});
   }
   node_step_ = &prometheus::BuildGauge()
@@ -71,8 +73,9 @@ JobMetrics::JobMetrics(const std::string& job_name, int run)
                     .Register(*registry_);
   node_slowest_ = &prometheus::BuildGauge()
                        .Name("endure_node_slowest_rank_step_seconds")
-                       .Help("A member node's slowest rank's mean step compute time over the "
-                             "straggler window.")
+                       .Help(
+                           "A member node's slowest rank's mean step compute time over the "
+                           "straggler window.")
                        .Register(*registry_);
   tier_bytes_ = &prometheus::BuildGauge()
                      .Name("endure_tier_bytes")
@@ -82,14 +85,14 @@ JobMetrics::JobMetrics(const std::string& job_name, int run)
                     .Name("endure_detection_seconds")
                     .Help("Fault to detection, per incident.")
                     .Register(*registry_)
-                    .Add({}, prometheus::Histogram::BucketBoundaries{
-                                 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300});
+                    .Add({}, prometheus::Histogram::BucketBoundaries{0.1, 0.25, 0.5, 1, 2, 5, 10,
+                                                                     30, 60, 120, 300});
   recovery_ = &prometheus::BuildHistogram()
                    .Name("endure_recovery_seconds")
                    .Help("Fault to the first productive step after it, per incident.")
                    .Register(*registry_)
-                   .Add({}, prometheus::Histogram::BucketBoundaries{
-                                0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800});
+                   .Add({}, prometheus::Histogram::BucketBoundaries{0.5, 1, 2, 5, 10, 30, 60, 120,
+                                                                    300, 600, 1800});
 }
 
 JobMetrics::~JobMetrics() = default;
@@ -195,9 +198,9 @@ void JobMetrics::UpdateNodes(const LiveTables& tables) {
 
 void JobMetrics::Update(const core::JobMachine& machine, const nlohmann::json& status,
                         const DurableView& durable) {
-  for (core::JobPhase p : {core::JobPhase::kWaitingForNodes, core::JobPhase::kRunning,
-                           core::JobPhase::kStopping, core::JobPhase::kTesting,
-                           core::JobPhase::kWaiting, core::JobPhase::kDone}) {
+  for (core::JobPhase p :
+       {core::JobPhase::kWaitingForNodes, core::JobPhase::kRunning, core::JobPhase::kStopping,
+        core::JobPhase::kTesting, core::JobPhase::kWaiting, core::JobPhase::kDone}) {
     phase_->Add({{"phase", std::string(core::JobPhaseName(p))}}).Set(machine.phase() == p ? 1 : 0);
   }
   for (int c = 0; c < core::kNumLedgerCategories; ++c) {
@@ -255,8 +258,7 @@ void JobMetrics::Update(const core::JobMachine& machine, const nlohmann::json& s
       .Set(c.value("journal_bytes_since_snapshot", 0.0));
   Job("endure_snapshot_bytes", "Size of the controller's last snapshot of its decision core.")
       .Set(c.value("snapshot_bytes", 0.0));
-  CountUpTo("endure_snapshots_total", "Snapshots this controller took.",
-            c.value("snapshots", 0.0));
+  CountUpTo("endure_snapshots_total", "Snapshots this controller took.", c.value("snapshots", 0.0));
 }
 
 std::string JobMetrics::Text() const {

@@ -41,8 +41,8 @@ class JobMetricsTest : public ::testing::Test {
     return o;
   }
   std::vector<core::JobAction> Step(const core::JobEvent& e) {
-    return machine_.Step(e, core::At(std::chrono::duration_cast<Duration>(
-                                std::chrono::duration<double>(now_))));
+    return machine_.Step(
+        e, core::At(std::chrono::duration_cast<Duration>(std::chrono::duration<double>(now_))));
   }
   void Run(int64_t from, int64_t to) {
     for (int64_t s = from; s <= to; ++s) {
@@ -78,7 +78,9 @@ TEST_F(JobMetricsTest, AnIncidentIsCountedOnceByCauseAndItsRestartByRouteWhenItR
   Ready(0);
   Run(1, 5);
   std::string text = Scrape();
-  EXPECT_EQ(Value(text, "endure_build_info{revision=\"" ENDURE_TEST_REVISION "\",version=\"" ENDURE_TEST_VERSION "\"}"), 1)
+  EXPECT_EQ(Value(text, "endure_build_info{revision=\"" ENDURE_TEST_REVISION
+                        "\",version=\"" ENDURE_TEST_VERSION "\"}"),
+            1)
       << text;
   EXPECT_EQ(Value(text, "endure_job_info{name=\"demo\",run=\"3\"}"), 1);
   EXPECT_EQ(Value(text, "endure_phase{phase=\"running\"}"), 1);

@@ -8,6 +8,7 @@
 #include <sqlite3.h>
 
 #include "common/env.h"
+#include "controller/report.h"
 
 namespace endure::controller {
 namespace {
@@ -673,6 +674,43 @@ TEST(StateStore, ASnapshotReplacesTheLastAndCutsTheJournalBehindIt) {
   EXPECT_FALSE(store->SaveSnapshot({9, 6s, "x"}).ok());
   ASSERT_TRUE(store->AbortTransaction().ok());
   EXPECT_EQ(store->LoadSnapshot().value()->seq, 7);
+}
+
+}  // namespace
+}  // namespace endure::controller
+
+namespace endure::controller {
+namespace {
+
+// The history (the dashboard's and the HTML report's plots) is kept per
+// run, replaced by each save, and a database of schema version 6 gains its
+// table when it is opened.
+TEST(StateStore, EachRunKeepsItsHistoryAndAVersion6DatabaseGainsIt) {
+  const std::string path = StateStore::PathIn(FreshDir("history"));
+  {
+    Result<StateStore> store = StateStore::Open(path);
+    ASSERT_TRUE(store.ok());
+    EXPECT_THAT(store->SaveHistory({{"t_s", {0}}}).message(), HasSubstr("before any run"));
+    ASSERT_EQ(store->BeginRun({"demo", "demo.toml", "", 1.7e9, {}, {}, "", ""}).value(), 1);
+    EXPECT_FALSE(store->LoadHistory().value().has_value()) << "none saved yet";
+    ASSERT_TRUE(store->SaveHistory({{"t_s", {0, 1}}}).ok());
+    ASSERT_TRUE(store->SaveHistory({{"t_s", {0, 1, 2}}}).ok());
+    ASSERT_EQ(store->BeginRun({"demo", "demo.toml", "", 1.7e9 + 5, {}, {}, "", ""}).value(), 2);
+    ASSERT_TRUE(store->SaveHistory({{"t_s", {7}}}).ok());
+    EXPECT_EQ(store->LoadHistory(1).value()->at("t_s").size(), 3u) << "the newest save of run 1";
+    EXPECT_EQ(store->LoadHistory().value()->at("t_s").size(), 1u);
+    Result<nlohmann::json> report = ReportFromStore(*store, 1);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ((*report)["history"]["t_s"].size(), 3u) << "the report carries its run's history";
+  }
+  // The same database as version 6 had it: no history table.
+  ASSERT_TRUE(RawSql(path, "DROP TABLE history; UPDATE schema_version SET version = 6;"));
+  Result<StateStore> store = StateStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_EQ(RawInt(path, "SELECT version FROM schema_version"), 7);
+  EXPECT_FALSE(store->LoadHistory().value().has_value());
+  ASSERT_TRUE(store->SaveHistory({{"t_s", {9}}}).ok());
+  EXPECT_EQ(store->LoadHistory().value()->at("t_s")[0], 9);
 }
 
 }  // namespace

@@ -1,16 +1,14 @@
 // Incident causes; see cause.h.
 #include "core/cause.h"
-#include "core/crash_detector.h"
-
-#include <charconv>
-
-#include <cctype>
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <iterator>
 #include <optional>
 
 #include "common/status.h"
+#include "core/crash_detector.h"
 
 namespace endure::core {
 namespace {

@@ -1,7 +1,5 @@
 #include "core/crash_detector.h"
 
-#include "core/cause.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +8,8 @@
 #include <set>
 #include <string>
 #include <vector>
+
+#include "core/cause.h"
 
 namespace endure::core {
 namespace {

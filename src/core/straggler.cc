@@ -1,11 +1,10 @@
 // Straggler detection and the keep-or-move decision; see straggler.h.
 #include "core/straggler.h"
 
-#include <limits>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 namespace endure::core {
 namespace {

@@ -119,10 +119,5 @@ struct SweepRow {
 Result<std::vector<SweepRow>> RunSweep(const SimConfig& base, const SweepSpec& spec);
 
 std::string SweepCsv(const SweepSpec& spec, const std::vector<SweepRow>& rows);
-// A standalone SVG line chart: simulated ETTR with its 95% interval against
-// the exact and the first-order analytic ETTR; a checkpoint-interval sweep
-// also marks the exact-optimal interval.
-std::string SweepSvg(const SweepSpec& spec, const std::vector<SweepRow>& rows,
-                     const std::string& title);
 
 }  // namespace endure::sim

@@ -142,11 +142,6 @@ TEST(Sweep, RunsAndRenders) {
             "ckpt_interval_min,ettr_sim,ettr_ci95_low,ettr_ci95_high,ettr_stderr,ettr_exact,"
             "ettr_first_order,failures,runs");
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5);
-  std::string svg = SweepSvg(*spec, *rows, "ETTR <vs> interval");
-  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
-  EXPECT_THAT(svg, HasSubstr("ETTR &lt;vs&gt; interval"));
-  EXPECT_EQ(std::count(svg.begin(), svg.end(), '\n') > 10, true);
-  EXPECT_THAT(svg, HasSubstr("</svg>"));
 
   // An invalid point names the sweep.
   Result<SweepSpec> bad = ParseSweep("ckpt-interval=1s:1m:2");
