@@ -1239,6 +1239,8 @@ void ControllerShell::WriteStatus(TimePoint now, bool force) {
   status["stragglers_flagged"] = machine_.stragglers().size();
   const DurableView durable = Durable(now);
   status["durable"] = {{"step", durable.step}, {"age_s", durable.age_s}};
+  // The newest copy in node memory (every member's T0, its peer's T1).
+  status["memory_step"] = machine_.checkpoints().NewestCopy().value;
   nlohmann::json ledger_s = nlohmann::json::object();
   for (int c = 0; c < core::kNumLedgerCategories; ++c) {
     const auto category = static_cast<core::LedgerCategory>(c);
@@ -1372,6 +1374,13 @@ void ControllerShell::NoteTiers(const Queued& item) {
     NodeTiers& t = live_.tiers[NameOf(item.node)];
     t.t0_bytes = item.stopped->t0_bytes();
     t.t1_bytes = item.stopped->t1_bytes();
+    t.t0_step = t.t1_step = -1;
+    for (const proto::ShardCopy& c : item.stopped->inventory()) {
+      const std::optional<checkpoint::Tier> tier = wire::FromWire(c.tier());
+      if (!tier || !c.refused().empty()) continue;
+      if (*tier == checkpoint::Tier::kT0) t.t0_step = std::max(t.t0_step, c.step());
+      if (*tier == checkpoint::Tier::kT1) t.t1_step = std::max(t.t1_step, c.step());
+    }
   } else if (item.event) {
     if (const auto* p = std::get_if<core::ShardPersisted>(&*item.event)) {
       NodeTiers& t = live_.tiers[NameOf(item.node)];

@@ -853,6 +853,35 @@ TEST_F(ControllerShellTest, TheLiveTablesShowEachNodesStateAndEachIncidentAPageA
   EXPECT_EQ(incidents[0]["node"], "node1");
   EXPECT_EQ(incidents[0]["failed_at_step"], 2);
 
+  // The teardown's inventory: each node's tiers, their bytes and newest
+  // steps, in its row (a refused copy does not count).
+  for (int n = 0; n < 2; ++n) {
+    proto::AgentEvent e = Stopped(0);
+    e.mutable_stopped()->set_t0_bytes(1000 + n);
+    e.mutable_stopped()->set_t1_bytes(2000 + n);
+    auto copy = [&](int64_t step, proto::Tier tier, const char* refused) {
+      proto::ShardCopy* c = e.mutable_stopped()->add_inventory();
+      c->set_step(step);
+      c->set_shard(n);
+      c->set_shards(2);
+      c->set_tier(tier);
+      c->set_refused(refused);
+    };
+    copy(2, proto::TIER_T0, "");
+    copy(1, proto::TIER_T1, "");
+    copy(3, proto::TIER_T1, "checksum mismatch");
+    ASSERT_TRUE(transport_.Deliver(ids[n], e));
+  }
+  Pump();
+  clock_.Advance(kTablesEvery);
+  Tick();
+  nodes = rows(ControllerShell::LiveTable::kNodes);
+  EXPECT_EQ(nodes[1]["t0_bytes"], 1001) << nodes.dump();
+  EXPECT_EQ(nodes[1]["t1_bytes"], 2001);
+  EXPECT_EQ(nodes[1]["t0_step"], 2);
+  EXPECT_EQ(nodes[1]["t1_step"], 1);
+  EXPECT_EQ(nodes[2]["t0_step"], -1) << "the spare listed nothing";
+
   // The spare's stream drops: down once the stream grace (2 s) has passed.
   transport_.HangUp(spare);
   Pump();

@@ -85,6 +85,8 @@ LiveTables BuildLiveTables(const core::JobMachine& machine, core::TimePoint star
                         {"strikes", row.strikes},
                         {"t0_bytes", row.tiers.t0_bytes},
                         {"t1_bytes", row.tiers.t1_bytes},
+                        {"t0_step", row.tiers.t0_step},
+                        {"t1_step", row.tiers.t1_step},
                         {"persisted_step", row.tiers.persisted_step}};
     if (row.state == NodeState::kMember) {
       j["first_rank"] = row.first_rank;

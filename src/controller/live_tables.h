@@ -30,6 +30,10 @@ struct NodeTiers {
   uint64_t t0_bytes = 0;
   uint64_t t1_bytes = 0;
   int64_t persisted_step = -1;  // the newest step it persisted to durable storage
+  // The newest step in its T0 and T1 as its last inventory listed them (a
+  // generation's teardown; -1: none listed).
+  int64_t t0_step = -1;
+  int64_t t1_step = -1;
 };
 
 // What the shell knows beside the machine.
@@ -59,7 +63,8 @@ struct LiveTables {
   std::vector<NodeRow> node_rows;
   // The rows as /api/nodes pages them: "node", "name", "state",
   // "first_rank" (members), "why" (refused), "strikes", "t0_bytes",
-  // "t1_bytes", "persisted_step", "step_s", "slowest_rank", "slowest_s".
+  // "t1_bytes", "t0_step", "t1_step", "persisted_step", "step_s",
+  // "slowest_rank", "slowest_s".
   std::vector<nlohmann::json> nodes;
   // One row per incident, newest first, as the report has it
   // (IncidentJson), with "recurrence" where the knowledge base has one.
