@@ -132,18 +132,25 @@ void DrawLegend(const std::vector<LegendEntry>& entries, double left, double rig
   }
 }
 
-std::string NoData(double width, double height, const std::string& title) {
+// The opening of a chart: the <svg> element of `width` x `height`, its
+// title (for screen readers and as the heading drawn), a white ground.
+std::string SvgHead(double width, double height, const std::string& title) {
   std::string s = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + Px(width) +
                   "\" height=\"" + Px(height) + "\" viewBox=\"0 0 " + Px(width) + " " + Px(height) +
                   "\" font-family=\"sans-serif\" font-size=\"12\" role=\"img\">\n";
-  s += "<title>" + XmlEscape(title.empty() ? "no data" : title) + "</title>\n";
-  s += "<rect width=\"100%\" height=\"100%\" fill=\"white\" stroke=\"#ccc\"/>\n";
-  s += "<text class=\"title\" x=\"" + Px(width / 2) +
-       "\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">" + XmlEscape(title) + "</text>\n";
-  s += "<text class=\"no-data\" x=\"" + Px(width / 2) + "\" y=\"" + Px(height / 2 + 10) +
-       "\" text-anchor=\"middle\" fill=\"#777\">no data</text>\n";
-  s += "</svg>\n";
+  if (!title.empty()) s += "<title>" + XmlEscape(title) + "</title>\n";
+  s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  if (!title.empty()) {
+    s += "<text class=\"title\" x=\"" + Px(width / 2) +
+         "\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">" + XmlEscape(title) + "</text>\n";
+  }
   return s;
+}
+
+std::string NoData(double width, double height, const std::string& title) {
+  return SvgHead(width, height, title) + "<text class=\"no-data\" x=\"" + Px(width / 2) +
+         "\" y=\"" + Px(height / 2 + 10) +
+         "\" text-anchor=\"middle\" fill=\"#777\">no data</text>\n" + "</svg>\n";
 }
 
 }  // namespace
@@ -327,16 +334,7 @@ std::string RenderLineChart(const LineChart& c) {
   auto px = [&](double x) { return left + (x - x_lo) / (x_hi - x_lo) * (right - left); };
   auto py = [&](double y) { return bottom - (y - y_lo) / (y_hi - y_lo) * (bottom - top); };
 
-  std::string s;
-  s += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + Px(width) + "\" height=\"" +
-       Px(height) + "\" viewBox=\"0 0 " + Px(width) + " " + Px(height) +
-       "\" font-family=\"sans-serif\" font-size=\"12\" role=\"img\">\n";
-  if (!c.title.empty()) s += "<title>" + XmlEscape(c.title) + "</title>\n";
-  s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  if (!c.title.empty()) {
-    s += "<text class=\"title\" x=\"" + Px(width / 2) +
-         "\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">" + XmlEscape(c.title) + "</text>\n";
-  }
+  std::string s = SvgHead(width, height, c.title);
   DrawLegend(legend, left, right, legend_top, s);
   s += "<defs><clipPath id=\"" + id + "-plot\"><rect x=\"" + Px(left) + "\" y=\"" + Px(top) +
        "\" width=\"" + Px(right - left) + "\" height=\"" + Px(bottom - top) +
@@ -490,15 +488,7 @@ std::string RenderBarChart(const BarChart& c) {
   const double height = top + kRow * static_cast<double>(c.bars.size()) + 8;
   const double bar_left = label_w, bar_right = width - value_w;
 
-  std::string s = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + Px(width) +
-                  "\" height=\"" + Px(height) + "\" viewBox=\"0 0 " + Px(width) + " " + Px(height) +
-                  "\" font-family=\"sans-serif\" font-size=\"12\" role=\"img\">\n";
-  if (!c.title.empty()) s += "<title>" + XmlEscape(c.title) + "</title>\n";
-  s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  if (!c.title.empty()) {
-    s += "<text class=\"title\" x=\"" + Px(width / 2) +
-         "\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">" + XmlEscape(c.title) + "</text>\n";
-  }
+  std::string s = SvgHead(width, height, c.title);
   Colors colors;
   for (size_t i = 0; i < c.bars.size(); ++i) {
     const Bar& b = c.bars[i];

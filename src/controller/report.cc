@@ -147,23 +147,6 @@ std::string Table(const std::vector<std::vector<std::string>>& rows, const std::
   return out;
 }
 
-std::string Outcome(const Json& report) {
-  if (!report.value("final", true)) return "not finished";
-  const Json& code = report["exit_code"];
-  if (!code.is_number_integer()) return "not finished";
-  if (report.contains("stopped_by") && report["stopped_by"].is_string()) {
-    return "stopped by " + report["stopped_by"].get<std::string>();
-  }
-  switch (code.get<int>()) {
-    case 0:
-      return "completed";
-    case 3:
-      return "gave up";
-    default:
-      return "failed";
-  }
-}
-
 }  // namespace
 
 Json BuildReport(const ReportInputs& in) {
@@ -295,6 +278,24 @@ void SetHistory(Json& report, int run, const Json& runs) {
 
 }  // namespace
 
+std::string ReportOutcome(const Json& report) {
+  const auto at = [&](const char* key) {
+    return report.is_object() && report.contains(key) ? report[key] : Json();
+  };
+  if (at("final").is_boolean() && !at("final").get<bool>()) return "not finished";
+  const Json code = at("exit_code");
+  if (!code.is_number_integer()) return "not finished";
+  if (at("stopped_by").is_string()) return "stopped by " + at("stopped_by").get<std::string>();
+  switch (code.get<int>()) {
+    case 0:
+      return "completed";
+    case 3:
+      return "gave up";
+    default:
+      return "failed";
+  }
+}
+
 Result<Json> ReportFromStore(StateStore& store, int run) {
   ENDURE_ASSIGN_OR_RETURN(Json report, RunReport(store, run));
   ENDURE_ASSIGN_OR_RETURN(Json runs, RunHistory(store));
@@ -402,7 +403,7 @@ std::string LeftOut(size_t count, const char* what) {
 
 std::string RenderRunReport(const Json& r, size_t max_rows) {
   std::ostringstream out;
-  out << "Job " << Str(r.value("job", Json())) << ": " << Outcome(r);
+  out << "Job " << Str(r.value("job", Json())) << ": " << ReportOutcome(r);
   if (r.contains("exit_code") && r["exit_code"].is_number_integer()) {
     out << " (exit " << r["exit_code"].get<int>() << ")";
   }

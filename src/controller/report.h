@@ -59,6 +59,11 @@ nlohmann::json BuildReport(const ReportInputs& inputs);
 // or no such run.
 Result<nlohmann::json> ReportFromStore(StateStore& store, int run = StateStore::kCurrentRun);
 
+// How the run ended, as the report says it: "completed", "gave up",
+// "failed", "stopped by SIGNAL" or "not finished" (a report that is not
+// final, or without an exit code).
+std::string ReportOutcome(const nlohmann::json& report);
+
 // Every run in the store, ascending, one JSON object each: "run", "job",
 // "started_at_unix", "finished_at_unix" and "exit_code" (null while not
 // finished), "verdict", "final" (its final report was saved), "incidents",

@@ -13,6 +13,7 @@
 
 #include "common/duration.h"
 #include "common/svg_chart.h"
+#include "controller/report.h"
 
 namespace endure::controller {
 namespace {
@@ -99,24 +100,6 @@ std::string UtcTime(const Json& unix_s) {
   return buf;
 }
 
-// As the text report says it (report.cc).
-std::string Outcome(const Json& r) {
-  if (At(r, "final").is_boolean() && !At(r, "final").get<bool>()) return "not finished";
-  const Json& code = At(r, "exit_code");
-  if (!code.is_number_integer()) return "not finished";
-  if (At(r, "stopped_by").is_string()) {
-    return "stopped by " + XmlEscape(At(r, "stopped_by").get<std::string>());
-  }
-  switch (code.get<int>()) {
-    case 0:
-      return "completed";
-    case 3:
-      return "gave up";
-    default:
-      return "failed";
-  }
-}
-
 // A column of the history: numbers, and NaN for null (a gap).
 std::vector<double> Column(const Json& values, double scale = 1) {
   std::vector<double> out;
@@ -167,7 +150,7 @@ void Figure(std::string& out, const std::string& label, const std::string& value
 
 void Header(const Json& r, std::string& out) {
   const std::string job = Text(At(r, "job"));
-  out += "<h1>Job <span id=\"job\">" + job + "</span>: " + Outcome(r);
+  out += "<h1>Job <span id=\"job\">" + job + "</span>: " + XmlEscape(ReportOutcome(r));
   if (At(r, "exit_code").is_number_integer()) {
     out += " (exit " + std::to_string(At(r, "exit_code").get<int>()) + ")";
   }

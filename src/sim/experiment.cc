@@ -17,29 +17,6 @@ std::string Fixed(double v, int digits) {
   return buf;
 }
 
-std::string XmlEscape(const std::string& s) {
-  std::string out;
-  for (char ch : s) {
-    switch (ch) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += ch;
-    }
-  }
-  return out;
-}
-
 // About five round tick values covering [lo, hi].
 std::vector<double> Ticks(double lo, double hi) {
   double span = hi - lo;
