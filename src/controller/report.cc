@@ -278,6 +278,16 @@ void SetHistory(Json& report, int run, const Json& runs) {
 
 }  // namespace
 
+std::string UtcTime(const Json& unix_s) {
+  if (!unix_s.is_number()) return "-";
+  const auto t = static_cast<std::time_t>(unix_s.get<double>());
+  std::tm tm{};
+  if (gmtime_r(&t, &tm) == nullptr) return "-";
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
 std::string ReportOutcome(const Json& report) {
   const auto at = [&](const char* key) {
     return report.is_object() && report.contains(key) ? report[key] : Json();
@@ -349,17 +359,6 @@ Status AddRunHistory(StateStore& store, Json& report) {
 }
 
 namespace {
-
-// When a run started, for the table: UTC, to the second.
-std::string UtcTime(const Json& unix_s) {
-  if (!unix_s.is_number()) return "-";
-  const auto t = static_cast<std::time_t>(unix_s.get<double>());
-  std::tm tm{};
-  if (gmtime_r(&t, &tm) == nullptr) return "-";
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm);
-  return buf;
-}
 
 // One line per run before this one; nothing when there is none.
 std::string RenderEarlierRuns(const Json& r) {

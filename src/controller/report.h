@@ -59,6 +59,10 @@ nlohmann::json BuildReport(const ReportInputs& inputs);
 // or no such run.
 Result<nlohmann::json> ReportFromStore(StateStore& store, int run = StateStore::kCurrentRun);
 
+// A Unix time (seconds) as the reports show it: UTC, to the second; "-"
+// for anything but a number.
+std::string UtcTime(const nlohmann::json& unix_s);
+
 // How the run ended, as the report says it: "completed", "gave up",
 // "failed", "stopped by SIGNAL" or "not finished" (a report that is not
 // final, or without an exit code).

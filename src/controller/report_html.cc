@@ -90,16 +90,6 @@ std::string LongSecs(double s) {
   return out;
 }
 
-std::string UtcTime(const Json& unix_s) {
-  if (!unix_s.is_number()) return "-";
-  const auto t = static_cast<std::time_t>(unix_s.get<double>());
-  std::tm tm{};
-  if (gmtime_r(&t, &tm) == nullptr) return "-";
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
-  return buf;
-}
-
 // A column of the history: numbers, and NaN for null (a gap).
 std::vector<double> Column(const Json& values, double scale = 1) {
   std::vector<double> out;
