@@ -194,6 +194,12 @@ void JobMetrics::UpdateNodes(const LiveTables& tables) {
   Job("endure_step_seconds_median",
       "The median rank's mean step compute time over the straggler window.")
       .Set(tables.median_step_s);
+  // The job's slowest rank now (the first outlier): which, and how slow.
+  const bool any = !tables.outliers.empty();
+  Job("endure_slowest_rank", "The rank with the longest mean step compute time now (-1: none).")
+      .Set(any ? tables.outliers[0]["rank"].get<double>() : -1);
+  Job("endure_slowest_rank_step_seconds", "That rank's mean step compute time over the window.")
+      .Set(any ? tables.outliers[0]["step_s"].get<double>() : std::nan(""));
 }
 
 void JobMetrics::Update(const core::JobMachine& machine, const nlohmann::json& status,

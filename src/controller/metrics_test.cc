@@ -140,6 +140,8 @@ TEST_F(JobMetricsTest, EachMemberNodeHasItsStepTimeAndSlowestRankAndEachNodeItsT
   EXPECT_NEAR(Value(text, "endure_node_step_seconds{node=\"node1\"}"), 0.11, 1e-9);
   EXPECT_NEAR(Value(text, "endure_node_slowest_rank_step_seconds{node=\"node1\"}"), 0.12, 1e-9);
   EXPECT_NEAR(Value(text, "endure_step_seconds_median"), 0.1, 1e-9);
+  EXPECT_EQ(Value(text, "endure_slowest_rank"), 3);
+  EXPECT_NEAR(Value(text, "endure_slowest_rank_step_seconds"), 0.12, 1e-9);
   EXPECT_EQ(Value(text, "endure_tier_bytes{node=\"node1\",tier=\"T1\"}"), 2 << 20);
   EXPECT_EQ(Value(text, "endure_tier_bytes{node=\"node0\",tier=\"T0\"}"), 0);
   EXPECT_THAT(text, HasSubstr("# TYPE endure_incidents_total counter"));
