@@ -1238,7 +1238,9 @@ void ControllerShell::WriteStatus(TimePoint now, bool force) {
   status["world_size"] = machine_.members().size() * machine_.ranks_per_node();
   status["stragglers_flagged"] = machine_.stragglers().size();
   const DurableView durable = Durable(now);
-  status["durable"] = {{"step", durable.step}, {"age_s", durable.age_s}};
+  status["durable"] = {
+      {"step", durable.step},
+      {"age_s", std::isfinite(durable.age_s) ? nlohmann::json(durable.age_s) : nlohmann::json()}};
   // The newest copy in node memory (every member's T0, its peer's T1).
   status["memory_step"] = machine_.checkpoints().NewestCopy().value;
   nlohmann::json ledger_s = nlohmann::json::object();
@@ -1290,8 +1292,12 @@ DurableView ControllerShell::Durable(TimePoint now) {
     }
     durable_seen_ = newest;
   }
-  return {newest, Seconds(now - (newest >= 0 && durable_at_ ? *durable_at_ : start_)),
-          machine_.checkpoints().totals().durable_commits};
+  // A job that takes no checkpoints has no age to alert on (NaN: the
+  // metric's comparisons are false).
+  const double age_s = o_.spec.checkpoint.every_steps <= 0
+                           ? std::nan("")
+                           : Seconds(now - (newest >= 0 && durable_at_ ? *durable_at_ : start_));
+  return {newest, age_s, machine_.checkpoints().totals().durable_commits};
 }
 
 void ControllerShell::BuildLiveView(TimePoint now, const nlohmann::json& status) {

@@ -674,6 +674,9 @@ TEST_F(ControllerShellTest, TheRateFollowsRankZerosStepsInItsNodesReports) {
   EXPECT_EQ(status["step"], 5) << status;
   EXPECT_NEAR(status["steps_per_s"].get<double>(), 2.0, 1e-9) << status;  // a step per 0.5 s
   EXPECT_NEAR(status["tokens_per_s"].get<double>(), 2000.0, 1e-6) << status;
+  // This job takes no checkpoints (no every_steps): no durable age to alert on.
+  EXPECT_EQ(status["durable"]["step"], -1);
+  EXPECT_TRUE(status["durable"]["age_s"].is_null()) << status;
 }
 
 // A loop whose oldest queued input waited longer than kOverloadedAfter says
