@@ -1301,10 +1301,20 @@ TEST_F(ControllerShellTest, ARestartedControllerCarriesTheRunOnAndTheAgentsResum
   Make(2);
   CrashAndRecover(transport_, *shell_, clock_, AttachAndStart(2));
   ASSERT_EQ(Status()["incidents"], 1);
+  const std::string before = shell_->MetricsText();
+  ASSERT_NE(before.find("\nendure_incidents_total{cause=\"worker_exit\"} 1\n"), std::string::npos)
+      << before;
   clock_.Advance(3s);  // the controller is down
   Restart();
   nlohmann::json status = Status();
   EXPECT_EQ(status["generation"], 1) << status;
+  // The job's counters go on from the run's totals: no reset for Prometheus.
+  const std::string after = shell_->MetricsText();
+  EXPECT_NE(after.find("\nendure_incidents_total{cause=\"worker_exit\"} 1\n"), std::string::npos)
+      << after;
+  EXPECT_NE(after.find("\nendure_restarts_total{route=\"full_restart\"} 1\n"), std::string::npos)
+      << after;
+  EXPECT_NE(after.find("\nendure_detection_seconds_count 1\n"), std::string::npos) << after;
   EXPECT_EQ(status["phase"], "running");
   EXPECT_EQ(status["step"], 6);
   EXPECT_EQ(status["incidents"], 1);
