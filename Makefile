@@ -10,8 +10,8 @@ FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
 
-.PHONY: all deps configure build demo test unit integration integration-loaded bench simtest format clean \
-        fuzz-build fuzz fuzz-seeds
+.PHONY: all deps configure build demo test test-torch unit integration integration-loaded bench simtest \
+        format clean fuzz-build fuzz fuzz-seeds
 
 all: build
 
@@ -33,6 +33,14 @@ demo: build
 test: build fuzz-build
 	cd $(BUILD) && ctest --output-on-failure --timeout 900
 	cd $(FUZZ_BUILD) && ctest --output-on-failure -L fuzz -j$(JOBS)
+
+# The Python package's tests (ctest label python) twice: under Debian's
+# python3 with its torch 1.13, as `make test` runs them, and in the torch 2.x
+# virtualenv of scripts/torch-venv (made from PyPI on first use, then reused
+# from ~/.cache/endure/torch-venv). `make test` does not need the venv.
+test-torch: configure
+	cmake --build $(BUILD) -j$(JOBS) --target endure _endure
+	@py=$$(scripts/torch-venv) && scripts/test-torch --build $(BUILD) /usr/bin/python3 "$$py"
 
 unit: build
 	cd $(BUILD) && ctest --output-on-failure -L unit -j$(JOBS)

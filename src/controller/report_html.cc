@@ -337,7 +337,10 @@ void History(const Json& r, std::string& out) {
   }
   if (ledger_s.is_object()) {
     // Categories this page does not know (a newer controller's), after the known ones.
-    for (const auto& [name, values] : ledger_s.items()) {
+    for (const auto& item : ledger_s.items()) {
+      // Named, not bound: clang 14 (the fuzz build) captures no structured binding.
+      const std::string& name = item.key();
+      const Json& values = item.value();
       const bool known = std::any_of(std::begin(kCategories), std::end(kCategories),
                                      [&](const Category& cat) { return name == cat.key; });
       if (!known && values.is_array()) {
