@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import unittest
 
 ENDURE = os.environ.get("ENDURE_BIN", "build/bin/endure")
@@ -197,6 +198,64 @@ class UnmodifiedDdpScript(unittest.TestCase):
             # 60 s start-up timeout.
             self.assertLess(incidents[0]["detected_after_s"], 10.0, incidents[0])
             self.assertEqual(sorted(report["nodes"]), ["node0", "node1"])  # none evicted
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+# A program whose progress bar the job's pattern does not match: a hundred
+# lines over 22 s, then the lines the pattern is for.
+UNMATCHED_SCRIPT = """\
+import sys, time
+for i in range(250):
+    print(f"Epoch 0: {i}/250 [00:00<00:22]", flush=True)
+    time.sleep(0.09)
+for step in range(1, 4):
+    print(f"step {step}/3 loss 2.0", flush=True)
+"""
+
+
+class UnmatchedProgressPattern(unittest.TestCase):
+    def test_a_pattern_that_matches_nothing_is_a_warning_in_the_status_and_the_report(self):
+        directory = tempfile.mkdtemp(prefix="endure-unmatched-")
+        try:
+            script = os.path.join(directory, "bar.py")
+            with open(script, "w") as f:
+                f.write(UNMATCHED_SCRIPT)
+            state = os.path.join(directory, "bar")
+            path = os.path.join(directory, "bar.toml")
+            with open(path, "w") as f:
+                f.write(textwrap.dedent(f"""\
+                    [job]
+                    name = "bar"
+                    command = {json.dumps([sys.executable, script])}
+                    nodes = 1
+                    state_dir = "{state}"
+                    [detection]
+                    startup_timeout = "120s"
+                    progress_pattern = 'step (?P<step>\\d+)/\\d+ loss (?P<loss>\\S+)'
+                    """))
+            job = subprocess.Popen([ENDURE, "run", path, "--quiet"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+            live = []
+            status_path = os.path.join(state, "status.json")
+            while job.poll() is None and not live:
+                try:
+                    with open(status_path) as f:
+                        live = json.load(f).get("warnings", [])
+                except (OSError, ValueError):
+                    pass  # not written yet, or being replaced
+                time.sleep(0.2)
+            out, _ = job.communicate(timeout=300)
+            self.assertEqual(job.returncode, 0, out)
+            self.assertEqual(len(live), 1, "the live status warned while the job ran: " + out)
+            # At least 100 lines over at least 20 s (NodeMachine's thresholds).
+            self.assertRegex(live[0], r"node0: \[detection\] progress_pattern matched none of "
+                                      r"the (\d{3}) lines its workers printed over (2\d|1\d\d)\.\ds "
+                                      r"\(the last: 'Epoch 0: \d+/250")
+            with open(os.path.join(state, "report.json")) as f:
+                report = json.load(f)
+            self.assertEqual(report["warnings"], live)
+            self.assertEqual(report["steps"], 3, out)  # it matched in the end
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 

@@ -370,6 +370,7 @@ ControllerShell::Queued ControllerShell::Translate(const proto::AgentEvent& e, N
   q.node = node;
   q.event = std::move(read.event);
   q.log_match = std::move(read.log_match);
+  q.progress_unmatched = std::move(read.progress_unmatched);
   q.fingerprint = std::move(read.fingerprint);
   q.tokens = read.tokens;
   q.stopped = std::move(read.stopped);
@@ -886,6 +887,18 @@ void ControllerShell::Turn(bool block) {
     item.event = core::Tick{};
     item.at = tick_first ? judged_at : now;
   }
+  if (item.progress_unmatched) {
+    const proto::ProgressUnmatched& u = *item.progress_unmatched;
+    char what[128];
+    std::snprintf(what, sizeof what, "%lld lines its workers printed over %.1fs",
+                  static_cast<long long>(std::max<int64_t>(0, u.lines())),
+                  std::isfinite(u.seconds()) ? std::max(0.0, u.seconds()) : 0.0);
+    Warn(NameOf(item.node) + ": [detection] progress_pattern matched none of the " + what +
+         " (the last: '" + SanitizeUtf8(u.last_line().substr(0, 200)) +
+         "'), so no step is counted: fix the pattern (docs/progress_pattern.md has one for each "
+         "framework) or report steps with the client library (docs/python.md)");
+    return;
+  }
   if (item.log_match) {
     const int rank = item.log_match->rank();
     if (rank >= 0 && rank < o_.spec.world_size()) {
@@ -987,6 +1000,7 @@ Result<int> ControllerShell::Finish() {
   nlohmann::json report = BuildReport(in);
   report["checkpoint"] = CheckpointJson();
   report["history"] = history_.ToJson();
+  report["warnings"] = warnings_;
   if (store_) Journal("the run history", AddRunHistory(*store_, report));
   if (store_) Journal("the report", store_->SaveReport(report));
   job_.finished_at_unix = clock_->WallSeconds();
@@ -1235,6 +1249,7 @@ void ControllerShell::WriteStatus(TimePoint now, bool force) {
         inc.cause.name + " (rank " + std::to_string(inc.rank.value) + ", " + inc.action + ")";
   }
   status["name"] = o_.spec.name;
+  status["warnings"] = warnings_;
   status["world_size"] = machine_.members().size() * machine_.ranks_per_node();
   status["stragglers_flagged"] = machine_.stragglers().size();
   const DurableView durable = Durable(now);
@@ -1277,6 +1292,15 @@ void ControllerShell::WriteStatus(TimePoint now, bool force) {
   std::fputs(status.dump().c_str(), f);
   std::fclose(f);
   std::rename((path + ".tmp").c_str(), path.c_str());
+}
+
+void ControllerShell::Warn(const std::string& warning) {
+  if (warnings_.size() >= kMaxWarnings ||
+      std::find(warnings_.begin(), warnings_.end(), warning) != warnings_.end()) {
+    return;
+  }
+  std::fprintf(stderr, "endure controller: warning: %s\n", warning.c_str());
+  warnings_.push_back(warning);
 }
 
 DurableView ControllerShell::Durable(TimePoint now) {

@@ -164,9 +164,10 @@ class ControllerShell final : public TransportSink {
   // alone needs of it.
   struct Queued {
     std::optional<core::JobEvent> event;
-    std::optional<proto::LogMatch> log_match;         // explains the exit that follows
-    std::string fingerprint;                          // from a worker's last words
-    int64_t tokens = 0;                               // tokens of a step
+    std::optional<proto::LogMatch> log_match;                    // explains the exit that follows
+    std::optional<proto::ProgressUnmatched> progress_unmatched;  // the pattern counts nothing
+    std::string fingerprint;                                     // from a worker's last words
+    int64_t tokens = 0;                                          // tokens of a step
     std::optional<proto::GenerationStopped> stopped;  // with the node's checkpoint inventory
     core::NodeId node;
     core::TimePoint at;
@@ -370,6 +371,11 @@ class ControllerShell final : public TransportSink {
   std::shared_ptr<const LiveTables> tables_ GUARDED_BY(published_mu_) =
       std::make_shared<const LiveTables>();
   std::optional<core::TimePoint> tables_built_at_;  // the loop's: when tables_ was built
+  // What the live status and the report warn of (a progress pattern that
+  // matches nothing), each once, at most kMaxWarnings; the loop's.
+  void Warn(const std::string& warning);
+  std::vector<std::string> warnings_;
+  static constexpr size_t kMaxWarnings = 64;
   // The live view beyond the machine (the loop thread's): strikes and tiers
   // by node, the knowledge base's recurrences; the history and the step-time
   // heatmap; the newest durable step and when it was committed.

@@ -679,6 +679,40 @@ TEST_F(ControllerShellTest, TheRateFollowsRankZerosStepsInItsNodesReports) {
   EXPECT_TRUE(status["durable"]["age_s"].is_null()) << status;
 }
 
+// An agent's word that the job's progress_pattern matches nothing its
+// workers print (ProgressUnmatched) is a warning in the live status and the
+// report, once however often it comes, with the worker's line as text.
+TEST_F(ControllerShellTest, APatternThatMatchesNothingIsAWarningInTheStatusAndTheReport) {
+  Make(2);
+  const std::vector<ConnectionId> ids = AttachAndStart(2);
+  for (int i = 0; i < 2; ++i) {
+    proto::AgentEvent e = Event(0);
+    e.mutable_progress_unmatched()->set_lines(100);
+    e.mutable_progress_unmatched()->set_seconds(21.5);
+    e.mutable_progress_unmatched()->set_last_line("Epoch 0: 12%|\xff| 12/100");
+    ASSERT_TRUE(transport_.Deliver(ids[0], e));
+  }
+  Pump();
+  clock_.Advance(300ms);
+  Tick();
+  const nlohmann::json status = Status();
+  ASSERT_EQ(status["warnings"].size(), 1u) << status;
+  const std::string warning = status["warnings"][0];
+  EXPECT_NE(warning.find("node0: [detection] progress_pattern matched none of the 100 lines its "
+                         "workers printed over 21.5s (the last: 'Epoch 0: 12%|\xEF\xBF\xBD| "
+                         "12/100')"),
+            std::string::npos)
+      << warning;
+  Steps(ids, 0, 1, 2);
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(transport_.Deliver(ids[r], Exited(0, r, 0)));
+  Pump();
+  ASSERT_TRUE(shell_->done());
+  ASSERT_TRUE(shell_->Finish().ok());
+  const nlohmann::json report = ReadJson(JoinPath(state_dir(), "report.json"));
+  ASSERT_EQ(report["warnings"], nlohmann::json::array({warning}));
+  EXPECT_NE(RenderReport(report).find("  warning: " + warning), std::string::npos);
+}
+
 // A loop whose oldest queued input waited longer than kOverloadedAfter says
 // so — in its log, its status and its metrics — until it is back within
 // kCaughtUpWithin, and counts the time.

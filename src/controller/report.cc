@@ -408,6 +408,9 @@ std::string RenderRunReport(const Json& r, size_t max_rows) {
   }
   out << "\n";
   if (r.contains("verdict") && !Str(r["verdict"]).empty()) out << "  " << Str(r["verdict"]) << "\n";
+  if (r.contains("warnings") && r["warnings"].is_array()) {
+    for (const Json& w : r["warnings"]) out << "  warning: " << Str(w) << "\n";
+  }
   std::vector<std::string> facts;
   if (r.contains("run") && r["run"].is_number()) facts.push_back("run " + Str(r["run"]));
   if (r.contains("steps") && r["steps"].is_number()) facts.push_back("steps " + Str(r["steps"]));

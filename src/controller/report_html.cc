@@ -147,6 +147,11 @@ void Header(const Json& r, std::string& out) {
   out += "</h1>\n";
   if (At(r, "verdict").is_string())
     out += "<p class=\"verdict\">" + Text(At(r, "verdict")) + "</p>\n";
+  if (At(r, "warnings").is_array()) {
+    for (const Json& w : At(r, "warnings")) {
+      out += "<p class=\"verdict warning\">warning: " + Text(w) + "</p>\n";
+    }
+  }
   if (At(r, "final").is_boolean() && !At(r, "final").get<bool>()) {
     out +=
         "<p class=\"warning\">Not a final report: the job is still running, or its controller "

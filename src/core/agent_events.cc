@@ -90,6 +90,9 @@ AgentEventRead ReadAgentEvent(const proto::AgentEvent& e, NodeId node,
     case proto::AgentEvent::kLogMatch:
       q.log_match = e.log_match();
       break;
+    case proto::AgentEvent::kProgressUnmatched:
+      q.progress_unmatched = e.progress_unmatched();
+      break;
     case proto::AgentEvent::kWorkerExited: {
       const auto& x = e.worker_exited();
       WorkerExitEvent exit;

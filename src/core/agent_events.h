@@ -33,10 +33,11 @@ struct AgentEventContext {
 };
 
 struct AgentEventRead {
-  std::optional<JobEvent> event;                    // none: nothing for the machine
-  std::optional<proto::LogMatch> log_match;         // explains the exit that follows
-  std::string fingerprint;                          // from a worker's last words
-  int64_t tokens = 0;                               // tokens of a step
+  std::optional<JobEvent> event;                               // none: nothing for the machine
+  std::optional<proto::LogMatch> log_match;                    // explains the exit that follows
+  std::optional<proto::ProgressUnmatched> progress_unmatched;  // a warning, once a generation
+  std::string fingerprint;                                     // from a worker's last words
+  int64_t tokens = 0;                                          // tokens of a step
   std::optional<proto::GenerationStopped> stopped;  // with the node's checkpoint inventory
 };
 

@@ -322,6 +322,8 @@ void NodeMachine::OnGenerationStarted(const GenerationStarted& in, NodeTime time
   last_steps_.clear();
   last_words_.clear();
   output_.reset();
+  first_output_at_.reset();
+  unmatched_warned_ = false;
   for (const auto& [id, factor] : in.comm_slow_factors) comm_slow_factors_[id] = factor;
   persist_every_steps_ = in.persist_every_steps;
   if (!in.progress_pattern.empty()) {
@@ -445,6 +447,31 @@ void NodeMachine::OnOutputLine(const OutputLine& in, NodeTime time, std::vector<
     Route(std::move(e), out);
   }
   if (stepped) Stepped(out);
+  WarnIfUnmatched(in.generation, time, out);
+}
+
+void NodeMachine::WarnIfUnmatched(int64_t generation, NodeTime time, std::vector<NodeAction>* out) {
+  if (!first_output_at_) first_output_at_ = time.now;
+  if (unmatched_warned_ || output_->matched() ||
+      output_->unmatched_lines() < kUnmatchedLinesToWarn ||
+      time.now - *first_output_at_ < kUnmatchedForToWarn) {
+    return;
+  }
+  unmatched_warned_ = true;
+  const double seconds = Seconds(time.now - *first_output_at_);
+  char what[160];
+  std::snprintf(what, sizeof what,
+                "progress_pattern has matched none of the %lld lines the workers printed over "
+                "%.1fs: no step is counted",
+                static_cast<long long>(output_->unmatched_lines()), seconds);
+  out->push_back(LogLine{std::string(what) + " (the last: '" + output_->last_unmatched() + "')"});
+  proto::AgentEvent e;
+  auto* u = e.mutable_progress_unmatched();
+  u->set_lines(output_->unmatched_lines());
+  u->set_seconds(seconds);
+  u->set_last_line(output_->last_unmatched());
+  Stamp(&e, generation, time.wall_s);
+  Route(std::move(e), out);
 }
 
 void NodeMachine::OnWorkerExited(const WorkerExited& in, NodeTime time,

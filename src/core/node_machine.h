@@ -199,6 +199,12 @@ std::string_view RestoreRouteName(RestoreRoute route);
 // too, for the controller as for the agent: the agent's heartbeat (every
 // second) is not sent within this long of one that went down the stream.
 inline constexpr Clock::TimePoint::duration kReportIsHeartbeat = std::chrono::seconds(1);
+// A progress pattern that has matched none of this many lines, printed over
+// at least this long, is reported as matching nothing (ProgressUnmatched):
+// a program's banner and start-up logs are a few dozen lines, a progress bar
+// drawn with the wrong pattern hundreds within seconds.
+inline constexpr int64_t kUnmatchedLinesToWarn = 100;
+inline constexpr Clock::TimePoint::duration kUnmatchedForToWarn = std::chrono::seconds(20);
 
 struct NodeMachineOptions {
   std::string token;     // the job token: stamped on every event, required on commands
@@ -249,6 +255,10 @@ class NodeMachine {
   void FlushSteps(std::vector<NodeAction>* out);
   void Send(proto::AgentEvent event, std::vector<NodeAction>* out);
   void Stamp(proto::AgentEvent* event, int64_t generation, double wall_s) const;
+  // Once a generation, when the progress pattern has matched none of
+  // kUnmatchedLinesToWarn lines printed over kUnmatchedForToWarn: a log line
+  // and a ProgressUnmatched for the controller (its status and report warn).
+  void WarnIfUnmatched(int64_t generation, NodeTime time, std::vector<NodeAction>* out);
   void Refuse(const std::string& why, NodeTime time, std::vector<NodeAction>* out);
   void OnStreamOpened(const StreamOpened& in, NodeTime time, std::vector<NodeAction>* out);
   void OnCommand(const proto::AgentCommand& cmd, std::vector<NodeAction>* out);
@@ -279,7 +289,11 @@ class NodeMachine {
   std::optional<Clock::TimePoint> last_report_at_;
   bool member_ = false;  // a generation ran here (a spare keeps standbys only before)
   Clock::TimePoint started_{};
-  std::optional<OutputReports> output_;                       // with a progress pattern
+  std::optional<OutputReports> output_;  // with a progress pattern
+  // When this generation's workers first printed, and whether the pattern's
+  // silence was reported (WarnIfUnmatched).
+  std::optional<Clock::TimePoint> first_output_at_;
+  bool unmatched_warned_ = false;
   std::map<int, int> stack_signals_;                          // rank -> signal
   std::map<int, int64_t> last_steps_;                         // rank -> last step reported
   std::map<int, std::vector<proto::AgentEvent>> last_words_;  // rank -> log match, exit

@@ -137,6 +137,72 @@ proto::AgentEvent Hello(bool resuming) {
 // hears every step report a rank made exactly once, in order (the outage
 // buffer is large enough to drop none), and each stream starts with a
 // registration.
+// A progress pattern that matches nothing the workers print: after
+// kUnmatchedLinesToWarn lines over kUnmatchedForToWarn, once a generation, a
+// log line and a ProgressUnmatched go up; never before, and never once the
+// pattern matched.
+TEST(NodeMachineOutput, APatternThatMatchesNothingIsReportedOnceAGeneration) {
+  Result<LogClassifier> classifier = LogClassifier::FromToml(R"(
+[[rule]]
+name = "oom"
+pattern = 'CUDA out of memory'
+cause = "cuda_oom"
+action = "restart"
+)",
+                                                             "one rule");
+  ASSERT_TRUE(classifier.ok()) << classifier.status().message();
+  NodeMachineOptions options;
+  options.token = "job";
+  NodeMachine m(options, std::move(classifier).value(), {});
+  NodeTime time{Clock::TimePoint{}, 1e9};
+  int warned = 0;
+  std::string logged;
+  const auto feed = [&](const NodeInput& in) {
+    for (NodeAction& a : m.Step(in, time)) {
+      if (auto* t = std::get_if<Transmit>(&a); t && t->event.has_progress_unmatched()) {
+        ++warned;
+        EXPECT_EQ(t->event.progress_unmatched().lines(), kUnmatchedLinesToWarn);
+        EXPECT_EQ(t->event.progress_unmatched().last_line(), "Epoch 0:  99%|#### | 99/100");
+      }
+      if (auto* l = std::get_if<LogLine>(&a)) logged += l->text + "\n";
+    }
+  };
+  feed(StreamOpened{Hello(false), false});
+  const auto start = [&](int64_t generation) {
+    GenerationStarted g;
+    g.generation = generation;
+    g.credential = "c";
+    g.ranks = {0};
+    g.world_size = 1;
+    g.progress_pattern = R"(step (?P<step>\d+))";
+    feed(g);
+  };
+  const auto lines = [&](int64_t generation, int n, std::chrono::milliseconds apart) {
+    for (int i = 0; i < n; ++i) {
+      time.now += apart;
+      time.wall_s += std::chrono::duration<double>(apart).count();
+      feed(OutputLine{generation, 0, i + 1 == n ? "Epoch 0:  99%|#### | 99/100" : "banner"});
+    }
+  };
+  start(1);
+  lines(1, kUnmatchedLinesToWarn - 1, std::chrono::seconds(1));  // long enough, too few lines
+  EXPECT_EQ(warned, 0);
+  lines(1, 1, std::chrono::milliseconds(10));
+  EXPECT_EQ(warned, 1);
+  EXPECT_NE(logged.find("progress_pattern has matched none of the 100 lines"), std::string::npos)
+      << logged;
+  lines(1, 500, std::chrono::milliseconds(10));
+  EXPECT_EQ(warned, 1) << "once a generation";
+
+  start(2);  // many lines, but within kUnmatchedForToWarn
+  lines(2, 500, std::chrono::milliseconds(10));
+  EXPECT_EQ(warned, 1);
+  start(3);  // the pattern matched: the lines after are no warning
+  feed(OutputLine{3, 0, "step 1"});
+  lines(3, 500, std::chrono::milliseconds(100));
+  EXPECT_EQ(warned, 1);
+}
+
 TEST(NodeMachineLink, EveryStepReportArrivesOnceAndInOrderThroughOutages) {
   for (uint64_t seed = 1; seed <= 50; ++seed) {
     Result<LogClassifier> classifier = LogClassifier::FromToml(R"(

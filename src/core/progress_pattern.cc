@@ -139,7 +139,14 @@ std::vector<OutputReport> OutputReports::OnLine(int rank, std::string_view line)
   Rank& r = ranks_[rank];
   if (r.datagram_steps) return out;
   const std::optional<ProgressMatch> match = pattern_.Match(line);
-  if (!match) return out;
+  if (!match) {
+    if (!matched_) {
+      ++unmatched_lines_;
+      last_unmatched_ = std::string(line.substr(0, kLastLineBytes));
+    }
+    return out;
+  }
+  matched_ = true;
   const bool whole_job = rank == 0 && !r.datagram_ready;
   const bool first = !r.output.seen();
   const std::optional<int64_t> completed = r.output.Observe(match->step);

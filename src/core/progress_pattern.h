@@ -148,6 +148,14 @@ class OutputReports {
   // A line of `rank`'s output: the reports it adds, in the order to send them.
   std::vector<OutputReport> OnLine(int rank, std::string_view line);
 
+  // Whether the pattern has matched a line of this node's output yet, and
+  // the lines read for progress (from ranks that send no step datagrams)
+  // before it did, the last of them at most kLastLineBytes long.
+  bool matched() const { return matched_; }
+  int64_t unmatched_lines() const { return unmatched_lines_; }
+  const std::string& last_unmatched() const { return last_unmatched_; }
+  static constexpr size_t kLastLineBytes = 200;
+
  private:
   struct Rank {
     bool ready = false;           // a "ready" went up for it (datagram or synthesised)
@@ -157,6 +165,9 @@ class OutputReports {
   };
   ProgressPattern pattern_;
   std::vector<Rank> ranks_;
+  bool matched_ = false;
+  int64_t unmatched_lines_ = 0;
+  std::string last_unmatched_;
 };
 
 }  // namespace endure::core

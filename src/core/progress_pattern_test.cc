@@ -166,6 +166,24 @@ TEST(OutputReports, DatagramsWin) {
   EXPECT_TRUE(r.OnLine(0, "step 2").empty());
 }
 
+// The lines read for progress before the pattern first matched: what the
+// agent warns of when there are many (NodeMachine::WarnIfUnmatched).
+TEST(OutputReports, CountsTheLinesReadBeforeThePatternFirstMatched) {
+  OutputReports r(Compile(R"(step (?P<step>\d+))"), 2);
+  r.OnDatagram(1, "step");
+  EXPECT_TRUE(r.OnLine(1, "rank 1 reports by datagram: not read").empty());
+  EXPECT_EQ(r.unmatched_lines(), 0);
+  r.OnLine(0, "Epoch 0:  12%|#2   | 12/100 [00:01<00:10]");
+  r.OnLine(0, std::string(300, 'x'));
+  EXPECT_FALSE(r.matched());
+  EXPECT_EQ(r.unmatched_lines(), 2);
+  EXPECT_EQ(r.last_unmatched(), std::string(OutputReports::kLastLineBytes, 'x'));
+  r.OnLine(0, "step 1");
+  r.OnLine(0, "validation banner");
+  EXPECT_TRUE(r.matched());
+  EXPECT_EQ(r.unmatched_lines(), 2) << "not counted once the pattern matched";
+}
+
 TEST(OutputReports, ARankThatSaidReadyStandsOnlyForItself) {
   // It uses the client library for something (ready, stacks) but reports
   // its steps through its output.
