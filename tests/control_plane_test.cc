@@ -1480,7 +1480,7 @@ TEST_F(ControlPlaneTest, MetricsShowTheStepAdvanceDuringARun) {
   httplib::Client http("http://" + hostport);
   http.set_connection_timeout(5);
   http.set_read_timeout(5);
-  const std::regex step_line("\nendure_step\\{job=\"metrics\"\\} ([0-9]+)\n");
+  const std::regex step_line("\nendure_step ([0-9]+)\n");
   std::vector<int64_t> steps;  // the distinct values seen, in order
   while (!run->Ended(50ms) && std::chrono::steady_clock::now() < deadline) {
     auto res = http.Get("/metrics");
@@ -2138,7 +2138,7 @@ TEST_F(ControlPlaneTest, HttpBeyondLoopbackRequiresTheToken) {
   EXPECT_EQ(page->status, 401);
   EXPECT_EQ(wrong->status, 401);
   EXPECT_EQ(bearer->status, 200);
-  EXPECT_NE(bearer->body.find("endure_generation{job=\"httpauth\"}"), std::string::npos);
+  EXPECT_NE(bearer->body.find("endure_job_info{name=\"httpauth\""), std::string::npos);
   EXPECT_EQ(query->status, 200);
   EXPECT_NE(query->body.find("waiting_for_nodes"), std::string::npos) << query->body;
 }
