@@ -1304,7 +1304,8 @@ void ControllerShell::Warn(const std::string& warning) {
 }
 
 DurableView ControllerShell::Durable(TimePoint now) {
-  const int64_t newest = machine_.checkpoints().totals().newest_durable.value;
+  const core::CheckpointTotals totals = machine_.checkpoints().totals();
+  const int64_t newest = totals.newest_durable.value;
   if (newest != durable_seen_) {
     if (newest >= 0 && !durable_at_) {
       // Committed before this controller: its directory's time says when.
@@ -1321,7 +1322,7 @@ DurableView ControllerShell::Durable(TimePoint now) {
   const double age_s = o_.spec.checkpoint.every_steps <= 0
                            ? std::nan("")
                            : Seconds(now - (newest >= 0 && durable_at_ ? *durable_at_ : start_));
-  return {newest, age_s, machine_.checkpoints().totals().durable_commits};
+  return {newest, age_s, totals.durable_commits};
 }
 
 void ControllerShell::BuildLiveView(TimePoint now, const nlohmann::json& status) {

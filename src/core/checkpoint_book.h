@@ -219,9 +219,7 @@ class CheckpointBook {
   StepNumber Newest() const;  // the newest of Restorable(); -1: none
   // The newest copy rank 0 took of this timeline (T0, and its replica in
   // T1 once sent); -1: none.
-  StepNumber NewestCopy() const {
-    return copies_.empty() ? StepNumber{-1} : *copies_.rbegin();
-  }
+  StepNumber NewestCopy() const { return copies_.empty() ? StepNumber{-1} : *copies_.rbegin(); }
   // Whether `step`'s copy is due in durable storage.
   bool DurableDue(StepNumber step) const;
   // The most bytes one T0 slot may hold so that T0 and T1 fit the budget

@@ -137,19 +137,24 @@ proto::AgentEvent Hello(bool resuming) {
 // hears every step report a rank made exactly once, in order (the outage
 // buffer is large enough to drop none), and each stream starts with a
 // registration.
-// A progress pattern that matches nothing the workers print: after
-// kUnmatchedLinesToWarn lines over kUnmatchedForToWarn, once a generation, a
-// log line and a ProgressUnmatched go up; never before, and never once the
-// pattern matched.
-TEST(NodeMachineOutput, APatternThatMatchesNothingIsReportedOnceAGeneration) {
-  Result<LogClassifier> classifier = LogClassifier::FromToml(R"(
+// The log rules of the tests below: one, for a CUDA out-of-memory.
+Result<LogClassifier> OneRuleClassifier() {
+  return LogClassifier::FromToml(R"(
 [[rule]]
 name = "oom"
 pattern = 'CUDA out of memory'
 cause = "cuda_oom"
 action = "restart"
 )",
-                                                             "one rule");
+                                 "one rule");
+}
+
+// A progress pattern that matches nothing the workers print: after
+// kUnmatchedLinesToWarn lines over kUnmatchedForToWarn, once a generation, a
+// log line and a ProgressUnmatched go up; never before, and never once the
+// pattern matched.
+TEST(NodeMachineOutput, APatternThatMatchesNothingIsReportedOnceAGeneration) {
+  Result<LogClassifier> classifier = OneRuleClassifier();
   ASSERT_TRUE(classifier.ok()) << classifier.status().message();
   NodeMachineOptions options;
   options.token = "job";
@@ -205,14 +210,7 @@ action = "restart"
 
 TEST(NodeMachineLink, EveryStepReportArrivesOnceAndInOrderThroughOutages) {
   for (uint64_t seed = 1; seed <= 50; ++seed) {
-    Result<LogClassifier> classifier = LogClassifier::FromToml(R"(
-[[rule]]
-name = "oom"
-pattern = 'CUDA out of memory'
-cause = "cuda_oom"
-action = "restart"
-)",
-                                                               "one rule");
+    Result<LogClassifier> classifier = OneRuleClassifier();
     ASSERT_TRUE(classifier.ok()) << classifier.status().message();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
