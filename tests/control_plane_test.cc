@@ -63,7 +63,9 @@ class ControlPlaneTest : public ::testing::Test {
     char tmpl[] = "/tmp/endure_control_plane_test.XXXXXX";
     dir_ = mkdtemp(tmpl);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override {
+    if (std::getenv("ENDURE_KEEP_TEST_DIR") == nullptr) fs::remove_all(dir_);
+  }
 
   // The shape of a test job: `nodes` x `ranks_per_node` ranks of the small
   // trainer for `steps` steps (with `trainer` flags more), then the

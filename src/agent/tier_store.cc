@@ -1,7 +1,6 @@
 // The node's checkpoint tiers: T0 slots, T1 replicas, persistence to T2.
 #include "agent/tier_store.h"
 
-#include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
@@ -54,23 +53,26 @@ uint64_t FileSize(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
 }
 
-// Checkpoint work runs on CPU that training leaves idle: the calling thread
-// takes SCHED_IDLE, which the kernel runs when nothing else wants the core
-// (and, under full load, at about 0.3% of a core's share, so it is never
-// starved outright). On a node with spare cores, a GPU node's, that changes
-// nothing; on one whose cores training keeps busy, the replica work waits for
-// the gaps training leaves (an allreduce's wait, a step's end). Measured on
-// 2 busy cores (T0 + T1, 3 rounds of 100 steps): at nice 10 every-step replication
-// cost 4% of tokens/s, in idle time nothing measurable, and it still kept
-// up with every step. Where it falls behind, the worker never waits for it
-// (three T0 slots): a replica is older, and a restore after a node loss may
-// take an older step. Unprivileged, a thread cannot leave SCHED_IDLE again:
-// it is set once, on the store's own threads. Without SCHED_IDLE (a sandbox
-// that refuses it), nice 19.
-void RunOnIdleCpu() {
-  sched_param none{};
-  if (sched_setscheduler(0, SCHED_IDLE, &none) == 0) return;
-  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
+// Checkpoint work runs at the lowest priority a thread can take without
+// being starved: nice 19 (a weight of 15 against training's 1024). On a node
+// with spare cores, a GPU node's, that changes nothing; on one whose cores
+// are kept busy, the replica work gets about 1.5% of a core and waits for
+// the gaps training leaves (an allreduce's wait, a step's end), and a
+// sleeping thread of it is back on a core within about 50 ms. Not
+// SCHED_IDLE: measured on Linux 6.18 with a core kept busy, a SCHED_IDLE
+// thread got 0.3% of it and waited up to 0.42 s after each wake-up, so a
+// replica's exchange (a TLS handshake, a stream of chunks, an
+// acknowledgement: a wake-up at each) outlived its deadlines and no replica
+// arrived at all, and an agent's shutdown waited for its store. Where the
+// store falls behind, the worker never waits for it (three T0 slots): a
+// replica is older, and a restore after a node loss may take an older step.
+// Unprivileged, a thread cannot lower its nice value again: it is set once,
+// on the store's own threads.
+void RunAtLowestPriority() {
+  if (::setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19) != 0) {
+    std::fprintf(stderr, "endure agent: could not lower the checkpoint thread's priority: %s\n",
+                 std::strerror(errno));
+  }
 }
 
 // The name TierStore gives its shared memory: "endure-PID-NODE".
@@ -257,7 +259,7 @@ bool TierStore::DrainUntil(std::chrono::steady_clock::time_point deadline) {
 }
 
 void TierStore::ReplicateLoop() {
-  RunOnIdleCpu();
+  RunAtLowestPriority();
   MutexLock lock(&mu_);
   while (true) {
     cv_.Wait(lock, [&]() REQUIRES(mu_) { return stop_ || !queue_.empty(); });
@@ -430,7 +432,7 @@ class T1Target : public checkpoint::ReplicaTarget {
 
 Result<std::unique_ptr<checkpoint::ReplicaTarget>> TierStore::OpenReplica(
     const checkpoint::ReplicaHeader& h) {
-  RunOnIdleCpu();  // the replica server's thread (a syscall, once a replica)
+  RunAtLowestPriority();  // the replica server's thread (a syscall, once a replica)
   // Every refusal below reaches the sending agent, which logs it.
   const auto refuse = [&](Status st) {
     std::fprintf(stderr, "endure agent %s: refused a replica: %s\n", o_.node.c_str(),

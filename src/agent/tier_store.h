@@ -1,8 +1,8 @@
 // TierStore: a node's checkpoint memory (T0, T1) and its persistence (T2).
 //
 // Workers copy their shard of each step into T0 slot files under SHM/t0
-// (src/checkpoint/snapshot_file.h) and announce it. Behind training, on idle
-// CPU only (SCHED_IDLE), the store pins the snapshot in its slot and, reading it in place (no
+// (src/checkpoint/snapshot_file.h) and announce it. Behind training, at the
+// lowest priority (nice 19), the store pins the snapshot in its slot and, reading it in place (no
 // copy: the worker writes into its other slots meanwhile), sends it to the
 // peer agent (T1, over src/checkpoint/replica_link.h) and, when its step is
 // due, writes it to the durable directory (T2: tmp -> fsync -> rename ->
@@ -154,7 +154,7 @@ class TierStore {
 
  private:
   TierStore() = default;
-  void ReplicateLoop();  // idle CPU: replication and persistence, one snapshot at a time
+  void ReplicateLoop();  // nice 19: replication and persistence, one snapshot at a time
   // Pins the snapshot a notice names, sends and persists it from its slot.
   void Replicate(const SnapshotNotice& notice);
   // Sends it to the replica peer, and persists it when `durable` (its step

@@ -73,7 +73,10 @@ Status HangDetector::CheckRank(int rank, std::string_view what) const {
 Status HangDetector::OnPhase(int rank, std::string_view phase, TimePoint now) {
   ENDURE_RETURN_IF_ERROR(CheckRank(rank, "phase report"));
   RankProgress& p = ranks_[rank];
-  if (p.phase == phase) return Status::Ok();
+  // What a rank does after its last step (a final evaluation under the name
+  // of its periodic one, a sample, a save) is its finish, whatever it calls
+  // it: no learned timeout of a repeated phase fits it.
+  if (p.phase == phase || p.phase == kFinishPhase) return Status::Ok();
   EndPhase(rank, now);
   p.phase = std::string(phase);
   p.phase_since = now;

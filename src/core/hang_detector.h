@@ -114,7 +114,9 @@ class HangDetector {
 
   // `rank` enters phase `phase` at `now` ("train": back to steps). The
   // phase it leaves, unless "train", ends: its duration is a sample of that
-  // phase, and it counts as progress. Same errors as OnStepEnd.
+  // phase, and it counts as progress. A rank in kFinishPhase stays in it
+  // (what it does after its last step is its finish, whatever it calls it).
+  // Same errors as OnStepEnd.
   Status OnPhase(int rank, std::string_view phase, TimePoint now);
 
   // `rank` finished training (its process ended with code 0): it is no

@@ -404,6 +404,31 @@ TEST(HangDetectorPhases, AFinishedRankIsNotWatched) {
   EXPECT_FALSE(d.detector().OnRankFinished(2).ok());
 }
 
+// Found on a loaded core: a trainer evaluated every 10 steps in phase "eval"
+// (learned timeout: the floor) and, after its last step, ran its longer
+// final validation and sample under the same name. What a rank does after
+// its last step is its finish, whatever it calls it: judged by the
+// first-time timeout, never by the learned one of a phase it names.
+TEST(HangDetectorPhases, WhatARankDoesAfterItsLastStepIsItsFinishWhateverItCallsIt) {
+  HangDetectorOptions o;
+  o.phase_first_timeout = seconds(30);
+  Driver d(o);
+  d.StartGeneration(0, 2, Duration::zero());
+  Duration t = RunSteps(d, 2, 1, 10, seconds(5), Ms(200));
+  for (int r = 0; r < 2; ++r) d.Phase(r, "eval", t);
+  t += Ms(100);
+  for (int r = 0; r < 2; ++r) d.Phase(r, "train", t);
+  ASSERT_EQ(d.detector().PhaseTimeout("eval"), o.floor);  // learned: 3 x 100 ms, at least 2 s
+  t = RunSteps(d, 2, 11, 20, t, Ms(200));
+  for (int r = 0; r < 2; ++r) d.Phase(r, kFinishPhase, t);  // the job machine: step 20 of 20
+  d.Phase(0, "eval", t + Ms(1));  // validation and sample, 2.1 s on a loaded core
+  d.AdvanceTo(t + seconds(29));
+  EXPECT_TRUE(d.verdicts().empty());
+  d.AdvanceTo(t + seconds(31));
+  ASSERT_EQ(d.verdicts().size(), 1u);
+  EXPECT_EQ(d.verdicts()[0].verdict.phase, kFinishPhase);
+}
+
 // A phase that never ends is judged by the first-time timeout.
 TEST(HangDetectorPhases, AFirstPhaseThatNeverEndsTimesOut) {
   HangDetectorOptions o;
