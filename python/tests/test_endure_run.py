@@ -201,6 +201,91 @@ class UnmodifiedDdpScript(unittest.TestCase):
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 
+    def test_a_script_that_resumes_from_its_own_snapshot_books_only_what_it_redid(self):
+        directory = tempfile.mkdtemp(prefix="endure-pyresume-")
+        try:
+            script = os.path.join(directory, "ddp_resume.py")
+            with open(script, "w") as f:
+                f.write(RESUMING_DDP_SCRIPT)
+            state = os.path.join(directory, "resume")
+            text = textwrap.dedent(f"""\
+                [job]
+                name = "resume"
+                command = {json.dumps([sys.executable, script, os.path.join(directory, "own")])}
+                nodes = 2
+                state_dir = "{state}"
+                [detection]
+                startup_timeout = "60s"
+                progress_pattern = 'step (?P<step>\\d+)/\\d+ loss (?P<loss>\\S+)'
+                [recovery]
+                backoff_initial = "0s"
+                """)
+            p, report = run(directory, "resume", text)
+            out = p.stdout + p.stderr
+            self.assertEqual(p.returncode, 0, out)
+            self.assertEqual(report["steps"], 30, out)
+            incidents = report["incidents"]
+            self.assertEqual(len(incidents), 1, json.dumps(incidents, indent=1))
+            kill = incidents[0]
+            # Rank 1 died in step 13 of the first attempt; rank 0 had printed
+            # step 12. The script resumed from its own snapshot of step 10.
+            self.assertEqual(kill["failed_at_step"], 12, kill)
+            self.assertEqual(kill["restored_step"], 10, kill)
+            self.assertEqual(kill["steps_lost"], 2, kill)
+            # Recompute is steps 11 and 12 (the run's 28 productive steps
+            # share its productive time), not the twelve since the start.
+            ledger = report["ledger_s"]
+            per_step = ledger["productive"] / 28
+            self.assertGreater(ledger["recompute"], 0.5 * per_step, ledger)
+            self.assertLess(ledger["recompute"], 6 * per_step, ledger)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+# An unmodified DDP script that keeps its own snapshot (every 5 steps, in the
+# directory it is given: model, optimizer and step, written to a temporary
+# file and renamed) and resumes from it. Rank 1 of the first attempt dies
+# in step 13, as a process killed from outside does, once rank 0 printed
+# step 12.
+RESUMING_DDP_SCRIPT = textwrap.dedent("""\
+    import os, signal, sys, time
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    attempt = int(os.environ.get("ENDURE_GENERATION", "0"))
+    own = sys.argv[1]
+    os.makedirs(own, exist_ok=True)
+    path = os.path.join(own, "snapshot.pt")
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    start = 0
+    if os.path.exists(path):
+        saved = torch.load(path)
+        model.module.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        start = saved["step"]
+    for i in range(start, 30):
+        if attempt == 0 and rank == 1 and i + 1 == 13:
+            while not os.path.exists(os.path.join(own, "printed-12")):
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGKILL)
+        loss = model(torch.randn(8, 16)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(0.1)
+        if rank == 0:
+            if (i + 1) % 5 == 0:
+                torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(),
+                            "step": i + 1}, path + ".tmp")
+                os.replace(path + ".tmp", path)
+            print(f"step {i + 1}/30 loss {loss.item():.4f}", flush=True)
+            if i + 1 == 12:
+                open(os.path.join(own, "printed-12"), "w").close()
+    dist.destroy_process_group()
+    """)
+
 
 # A program whose progress bar the job's pattern does not match: a hundred
 # lines over 22 s, then the lines the pattern is for.

@@ -40,7 +40,8 @@ AgentEventRead ReadAgentEvent(const proto::AgentEvent& e, NodeId node,
                             e.worker_ready().start_step(),
                             e.worker_ready().restore_s(),
                             e.worker_ready().rejoin(),
-                            e.worker_ready().deterministic()};
+                            e.worker_ready().deterministic(),
+                            e.worker_ready().start_step_unknown()};
       break;
     case proto::AgentEvent::kStep:
       q.event = StepEndOf(e.step(), gen);

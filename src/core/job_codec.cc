@@ -50,7 +50,8 @@ void Fields(NodeHeartbeat& e, F& f) {
 template <typename F>
 void Fields(WorkerReady& e, F& f) {
   f("generation", e.generation), f("rank", e.rank), f("start_step", e.start_step),
-      f("restore_s", e.restore_s), f("rejoin", e.rejoin), f("deterministic", e.deterministic);
+      f("restore_s", e.restore_s), f("rejoin", e.rejoin), f("deterministic", e.deterministic),
+      f("start_step_unknown", e.start_step_unknown);
 }
 template <typename F>
 void Fields(StepEnd& e, F& f) {
@@ -524,7 +525,8 @@ Result<std::vector<Token>> Tokenize(std::string_view s, size_t i) {
 }
 
 // Fields that lines written before them lack (schema 4, issue 12).
-const std::set<std::string_view> kAddedFields = {"restored_step",                     // issue 28
+const std::set<std::string_view> kAddedFields = {"start_step_unknown",                // issue 26
+                                                 "restored_step",                     // issue 28
                                                  "from_t0",                           // issue 28
                                                  "from_t1",                           // issue 28
                                                  "from_t2",                           // issue 28

@@ -636,18 +636,18 @@ TEST(JobSnapshot, ADamagedSnapshotIsAnErrorThatSaysWhatIsWrong) {
   EXPECT_NE(error("a journal line\n").find("does not begin with"), std::string::npos);
   // Of a build whose archive is laid out otherwise (an older version).
   std::string older = good;
-  older.replace(0, std::string("endure-job-snapshot 2").size(), "endure-job-snapshot 1");
-  EXPECT_NE(error(older).find("does not begin with \"endure-job-snapshot 2\""), std::string::npos)
+  older.replace(0, std::string("endure-job-snapshot 3").size(), "endure-job-snapshot 1");
+  EXPECT_NE(error(older).find("does not begin with \"endure-job-snapshot 3\""), std::string::npos)
       << error(older);
   EXPECT_NE(error("").find("does not begin with"), std::string::npos);
   // A state that does not read back, behind a checksum that matches it.
   const size_t body_at = good.find('\n') + 1;
   const std::string body = good.substr(body_at, good.find('\n', body_at) - body_at + 1) + "\x01";
-  const std::string forged = "endure-job-snapshot 2 bytes=" + std::to_string(body.size()) +
+  const std::string forged = "endure-job-snapshot 3 bytes=" + std::to_string(body.size()) +
                              " xxh3=" + HexU64(Xxh3(body)) + "\n" + body;
   EXPECT_NE(error(forged).find("does not read back"), std::string::npos) << error(forged);
   const std::string not_config = "tick\n";
-  const std::string other = "endure-job-snapshot 2 bytes=" + std::to_string(not_config.size()) +
+  const std::string other = "endure-job-snapshot 3 bytes=" + std::to_string(not_config.size()) +
                             " xxh3=" + HexU64(Xxh3(not_config)) + "\n" + not_config;
   EXPECT_NE(error(other).find("not the job's configuration"), std::string::npos) << error(other);
 }

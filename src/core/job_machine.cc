@@ -429,27 +429,67 @@ void JobMachine::OnWorkerReady(const WorkerReady& e, TimePoint now) {
   rank_deterministic_[e.rank.value] = e.deterministic;
   max_restore_s_ = std::max(max_restore_s_, e.restore_s);
   start_step_ = e.start_step;
+  unannounced_ = unannounced_ || e.start_step_unknown;
   if (ranks_ready_ == world_size()) {
     all_ready_at_ = now;
     if (Incident* inc = OpenIncident()) {
       inc->ready_at = now;
       inc->restore_s = max_restore_s_;
-      inc->restored_step = e.start_step;
     }
-    loss_.RollBackTo(e.start_step);
-    sdc_.RollBackTo(e.start_step);
-    if (in_process_from_.value >= 0 && e.start_step < in_process_from_) ledger_.RollBack(now);
-    in_process_from_ = StepNumber{-1};
-    // What the workers restored: copies taken after it were lost with it.
-    ledger_.RestoredTo(e.start_step, now);
+    if (unannounced_) {
+      // The first step reported says (OnStepEnd).
+      start_step_ = StepNumber{0};
+      restore_unknown_ = true;
+      return;
+    }
+    RestoredTo(e.start_step, now);
   }
+}
+
+void JobMachine::RestoredTo(StepNumber step, TimePoint now) {
+  start_step_ = step;
+  if (Incident* inc = OpenIncident()) inc->restored_step = step;
+  loss_.RollBackTo(step);
+  sdc_.RollBackTo(step);
+  if (in_process_from_.value >= 0 && step < in_process_from_) ledger_.RollBack(now);
+  in_process_from_ = StepNumber{-1};
+  if (rollback_pending_) {
+    // The program kept a copy of `step` that the ledger never heard of: the
+    // time trained up to it survived (as of the newest step reported at or
+    // before it), the rest is recompute.
+    Duration at{0};
+    if (auto it = rollback_pending_->upper_bound(step); it != rollback_pending_->begin()) {
+      at = std::prev(it)->second;
+    }
+    ledger_.CopyTaken(step, now, at);
+    ledger_.RollBack(now);
+    rollback_pending_.reset();
+  }
+  // What the workers restored: copies taken after it were lost with it.
+  ledger_.RestoredTo(step, now);
 }
 
 void JobMachine::OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobAction>& out) {
   StepNumber& rank_step = rank_step_[e.rank.value];
-  if (step_productive_.size() < kMaxStepsWithoutCopy) {
-    step_productive_.try_emplace(e.step, ledger_.total(LedgerCategory::kProductive));
+  if (restore_unknown_ && e.step.value >= 1) {
+    // A program that did not say what it restored: its first step, less
+    // one stride of its reports, is the step it resumed from. (A step 0,
+    // a progress bar drawn before any step, says nothing.)
+    first_reported_ = std::min(first_reported_.value_or(e.step), e.step);
+    if (ranks_ready_ == world_size()) {
+      restore_unknown_ = false;
+      RestoredTo(
+          StepNumber{std::max<int64_t>(0, first_reported_->value - step_stride_.value_or(1))}, now);
+    }
   }
+  if (e.rank == Rank{0} && productive_ && e.step > rank_step) {
+    const int64_t advanced = e.step.value - rank_step.value;
+    step_stride_ = std::min(step_stride_.value_or(advanced), advanced);
+  }
+  if (step_productive_.size() >= kMaxStepsWithoutCopy && !step_productive_.contains(e.step)) {
+    step_productive_.erase(step_productive_.begin());  // the newest steps are the ones restored
+  }
+  step_productive_.try_emplace(e.step, ledger_.total(LedgerCategory::kProductive));
   if (e.step > rank_step) {
     auto at = ranks_at_step_.find(rank_step);
     if (--at->second == 0) ranks_at_step_.erase(at);
@@ -1016,7 +1056,16 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     StartGeneration(std::move(next), /*rejoin=*/true, now, out);
     return;
   }
-  ledger_.RollBack(now);
+  if (unannounced_ && !stop) {
+    // The program keeps its own checkpoints, which the ledger does not hear
+    // of: what survived is known when the next generation's first step says
+    // what it restored (RestoredTo). A generation that reported no step
+    // leaves the earlier one's steps pending.
+    if (!rollback_pending_) rollback_pending_ = std::move(step_productive_);
+  } else {
+    rollback_pending_.reset();
+    ledger_.RollBack(now);
+  }
 
   out.push_back(StopGenerationAction{generation_, failure.cause.kind == Cause::kHang});
   awaiting_stop_.clear();
@@ -1142,6 +1191,9 @@ void JobMachine::StartGeneration(std::vector<NodeId> nodes, bool rejoin, TimePoi
   rank_step_.assign(world_size(), StepNumber{0});
   ranks_at_step_ = {{StepNumber{0}, world_size()}};
   start_step_ = StepNumber{0};
+  unannounced_ = false;
+  restore_unknown_ = false;
+  first_reported_.reset();
   rank_ready_.assign(world_size(), false);
   ranks_ready_ = 0;
   step_productive_.clear();

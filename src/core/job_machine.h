@@ -156,6 +156,10 @@ struct WorkerReady {
   // (client.h Session::DeclareDeterministic): a loss anomaly is then judged
   // by replaying it (AnomalyPolicy).
   bool deterministic = false;
+  // An unmodified program (its progress read from its output) does not say
+  // what it restored (start_step is 0): the first step it reports does, and
+  // the work after that step was lost (JobMachine::RestoredTo).
+  bool start_step_unknown = false;
 };
 struct StepEnd {
   Generation generation;
@@ -571,6 +575,9 @@ class JobMachine {
 
   // kRunning: a message of the running generation, from a rank of its world.
   void OnWorkerReady(const WorkerReady& e, TimePoint now);
+  // Every rank restored `step` (told at ready, or by the first step of a
+  // program that does not say): the detectors and the ledger go back to it.
+  void RestoredTo(StepNumber step, TimePoint now);
   void OnStepEnd(const StepEnd& e, TimePoint now, std::vector<JobAction>& out);
   void OnWorkerExit(const WorkerExitEvent& e, TimePoint now, std::vector<JobAction>& out);
   // A hang is judged only while every member's agent is heard from: a
@@ -682,7 +689,22 @@ class JobMachine {
   // of a step before the job has measured any).
   std::optional<TimePoint> all_ready_at_;
   std::optional<Duration> first_step_took_;
-  StepNumber start_step_;    // step the current generation started from
+  StepNumber start_step_;  // step the current generation started from
+  // Some rank of this generation did not say what it restored
+  // (WorkerReady::start_step_unknown), and the first step reported since has
+  // not said it yet (restore_unknown_): the lowest step reported meanwhile.
+  bool unannounced_ = false;
+  bool restore_unknown_ = false;
+  std::optional<StepNumber> first_reported_;
+  // The fewest steps rank 0 advanced by in one report (a program that
+  // prints every 10th step: 10); unset until it advanced twice. A program
+  // that did not say what it restored restored the step one stride before
+  // the first it reports.
+  std::optional<int64_t> step_stride_;
+  // A generation of such a program failed: the ledger's rollback waits for
+  // the restore point (its own checkpoints are none the ledger heard of), and
+  // these are its step_productive_.
+  std::optional<std::map<StepNumber, Duration>> rollback_pending_;
   bool productive_ = false;  // the current generation has completed a step
   double last_loss_ = 0;
   CheckpointBook book_;

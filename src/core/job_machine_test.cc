@@ -517,6 +517,131 @@ TEST(JobMachine, ACopyReportedLateIsSafeAsOfItsStepNotItsReport) {
   EXPECT_EQ(l.total(LedgerCategory::kProductive), 9s);
 }
 
+// An unmodified program (its steps read from its output; it reports no
+// copy and does not say what it restored) saves its own snapshot every 10
+// steps. Killed after step 25, it resumes from its snapshot of step 20 and
+// prints step 21 first: the restore point is 20, only steps 21 to 25 are
+// recompute (5 s), and the 19 s of steps 2 to 20 stay productive. Before,
+// every step since the start was booked as recompute and the restore point
+// as step 0.
+void ReadyUnannounced(Job& job) {
+  for (int r = 0; r < 2; ++r) {
+    WorkerReady ready{job.m.generation(), r, 0, 0};
+    ready.start_step_unknown = true;
+    job.Do(ready);
+  }
+}
+void StepsFromOutput(Job& job, int64_t from, int64_t to, int64_t every = 1) {
+  for (int64_t s = from; s <= to; s += every) {
+    job.now += static_cast<double>(every);
+    job.Do(NodeHeartbeat{NodeId{0}});
+    job.Do(NodeHeartbeat{NodeId{1}});
+    for (int r = 0; r < 2; ++r) job.Do(StepEnd{job.m.generation(), r, s, 2.0, 0, -1});
+  }
+}
+
+TEST(JobMachine, AProgramThatSaysNothingRestoredTheStepBeforeTheFirstItReports) {
+  JobMachineOptions o = Options();
+  o.in_process = false;
+  Job job(o);
+  job.Up();
+  ReadyUnannounced(job);
+  StepsFromOutput(job, 1, 25);
+  job.Do(WorkerExitEvent{job.m.generation(), 1, NodeId{1}, std::nullopt, 9});
+  job.now += 0.1;
+  ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
+  // Nothing rolled back yet: what survived is not known.
+  EXPECT_EQ(job.m.ledger().total(LedgerCategory::kRecompute), 0s);
+  job.now += 1;
+  ReadyUnannounced(job);
+  ASSERT_EQ(job.m.incidents().size(), 1u);
+  EXPECT_EQ(job.m.incidents()[0].restored_step.value, -1);  // not known yet
+  StepsFromOutput(job, 21, 30);
+  const EttrLedger& l = job.m.ledger();
+  EXPECT_EQ(job.m.incidents()[0].restored_step.value, 20);
+  EXPECT_EQ(l.total(LedgerCategory::kRecompute), 5s);
+  // Steps 2-20 of the first run and 22-30 of the second (step 21 is the
+  // recovery's, up to the first step).
+  EXPECT_EQ(l.total(LedgerCategory::kProductive), 19s + 9s);
+}
+
+// The same program printing every 5th step, resumed from its step 20: it
+// prints 25 first, and one stride of its reports back is step 20. A
+// program that keeps no snapshot starts over and prints 5: the restore
+// point is 0, and everything it did is recompute.
+TEST(JobMachine, AProgramThatPrintsEveryFifthStepRestoredOneStrideBeforeItsFirst) {
+  for (const int64_t resumed : {20, 0}) {
+    SCOPED_TRACE("resumed from " + std::to_string(resumed));
+    JobMachineOptions o = Options();
+    o.in_process = false;
+    Job job(o);
+    job.Up();
+    ReadyUnannounced(job);
+    StepsFromOutput(job, 5, 25, 5);
+    job.Do(WorkerExitEvent{job.m.generation(), 1, NodeId{1}, std::nullopt, 9});
+    job.now += 0.1;
+    ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
+    job.now += 1;
+    ReadyUnannounced(job);
+    StepsFromOutput(job, resumed + 5, 40, 5);
+    ASSERT_EQ(job.m.incidents().size(), 1u);
+    EXPECT_EQ(job.m.incidents()[0].restored_step.value, resumed);
+    // 5 s a report: the first run's reports after the first were 20 s
+    // productive, of which those after the restore point are recompute.
+    EXPECT_EQ(job.m.ledger().total(LedgerCategory::kRecompute), resumed == 20 ? 5s : 20s);
+  }
+}
+
+// A generation that fails before its first step leaves the restore point
+// open, and the program's own copy is still the one the next generation
+// takes: the rollback waits for it, once.
+TEST(JobMachine, AFailureBeforeTheFirstStepKeepsTheRollbackPending) {
+  JobMachineOptions o = Options();
+  o.in_process = false;
+  Job job(o);
+  job.Up();
+  ReadyUnannounced(job);
+  StepsFromOutput(job, 1, 25);
+  job.Do(WorkerExitEvent{job.m.generation(), 1, NodeId{1}, std::nullopt, 9});
+  job.now += 0.1;
+  ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
+  job.now += 1;
+  ReadyUnannounced(job);
+  job.now += 1;
+  job.Do(WorkerExitEvent{job.m.generation(), 0, NodeId{0}, std::nullopt, 9});
+  job.now += 0.1;
+  ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
+  job.now += 1;
+  ReadyUnannounced(job);
+  StepsFromOutput(job, 21, 30);
+  ASSERT_EQ(job.m.incidents().size(), 2u);
+  EXPECT_EQ(job.m.incidents()[1].restored_step.value, 20);
+  EXPECT_EQ(job.m.ledger().total(LedgerCategory::kRecompute), 5s);
+}
+
+// The machine's state survives a snapshot with the restore point open.
+TEST(JobMachine, AnOpenRestorePointSurvivesASnapshot) {
+  JobMachineOptions o = Options();
+  o.in_process = false;
+  Job job(o);
+  job.Up();
+  ReadyUnannounced(job);
+  StepsFromOutput(job, 1, 25);
+  job.Do(WorkerExitEvent{job.m.generation(), 1, NodeId{1}, std::nullopt, 9});
+  job.now += 0.1;
+  ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
+  job.now += 1;
+  ReadyUnannounced(job);
+  Result<JobMachine> moved = JobMachine::FromSnapshot(job.m.Snapshot(), T(0));
+  ASSERT_TRUE(moved.ok()) << moved.status().message();
+  Job restored(o);
+  restored.m = std::move(moved).value();
+  restored.now = job.now;
+  StepsFromOutput(restored, 21, 30);
+  EXPECT_EQ(restored.m.incidents()[0].restored_step.value, 20);
+  EXPECT_EQ(restored.m.ledger().total(LedgerCategory::kRecompute), 5s);
+}
+
 TEST(JobMachine, HangIsDetectedAfterTheTimeoutWithStacks) {
   Job job;
   job.Up();

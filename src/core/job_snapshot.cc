@@ -44,8 +44,9 @@ struct Epoch {
 
 // The number is the archive's layout: raised whenever a `serialize` list
 // changes, so that a snapshot of another build is refused (and a new run
-// begun, saying so), never misread. 2: the hang detector's deadline groups.
-constexpr std::string_view kMagic = "endure-job-snapshot 2";
+// begun, saying so), never misread. 2: the hang detector's deadline groups;
+// 3: restore points of programs that do not say them.
+constexpr std::string_view kMagic = "endure-job-snapshot 3";
 
 }  // namespace
 }  // namespace endure::core
@@ -160,6 +161,7 @@ void JobMachine::serialize(Archive& ar) {
   ar(incidents_, incident_open_, persist_failure_reported_, hang_held_, sdc_recompute_, stragglers_,
      stragglers_kept_, resizes_, sdc_, stacks_, step_times_, last_job_step_at_, total_steps_,
      pairwise_, pair_tests_, pairs_asked_, pair_results_, pairwise_deadline_);
+  ar(unannounced_, restore_unknown_, first_reported_, step_stride_, rollback_pending_);
 }
 
 std::string JobMachine::Snapshot() const {

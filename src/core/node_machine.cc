@@ -428,7 +428,7 @@ void NodeMachine::OnOutputLine(const OutputLine& in, NodeTime time, std::vector<
     if (r.kind == OutputReport::Kind::kReady) {
       auto* w = e.mutable_worker_ready();
       w->set_rank(r.rank);
-      w->set_start_step(0);  // what an unmodified program restored is unknown
+      w->set_start_step_unknown(true);  // an unmodified program: its first step says
       w->set_init_s(init_s);
     } else {
       auto* s = e.mutable_step();
