@@ -1,7 +1,6 @@
 // Job spec parsing; see job_spec.h and docs/job_spec.md.
 #include "controller/job_spec.h"
 
-#include <re2/re2.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 
 #include "common/env.h"
 #include "common/hash.h"
+#include "core/progress_pattern.h"
 
 namespace endure::controller {
 namespace {
@@ -89,36 +89,6 @@ Result<int64_t> ParseBytes(std::string_view text) {
   }
   return InvalidArgument("unknown unit in size \"" + std::string(text) +
                          "\" (use B, KiB, MiB, GiB, KB, MB or GB)");
-}
-
-// The rules agent::ProgressPattern::Compile applies (the agents compile the
-// pattern again; the controller does not link the agent): it compiles, has a
-// named group `step`, and no named group but `step` and `loss`.
-Status ValidProgressPattern(const std::string& pattern) {
-  if (pattern.empty()) {
-    return InvalidArgument("must not be empty (leave it out to read no progress from output)");
-  }
-  RE2::Options options;
-  options.set_log_errors(false);
-  const RE2 re(pattern, options);
-  if (!re.ok()) {
-    return InvalidArgument("the regular expression does not compile: " + re.error() +
-                           " (RE2 syntax, https://github.com/google/re2/wiki/Syntax)");
-  }
-  bool step = false;
-  for (const auto& [name, index] : re.NamedCapturingGroups()) {
-    if (name == "step") {
-      step = true;
-    } else if (name != "loss") {
-      return InvalidArgument("unknown named group '" + name +
-                             "': only (?P<step>...) and (?P<loss>...) are read");
-    }
-  }
-  if (!step) {
-    return InvalidArgument(
-        "needs a named group 'step' around the step number, e.g. 'step (?P<step>\\d+)'");
-  }
-  return Status::Ok();
 }
 
 // "node12" -> 12; nullopt for anything else (no sign, no spaces, fits an int).
@@ -569,101 +539,107 @@ Status SpecParser::ParseDetection(const toml::table& t, JobSpec& spec) {
       return Status::Ok();
     };
   };
-  ENDURE_RETURN_IF_ERROR(
-      Keys(t, "detection",
-           {{"hang_timeout_floor", duration(&d.hang_timeout_floor, true)},
-            {"hang_timeout_k",
-             [&](const toml::node& v, const std::string& key) -> Status {
-               // The learned timeout is k x p99 step time: below 1 it would fire on
-               // an ordinary slow step.
-               ENDURE_ASSIGN_OR_RETURN(d.hang_timeout_k, Number(v, key, 1.0, false));
-               return Status::Ok();
-             }},
-            {"hang_window",
-             [&](const toml::node& v, const std::string& key) -> Status {
-               ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1, kMaxDetectionWindow));
-               d.hang_window = static_cast<int>(n);
-               return Status::Ok();
-             }},
-            {"startup_timeout", duration(&d.startup_timeout, true)},
-            {"heartbeat_timeout", duration(&d.heartbeat_timeout, true)},
-            {"loss_anomalies",
-             [&](const toml::node& v, const std::string& key) -> Status {
-               ENDURE_ASSIGN_OR_RETURN(d.loss_anomalies, Bool(v, key));
-               return Status::Ok();
-             }},
-            {"loss_spike_z",
-             [&](const toml::node& v, const std::string& key) -> Status {
-               ENDURE_ASSIGN_OR_RETURN(d.loss_spike_z, Number(v, key, 0.0, true));
-               return Status::Ok();
-             }},
-            {"loss_spike_min_jump",
-             [&](const toml::node& v, const std::string& key) -> Status {
-               ENDURE_ASSIGN_OR_RETURN(d.loss_spike_min_jump, Number(v, key, 0.0, false));
-               return Status::Ok();
-             }},
-            {"loss_window",
-             [&](const toml::node& v, const std::string& key) -> Status {
-               ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 2, kMaxDetectionWindow));
-               d.loss_window = static_cast<int>(n);
-               return Status::Ok();
-             }},
-            {"on_recurrence",
-             [&](const toml::node& v, const std::string& key) -> Status {
-               ENDURE_ASSIGN_OR_RETURN(std::string name, String(v, key));
-               Result<core::AnomalyRecurrence> r = core::ParseAnomalyRecurrence(name);
-               if (!r.ok()) return Error(v, key, r.status().message());
-               d.on_recurrence = *r;
-               return Status::Ok();
-             }},
-            {"log_rules",
-             [&](const toml::node& v, const std::string& key) -> Status {
-               ENDURE_ASSIGN_OR_RETURN(d.log_rules, String(v, key));
-               return Status::Ok();
-             }},
-            {"stack_timeout",
-             [&](const toml::node& v, const std::string& key) -> Status {
-               ENDURE_ASSIGN_OR_RETURN(d.stack_timeout, Dur(v, key, true));
-               return AtMost(v, key, d.stack_timeout, kMaxStopTimeout, "1h");
-             }},
-            {"progress_pattern",
-             [&](const toml::node& v, const std::string& key) -> Status {
-               ENDURE_ASSIGN_OR_RETURN(d.progress_pattern, String(v, key));
-               if (Status st = ValidProgressPattern(d.progress_pattern); !st.ok()) {
-                 return Error(v, key, st.message());
-               }
-               return Status::Ok();
-             }},
-            {"phase_timeout", duration(&d.phase_timeout, true)},
-            {"stragglers",
-             [&](const toml::node& v, const std::string& key) -> Status {
-               ENDURE_ASSIGN_OR_RETURN(d.stragglers, Bool(v, key));
-               return Status::Ok();
-             }},
-            {"straggler_theta",
-             [&](const toml::node& v, const std::string& key) -> Status {
-               ENDURE_ASSIGN_OR_RETURN(d.straggler_theta, Number(v, key, 0.0, true));
-               if (d.straggler_theta > 10) return Error(v, key, "must be in (0, 10]");
-               return Status::Ok();
-             }},
-            {"straggler_window",
-             [&](const toml::node& v, const std::string& key) -> Status {
-               ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1, kMaxDetectionWindow));
-               d.straggler_window = static_cast<int>(n);
-               return Status::Ok();
-             }},
-            {"straggler_min_excess", duration(&d.straggler_min_excess, false)},
-            {"straggler_min_slow",
-             [&](const toml::node& v, const std::string& key) -> Status {
-               ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1, kMaxDetectionWindow));
-               d.straggler_min_slow = static_cast<int>(n);
-               lines_[key] = LineOf(v.source());
-               return Status::Ok();
-             }},
-            {"sdc_check_every", [&](const toml::node& v, const std::string& key) -> Status {
-               ENDURE_ASSIGN_OR_RETURN(d.sdc_check_every, Integer(v, key, 0, int64_t{1} << 40));
-               return Status::Ok();
-             }}}));
+  ENDURE_RETURN_IF_ERROR(Keys(
+      t, "detection",
+      {{"hang_timeout_floor", duration(&d.hang_timeout_floor, true)},
+       {"hang_timeout_k",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          // The learned timeout is k x p99 step time: below 1 it would fire on
+          // an ordinary slow step.
+          ENDURE_ASSIGN_OR_RETURN(d.hang_timeout_k, Number(v, key, 1.0, false));
+          return Status::Ok();
+        }},
+       {"hang_window",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1, kMaxDetectionWindow));
+          d.hang_window = static_cast<int>(n);
+          return Status::Ok();
+        }},
+       {"startup_timeout", duration(&d.startup_timeout, true)},
+       {"heartbeat_timeout", duration(&d.heartbeat_timeout, true)},
+       {"loss_anomalies",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(d.loss_anomalies, Bool(v, key));
+          return Status::Ok();
+        }},
+       {"loss_spike_z",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(d.loss_spike_z, Number(v, key, 0.0, true));
+          return Status::Ok();
+        }},
+       {"loss_spike_min_jump",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(d.loss_spike_min_jump, Number(v, key, 0.0, false));
+          return Status::Ok();
+        }},
+       {"loss_window",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 2, kMaxDetectionWindow));
+          d.loss_window = static_cast<int>(n);
+          return Status::Ok();
+        }},
+       {"on_recurrence",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(std::string name, String(v, key));
+          Result<core::AnomalyRecurrence> r = core::ParseAnomalyRecurrence(name);
+          if (!r.ok()) return Error(v, key, r.status().message());
+          d.on_recurrence = *r;
+          return Status::Ok();
+        }},
+       {"log_rules",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(d.log_rules, String(v, key));
+          return Status::Ok();
+        }},
+       {"stack_timeout",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(d.stack_timeout, Dur(v, key, true));
+          return AtMost(v, key, d.stack_timeout, kMaxStopTimeout, "1h");
+        }},
+       {"progress_pattern",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(const std::string text, String(v, key));
+          if (text.empty()) {
+            return Error(v, key,
+                         "must not be empty (leave it out to read no progress from output)");
+          }
+          // A preset's name, or a pattern, which the agents compile.
+          d.progress_pattern = core::ExpandProgressPattern(text);
+          if (Status st = core::ProgressPattern::Compile(d.progress_pattern).status(); !st.ok()) {
+            return Error(v, key, st.message());
+          }
+          return Status::Ok();
+        }},
+       {"phase_timeout", duration(&d.phase_timeout, true)},
+       {"stragglers",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(d.stragglers, Bool(v, key));
+          return Status::Ok();
+        }},
+       {"straggler_theta",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(d.straggler_theta, Number(v, key, 0.0, true));
+          if (d.straggler_theta > 10) return Error(v, key, "must be in (0, 10]");
+          return Status::Ok();
+        }},
+       {"straggler_window",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1, kMaxDetectionWindow));
+          d.straggler_window = static_cast<int>(n);
+          return Status::Ok();
+        }},
+       {"straggler_min_excess", duration(&d.straggler_min_excess, false)},
+       {"straggler_min_slow",
+        [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(int64_t n, Integer(v, key, 1, kMaxDetectionWindow));
+          d.straggler_min_slow = static_cast<int>(n);
+          lines_[key] = LineOf(v.source());
+          return Status::Ok();
+        }},
+       {"sdc_check_every", [&](const toml::node& v, const std::string& key) -> Status {
+          ENDURE_ASSIGN_OR_RETURN(d.sdc_check_every, Integer(v, key, 0, int64_t{1} << 40));
+          return Status::Ok();
+        }}}));
   if (d.straggler_min_slow > d.straggler_window) {
     return Error(lines_["detection.straggler_min_slow"], "detection.straggler_min_slow",
                  "must not exceed straggler_window (" + std::to_string(d.straggler_window) +

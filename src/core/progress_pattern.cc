@@ -52,6 +52,30 @@ void LineSplitter::Finish(const std::function<void(std::string_view)>& on_line) 
   after_cr_ = false;
 }
 
+const std::vector<ProgressPreset>& ProgressPresets() {
+  static const std::vector<ProgressPreset> presets = {
+      // The Trainer's tqdm bar of training steps, alone on its line. Its
+      // evaluation and checkpoint-saving bars are nested under it: each of
+      // their lines ends with tqdm's cursor-up ("\x1b[A"), or is prefixed
+      // ("Writing model shards:"), and is no training step.
+      {"huggingface", R"(^\s*\d+%\|[^|]*\| (?P<step>\d+)/\d+ \[[^\]]*\]\s*$)"},
+      // Lightning's tqdm bar of an epoch's training batches ("Epoch 3:"; its
+      // counter restarts each epoch), and the loss it shows when the
+      // program logs one with prog_bar=True; not the sanity check's or the
+      // validation's bars.
+      {"lightning", R"(Epoch \d+:\s*(?:\d+%)?\|[^|]*\| (?P<step>\d+)/(?:\d+|\?) \[)"
+                    R"((?:[^\]]*?\w*loss=(?P<loss>[^,\]]+))?[^\]]*\])"},
+  };
+  return presets;
+}
+
+std::string ExpandProgressPattern(std::string_view text) {
+  for (const ProgressPreset& p : ProgressPresets()) {
+    if (p.name == text) return std::string(p.pattern);
+  }
+  return std::string(text);
+}
+
 Result<ProgressPattern> ProgressPattern::Compile(std::string_view pattern) {
   RE2::Options options;
   options.set_log_errors(false);

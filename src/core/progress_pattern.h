@@ -66,6 +66,18 @@ struct ProgressMatch {
   std::optional<double> loss;  // when the pattern has a `loss` group and it matched a number
 };
 
+// Patterns for the progress bars of stock frameworks, by name: a spec's
+// progress_pattern may name one instead of spelling a pattern
+// (docs/progress_pattern.md). Each is checked against the framework's real
+// output, captured from PyPI's releases (tests/testdata/progress/).
+struct ProgressPreset {
+  std::string_view name;
+  std::string_view pattern;
+};
+const std::vector<ProgressPreset>& ProgressPresets();
+// The pattern `text` stands for: a preset's, when it names one; else `text`.
+std::string ExpandProgressPattern(std::string_view text);
+
 class ProgressPattern {
  public:
   // Compiles `pattern` (RE2 syntax). InvalidArgument, saying what to fix,

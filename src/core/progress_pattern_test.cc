@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/test_support.h"
+
 namespace endure::core {
 namespace {
 
@@ -254,4 +256,72 @@ TEST(DocumentedPatterns, IgnoreTheLinesTheyShouldIgnore) {
 }
 
 }  // namespace
+
+// What each preset counts in the real output of its framework, captured from
+// PyPI's releases with the scripts beside it (tests/testdata/progress/:
+// torch 2.15, CPU, stdout and stderr into one pipe, as the agent reads them).
+struct Counted {
+  int64_t steps = 0;   // the count after the last line
+  int reports = 0;     // step reports sent
+  int with_loss = 0;   // of them, with a loss
+  int64_t first = -1;  // the first count reported
+};
+
+Counted CountFile(const std::string& preset, const std::string& file) {
+  const std::string text = testing_support::ReadAll(std::string(ENDURE_PROGRESS_DIR) + "/" + file);
+  EXPECT_FALSE(text.empty()) << file;
+  OutputReports reports(Compile(ExpandProgressPattern(preset)), 1);
+  LineSplitter splitter;
+  Counted c;
+  splitter.Feed(text, [&](std::string_view line) {
+    for (const OutputReport& r : reports.OnLine(0, line)) {
+      if (r.kind != OutputReport::Kind::kStep) continue;
+      if (c.first < 0) c.first = r.step;
+      c.steps = r.step;
+      ++c.reports;
+      if (r.loss) ++c.with_loss;
+    }
+  });
+  return c;
+}
+
+// A Hugging Face Trainer 5.25 run of 60 steps that evaluates every 25 (a bar
+// of 8 batches each time) and saves every 20 (a bar of its own): 60 steps,
+// where the pattern the docs gave before counted the other bars as counter
+// restarts.
+TEST(ProgressPresets, HuggingFaceCountsTheTrainersStepsAndNotItsOtherBars) {
+  const Counted c = CountFile("huggingface", "huggingface_trainer_5.25.txt");
+  EXPECT_EQ(c.steps, 60);
+  EXPECT_EQ(c.first, 3);  // the first redraw after step 0
+  const Counted before = CountFile(R"((?P<step>\d+)/\d+ \[)", "huggingface_trainer_5.25.txt");
+  EXPECT_GT(before.steps, 60);
+}
+
+// Lightning 2.6 with its tqdm bar: 50 steps over epochs of 20 batches (the
+// last cut to 10 by max_steps), validation every 10; the loss the program
+// logs with prog_bar=True comes with the steps.
+TEST(ProgressPresets, LightningCountsEveryEpochsBatchesAndTheirLoss) {
+  const Counted c = CountFile("lightning", "lightning_2.6_tqdm.txt");
+  EXPECT_EQ(c.steps, 50);
+  EXPECT_EQ(c.first, 1);
+  EXPECT_EQ(c.with_loss, c.reports - 1);  // the first redraw of step 1 shows no loss yet
+}
+
+// Lightning's default bar with `rich` installed draws nothing into a pipe
+// until the run ends: no pattern can count its steps, and the preset
+// matches none of its lines (the warning for a pattern that matches
+// nothing fires; docs/progress_pattern.md says what to do).
+TEST(ProgressPresets, LightningsRichBarShowsNoStepInAPipe) {
+  const Counted c = CountFile("lightning", "lightning_2.6_rich.txt");
+  EXPECT_EQ(c.reports, 0);
+}
+
+TEST(ProgressPresets, ANameThatIsNoPresetIsAPattern) {
+  EXPECT_EQ(ExpandProgressPattern("step (?P<step>\\d+)"), "step (?P<step>\\d+)");
+  EXPECT_EQ(ExpandProgressPattern("Lightning"), "Lightning");  // names are exact
+  for (const ProgressPreset& p : ProgressPresets()) {
+    EXPECT_TRUE(ProgressPattern::Compile(p.pattern).ok()) << p.name;
+  }
+}
+
 }  // namespace endure::core
