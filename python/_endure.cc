@@ -169,6 +169,8 @@ PYBIND11_MODULE(_endure, m) {
              if (!st.ok()) Raise(st);
            })
       .def("ready", &Session::Ready, py::call_guard<py::gil_scoped_release>())
+      .def("ready_at_unknown_step", &Session::ReadyAtUnknownStep,
+           py::call_guard<py::gil_scoped_release>())
       .def("begin_step", &Session::BeginStep, py::call_guard<py::gil_scoped_release>())
       .def("end_step", &Session::EndStep, py::call_guard<py::gil_scoped_release>())
       .def("end_skipped_step", &Session::EndSkippedStep, py::call_guard<py::gil_scoped_release>());

@@ -417,6 +417,11 @@ class Session {
   // `start_step`; `restore_s` was spent restoring, `init_s` since the
   // process started (see SecondsSinceProcessStart).
   void Ready(int64_t start_step, double restore_s, double init_s);
+  // Ready, for a program that does not know which step it restored (it
+  // resumed from a checkpoint of its own that Endure never saw): the first
+  // step it reports tells the controller, which takes the step before it as
+  // the restore point (docs/progress_pattern.md, "Restore points").
+  void ReadyAtUnknownStep(double restore_s, double init_s);
 
   // Step index `step_index` (0-based) is about to run. Fires the faults due
   // at this step that end or stop the process: kill (SIGKILL), exit (flush
@@ -446,6 +451,7 @@ class Session {
  private:
   struct Impl;
   explicit Session(std::unique_ptr<Impl> impl);
+  void SendReady(int64_t start_step, bool unknown, double restore_s, double init_s);
   std::unique_ptr<Impl> impl_;
 };
 

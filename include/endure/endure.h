@@ -67,6 +67,9 @@ int endure_session_memory_checkpoints(const endure_session* session);
    (client.h Session::DeclareDeterministic). */
 void endure_declare_deterministic(endure_session* session);
 void endure_ready(endure_session* session, int64_t start_step, double restore_s, double init_s);
+/* endure_ready for a program that does not know which step it restored (a
+   checkpoint of its own): the first step it reports says. */
+void endure_ready_at_unknown_step(endure_session* session, double restore_s, double init_s);
 void endure_begin_step(endure_session* session, int64_t step);
 /* Returns the loss to log: NaN when an injected `nan` fault is due. */
 double endure_end_step(endure_session* session, int64_t step, double loss, double compute_s,

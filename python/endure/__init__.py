@@ -59,6 +59,10 @@ __all__ = ["Session", "BitFlip", "DataLossError", "fingerprint", "seconds_since_
 #: is an exponent bit). Apply it with :func:`endure.torch.apply_bitflip`.
 BitFlip = collections.namedtuple("BitFlip", ["tensor", "element", "bit"])
 
+# Sessions the program made (from_env): endure.autostep stays out of a
+# program that reports its steps itself.
+_sessions_made = 0
+
 # The signal on which a Python worker dumps its stacks into
 # ENDURE_STACKS_FILE; the agent sends it when it captures stacks on a hang.
 STACK_SIGNAL = signal.SIGUSR2
@@ -109,6 +113,15 @@ class Session:
         registers a dump of every thread's Python stack on SIGUSR2 there and
         tells the agent, so that a hang's incident shows Python frames.
         """
+        global _sessions_made
+        _sessions_made += 1
+        session = cls(_endure.Session.from_env())
+        session._register_stack_dump()
+        return session
+
+    @classmethod
+    def _autostep(cls) -> "Session":
+        """from_env, for endure.autostep: not counted as the program's."""
         session = cls(_endure.Session.from_env())
         session._register_stack_dump()
         return session
@@ -259,14 +272,20 @@ class Session:
         docs/job_spec.md."""
         self._impl.declare_deterministic()
 
-    def ready(self, start_step: int, restore_s: float = 0.0,
+    def ready(self, start_step: Optional[int], restore_s: float = 0.0,
               init_s: Optional[float] = None) -> None:
         """After the restore, before the first step: training starts at index
         `start_step`; `restore_s` was spent restoring, `init_s` (default: the
-        time since the process started) getting here."""
+        time since the process started) getting here. `start_step` None: the
+        program does not know what it restored (a checkpoint of its own); the
+        first step it reports says, and the step before it is taken as the
+        restore point."""
         if init_s is None:
             init_s = seconds_since_process_start()
-        self._impl.ready(int(start_step), float(restore_s), float(init_s))
+        if start_step is None:
+            self._impl.ready_at_unknown_step(float(restore_s), float(init_s))
+        else:
+            self._impl.ready(int(start_step), float(restore_s), float(init_s))
 
     def begin_step(self, step: int) -> None:
         """Step index `step` is about to run. Injected kill, exit, hang and

@@ -127,6 +127,21 @@ class SessionTest(CleanEnvironment):
         self.assertIsNone(agent.next("step")["loss"])
         agent.close()
 
+    def test_a_ready_without_a_start_step_says_it_is_unknown(self):
+        # A program that resumed a checkpoint of its own (endure.autostep's
+        # case): the controller takes the step before its first as restored.
+        agent = FakeAgent(self.dir)
+        os.environ.update({"ENDURE_AGENT_SOCKET": agent.path, "ENDURE_TOKEN": "tok",
+                           "RANK": "0", "ENDURE_GENERATION": "1"})
+        s = endure.Session.from_env()
+        s.ready(None)
+        ready = agent.next("ready")
+        self.assertEqual((ready["start_step"], ready.get("start_step_unknown")), (0, True))
+        s.ready(4)
+        ready = agent.next("ready")
+        self.assertEqual((ready["start_step"], ready.get("start_step_unknown")), (4, None))
+        agent.close()
+
     def test_stack_dump_on_signal_shows_python_frames(self):
         agent = FakeAgent(self.dir)
         stacks = os.path.join(self.dir, "rank-0.stacks")

@@ -40,6 +40,7 @@
 #include "common/names.h"
 #include "common/net.h"
 #include "common/secret.h"
+#include "common/shipped_files.h"
 #include "common/tls.h"
 #include "contract/worker_contract.h"
 #include "faults/fault.h"
@@ -469,6 +470,12 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
     }
   }
   const std::string host_interface = IsLoopbackHost(o_.host) ? "" : InterfaceWithAddress(o_.host);
+  // A job that reads no progress from its workers' output, and does not
+  // turn it off ([job] env ENDURE_AUTOSTEP = "0"), gets step progress from a
+  // PyTorch program's optimizer (docs/progress_pattern.md).
+  const std::optional<std::string> python_dir = ShippedPythonDir();
+  const bool autostep = start.progress_pattern().empty() && python_dir.has_value() &&
+                        start.env().count(worker_env::kAutostep) == 0;
   for (const proto::RankAssignment& r : start.ranks()) {
     WorkerSpec spec;
     spec.rank = r.rank();
@@ -503,7 +510,21 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
         {worker_env::kFaults, r.faults_json()},
         {worker_env::kStacksFile, spec.stacks_path}};
     for (const auto& [k, v] : start.env()) {
+      if (autostep && k == "PYTHONPATH") continue;  // merged below
       spec.env.emplace_back(k, k == worker_env::kCkptDir ? ResolveCheckpointDir(v) : v);
+    }
+    if (autostep) {
+      // Step progress of an unmodified PyTorch program, from its optimizer
+      // (python/endure/autostep.py): the package's sitecustomize in front
+      // of the path the job or this agent gives.
+      std::string path = JoinPath(*python_dir, "autostep") + ":" + *python_dir;
+      if (auto it = start.env().find("PYTHONPATH"); it != start.env().end()) {
+        if (!it->second.empty()) path += ":" + it->second;
+      } else if (const char* mine = std::getenv("PYTHONPATH"); mine != nullptr && *mine != 0) {
+        path += ":" + std::string(mine);
+      }
+      spec.env.emplace_back("PYTHONPATH", path);
+      spec.env.emplace_back(worker_env::kAutostep, "1");
     }
     // Gloo and NCCL's bootstrap bind to the address the host's name resolves
     // to, which on a multi-homed host or in a network namespace is not where

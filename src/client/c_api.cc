@@ -121,6 +121,10 @@ void endure_declare_deterministic(endure_session* s) {
   if (s) s->session->DeclareDeterministic();
 }
 
+void endure_ready_at_unknown_step(endure_session* s, double restore_s, double init_s) {
+  if (s) s->session->ReadyAtUnknownStep(restore_s, init_s);
+}
+
 void endure_ready(endure_session* s, int64_t start_step, double restore_s, double init_s) {
   if (s) s->session->Ready(start_step, restore_s, init_s);
 }

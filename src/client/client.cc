@@ -556,17 +556,26 @@ Status Session::AnnounceStackSignal(int signal) {
   return Status::Ok();
 }
 
-void Session::Ready(int64_t start_step, double restore_s, double init_s) {
+void Session::SendReady(int64_t start_step, bool unknown, double restore_s, double init_s) {
   Impl& s = *impl_;
   s.steps_done.store(start_step);
   if (s.fd < 0) return;
   contract::ReadyMessage m;
   m.start_step = start_step;
+  m.start_step_unknown = unknown;
   m.restore_s = restore_s;
   m.init_s = init_s;
   m.rejoin = s.declares_rejoin;
   m.deterministic = s.declares_deterministic;
   s.Send(Encode(s.token, s.generation, s.rank, m), /*retry=*/false);
+}
+
+void Session::Ready(int64_t start_step, double restore_s, double init_s) {
+  SendReady(start_step, /*unknown=*/false, restore_s, init_s);
+}
+
+void Session::ReadyAtUnknownStep(double restore_s, double init_s) {
+  SendReady(0, /*unknown=*/true, restore_s, init_s);
 }
 
 bool Session::rejoin_offered_here() const { return !impl_->rejoin_file.empty(); }

@@ -3,6 +3,7 @@
 // config/; an installed PREFIX/bin/endure uses PREFIX/share/endure/.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,5 +17,9 @@ std::vector<std::string> ShippedConfigCandidates(const std::string& name);
 // The first candidate that exists; kInvalidArgument listing the candidates
 // (and saying which flag overrides it, `flag`) when none does.
 Result<std::string> FindShippedConfig(const std::string& name, const std::string& flag);
+
+// The built Python package's directory (build/python next to build/bin, or
+// PREFIX/share/endure/python), when it holds autostep/sitecustomize.py.
+std::optional<std::string> ShippedPythonDir();
 
 }  // namespace endure

@@ -145,6 +145,10 @@ Result<DatagramMessage> ParseMessage(const std::string& type, const Json& j, int
     ENDURE_ASSIGN_OR_RETURN(m.init_s, Real(j, "init_s", 0, kMaxSeconds, 0.0));
     ENDURE_ASSIGN_OR_RETURN(m.rejoin, Bool(j, "rejoin", false));
     ENDURE_ASSIGN_OR_RETURN(m.deterministic, Bool(j, "deterministic", false));
+    ENDURE_ASSIGN_OR_RETURN(m.start_step_unknown, Bool(j, "start_step_unknown", false));
+    if (m.start_step_unknown && m.start_step != 0) {
+      return InvalidArgument("a ready with start_step_unknown names no start_step");
+    }
     return DatagramMessage(m);
   }
   if (type == "heartbeat") {
@@ -300,6 +304,7 @@ struct Fields {
     j["init_s"] = m.init_s;
     if (m.rejoin) j["rejoin"] = true;
     if (m.deterministic) j["deterministic"] = true;
+    if (m.start_step_unknown) j["start_step_unknown"] = true;
   }
   void operator()(const HeartbeatMessage& m) const { j["step"] = m.step; }
   void operator()(const StepMessage& m) const {

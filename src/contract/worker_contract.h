@@ -72,6 +72,9 @@ struct ReadyMessage {
   double init_s = 0;
   bool rejoin = false;         // it rejoins later generations in place (client.h Rejoin)
   bool deterministic = false;  // it replays a step bit for bit (client.h DeclareDeterministic)
+  // It does not know what it restored (start_step is 0): the first step it
+  // reports says (client.h ReadyAtUnknownStep).
+  bool start_step_unknown = false;
 };
 
 // "heartbeat": the worker is alive; `step` completed so far (-1: none yet).
@@ -202,5 +205,7 @@ inline constexpr char kRejoinFile[] = "ENDURE_REJOIN_FILE";    // where a rejoin
 inline constexpr char kStandby[] = "ENDURE_STANDBY";
 // Tags a worker and its descendants (the agent finds them by it).
 inline constexpr char kWorkerTag[] = "ENDURE_WORKER_TAG";
+// "1": a Python worker reports its optimizer's steps (python/endure/autostep.py).
+inline constexpr char kAutostep[] = "ENDURE_AUTOSTEP";
 
 }  // namespace endure::worker_env

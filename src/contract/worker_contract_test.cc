@@ -52,6 +52,14 @@ TEST(WorkerContract, EveryMessageReadsBackAsItWasWritten) {
   EXPECT_EQ(r.init_s, kMaxSeconds);
   EXPECT_TRUE(r.rejoin);
   EXPECT_TRUE(r.deterministic);
+  EXPECT_FALSE(r.start_step_unknown);
+
+  ReadyMessage unknown;
+  unknown.start_step_unknown = true;
+  back = ParseDatagram(EncodeDatagram(From(1, unknown)), kContext);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(std::get<ReadyMessage>(back->message).start_step_unknown);
+  EXPECT_EQ(std::get<ReadyMessage>(back->message).start_step, 0);
 
   StepMessage step;
   step.step = 12;
@@ -108,6 +116,18 @@ TEST(WorkerContract, EveryMessageReadsBackAsItWasWritten) {
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(std::get<FaultMessage>(back->message).kind, faults::FaultKind::kCommSlow);
   EXPECT_EQ(std::get<FaultMessage>(back->message).id, "fault-3:a.b_c");
+}
+
+// A ready that says its start step is unknown names none: one that does
+// both contradicts itself and is refused.
+TEST(WorkerContract, AReadyWithAnUnknownStartStepNamesNone) {
+  ReadyMessage ready;
+  ready.start_step = 7;
+  ready.start_step_unknown = true;
+  Result<Datagram> back = ParseDatagram(EncodeDatagram(From(1, ready)), kContext);
+  ASSERT_FALSE(back.ok());
+  EXPECT_NE(back.status().message().find("start_step_unknown"), std::string::npos)
+      << back.status().message();
 }
 
 TEST(WorkerContract, ALossOfNoNumberTravelsAsItsName) {
