@@ -111,6 +111,11 @@ Result<std::string> LaunchSpec(const LaunchFlags& f, const LaunchHost& host) {
     job.insert("env", toml::table{{"OMP_NUM_THREADS", "1"}});
   }
   toml::table spec{{"job", job}};
+  // An unmodified script's first step may come after it loaded a large
+  // checkpoint of its own, or after a rendezvous that waits for slow nodes:
+  // before it, as much time as torch.distributed's own default rendezvous
+  // timeout (30 min), not a job spec's 60 s.
+  spec.insert("detection", toml::table{{"startup_timeout", "30m"}});
   if (f.max_restarts >= 0) {
     spec.insert("recovery", toml::table{{"max_restarts", f.max_restarts}});
   }

@@ -34,6 +34,8 @@ TEST(Launch, AScriptRunsAsTorchrunRunsIt) {
   EXPECT_EQ(spec->state_dir, "endure-train");
   // More than one worker per node and no OMP_NUM_THREADS: 1, as torchrun.
   EXPECT_EQ(spec->env.at("OMP_NUM_THREADS"), "1");
+  // Until the first step, torch.distributed's own default timeout.
+  EXPECT_EQ(spec->detection.startup_timeout, std::chrono::minutes(30));
   // The same command line is the same spec: a rerun carries an unfinished
   // run on.
   EXPECT_EQ(Spec(f)->digest, spec->digest);
