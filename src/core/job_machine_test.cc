@@ -539,21 +539,31 @@ void StepsFromOutput(Job& job, int64_t from, int64_t to, int64_t every = 1) {
     for (int r = 0; r < 2; ++r) job.Do(StepEnd{job.m.generation(), r, s, 2.0, 0, -1});
   }
 }
-
-TEST(JobMachine, AProgramThatSaysNothingRestoredTheStepBeforeTheFirstItReports) {
+// `rank` is killed; the restart's workers are ready, the restore point open.
+void KillAndRestart(Job& job, int rank) {
+  job.Do(WorkerExitEvent{job.m.generation(), rank, NodeId{rank}, std::nullopt, 9});
+  job.now += 0.1;
+  ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
+  job.now += 1;
+  ReadyUnannounced(job);
+}
+// Such a program's job (restarts only: it does not rejoin) after `steps`
+// steps printed every `every`, rank 1 killed and restarted.
+Job KilledAfter(int64_t steps, int64_t every = 1) {
   JobMachineOptions o = Options();
   o.in_process = false;
   Job job(o);
   job.Up();
   ReadyUnannounced(job);
-  StepsFromOutput(job, 1, 25);
-  job.Do(WorkerExitEvent{job.m.generation(), 1, NodeId{1}, std::nullopt, 9});
-  job.now += 0.1;
-  ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
+  StepsFromOutput(job, every, steps, every);
+  KillAndRestart(job, 1);
+  return job;
+}
+
+TEST(JobMachine, AProgramThatSaysNothingRestoredTheStepBeforeTheFirstItReports) {
+  Job job = KilledAfter(25);
   // Nothing rolled back yet: what survived is not known.
   EXPECT_EQ(job.m.ledger().total(LedgerCategory::kRecompute), 0s);
-  job.now += 1;
-  ReadyUnannounced(job);
   ASSERT_EQ(job.m.incidents().size(), 1u);
   EXPECT_EQ(job.m.incidents()[0].restored_step.value, -1);  // not known yet
   StepsFromOutput(job, 21, 30);
@@ -572,17 +582,7 @@ TEST(JobMachine, AProgramThatSaysNothingRestoredTheStepBeforeTheFirstItReports) 
 TEST(JobMachine, AProgramThatPrintsEveryFifthStepRestoredOneStrideBeforeItsFirst) {
   for (const int64_t resumed : {20, 0}) {
     SCOPED_TRACE("resumed from " + std::to_string(resumed));
-    JobMachineOptions o = Options();
-    o.in_process = false;
-    Job job(o);
-    job.Up();
-    ReadyUnannounced(job);
-    StepsFromOutput(job, 5, 25, 5);
-    job.Do(WorkerExitEvent{job.m.generation(), 1, NodeId{1}, std::nullopt, 9});
-    job.now += 0.1;
-    ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
-    job.now += 1;
-    ReadyUnannounced(job);
+    Job job = KilledAfter(25, 5);
     StepsFromOutput(job, resumed + 5, 40, 5);
     ASSERT_EQ(job.m.incidents().size(), 1u);
     EXPECT_EQ(job.m.incidents()[0].restored_step.value, resumed);
@@ -596,23 +596,9 @@ TEST(JobMachine, AProgramThatPrintsEveryFifthStepRestoredOneStrideBeforeItsFirst
 // open, and the program's own copy is still the one the next generation
 // takes: the rollback waits for it, once.
 TEST(JobMachine, AFailureBeforeTheFirstStepKeepsTheRollbackPending) {
-  JobMachineOptions o = Options();
-  o.in_process = false;
-  Job job(o);
-  job.Up();
-  ReadyUnannounced(job);
-  StepsFromOutput(job, 1, 25);
-  job.Do(WorkerExitEvent{job.m.generation(), 1, NodeId{1}, std::nullopt, 9});
-  job.now += 0.1;
-  ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
+  Job job = KilledAfter(25);
   job.now += 1;
-  ReadyUnannounced(job);
-  job.now += 1;
-  job.Do(WorkerExitEvent{job.m.generation(), 0, NodeId{0}, std::nullopt, 9});
-  job.now += 0.1;
-  ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
-  job.now += 1;
-  ReadyUnannounced(job);
+  KillAndRestart(job, 0);
   StepsFromOutput(job, 21, 30);
   ASSERT_EQ(job.m.incidents().size(), 2u);
   EXPECT_EQ(job.m.incidents()[1].restored_step.value, 20);
@@ -621,19 +607,11 @@ TEST(JobMachine, AFailureBeforeTheFirstStepKeepsTheRollbackPending) {
 
 // The machine's state survives a snapshot with the restore point open.
 TEST(JobMachine, AnOpenRestorePointSurvivesASnapshot) {
-  JobMachineOptions o = Options();
-  o.in_process = false;
-  Job job(o);
-  job.Up();
-  ReadyUnannounced(job);
-  StepsFromOutput(job, 1, 25);
-  job.Do(WorkerExitEvent{job.m.generation(), 1, NodeId{1}, std::nullopt, 9});
-  job.now += 0.1;
-  ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
-  job.now += 1;
-  ReadyUnannounced(job);
+  Job job = KilledAfter(25);
   Result<JobMachine> moved = JobMachine::FromSnapshot(job.m.Snapshot(), T(0));
   ASSERT_TRUE(moved.ok()) << moved.status().message();
+  JobMachineOptions o = Options();
+  o.in_process = false;
   Job restored(o);
   restored.m = std::move(moved).value();
   restored.now = job.now;
