@@ -171,6 +171,8 @@ class StockFrameworksWithAKill(unittest.TestCase):
         p, report, logs = run_job(self.dir, "rich", LIGHTNING, [root, "rich"])
         self.check(p, report, logs, "Restoring states from the checkpoint path")
 
+    # Without rich installed Lightning draws its TQDMProgressBar; the venv has
+    # rich (the Trainer's test needs it), so the script names that bar.
     @unittest.skipIf(_torch2_with("lightning"), _torch2_with("lightning"))
     def test_lightning_with_its_tqdm_bar(self):
         root = os.path.join(self.dir, "ckpt")
