@@ -172,7 +172,7 @@ class StockFrameworksWithAKill(unittest.TestCase):
         self.check(p, report, logs, "Restoring states from the checkpoint path")
 
     # Without rich installed Lightning draws its TQDMProgressBar; the venv has
-    # rich (the Trainer's test needs it), so the script names that bar.
+    # rich (for the case above), so the script names that bar.
     @unittest.skipIf(_torch2_with("lightning"), _torch2_with("lightning"))
     def test_lightning_with_its_tqdm_bar(self):
         root = os.path.join(self.dir, "ckpt")
