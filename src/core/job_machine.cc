@@ -1056,11 +1056,12 @@ void JobMachine::OnFailure(const Failure& failure, TimePoint now, std::vector<Jo
     StartGeneration(std::move(next), /*rejoin=*/true, now, out);
     return;
   }
-  if (unannounced_ && !stop) {
+  if ((unannounced_ || rollback_pending_) && !stop) {
     // The program keeps its own checkpoints, which the ledger does not hear
     // of: what survived is known when the next generation's first step says
     // what it restored (RestoredTo). A generation that reported no step
-    // leaves the earlier one's steps pending.
+    // (or died before its ranks were ready) leaves the earlier one's steps
+    // pending.
     if (!rollback_pending_) rollback_pending_ = std::move(step_productive_);
   } else {
     rollback_pending_.reset();

@@ -605,6 +605,28 @@ TEST(JobMachine, AFailureBeforeTheFirstStepKeepsTheRollbackPending) {
   EXPECT_EQ(job.m.ledger().total(LedgerCategory::kRecompute), 5s);
 }
 
+// The same when the restarted program dies before its ranks say ready (a
+// crash while loading its checkpoint).
+TEST(JobMachine, AFailureBeforeReadyKeepsTheRollbackPending) {
+  JobMachineOptions o = Options();
+  o.in_process = false;
+  Job job(o);
+  job.Up();
+  ReadyUnannounced(job);
+  StepsFromOutput(job, 1, 25);
+  job.Do(WorkerExitEvent{job.m.generation(), 1, NodeId{1}, std::nullopt, 9});
+  job.now += 0.1;
+  ASSERT_EQ(Find<StartGenerationAction>(job.StopBoth()).size(), 1u);
+  job.now += 2;
+  job.Do(NodeHeartbeat{NodeId{0}});
+  job.Do(NodeHeartbeat{NodeId{1}});
+  KillAndRestart(job, 0);  // generation 1 never got ready
+  StepsFromOutput(job, 21, 30);
+  ASSERT_EQ(job.m.incidents().size(), 2u);
+  EXPECT_EQ(job.m.incidents()[1].restored_step.value, 20);
+  EXPECT_EQ(job.m.ledger().total(LedgerCategory::kRecompute), 5s);
+}
+
 // The machine's state survives a snapshot with the restore point open.
 TEST(JobMachine, AnOpenRestorePointSurvivesASnapshot) {
   Job job = KilledAfter(25);
