@@ -11,7 +11,8 @@ Debian's). :func:`install` imports nothing: it waits for the program's own
 ``import torch`` to load ``torch.optim.optimizer``, and registers there
 
 - a global optimizer step hook: the first optimizer that steps is the
-  program's (a second one, a GAN's discriminator, is not counted); each of
+  program's (a second one, a GAN's discriminator, is not counted; one made
+  after the first is gone takes its place); each of
   its steps is a step report, as ``Session.end_step`` sends it, without a
   loss (nothing to judge);
 - at its first step, ``ready`` without a restore point, and steps counted
@@ -211,10 +212,15 @@ def _on_step(optimizer, args, kwargs) -> None:
             _optimizer = weakref.ref(optimizer)
             if not _start(optimizer):
                 return
-        elif _optimizer() is not optimizer:
-            return
-        else:
+        elif _optimizer() is optimizer:
             _steps += 1
+        elif _optimizer() is None:
+            # The program made a new one (a second stage of training): it
+            # goes on counting.
+            _optimizer = weakref.ref(optimizer)
+            _steps += 1
+        else:
+            return
         if _in_eval:
             _in_eval = False
             _session.phase("train")
