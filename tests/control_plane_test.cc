@@ -563,6 +563,17 @@ constexpr char kEveryStepTiers[] = "every_steps = 1\npersist_every_steps = 5\n";
 constexpr char kShortRunSpikes[] =
     "[detection]\nloss_window = 10\nloss_spike_z = 4\nloss_spike_min_jump = 0.2\n";
 
+// kShortRunSpikes, with rank 1 held in step 26 (a hang whose timeout no test
+// reaches, as HoldForTheTest's): no rank gets past the step after a spike at
+// step 25 before the controller stops the generation, so step 24, the
+// rollback's target, is still in both ranks' three T0 slots however late
+// the stop comes. (Unheld, on the loaded core a stop that came three steps
+// late found step 24 overwritten, and the job started over.)
+std::string ShortRunSpikesHeldAfter25() {
+  return std::string(kShortRunSpikes) +
+         "hang_timeout_floor = \"10m\"\n[[faults]]\nkind = \"hang\"\nrank = 1\nstep = 26\n";
+}
+
 // The batch of step 25 is random bytes (a corrupt shard of the data) on every
 // replay of it. The spike rolls back, the replay reproduces it bit for bit,
 // so it is the data's: recorded, no node struck, nothing skipped, and the
@@ -574,7 +585,7 @@ TEST_F(ControlPlaneTest, ADataSpikeThatReproducesIsTrainedThroughBitExact) {
                                kEveryStepTiers));
   ASSERT_TRUE(off.exit.Success()) << off.output;
   ASSERT_TRUE(off.report["incidents"].empty()) << off.report.dump(2);
-  JobResult r = Run(SpecWith("dataspike", shape, kShortRunSpikes, "", kEveryStepTiers));
+  JobResult r = Run(SpecWith("dataspike", shape, ShortRunSpikesHeldAfter25(), "", kEveryStepTiers));
   ASSERT_TRUE(r.exit.Success()) << r.output;
   EXPECT_EQ(r.report.value("steps", 0), 30);
   EXPECT_EQ(r.report.value("param_fingerprint", ""), off.report.value("param_fingerprint", "x"));
@@ -604,7 +615,7 @@ TEST_F(ControlPlaneTest, OnDataSpikeSkipSkipsTheReproducedStep) {
   Shape shape;
   shape.trainer = "\"--corrupt-batch-step\", \"25\", ";
   JobResult r = Run(SpecWith("dataskip", shape,
-                             std::string(kShortRunSpikes) + "[anomaly]\non_data_spike = \"skip\"\n",
+                             ShortRunSpikesHeldAfter25() + "[anomaly]\non_data_spike = \"skip\"\n",
                              "", kEveryStepTiers));
   ASSERT_TRUE(r.exit.Success()) << r.output;
   EXPECT_EQ(r.report.value("steps", 0), 30);
@@ -634,7 +645,7 @@ TEST_F(ControlPlaneTest, AReproducibleNaNStopsTheJobNamingTheStep) {
 TEST_F(ControlPlaneTest, ASpikeTheReplayDoesNotReproduceIsAFaultOnItsNode) {
   nlohmann::json inc = ExpectRecovered(
       "spikefault",
-      "kind = \"spike\"\nrank = 0\nstep = 25\nfactor = 3\n" + std::string(kShortRunSpikes),
+      "kind = \"spike\"\nrank = 0\nstep = 25\nfactor = 3\n" + ShortRunSpikesHeldAfter25(),
       "loss_spike", "in_process = false\n", kEveryStepTiers);
   EXPECT_NE(inc.value("reason", "").find("replay of step 25: the loss changed (rank 0 "),
             std::string::npos)
