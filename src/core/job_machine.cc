@@ -697,6 +697,11 @@ void JobMachine::OnWorkerExit(const WorkerExitEvent& e, TimePoint now,
   exit.rank = e.rank.value;
   exit.exit_code = e.exit_code;
   exit.signal = e.signal;
+  // The agent ended it (a node that dies kills its workers before its
+  // agent goes; an agent shut down stops them): no failure of the rank's
+  // own. What made the agent do it reaches the job as its own event (the
+  // node's loss, the agent's goodbye).
+  exit.stop_requested = e.stopped;
   std::optional<CrashReport> crash = ClassifyWorkerExit(exit);
   if (!crash) return;
   Failure f;

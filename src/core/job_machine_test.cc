@@ -248,6 +248,30 @@ TEST(JobMachine, ANodeLostAfterAPeersCollectiveFailureIsTheCause) {
   }
 }
 
+// A node that dies (an injected kill-agent) kills its workers just before
+// its agent goes, and the agent's report of a worker it killed itself
+// (`stopped`) can reach the controller first. That exit is no failure of the
+// rank's own: the job goes on until the node's loss is known, and the loss
+// is the one incident. (The loaded CI saw two incidents: an in-process
+// restart for "signal 9, which the agent did not send", then the loss.)
+TEST(JobMachine, AnExitTheAgentCausedOutsideAStopIsNoFailure) {
+  Job job;
+  job.Up();
+  job.Ready(0);
+  job.Run(1, 20);
+  WorkerExitEvent killed{job.m.generation(), Rank{1}, NodeId{1}, std::nullopt, 9};
+  killed.stopped = true;
+  job.now += 0.01;
+  EXPECT_TRUE(job.Do(killed).empty());
+  EXPECT_TRUE(job.m.incidents().empty());
+  job.now += 0.05;
+  std::vector<JobAction> lost = job.Do(NodeDown{NodeId{1}, "the agent's stream closed"});
+  ASSERT_EQ(Find<StopGenerationAction>(lost).size(), 1u);
+  ASSERT_EQ(job.m.incidents().size(), 1u);
+  EXPECT_EQ(job.m.incidents()[0].cause.name, "node_lost");
+  EXPECT_EQ(job.m.incidents()[0].node, NodeId{1});
+}
+
 // A node whose stream broke is declared lost only after the grace for its
 // agent to come back (the shell's): the fault was the break, and the time
 // since then was detection, not training.
