@@ -36,8 +36,10 @@ import tempfile
 import time
 import urllib.request
 
+from held_rank import hold_fault, held_rank_pid
+
 CHROMIUM = os.environ.get('CHROMIUM', '/usr/bin/chromium')
-KILL_STEP = 600       # rank 1 dies at this step: long after the page is open
+KILL_STEP = 600       # rank 1 is held in this step, and killed once the page is open
 LATENCY_S = 2.0       # the incident must be on the page this soon after the API has it
 DEADLINE_S = 180      # for the job to reach the kill and record the incident
 
@@ -256,13 +258,15 @@ def main():
     with open(spec, 'w') as f:
         f.write('[job]\nname = "dashtest"\ncommand = %s\nnodes = 2\nranks_per_node = 1\n'
                 'state_dir = %s\n[checkpoint]\nevery_steps = 1\npersist_every_steps = 20\n'
-                # One incident, the kill: no rank is slow enough to be a straggler
-                # on a busy test machine (the step times are still measured:
-                # they are the heatmap's).
-                '[detection]\nstraggler_min_excess = "1h"\n'
                 '[recovery]\nrepair_delay = "1s"\nbackoff_initial = "0s"\n'
-                '[[faults]]\nid = "kill-%d"\nkind = "kill"\nrank = 1\nstep = %d\n'
-                % (json.dumps(command), json.dumps(state), KILL_STEP, KILL_STEP))
+                % (json.dumps(command), json.dumps(state)))
+        # Rank 1 is held in KILL_STEP, and killed by this test once the page
+        # shows the live status: the incident comes after the page opened
+        # however slow the browser's start or fast the job. One incident, the
+        # kill: no rank is slow enough to be a straggler on a busy test
+        # machine (the step times are still measured: they are the heatmap's).
+        f.write(hold_fault('hold-%d' % KILL_STEP, 1, KILL_STEP).replace(
+            '[detection]\n', '[detection]\nstraggler_min_excess = "1h"\n'))
     run = browser = None
     run_out = open(os.path.join(tmp, 'run.out'), 'w')
     chrome_out = open(os.path.join(tmp, 'chromium.out'), 'w')
@@ -284,6 +288,7 @@ def main():
         page_open_at = None
         api_at = dom_at = None
         incident = None
+        killed = False
         others = set()
         end = time.monotonic() + DEADLINE_S
         while True:
@@ -298,6 +303,12 @@ def main():
                     "document.getElementById('s-phase').textContent !== '–'"):
                 page_open_at = time.monotonic()
                 log('page shows the status after %.2f s' % (page_open_at - (end - DEADLINE_S)))
+            if page_open_at is not None and not killed:
+                pid = held_rank_pid(state, 1, KILL_STEP)
+                if pid:
+                    os.kill(pid, signal.SIGKILL)
+                    killed = True
+                    log('rank 1, held in step %d, killed (pid %d)' % (KILL_STEP, pid))
             if api_at is None:
                 rows = get_json(base, '/api/incidents?page=0').get('rows', [])
                 kills = [r for r in rows if r.get('rank') == 1 and 'SIGKILL' in str(r.get('cause'))]

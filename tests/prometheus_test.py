@@ -6,8 +6,10 @@
    shipped prometheus.yml and on the one this test generates; every expression
    of deploy/grafana/endure.json parses (promtool, as recording rules) and
    names only metrics of docs/monitoring.md's table.
-2. A 2-node job of endure-train with rank 1 killed at a step and no durable
-   checkpoint during the run, scraped every second by Debian's `prometheus`
+2. A 2-node job of endure-train with rank 1 held in a step (an injected hang
+   whose timeout is far away) and SIGKILLed by this test once Prometheus has
+   scraped the job and the alert below fires, and no durable checkpoint
+   during the run, scraped every second by Debian's `prometheus`
    with the shipped alerts.yml (EndureNoDurableCheckpoint at a test-sized
    threshold). Through Prometheus' HTTP API (PromQL) it asserts:
    - endure_build_info has a series, endure_ettr samples in [0, 1];
@@ -38,13 +40,16 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from held_rank import hold_fault, held_rank_pid
+
 PROMETHEUS, PROMTOOL = "/usr/bin/prometheus", "/usr/bin/promtool"
 
 # The job: 2 nodes x 1 rank of a small GPT, about 40 s of training here
-# beside Prometheus; rank 1 SIGKILLed at KILL_STEP, about 15 s in: late
-# enough that Prometheus has scraped the job before it (its first scrape
-# comes about 6 s after it starts: target discovery sends every 5 s). Memory checkpoints every 5 steps, but the 100000th would be the
-# first durable one: no durable checkpoint is committed while the job runs.
+# beside Prometheus; rank 1 held in step KILL_STEP until this test kills it,
+# after Prometheus' first scrape and the alert (ordered by those events, not
+# by the machine's speed: a fast machine once reached the step before the
+# first scrape). Memory checkpoints every 5 steps, but the 100000th would be
+# the first durable one: no durable checkpoint is committed while the job runs.
 STEPS, KILL_STEP = 1000, 400
 # EndureNoDurableCheckpoint, test-sized: the shipped expression with this
 # threshold instead of 1800 s and `for: 0s` instead of 5m.
@@ -288,12 +293,7 @@ every_steps = 5
 persist_every_steps = 100000
 [recovery]
 backoff_initial = "0s"
-[[faults]]
-id = "kill-rank1"
-kind = "kill"
-rank = 1
-step = %d
-""" % (train, STEPS, state_dir, KILL_STEP)
+""" % (train, STEPS, state_dir) + hold_fault("hold-rank1", 1, KILL_STEP)
 
 
 def incident_field(state, key):
@@ -405,6 +405,9 @@ scrape_configs:
            % (firing[0][0].get("instance"), age, durable))
 
         # The kill: one incident, and its recovery.
+        pid = wait_for("rank 1 held in step %d" % KILL_STEP,
+                       lambda: held_rank_pid(state, 1, KILL_STEP), 120, alive=alive)
+        os.kill(pid, signal.SIGKILL)
         wait_for("sum(endure_incidents_total) >= 1",
                  lambda: (api.scalar("sum(endure_incidents_total)") or 0) >= 1, 120, alive=alive)
         counted = {q: None for q in ("endure_restarts_total", "endure_detection_seconds_count",
