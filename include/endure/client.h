@@ -413,6 +413,17 @@ class Session {
   // SIGUSR2 or a real-time signal.
   Status AnnounceStackSignal(int signal);
 
+  // For a native program: on `signal`, the stack of the thread that called
+  // this (call it from the training loop's thread) is appended to
+  // stacks_file() as glibc's backtrace_symbols lines, and the signal is
+  // announced (AnnounceStackSignal). Delivered to another thread, the signal
+  // is passed on to that one. Function names of the program itself appear
+  // only when it is linked with -rdynamic (CMake: ENABLE_EXPORTS). Ok and
+  // nothing installed outside an agent (no stacks file); kInvalidArgument as
+  // AnnounceStackSignal; kUnavailable when the file cannot be opened or the
+  // handler installed. One handler per process: a later call moves it.
+  Status DumpStacksOnSignal(int signal);
+
   // After the restore, before the first step: training starts at step index
   // `start_step`; `restore_s` was spent restoring, `init_s` since the
   // process started (see SecondsSinceProcessStart).

@@ -7,6 +7,7 @@ for bit those of a run without faults."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,11 @@ def spec(state_dir, faults="", checkpoint="every_steps = 1\npersist_every_steps 
         backoff_initial = "0s"
         repair_delay = "1s"
         """) + faults
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
 
 
 def run(directory, name, text):
@@ -107,7 +113,12 @@ class PythonTrainerUnderEndureRun(unittest.TestCase):
                          json.dumps(incidents, indent=1))
         kill, hang, nan, lost = incidents
         self.assertEqual(kill["rank"], 1)
-        self.assertEqual(kill["restored_step"], 5, kill)  # every-step checkpoints in T0
+        # Every-step checkpoints in T0: rank 1 dies as step 6 begins, with
+        # step 5 done everywhere; rank 0's snapshot of step 5 may still be
+        # on its way into T0 then on a busy machine (CI saw "step 5
+        # incomplete: no verified copy of shard 0"), and step 4 is restored.
+        self.assertIn(kill["restored_step"], (4, 5), kill)
+        self.assertEqual(kill["steps_lost"], kill["failed_at_step"] - kill["restored_step"], kill)
         self.assertEqual(hang["rank"], 0)
         stacks = "\n".join(s if isinstance(s, str) else json.dumps(s) for s in hang["stacks"])
         self.assertIn("train_gpt.py", stacks)
@@ -117,6 +128,75 @@ class PythonTrainerUnderEndureRun(unittest.TestCase):
         ledger = sum(report["ledger_s"].values())
         self.assertAlmostEqual(ledger, report["wall_s"], delta=0.01 * report["wall_s"])
         self.assertEqual(report["param_fingerprint"], self.reference, out)
+
+    def test_a_stopped_rank_is_a_hang_with_the_python_frames_of_the_ranks_that_answer(self):
+        # Rank 1 is stopped from outside (SIGSTOP, as a wedged interpreter)
+        # once rank 0 has logged step 10: it cannot dump its own stacks.
+        # Rank 0, waiting for it in the allreduce, answers with faulthandler;
+        # rank 1 is read from outside within the stack deadline (py-spy
+        # where it is installed beside the interpreter or on PATH: Python
+        # frames; gdb otherwise), and the stop does not wait for it.
+        state = os.path.join(self.dir, "stopped")
+        path = os.path.join(self.dir, "stopped.toml")
+        with open(path, "w") as f:
+            f.write(spec(state))
+        p = subprocess.Popen([ENDURE, "run", path, "--quiet"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        try:
+            pid = self._rank_after_step(state, rank=1, step=10, job=p)
+            os.kill(pid, signal.SIGSTOP)
+            out, _ = p.communicate(timeout=600)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        with open(os.path.join(state, "report.json")) as f:
+            report = json.load(f)
+        self.assertEqual(p.returncode, 0, out)
+        self.assertEqual(report["steps"], 30)
+        incidents = report["incidents"]
+        self.assertEqual([i["cause"] for i in incidents], ["hang"], json.dumps(incidents, indent=1))
+        hang = incidents[0]
+        stacks = {s.split(":", 1)[0]: s for s in hang["stacks"]}
+        self.assertEqual(sorted(stacks), ["rank 0", "rank 1"], hang["stacks"])
+        self.assertIn("Python stacks (faulthandler):", stacks["rank 0"])
+        self.assertIn("train_gpt.py", stacks["rank 0"])
+        self.assertIn("The process is stopped (SIGSTOP)", stacks["rank 1"])
+        trainer_bin = os.path.dirname(sys.executable)
+        if os.path.exists(os.path.join(trainer_bin, "py-spy")) or shutil.which("py-spy"):
+            self.assertIn("Python stacks (py-spy, read from outside):", stacks["rank 1"])
+            self.assertIn("train_gpt.py", stacks["rank 1"])
+        # Capture (2 s deadline) and stop (the stopped rank is continued to
+        # take its SIGTERM, not SIGKILLed after the 2 s grace), with room
+        # for a busy machine.
+        self.assertLess(hang["teardown_s"], 2.0 + 2.0, hang)
+        self.assertEqual(report["param_fingerprint"], self.reference, out)
+
+    @staticmethod
+    def _rank_after_step(state, rank, step, job):
+        """The pid of `rank` of generation 0 once rank 0 has logged `step`."""
+        deadline = time.monotonic() + 300
+        stacks = f"gen0-rank{rank}.stacks"
+        while time.monotonic() < deadline and job.poll() is None:
+            logs = [os.path.join(state, "nodes", n, "logs", "gen0-rank0.log")
+                    for n in (os.listdir(os.path.join(state, "nodes"))
+                              if os.path.isdir(os.path.join(state, "nodes")) else [])]
+            logged = any(os.path.exists(l) and f"step {step:6d}/" in read(l) for l in logs)
+            if logged:
+                for pid in os.listdir("/proc"):
+                    if not pid.isdigit():
+                        continue
+                    try:
+                        with open(f"/proc/{pid}/environ", "rb") as f:
+                            env = f.read().split(b"\0")
+                    except OSError:
+                        continue
+                    for entry in env:
+                        if entry.startswith(b"ENDURE_STACKS_FILE=" + state.encode()) and \
+                                entry.endswith(stacks.encode()):
+                            return int(pid)
+            time.sleep(0.05)
+        raise AssertionError(f"rank 0 never logged step {step}, or rank {rank} was not found")
 
     def test_durable_only_checkpoints_recover_bit_exact(self):
         # memory = false: the trainer commits to the durable directory itself.

@@ -1,4 +1,4 @@
-// WorkerSet: processes, pipes, self-dumped stacks and gdb.
+// WorkerSet: processes, pipes, and the targets of a stack capture.
 #include "agent/worker_set.h"
 
 #include <fcntl.h>
@@ -30,12 +30,6 @@ using Clock = std::chrono::steady_clock;
 // its worker exited while the output pipe stays open.
 constexpr auto kExitPoll = std::chrono::milliseconds(20);
 
-// Self-dumped stacks: the most we wait for them, how long the file must stop
-// growing to count as complete, and the most we read.
-constexpr auto kSelfDumpMaxWait = std::chrono::seconds(3);
-constexpr auto kSelfDumpSettle = std::chrono::milliseconds(200);
-constexpr size_t kSelfDumpMaxBytes = kMaxStackBytes;
-
 // A tag no other worker of any agent carries: this agent's pid, a counter,
 // and random bits against a pid reused by a later agent.
 std::string NewTag() {
@@ -61,115 +55,6 @@ int PidFd(pid_t pid) {
   }
 #endif
   return -1;
-}
-
-// Whether `pid` is stopped (SIGSTOP, or a tracer holds it): it would handle
-// a signal only once continued.
-bool IsStopped(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  // "PID (COMM) STATE ...": COMM may hold spaces and parentheses.
-  const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
-  const char state = stat[paren + 2];
-  return state == 'T' || state == 't';
-}
-
-// Whether the executable of `pid` is a Python interpreter.
-bool IsPython(pid_t pid) {
-  std::error_code ec;
-  const std::filesystem::path exe =
-      std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec);
-  return !ec && exe.filename().string().rfind("python", 0) == 0;
-}
-
-// Empties the stacks file before a dump. The worker keeps its own descriptor
-// (and offset) on it: a second dump may start past the end, so readers drop
-// the NUL bytes of that hole.
-void TruncateStacksFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd >= 0) ::close(fd);
-}
-
-// The file itself, never where a symlink put in its place points.
-std::optional<off_t> FileSize(const std::string& path) {
-  struct stat st;
-  if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-  return st.st_size;
-}
-
-std::string ReadStacksFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return "";
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {  // a FIFO would never end
-    ::close(fd);
-    return "";
-  }
-  std::string text(kSelfDumpMaxBytes, '\0');
-  size_t got = 0;
-  while (got < text.size()) {
-    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  text.resize(got);
-  std::erase(text, '\0');
-  return text;
-}
-
-std::string SignalName(int sig) {
-  if (sig == SIGUSR1) return "SIGUSR1";
-  if (sig == SIGUSR2) return "SIGUSR2";
-  if (sig >= SIGRTMIN && sig <= SIGRTMAX) return "SIGRTMIN+" + std::to_string(sig - SIGRTMIN);
-  return "signal " + std::to_string(sig);
-}
-
-// gdb's "thread apply all bt" of `pid`, the main thread first.
-std::string GdbStacks(pid_t pid, std::chrono::milliseconds timeout) {
-  char path[] = "/tmp/endure_stack.XXXXXX";
-  int fd = ::mkstemp(path);
-  if (fd < 0) return "stack capture failed: cannot create a temporary file";
-  ::close(fd);
-  ProcessSpec ps;
-  ps.argv = {"/usr/bin/gdb",       "-p",  std::to_string(pid),  "-batch", "-nx", "-ex",
-             "set pagination off", "-ex", "thread apply all bt"};
-  ps.output_path = path;
-  ps.unset_env = {"DEBUGINFOD_URLS"};
-  Result<Subprocess> gdb = Subprocess::Start(ps);
-  std::string out;
-  if (!gdb.ok()) {
-    out = "stack capture failed: " + gdb.status().message();
-  } else if (!gdb->WaitFor(timeout)) {
-    gdb->Signal(SIGKILL);
-    gdb->Wait();
-    out = "stack capture timed out after " + std::to_string(timeout.count()) + " ms";
-  } else {
-    std::ifstream f(path);
-    std::string text(kMaxStackBytes, '\0');
-    f.read(text.data(), static_cast<std::streamsize>(text.size()));
-    text.resize(static_cast<size_t>(std::max<std::streamsize>(0, f.gcount())));
-    // Keep the frames, not gdb's chatter about loading symbols, with the
-    // main thread (gdb's "Thread 1", printed last) first: that is where
-    // the training loop is.
-    std::string main_thread, others, *current = &others;
-    size_t pos = 0;
-    while (pos < text.size()) {
-      size_t nl = text.find('\n', pos);
-      if (nl == std::string::npos) nl = text.size();
-      std::string line = text.substr(pos, nl - pos);
-      if (line.rfind("Thread ", 0) == 0) {
-        current = line.rfind("Thread 1 ", 0) == 0 ? &main_thread : &others;
-      }
-      if (line.rfind("#", 0) == 0 || line.rfind("Thread ", 0) == 0) *current += line + "\n";
-      pos = nl + 1;
-    }
-    out = main_thread.empty() && others.empty() ? text : main_thread + others;
-  }
-  std::remove(path);
-  return out;
 }
 
 }  // namespace
@@ -401,7 +286,11 @@ void WorkerSet::StopAll(std::chrono::milliseconds grace) {
     if (w.reaped) return;
     w.stopped = true;
     w.tree.Signal(sig);
-    if (sig == SIGKILL) ::kill(-w.pid, SIGCONT);  // a SIGSTOPped worker must run to die
+    // A stopped (SIGSTOP) worker acts on SIGTERM only once continued, so
+    // it would sit out the whole grace: continued, it ends at once, or runs
+    // its own handler within the grace (systemd sends SIGCONT after its
+    // kill signal for the same reason). Running workers ignore SIGCONT.
+    ::kill(-w.pid, SIGCONT);
   };
   for (auto& w : workers) signal_tree(*w, grace.count() > 0 ? SIGTERM : SIGKILL);
   const auto deadline = Clock::now() + grace;
@@ -470,89 +359,19 @@ std::map<int, pid_t> WorkerSet::Pids() const {
 
 std::map<int, std::string> WorkerSet::CaptureStacks(std::chrono::milliseconds timeout,
                                                     const std::map<int, int>& stack_signals) {
-  struct Target {
-    int rank;
-    pid_t pid;
-    std::string stacks_path;
-    int signal = 0;    // > 0: it dumps its own stacks on this signal
-    std::string note;  // why gdb is used after all
-    std::optional<off_t> size;
-    std::chrono::steady_clock::time_point size_since;
-  };
-  std::vector<Target> targets;
+  std::vector<StackTarget> targets;
   {
     MutexLock lock(&mu_);
     for (const auto& w : workers_) {
       MutexLock worker(&w->mu);
       if (w->done) continue;
-      Target t{w->rank, w->pid, w->stacks_path};
+      StackTarget t{w->rank, w->pid, w->stacks_path};
       auto it = stack_signals.find(w->rank);
       if (it != stack_signals.end() && !w->stacks_path.empty()) t.signal = it->second;
       targets.push_back(std::move(t));
     }
   }
-  std::sort(targets.begin(), targets.end(),
-            [](const Target& a, const Target& b) { return a.rank < b.rank; });
-
-  // Every self-dumping rank is signalled at once, then all are awaited
-  // together: one wait for the node, not one per rank.
-  const auto start = std::chrono::steady_clock::now();
-  const auto wait = std::min<std::chrono::milliseconds>(timeout, kSelfDumpMaxWait);
-  std::map<int, std::string> out;
-  int pending = 0;
-  for (Target& t : targets) {
-    if (t.signal == 0) continue;
-    if (IsStopped(t.pid)) {
-      t.note =
-          "The process is stopped (SIGSTOP) and cannot dump its own stacks; native stack "
-          "(gdb) follows.\n";
-      t.signal = 0;
-      continue;
-    }
-    TruncateStacksFile(t.stacks_path);
-    ::kill(t.pid, t.signal);  // the process only: its children may not handle the signal
-    ++pending;
-  }
-  while (pending > 0 && std::chrono::steady_clock::now() - start < wait) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    const auto now = std::chrono::steady_clock::now();
-    for (Target& t : targets) {
-      if (t.signal == 0 || out.count(t.rank)) continue;
-      const std::optional<off_t> size = FileSize(t.stacks_path);
-      if (size != t.size) {
-        t.size = size;
-        t.size_since = now;
-      } else if (size && *size > 0 && now - t.size_since >= kSelfDumpSettle) {
-        std::string text = ReadStacksFile(t.stacks_path);
-        if (!text.empty()) {
-          out[t.rank] = "Python stacks (faulthandler):\n" + text;
-          --pending;
-        }
-      }
-    }
-  }
-  for (Target& t : targets) {
-    if (out.count(t.rank)) continue;
-    if (t.signal != 0) {
-      // Complete or not, what did arrive beats nothing.
-      std::string text = ReadStacksFile(t.stacks_path);
-      if (!text.empty()) {
-        out[t.rank] = "Python stacks (faulthandler, still being written after " +
-                      std::to_string(wait.count()) + " ms):\n" + text;
-        continue;
-      }
-      t.note = "No stacks arrived within " + std::to_string(wait.count()) + " ms of " +
-               SignalName(t.signal) + " (the signal the program registered); native stack " +
-               "(gdb) follows.\n";
-    } else if (t.note.empty() && IsPython(t.pid)) {
-      t.note =
-          "Python frames unavailable: the program does not use the endure Python client "
-          "(endure.Session.from_env() registers a stack dump on a signal); native stack "
-          "follows.\n";
-    }
-    out[t.rank] = t.note + GdbStacks(t.pid, timeout);
-  }
-  return out;
+  return agent::CaptureStacks(targets, timeout);
 }
 
 }  // namespace endure::agent

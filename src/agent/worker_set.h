@@ -3,8 +3,8 @@
 // while keeping the last lines for classification (and handing each line to
 // an optional observer), reports each exit with its last words, stops them
 // (SIGTERM to the worker's whole process tree, grace, SIGKILL), and captures
-// their stacks: from the worker itself where it dumps them on a signal (the
-// Python client, through faulthandler), with gdb otherwise. Thread-safe.
+// their stacks (agent/stack_capture.h: from the worker itself where it dumps
+// them on a signal, from outside otherwise). Thread-safe.
 //
 // Each worker leads its own session and process group, and carries a tag
 // in its environment (ENDURE_WORKER_TAG) that its descendants inherit: its
@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/stack_capture.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "common/subprocess.h"
@@ -41,8 +42,6 @@ inline constexpr std::chrono::milliseconds kDrainAfterExit{1000};
 // The last words kept for classification: at most this many lines and bytes.
 inline constexpr size_t kTailLines = 60;
 inline constexpr size_t kTailBytes = 256 * 1024;
-// The most bytes of one rank's stacks (self-dumped or gdb's).
-inline constexpr size_t kMaxStackBytes = 1 << 20;
 
 struct WorkerSpec {
   int rank = 0;
@@ -107,8 +106,9 @@ class WorkerSet {
   // behind, when the standby has died.
   Status Adopt(Standby standby, const WorkerSpec& spec);
 
-  // SIGTERM to every worker's process tree, then SIGKILL to what is left of
-  // it after `grace` (at once when `grace` is 0); returns once every watcher
+  // SIGTERM to every worker's process tree (and SIGCONT to its group, so
+  // that a stopped worker acts on it), then SIGKILL to what is left of it
+  // after `grace` (at once when `grace` is 0); returns once every watcher
   // has finished, which after the SIGKILL takes at most kDrainAfterExit
   // (unless the kernel cannot end a process, e.g. one stuck in a device).
   void StopAll(std::chrono::milliseconds grace);
@@ -120,16 +120,10 @@ class WorkerSet {
   // Sends `sig` to the worker of `rank` (its process group); false if none.
   bool Signal(int rank, int sig);
 
-  // The stacks of each live worker: rank -> text (or why it failed).
-  //   - A rank in `stack_signals` (rank -> signal it announced) dumps its own:
-  //     its stacks file is truncated, the signal sent to its process (not the
-  //     group), and the text taken once the file is non-empty and has not
-  //     grown for 200 ms, within min(`timeout`, 3 s), at most 1 MiB, under a
-  //     first line "Python stacks (faulthandler):". A rank that writes
-  //     nothing in time (or is stopped, SIGSTOP) falls back to gdb, saying so.
-  //   - Any other rank: gdb's "thread apply all bt", bounded by `timeout`.
-  //     For a Python interpreter, a first line says why there are no Python
-  //     frames.
+  // The stacks of each live worker: rank -> text (or what could not be
+  // captured and why), every rank at once under the one deadline `timeout`
+  // (agent/stack_capture.h). A rank in `stack_signals` (rank -> the signal
+  // it announced) is asked to dump its own stacks into its stacks file.
   std::map<int, std::string> CaptureStacks(std::chrono::milliseconds timeout,
                                            const std::map<int, int>& stack_signals = {});
 

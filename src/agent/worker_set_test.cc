@@ -161,6 +161,30 @@ TEST_F(WorkerSetTest, AGracefulWorkerEndsOnSigtermAlone) {
   EXPECT_NE(exits.At(0).tail.find("bye"), std::string::npos);
 }
 
+// A stopped worker (SIGSTOP: a wedged process, an injected hang) is
+// continued after its SIGTERM and ends on it, instead of sitting out the
+// whole grace until the SIGKILL.
+TEST_F(WorkerSetTest, AStoppedWorkerEndsOnSigtermWithoutWaitingForTheGrace) {
+  Exits exits;
+  WorkerSet set(exits.Observer());
+  ASSERT_TRUE(set.Start(Spec(0, "echo started; kill -STOP $$; while :; do sleep 0.05; done")).ok());
+  for (int i = 0; i < 500 && set.Pids().empty(); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(set.Pids().size(), 1u);
+  const pid_t pid = set.Pids().begin()->second;
+  for (int i = 0; i < 500; ++i) {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (stat.find(") T ") != std::string::npos) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  const auto start = Clock::now();
+  set.StopAll(60s);
+  EXPECT_LT(Clock::now() - start, 30s);  // the grace is 60 s
+  ASSERT_TRUE(exits.WaitFor(1, 0s));
+  EXPECT_EQ(exits.At(0).status.signal, SIGTERM) << exits.At(0).status.ToString();
+  EXPECT_TRUE(AllGone());
+}
+
 TEST_F(WorkerSetTest, TheLastWordsKeptAreBounded) {
   // 200 lines of 8 KiB and one endless line: the tail keeps the newest
   // lines within kTailLines and kTailBytes.

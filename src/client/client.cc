@@ -4,9 +4,12 @@
 // thread and the snapshot slots.
 #include "endure/client.h"
 
+#include <execinfo.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -542,6 +545,66 @@ void Session::Impl::HeartbeatLoop() {
     lock.Lock();
     stop_cv.WaitFor(lock, heartbeat_interval, [this]() REQUIRES(mu) { return stop; });
   }
+}
+
+namespace {
+
+// DumpStacksOnSignal's handler state: the stacks file and the thread whose
+// stack is dumped. Set before the handler is installed.
+std::atomic<int> g_stack_fd{-1};
+std::atomic<pid_t> g_stack_tid{0};
+
+pid_t CurrentTid() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
+
+// Async-signal-safe: backtrace (its first call, which may load libgcc_s,
+// was made before the handler went in), backtrace_symbols_fd and write.
+void DumpStackOnSignal(int sig) {
+  const int saved_errno = errno;
+  const pid_t tid = g_stack_tid.load();
+  if (tid != 0 && CurrentTid() != tid) {
+    ::syscall(SYS_tgkill, ::getpid(), tid, sig);  // the training thread dumps
+  } else if (const int fd = g_stack_fd.load(); fd >= 0) {
+    void* frames[128];
+    const int n = ::backtrace(frames, 128);
+    // Frames 0 and 1 are this handler and the kernel's signal trampoline:
+    // the dump starts where the thread was interrupted.
+    constexpr int kHandlerFrames = 2;
+    static constexpr char kHead[] =
+        "Native stack of the training thread (most recent call first):\n";
+    if (n > kHandlerFrames && ::write(fd, kHead, sizeof kHead - 1) >= 0) {
+      ::backtrace_symbols_fd(frames + kHandlerFrames, n - kHandlerFrames, fd);
+    }
+  }
+  errno = saved_errno;
+}
+
+}  // namespace
+
+Status Session::DumpStacksOnSignal(int signal) {
+  if (signal != SIGUSR1 && signal != SIGUSR2 && (signal < SIGRTMIN || signal > SIGRTMAX)) {
+    return InvalidArgument("DumpStacksOnSignal: signal " + std::to_string(signal) +
+                           " is not SIGUSR1, SIGUSR2 or a real-time signal");
+  }
+  if (impl_->stacks_file.empty()) return Status::Ok();
+  // O_APPEND: the agent empties the file before each dump.
+  const int fd = ::open(impl_->stacks_file.c_str(),
+                        O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return Unavailable("DumpStacksOnSignal: cannot open " + impl_->stacks_file + ": " +
+                       std::strerror(errno));
+  }
+  void* warm[4];
+  ::backtrace(warm, 4);
+  g_stack_tid.store(CurrentTid());
+  if (const int old = g_stack_fd.exchange(fd); old >= 0) ::close(old);
+  struct sigaction sa {};
+  sa.sa_handler = DumpStackOnSignal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  if (::sigaction(signal, &sa, nullptr) != 0) {
+    return Unavailable(std::string("DumpStacksOnSignal: sigaction: ") + std::strerror(errno));
+  }
+  return AnnounceStackSignal(signal);
 }
 
 Status Session::AnnounceStackSignal(int signal) {

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "checkpoint/snapshot_file.h"
 
@@ -294,6 +296,50 @@ TEST(Session, SendsReadyStepAndHeartbeatDatagrams) {
 
 // In-process restart: the agent offers a later generation in the rejoin
 // file; Rejoin takes it (and only a well-formed, later one).
+// Where the "training thread" waits while another thread raises its stack
+// signal: exported (-rdynamic), outside the anonymous namespace and not
+// inlined, so that its name is in the dump.
+}  // namespace
+__attribute__((noinline)) bool WaitInTheTrainingLoopForTheStackDump(const std::string& path) {
+  for (int i = 0; i < 1000; ++i) {
+    std::ifstream f(path);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (text.find("[0x") != std::string::npos && text.back() == '\n') return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+namespace {
+
+TEST(Session, DumpsTheTrainingThreadsStackOnItsSignalWhicheverThreadGetsIt) {
+  Receiver r;
+  char dir[] = "/tmp/endure_client_stacks.XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/rank0.stacks";
+  std::map<std::string, std::string> vars = AgentVars(r);
+  vars["ENDURE_STACKS_FILE"] = path;
+  std::unique_ptr<Session> s = MustCreate(vars);
+  EXPECT_EQ(s->DumpStacksOnSignal(SIGKILL).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(s->DumpStacksOnSignal(SIGUSR2).ok());
+  Json stacks = r.NextReport();
+  ExpectEnvelope(stacks, "stacks");
+  EXPECT_EQ(stacks["signal"], SIGUSR2);
+  // The signal reaches another thread (as the kernel may pick any): it is
+  // passed on, and the dump is the calling thread's.
+  std::thread other([] { ::syscall(SYS_tgkill, ::getpid(), ::syscall(SYS_gettid), SIGUSR2); });
+  EXPECT_TRUE(WaitInTheTrainingLoopForTheStackDump(path));
+  other.join();
+  std::ifstream f(path);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.rfind("Native stack of the training thread (most recent call first):\n", 0), 0u)
+      << text;
+  EXPECT_NE(text.find("WaitInTheTrainingLoopForTheStackDump"), std::string::npos) << text;
+  ::signal(SIGUSR2, SIG_DFL);
+  std::filesystem::remove_all(dir);
+  // Outside an agent there is no file, and nothing is installed.
+  EXPECT_TRUE(MustCreate({})->DumpStacksOnSignal(SIGUSR2).ok());
+}
+
 TEST(Session, RejoinTakesALaterGenerationsOfferAndNothingElse) {
   Receiver r;
   char tmpl[] = "/tmp/endure_rejoin_test.XXXXXX";

@@ -73,7 +73,7 @@ struct DetectionSpec {
   int loss_window = 200;
   core::AnomalyRecurrence on_recurrence = core::AnomalyRecurrence::kSkipStep;
   std::string log_rules;  // a file or directory; empty: the shipped config/log_rules/
-  Duration stack_timeout = std::chrono::seconds(10);
+  Duration stack_timeout = std::chrono::seconds(2);
   // Step progress read from worker output, for programs without the client
   // library: an RE2 pattern with a named group `step` (steps completed) and
   // optionally `loss`; empty: none. See docs/progress_pattern.md.

@@ -212,7 +212,7 @@ TEST(JobSpec, AppliesDefaults) {
   EXPECT_EQ(d.on_data_spike, core::DataSpikeAction::kContinue);
   EXPECT_EQ(d.straggler_min_excess, std::chrono::milliseconds(10));
   EXPECT_EQ(d.log_rules, "");
-  EXPECT_EQ(d.stack_timeout, std::chrono::seconds(10));
+  EXPECT_EQ(d.stack_timeout, std::chrono::seconds(2));
   EXPECT_EQ(d.progress_pattern, "");
   const RecoverySpec& r = spec->recovery;
   EXPECT_EQ(r.max_restarts, 20);

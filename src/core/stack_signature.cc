@@ -121,11 +121,12 @@ std::string Demangle(const std::string& mangled) {
 }
 
 // glibc backtrace_symbols: "./trainer(_ZN6endure4StepEv+0x1a) [0x55d0c8a1b2c4]",
-// "/lib/x86_64-linux-gnu/libc.so.6(+0x29d90) [0x7f..]". Returns false for
+// "/lib/x86_64-linux-gnu/libc.so.6(+0x29d90) [0x7f..]"; backtrace_symbols_fd
+// writes no space before the '[' (the C++ client's dump). Returns false for
 // any other line.
 bool ParseBacktraceSymbol(std::string_view line, std::string* frame) {
   if (!line.ends_with(']')) return false;
-  const size_t bracket = line.rfind(" [0x");
+  const size_t bracket = line.rfind("[0x");
   if (bracket == std::string_view::npos) return false;
   const std::string_view head = Trim(line.substr(0, bracket));
   if (!head.ends_with(')') || head.find(' ') != std::string_view::npos) return false;
@@ -151,6 +152,33 @@ bool ParsePythonFrame(std::string_view line, std::string* frame) {
     file = file.substr(slash + 1);
   }
   *frame = std::string(Trim(line.substr(in + 4))) + " (" + std::string(file) + ")";
+  return true;
+}
+
+// py-spy: `stuck_here (/work/train.py:15)`, `Tensor.backward
+// (torch/_tensor.py:488)`: a name without spaces, then the file and line in
+// parentheses. The name is Python's qualified one (3.11's co_qualname);
+// faulthandler prints the bare one, and so does the signature.
+bool ParsePySpyFrame(std::string_view line, std::string* frame) {
+  if (!line.ends_with(')')) return false;
+  const size_t open = line.rfind(" (");
+  if (open == std::string_view::npos || open == 0) return false;
+  std::string_view name = line.substr(0, open);
+  if (name.find_first_of(" \t") != std::string_view::npos) return false;
+  std::string_view where = line.substr(open + 2, line.size() - open - 3);
+  const size_t colon = where.rfind(':');
+  if (colon == std::string_view::npos || colon + 1 == where.size() ||
+      !std::all_of(where.begin() + static_cast<std::ptrdiff_t>(colon) + 1, where.end(), IsDigit)) {
+    return false;
+  }
+  std::string_view file = where.substr(0, colon);
+  if (const size_t slash = file.rfind('/'); slash != std::string_view::npos) {
+    file = file.substr(slash + 1);
+  }
+  if (const size_t dot = name.rfind('.'); dot != std::string_view::npos && dot + 1 < name.size()) {
+    name = name.substr(dot + 1);
+  }
+  *frame = std::string(name) + " (" + std::string(file) + ")";
   return true;
 }
 
@@ -183,6 +211,8 @@ ParsedDump Parse(std::string_view dump) {
       d.threads.emplace_back();
       if (line.starts_with("Thread 1 ") || line == "Thread 1") {
         gdb_main = static_cast<int>(d.threads.size()) - 1;
+      } else if (line.ends_with(": \"MainThread\"")) {  // py-spy's
+        python_main = static_cast<int>(d.threads.size()) - 1;
       }
     } else if (line.size() > 1 && line[0] == '#' && IsDigit(line[1])) {
       size_t i = 1;
@@ -191,7 +221,8 @@ ParsedDump Parse(std::string_view dump) {
         std::string f = NormalizeGdbFrame(line.substr(i));
         if (!f.empty()) add(std::move(f));
       }
-    } else if (ParsePythonFrame(line, &frame) || ParseBacktraceSymbol(line, &frame)) {
+    } else if (ParsePythonFrame(line, &frame) || ParseBacktraceSymbol(line, &frame) ||
+               ParsePySpyFrame(line, &frame)) {
       add(std::move(frame));
     } else if (line == "<no Python frame>" || line == "...") {
       add(std::string(line));

@@ -358,6 +358,45 @@ TEST(StackSignature, ReadsFaulthandlerDumps) {
             "<no Python frame>");
 }
 
+// py-spy reads a stopped interpreter from outside (agent/stack_capture.h):
+// the same frames read the same as the program's own faulthandler dump.
+TEST(StackSignature, ReadsPySpyDumpsAsFaulthandlers) {
+  const std::string py_spy =
+      "Python stacks (py-spy, read from outside):\n"
+      "Process 4242: python3 /work/examples/python/train_gpt.py\n"
+      "Python v3.11.2 (/usr/bin/python3.11)\n\n"
+      "Thread 4242 (idle): \"MainThread\"\n"
+      "    all_reduce (/srv/venv/lib/python3.11/site-packages/torch/distributed/"
+      "distributed_c10d.py:2511)\n"
+      "    wrapper (/srv/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:80)\n"
+      "    Trainer.average_gradients (/work/examples/python/train_gpt.py:262)\n"
+      "    train (/work/examples/python/train_gpt.py:301)\n"
+      "    <module> (/work/examples/python/train_gpt.py:349)\n";
+  EXPECT_EQ(StackSignature(py_spy), StackSignature(PythonDump(PythonRank{.loader_threads = 0})));
+  EXPECT_THAT(StackSignature(py_spy), HasSubstr("all_reduce (distributed_c10d.py) <- wrapper"));
+  // Its "MainThread" is the main thread, wherever it is listed: a rank read
+  // by py-spy groups with the ranks that dumped their own stacks, and
+  // stands out when it is elsewhere.
+  const std::string loader =
+      "Thread 4250 (idle): \"pin_memory\"\n"
+      "    wait (/usr/lib/python3.11/threading.py:331)\n"
+      "    _bootstrap (/usr/lib/python3.11/threading.py:1002)\n";
+  const std::string stuck = std::string(py_spy).insert(py_spy.find("Thread 4242"), loader);
+  std::string asleep = stuck.substr(0, stuck.find("    all_reduce")) +
+                       "    wait_for_file (/work/examples/python/train_gpt.py:240)\n" +
+                       stuck.substr(stuck.find("    train ("));
+  const std::vector<std::pair<Rank, std::string>> ranks = {
+      {Rank{0}, PythonDump(PythonRank{})},
+      {Rank{1}, PythonDump(PythonRank{.loader_threads = 2})},
+      {Rank{2}, PythonDump(PythonRank{})}};
+  std::vector<std::pair<Rank, std::string>> with_stuck = ranks, with_asleep = ranks;
+  with_stuck.emplace_back(Rank{3}, stuck);
+  with_asleep.emplace_back(Rank{3}, asleep);
+  EXPECT_EQ(GroupStacks(with_stuck).groups.size(), 1u) << GroupStacks(with_stuck).reason;
+  EXPECT_EQ(GroupStacks(with_asleep).suspects, std::vector<Rank>{Rank{3}})
+      << GroupStacks(with_asleep).reason;
+}
+
 TEST(StackSignature, ReadsBacktraceSymbols) {
   const std::string a =
       "./trainer(_ZN6endure7trainer9AllreduceEPvi+0x1a) [0x55d0c8a1b2c4]\n"
@@ -369,6 +408,14 @@ TEST(StackSignature, ReadsBacktraceSymbols) {
       "/lib/x86_64-linux-gnu/libc.so.6(+0x29d90) [0x7f0011229d90]\n";
   EXPECT_EQ(StackSignature(a), "endure::trainer::Allreduce <- main <- ??");
   EXPECT_EQ(StackSignature(a), StackSignature(b));
+  // backtrace_symbols_fd's lines (the C++ client's own dump): no space
+  // before the address.
+  const std::string fd =
+      "Native stack of the training thread (most recent call first):\n"
+      "./trainer(_ZN6endure7trainer9AllreduceEPvi+0x1a)[0x55d0c8a1b2c4]\n"
+      "./trainer(main+0x44)[0x55d0c8a1b400]\n"
+      "/lib/x86_64-linux-gnu/libc.so.6(+0x29d90)[0x7f3b2a429d90]\n";
+  EXPECT_EQ(StackSignature(fd), StackSignature(a));
 }
 
 TEST(StackSignature, EmptyWhenTheDumpHoldsNoFrame) {
@@ -376,6 +423,10 @@ TEST(StackSignature, EmptyWhenTheDumpHoldsNoFrame) {
   EXPECT_EQ(StackSignature("stack capture timed out after 5000 ms"), "");
   EXPECT_EQ(StackSignature("stack capture failed: cannot create a temporary file"), "");
   EXPECT_EQ(StackSignature("Python stacks (faulthandler):\n"), "");
+  EXPECT_EQ(StackSignature("Python v3.11.2 (/usr/bin/python3.11)\n"
+                           "not captured: gdb gave no stacks within the 2000 ms stack deadline "
+                           "(stack_timeout); the stop went on without them"),
+            "");
 }
 
 TEST(GroupStacks, NamesTheMinorityRankOfFour) {

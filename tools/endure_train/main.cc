@@ -4,6 +4,8 @@
 // to it through the client library (ENDURE_* variables, include/endure/
 // client.h). Exit codes: 0 success, 2 usage or configuration error
 // (including a malformed ENDURE_* variable), 1 failure.
+#include <signal.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -104,6 +106,12 @@ int main(int argc, char** argv) {
   if (!dist.ok()) return ExitCodeFor(dist.status());
   endure::Result<std::unique_ptr<endure::Session>> session = endure::Session::FromEnvironment();
   if (!session.ok()) return ExitCodeFor(session.status());
+  // On a hang the agent asks for this thread's stack (the training loop's):
+  // in milliseconds, where gdb takes seconds to attach to libtorch.
+  if (endure::Status st = (*session)->DumpStacksOnSignal(SIGUSR2); !st.ok()) {
+    std::fprintf(stderr, "endure-train: no stack dump on a hang (gdb instead): %s\n",
+                 st.message().c_str());
+  }
   endure::Result<endure::trainer::TrainSummary> summary =
       endure::trainer::Train(o, *dist, session->get());
   if ((*session)->dropped() > 0) {
