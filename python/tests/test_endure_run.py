@@ -131,7 +131,7 @@ class PythonTrainerUnderEndureRun(unittest.TestCase):
 
     def test_a_stopped_rank_is_a_hang_with_the_python_frames_of_the_ranks_that_answer(self):
         # Rank 1 is stopped from outside (SIGSTOP, as a wedged interpreter)
-        # once rank 0 has logged step 10: it cannot dump its own stacks.
+        # once rank 0 has logged step 5 (of 30): it cannot dump its own stacks.
         # Rank 0, waiting for it in the allreduce, answers with faulthandler;
         # rank 1 is read from outside within the stack deadline (py-spy
         # where it is installed beside the interpreter or on PATH: Python
@@ -143,7 +143,7 @@ class PythonTrainerUnderEndureRun(unittest.TestCase):
         p = subprocess.Popen([ENDURE, "run", path, "--quiet"], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
         try:
-            pid = self._rank_after_step(state, rank=1, step=10, job=p)
+            pid = self._rank_after_step(state, rank=1, step=5, job=p)
             os.kill(pid, signal.SIGSTOP)
             out, _ = p.communicate(timeout=600)
         finally:
@@ -245,6 +245,21 @@ DDP_SCRIPT = textwrap.dedent("""\
     """)
 
 
+def ddp_spec(name, command, state, detection=""):
+    """A 2-node job of an unmodified script whose rank 0 prints "step N/M loss
+    L": its progress comes from that pattern."""
+    return textwrap.dedent(f"""\
+        [job]
+        name = "{name}"
+        command = {json.dumps(command)}
+        nodes = 2
+        state_dir = "{state}"
+        [detection]
+        startup_timeout = "60s"
+        progress_pattern = 'step (?P<step>\\d+)/\\d+ loss (?P<loss>\\S+)'
+        """) + detection + '[recovery]\nbackoff_initial = "0s"\n'
+
+
 class UnmodifiedDdpScript(unittest.TestCase):
     def test_progress_pattern_detects_a_hang_with_the_learned_timeout(self):
         directory = tempfile.mkdtemp(prefix="endure-pyddp-")
@@ -253,19 +268,7 @@ class UnmodifiedDdpScript(unittest.TestCase):
             with open(script, "w") as f:
                 f.write(DDP_SCRIPT)
             state = os.path.join(directory, "ddp")
-            text = textwrap.dedent(f"""\
-                [job]
-                name = "ddp"
-                command = {json.dumps([sys.executable, script])}
-                nodes = 2
-                state_dir = "{state}"
-                [detection]
-                startup_timeout = "60s"
-                hang_timeout_floor = "2s"
-                progress_pattern = 'step (?P<step>\\d+)/\\d+ loss (?P<loss>\\S+)'
-                [recovery]
-                backoff_initial = "0s"
-                """)
+            text = ddp_spec("ddp", [sys.executable, script], state, 'hang_timeout_floor = "2s"\n')
             p, report = run(directory, "ddp", text)
             out = p.stdout + p.stderr
             self.assertEqual(p.returncode, 0, out)
@@ -288,18 +291,7 @@ class UnmodifiedDdpScript(unittest.TestCase):
             with open(script, "w") as f:
                 f.write(RESUMING_DDP_SCRIPT)
             state = os.path.join(directory, "resume")
-            text = textwrap.dedent(f"""\
-                [job]
-                name = "resume"
-                command = {json.dumps([sys.executable, script, os.path.join(directory, "own")])}
-                nodes = 2
-                state_dir = "{state}"
-                [detection]
-                startup_timeout = "60s"
-                progress_pattern = 'step (?P<step>\\d+)/\\d+ loss (?P<loss>\\S+)'
-                [recovery]
-                backoff_initial = "0s"
-                """)
+            text = ddp_spec("resume", [sys.executable, script, os.path.join(directory, "own")], state)
             p, report = run(directory, "resume", text)
             out = p.stdout + p.stderr
             self.assertEqual(p.returncode, 0, out)
