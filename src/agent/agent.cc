@@ -49,22 +49,6 @@
 namespace endure::agent {
 namespace {
 
-// execve does not search PATH; a bare program name is looked up here.
-std::string ResolveProgram(const std::string& program) {
-  if (program.find('/') != std::string::npos) return program;
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= dirs.size()) {
-    size_t end = dirs.find(':', start);
-    if (end == std::string::npos) end = dirs.size();
-    std::string candidate = dirs.substr(start, end - start) + "/" + program;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-    start = end + 1;
-  }
-  return program;
-}
-
 // SIGTERM and SIGINT: the handler records the signal and wakes the
 // shutdown thread through an eventfd (both async-signal-safe).
 std::atomic<int> g_signal{0};

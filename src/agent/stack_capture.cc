@@ -77,19 +77,8 @@ std::string FindPySpy(pid_t pid) {
   if (argv0.is_absolute() && IsExecutableFile(argv0.parent_path() / "py-spy")) {
     return (argv0.parent_path() / "py-spy").string();
   }
-  const char* path = std::getenv("PATH");
-  std::string dirs = path != nullptr ? path : "";
-  size_t pos = 0;
-  while (pos <= dirs.size()) {
-    size_t colon = dirs.find(':', pos);
-    if (colon == std::string::npos) colon = dirs.size();
-    const std::string dir = dirs.substr(pos, colon - pos);
-    if (!dir.empty() && IsExecutableFile(fs::path(dir) / "py-spy")) {
-      return (fs::path(dir) / "py-spy").string();
-    }
-    pos = colon + 1;
-  }
-  return "";
+  const std::string on_path = ResolveProgram("py-spy");
+  return on_path != "py-spy" ? on_path : "";
 }
 
 // Empties the stacks file before a dump. The worker keeps its own descriptor
@@ -192,7 +181,8 @@ void RemoveOutput(Capture& c) {
   c.output_path.clear();
 }
 
-// Starts the next tool of `c` (or, none left, ends it with what it has).
+// Starts the next tool of `c`; none left, it ends with its notes (what each
+// tool said) and "not captured".
 void StartNextTool(Capture& c) {
   while (!c.tools.empty()) {
     const auto [tool, program] = c.tools.front();
@@ -235,7 +225,7 @@ void StartNextTool(Capture& c) {
     c.output_path = path;
     return;
   }
-  c.text = c.note + "not captured: no tool could read the stacks";
+  c.text = c.note + "not captured";
 }
 
 // Reads `c` from outside: py-spy first for a Python interpreter where it is
@@ -267,10 +257,6 @@ void FinishTool(Capture& c) {
       return;
     }
     c.note += "gdb found no stack (" + status.ToString() + "): " + Gist(out) + "\n";
-  }
-  if (c.tools.empty()) {
-    c.text = c.note + "not captured";
-    return;
   }
   StartNextTool(c);
 }

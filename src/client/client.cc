@@ -578,13 +578,17 @@ void DumpStackOnSignal(int sig) {
   errno = saved_errno;
 }
 
+// kInvalidArgument naming `caller` for a signal the agent would refuse.
+Status CheckStackSignal(const char* caller, int signal) {
+  if (contract::IsStackSignal(signal)) return Status::Ok();
+  return InvalidArgument(std::string(caller) + ": signal " + std::to_string(signal) +
+                         " is not SIGUSR1, SIGUSR2 or a real-time signal");
+}
+
 }  // namespace
 
 Status Session::DumpStacksOnSignal(int signal) {
-  if (signal != SIGUSR1 && signal != SIGUSR2 && (signal < SIGRTMIN || signal > SIGRTMAX)) {
-    return InvalidArgument("DumpStacksOnSignal: signal " + std::to_string(signal) +
-                           " is not SIGUSR1, SIGUSR2 or a real-time signal");
-  }
+  ENDURE_RETURN_IF_ERROR(CheckStackSignal("DumpStacksOnSignal", signal));
   if (impl_->stacks_file.empty()) return Status::Ok();
   // O_APPEND: the agent empties the file before each dump.
   const int fd = ::open(impl_->stacks_file.c_str(),
@@ -608,10 +612,7 @@ Status Session::DumpStacksOnSignal(int signal) {
 }
 
 Status Session::AnnounceStackSignal(int signal) {
-  if (signal != SIGUSR1 && signal != SIGUSR2 && (signal < SIGRTMIN || signal > SIGRTMAX)) {
-    return InvalidArgument("AnnounceStackSignal: signal " + std::to_string(signal) +
-                           " is not SIGUSR1, SIGUSR2 or a real-time signal");
-  }
+  ENDURE_RETURN_IF_ERROR(CheckStackSignal("AnnounceStackSignal", signal));
   if (impl_->fd < 0) return Status::Ok();
   // Retried: unlike a step report, this one is sent once, at start-up.
   impl_->Send(Encode(impl_->token, impl_->generation, impl_->rank, contract::StacksMessage{signal}),

@@ -91,6 +91,11 @@ struct ProcessTree {
   int Signal(int sig) const;
 };
 
+// `program` as execve needs it: a name without '/' looked up on PATH (its
+// first executable match; /usr/local/bin:/usr/bin:/bin without PATH);
+// otherwise, or when nothing matches, `program` itself.
+std::string ResolveProgram(const std::string& program);
+
 // A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0 and
 // released). Racy by nature; for handing a rendezvous port to child processes.
 Result<int> PickFreePort();

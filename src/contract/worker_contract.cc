@@ -2,6 +2,8 @@
 // EncodeDatagram and checked field by field by ParseDatagram.
 #include "contract/worker_contract.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -237,6 +239,11 @@ Result<DatagramMessage> ParseMessage(const std::string& type, const Json& j, int
 }
 
 }  // namespace
+
+bool IsStackSignal(int64_t sig) {
+  if (sig < 1 || sig > 64) return false;
+  return sig == SIGUSR1 || sig == SIGUSR2 || (sig >= SIGRTMIN && sig <= SIGRTMAX);
+}
 
 std::string_view DatagramType(const Datagram& d) {
   struct Name {

@@ -118,10 +118,16 @@ struct FaultMessage {
 };
 
 // "stacks": the signal on which the worker dumps its own stacks. Whether
-// that signal is acceptable is the agent's decision, not the parser's.
+// that signal is acceptable is the agent's decision (IsStackSignal), not the
+// parser's.
 struct StacksMessage {
   int signal = 0;
 };
+
+// Signals a worker may ask to be sent for a stack dump: SIGUSR1, SIGUSR2 or
+// a real-time signal; never one whose default action a program relies on
+// (SIGTERM, SIGINT, ...) or that cannot be caught (SIGKILL, SIGSTOP).
+bool IsStackSignal(int64_t sig);
 
 // "phase": the worker entered phase `name` having completed `step` steps
 // (-1: before its first). "train" is where every worker starts.

@@ -33,14 +33,6 @@ bool IsStale(const proto::AgentCommand& cmd, int64_t current) {
   }
 }
 
-// Signals a worker may ask to be sent for a stack dump: never one whose
-// default action a program relies on (SIGTERM, SIGINT, ...) or that cannot
-// be caught (SIGKILL, SIGSTOP).
-bool AcceptableStackSignal(int64_t sig) {
-  if (sig < 1 || sig > 64) return false;
-  return sig == SIGUSR1 || sig == SIGUSR2 || (sig >= SIGRTMIN && sig <= SIGRTMAX);
-}
-
 // The fingerprint a trainer printed in its last words: the first
 // "param_fingerprint=" followed by 16 lowercase hex digits.
 std::string FindFingerprint(std::string_view tail) {
@@ -383,7 +375,7 @@ void NodeMachine::OnDatagram(std::string_view bytes, size_t size, NodeTime time,
     return;
   }
   if (const auto* stacks = std::get_if<contract::StacksMessage>(&d.message)) {
-    if (!AcceptableStackSignal(stacks->signal)) {
+    if (!contract::IsStackSignal(stacks->signal)) {
       Refuse("ignored a \"stacks\" datagram from rank " + std::to_string(d.rank) + ": signal " +
                  std::to_string(stacks->signal) +
                  ": only SIGUSR1, SIGUSR2 or a real-time signal may be used",

@@ -140,6 +140,13 @@ bool ParseBacktraceSymbol(std::string_view line, std::string* frame) {
   return true;
 }
 
+// A Python frame's file without its directory, so that installation paths
+// do not matter.
+std::string_view BaseName(std::string_view file) {
+  const size_t slash = file.rfind('/');
+  return slash == std::string_view::npos ? file : file.substr(slash + 1);
+}
+
 // faulthandler: `File "/usr/lib/python3.11/threading.py", line 327 in wait`.
 bool ParsePythonFrame(std::string_view line, std::string* frame) {
   if (!line.starts_with("File \"")) return false;
@@ -147,11 +154,8 @@ bool ParsePythonFrame(std::string_view line, std::string* frame) {
   if (file_end == std::string_view::npos) return false;
   const size_t in = line.find(" in ", file_end + 8);
   if (in == std::string_view::npos) return false;
-  std::string_view file = line.substr(6, file_end - 6);
-  if (const size_t slash = file.rfind('/'); slash != std::string_view::npos) {
-    file = file.substr(slash + 1);
-  }
-  *frame = std::string(Trim(line.substr(in + 4))) + " (" + std::string(file) + ")";
+  *frame = std::string(Trim(line.substr(in + 4))) + " (" +
+           std::string(BaseName(line.substr(6, file_end - 6))) + ")";
   return true;
 }
 
@@ -171,10 +175,7 @@ bool ParsePySpyFrame(std::string_view line, std::string* frame) {
       !std::all_of(where.begin() + static_cast<std::ptrdiff_t>(colon) + 1, where.end(), IsDigit)) {
     return false;
   }
-  std::string_view file = where.substr(0, colon);
-  if (const size_t slash = file.rfind('/'); slash != std::string_view::npos) {
-    file = file.substr(slash + 1);
-  }
+  const std::string_view file = BaseName(where.substr(0, colon));
   if (const size_t dot = name.rfind('.'); dot != std::string_view::npos && dot + 1 < name.size()) {
     name = name.substr(dot + 1);
   }
