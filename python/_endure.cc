@@ -11,6 +11,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -160,6 +163,21 @@ PYBIND11_MODULE(_endure, m) {
       .def("before_collective", &Session::BeforeCollective,
            py::call_guard<py::gil_scoped_release>())
       .def("should_skip", &Session::ShouldSkip)
+      .def_property_readonly("rejoin_offered_here", &Session::rejoin_offered_here)
+      .def_property_readonly("peer_restore", &Session::peer_restore)
+      .def("declare_rejoin", &Session::DeclareRejoin)
+      .def("rejoin_pending", &Session::RejoinPending)
+      // Waits up to `timeout_s` for an offer and takes it; False when none came.
+      .def("rejoin",
+           [](Session& s, double timeout_s) {
+             endure::Status st = [&] {
+               py::gil_scoped_release release;
+               return s.Rejoin(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+             }();
+             if (st.code() == endure::StatusCode::kUnavailable) return false;
+             if (!st.ok()) Raise(st);
+             return true;
+           })
       .def("declare_deterministic", &Session::DeclareDeterministic)
       .def("set_tokens_per_step", &Session::SetTokensPerStep)
       .def("set_total_steps", &Session::SetTotalSteps)
@@ -176,6 +194,19 @@ PYBIND11_MODULE(_endure, m) {
       .def("end_skipped_step", &Session::EndSkippedStep, py::call_guard<py::gil_scoped_release>());
 
   m.def("seconds_since_process_start", &endure::SecondsSinceProcessStart);
+  m.def("await_standby_assignment", &endure::AwaitStandbyAssignment,
+        py::call_guard<py::gil_scoped_release>());
+  // The process's C environment (which the library's setenv calls change,
+  // and os.environ, a copy made at start-up, does not see).
+  m.def("c_environ", [] {
+    py::dict d;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string entry(*e);
+      const size_t eq = entry.find('=');
+      if (eq != std::string::npos && eq > 0) d[py::str(entry.substr(0, eq))] = entry.substr(eq + 1);
+    }
+    return d;
+  });
   m.def("dtype_bytes", [](const std::string& dtype) { return endure::DTypeBytes(dtype); });
   m.def("partition_by_size", &endure::PartitionBySize);
   m.def("fingerprint", [](const std::vector<TensorTuple>& tensors) {

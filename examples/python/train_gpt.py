@@ -256,6 +256,12 @@ def held_out_loss(model, val_text, args, batches: int) -> float:
 
 def main(argv) -> int:
     args = parse_args(argv)
+    keep_freed_memory()
+    train_text, val_text = load_corpus(args.data, args.val_fraction)
+    # A warm standby ([recovery] warm_standby) waits here, with torch and
+    # the corpus loaded, until the agent makes it a failed rank's
+    # replacement; any other start goes straight on.
+    endure.await_assignment()
     try:
         session = endure.Session.from_env()
     except ValueError as e:
@@ -265,19 +271,13 @@ def main(argv) -> int:
     if session.checkpoint_every is not None:
         args.ckpt_every = session.checkpoint_every
     world = int(os.environ.get("WORLD_SIZE", "1") or "1")
-    rank = int(os.environ.get("RANK", "0") or "0")
-    per_rank = args.global_batch // world
-    if args.global_batch % world or per_rank % args.micro_batch:
+    slots = args.global_batch // args.micro_batch
+    if args.global_batch % args.micro_batch or slots % world:
         print(f"train_gpt.py: --global-batch {args.global_batch} must split into "
               f"{world} ranks x whole --micro-batch {args.micro_batch}", file=sys.stderr)
         return 2
-    accum = per_rank // args.micro_batch
-    leader = rank == 0
-
-    keep_freed_memory()
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "0") or "0") or 1
     torch.set_num_threads(threads)
-    train_text, val_text = load_corpus(args.data, args.val_fraction)
 
     torch.manual_seed(args.seed)
     model = GPT(args.layers, args.d_model, args.heads, args.context)
@@ -287,65 +287,71 @@ def main(argv) -> int:
         [{"params": decay, "weight_decay": args.weight_decay},
          {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
 
-    if world > 1:
-        dist.init_process_group("gloo", timeout=datetime.timedelta(
-            seconds=args.collective_timeout_s))
-        ddp = nn.parallel.DistributedDataParallel(model)
-    else:
-        ddp = model
-
-    ckpt = endure.torch.Checkpointer(
-        session, {"model": model, "optimizer": optimizer, "rng": TorchRNG()},
-        directory=args.ckpt_dir, keep=args.ckpt_keep)
-    start = ckpt.restore()
-    if leader and start > 0:
-        print(f"restored {ckpt.last_restore_summary}", flush=True)
-    if leader:
-        n = sum(p.numel() for p in model.parameters())
-        print(f"train_gpt.py: {n} parameters, {world} ranks, global batch {args.global_batch} "
-              f"(micro {args.micro_batch} x accum {accum} x {world} ranks)", flush=True)
+    # The loop restores the state (from the checkpoint tiers, or from a
+    # data-parallel peer), and under `[recovery] in_process` survives a
+    # peer's failure in this process: it rejoins the next generation, whose
+    # world may be smaller or larger, and runs the failed step again.
+    loop = endure.torch.Loop(
+        session, {"model": model, "optimizer": optimizer, "rng": TorchRNG()}, args.steps,
+        directory=args.ckpt_dir, keep=args.ckpt_keep,
+        timeout=datetime.timedelta(seconds=args.collective_timeout_s))
+    ddp = loop.ddp(model)
+    ckpt = loop.checkpointer
     tokens_per_step = args.global_batch * args.context
-    session.ready(start, restore_s=ckpt.restore_s)
-
     can_save = session.memory_checkpoints or bool(ckpt.directory)
     model.train()
-    for step in range(start, args.steps):
+    for step in loop:
+        world, rank = loop.world_size, loop.rank
+        leader = rank == 0
+        if step == loop.start_step and loop.rejoins == 0 and leader:
+            if step > 0:
+                print(f"restored {ckpt.last_restore_summary}", flush=True)
+            n = sum(p.numel() for p in model.parameters())
+            print(f"train_gpt.py: {n} parameters, {world} ranks, global batch "
+                  f"{args.global_batch} ({slots} micro-batches of {args.micro_batch})",
+                  flush=True)
         session.begin_step(step)  # injected kill/exit/hang/log faults fire here
         t0 = time.monotonic()
         done = step + 1
-        if session.should_skip(step):
-            if leader:
-                print(f"step {done:6d}/{args.steps} skipped (ENDURE_SKIP_STEPS)", flush=True)
-        else:
-            lr = learning_rate(args, step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            optimizer.zero_grad(set_to_none=True)
-            local_loss = 0.0
-            comm_s = 0.0
-            for a in range(accum):
-                x, y = batch(train_text, args.seed, step, rank * per_rank + a * args.micro_batch,
-                             args.micro_batch, args.context)
-                sync = a == accum - 1 or world == 1
-                if a == accum - 1:
-                    # DDP's gradient allreduce runs in this backward: injected
-                    # comm-fail and comm-slow act here, as communication time.
-                    comm_s += session.before_collective(step)
-                ctx = ddp.no_sync() if (world > 1 and not sync) else _null()
-                with ctx:
-                    loss = ddp(x, y) / accum
-                    loss.backward()
-                local_loss += loss.item()
-            compute_s = time.monotonic() - t0 - comm_s
-            if world > 1:
-                t = torch.tensor([local_loss], dtype=torch.float64)
-                dist.all_reduce(t)
-                step_loss = t.item() / world
+        with loop.guard():  # a collective that fails here: a peer failed
+            if session.should_skip(step):
+                if leader:
+                    print(f"step {done:6d}/{args.steps} skipped (ENDURE_SKIP_STEPS)",
+                          flush=True)
             else:
-                step_loss = local_loss
-            if args.grad_clip > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-            optimizer.step()
+                lr = learning_rate(args, step)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                optimizer.zero_grad(set_to_none=True)
+                local_loss = 0.0
+                comm_s = 0.0
+                mine = loop.slots(slots)  # this rank's micro-batches, by the current world
+                for slot in mine:
+                    x, y = batch(train_text, args.seed, step, slot * args.micro_batch,
+                                 args.micro_batch, args.context)
+                    last = slot == mine[-1]
+                    if last:
+                        # DDP's gradient allreduce runs in this backward:
+                        # injected comm-fail and comm-slow act here.
+                        comm_s += session.before_collective(step)
+                    with (_null() if last else ddp.no_sync()):
+                        # DDP averages over the ranks: each slot's share of
+                        # the global batch's mean.
+                        loss = ddp(x, y) / (slots / world)
+                        loss.backward()
+                    local_loss += loss.item()
+                compute_s = time.monotonic() - t0 - comm_s
+                if world > 1:
+                    t = torch.tensor([local_loss], dtype=torch.float64)
+                    dist.all_reduce(t)
+                    step_loss = t.item() / world
+                else:
+                    step_loss = local_loss
+                if args.grad_clip > 0:
+                    nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+                optimizer.step()
+        if loop.failed:
+            continue  # the loop rejoins and runs this step again
         # Silent data corruption, when injected, lands after the update and
         # before the fingerprint, as a faulty device's would.
         flip = session.bitflip_due(step)
@@ -378,6 +384,7 @@ def main(argv) -> int:
                       f"{args.eval_steps} batches in {(time.monotonic() - e0) * 1000:.1f} ms",
                       flush=True)
 
+    world, leader = loop.world_size, loop.rank == 0
     if leader:
         # The final evaluation takes longer than a step: a phase of its own,
         # with its own timeout, and no hang.

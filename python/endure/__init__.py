@@ -51,7 +51,8 @@ from typing import Optional
 from . import _endure
 from ._endure import DataLossError
 
-__all__ = ["Session", "BitFlip", "DataLossError", "fingerprint", "seconds_since_process_start"]
+__all__ = ["Session", "BitFlip", "DataLossError", "await_assignment", "fingerprint",
+           "seconds_since_process_start"]
 
 #: The bit an injected ``bitflip`` fault flips: parameter tensor ``tensor``
 #: (in ``model.parameters()`` order, modulo their count), element ``element``
@@ -71,6 +72,33 @@ STACK_SIGNAL = signal.SIGUSR2
 def seconds_since_process_start() -> float:
     """Seconds since this process started (interpreter start-up included)."""
     return _endure.seconds_since_process_start()
+
+
+def _sync_environ() -> None:
+    """os.environ is a copy of the C environment made at start-up: after the
+    library changed the C one (a standby's assignment, a rejoin), the copy
+    follows, so that torch.distributed's env:// reads the new values."""
+    current = _endure.c_environ()
+    for key in [k for k in os.environ if k not in current]:
+        del os.environ[key]
+    for key, value in current.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
+def await_assignment() -> None:
+    """For a warm standby (``[recovery] warm_standby``): call it after the
+    program's imports and before anything that depends on the rank (reading
+    RANK or WORLD_SIZE, ``Session.from_env``, ``init_process_group``). The
+    agent starts a standby interpreter ahead of need, with ENDURE_STANDBY=1;
+    it waits here, with torch and the program's modules loaded, until the
+    agent hands it a failed rank's environment, which it takes into
+    os.environ, and returns. A standby the agent discards exits here with
+    code 0. Without ENDURE_STANDBY it returns at once."""
+    if os.environ.get("ENDURE_STANDBY") != "1":
+        return
+    _endure.await_standby_assignment()
+    _sync_environ()
 
 
 def fingerprint(named_tensors) -> str:
@@ -135,6 +163,12 @@ class Session:
         path = self._impl.stacks_file
         if not self._impl.active or not path:
             return
+        if self._stacks_file is not None:
+            if self._stacks_file.name == path:
+                return
+            faulthandler.unregister(STACK_SIGNAL)
+            self._stacks_file.close()
+            self._stacks_file = None
         try:
             # Kept open for the life of the process: faulthandler writes to
             # its file descriptor from the signal handler.
@@ -259,6 +293,41 @@ class Session:
         held = time.monotonic() - start
         self._pending_comm_s += held
         return held
+
+    # ---- in-process restart (endure.torch.Loop uses these) ----
+
+    @property
+    def rejoin_offered_here(self) -> bool:
+        """Whether the agent offers this process later generations in place
+        (``[recovery] in_process``)."""
+        return self._impl.rejoin_offered_here
+
+    @property
+    def peer_restore(self) -> bool:
+        """This rank started fresh into a generation whose other ranks kept
+        their state: it takes the state from them, not from the tiers."""
+        return self._impl.peer_restore
+
+    def declare_rejoin(self) -> None:
+        """This process rejoins later generations in place (call before
+        `ready`); the controller may then replace only a failed peer."""
+        self._impl.declare_rejoin()
+
+    def rejoin_pending(self) -> bool:
+        """Whether the agent offered a generation later than this one (reads a
+        small file: once a step, not in a tight loop)."""
+        return self._impl.rejoin_pending()
+
+    def rejoin(self, timeout_s: float) -> bool:
+        """Waits up to `timeout_s` for the offer of a later generation and
+        takes it: its variables (RANK, WORLD_SIZE, MASTER_PORT, ENDURE_*) go
+        into os.environ, and the session is the new generation's. False when
+        none came in time; ValueError for a malformed offer."""
+        if not self._impl.rejoin(float(timeout_s)):
+            return False
+        _sync_environ()
+        self._register_stack_dump()  # each generation has its own stacks file
+        return True
 
     # ---- progress ----
 

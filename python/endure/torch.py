@@ -35,10 +35,13 @@ from __future__ import annotations
 
 import base64
 import ctypes
+import datetime
 import json
 import math
 import numbers
 import os
+import struct
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -48,7 +51,7 @@ import torch
 
 from . import _endure
 
-__all__ = ["Checkpointer", "apply_bitflip"]
+__all__ = ["Checkpointer", "Loop", "apply_bitflip"]
 
 _FORMAT = "endure-python-1"
 _INT64_MAX = 2**63 - 1
@@ -475,3 +478,316 @@ def _broadcast_bytes(data: Optional[bytearray], root: int) -> Optional[bytearray
         d.broadcast(on_device, root)
         buf.copy_(on_device.cpu())
     return data
+
+
+# ---- In-process recovery: a training loop that survives a peer's failure ----
+
+
+_ALIGN = 64
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _pack(meta: dict, refs) -> bytearray:
+    """The state as one buffer: an 8-byte header length, a JSON header
+    (the metadata and each tensor's name, dtype, shape and size), then the
+    tensors' bytes in order, each at a multiple of 64 bytes."""
+    header = json.dumps({"meta": meta, "tensors": [[n, d, s, b] for n, d, s, _, b in refs]},
+                        allow_nan=False).encode()
+    offset = _aligned(8 + len(header))
+    size = offset + sum(_aligned(r[4]) for r in refs)
+    buf = bytearray(size)
+    struct.pack_into("<Q", buf, 0, len(header))
+    buf[8:8 + len(header)] = header
+    base = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
+    for _, _, _, address, nbytes in refs:
+        ctypes.memmove(base + offset, address, nbytes)
+        offset += _aligned(nbytes)
+    return buf
+
+
+def _unpack(buf: bytearray, where: str):
+    """(meta, tensors) of a buffer `_pack` made; the tensors are views of it."""
+    try:
+        (n,) = struct.unpack_from("<Q", buf, 0)
+        header = json.loads(bytes(buf[8:8 + n]))
+        offset = _aligned(8 + n)
+        tensors = {}
+        for name, dtype, shape, nbytes in header["tensors"]:
+            if dtype not in _TORCH_DTYPES or offset + nbytes > len(buf):
+                raise ValueError(f"tensor {name!r}")
+            t = torch.empty(shape, dtype=_TORCH_DTYPES[dtype])
+            if nbytes:
+                t = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes,
+                                     offset=offset).view(_TORCH_DTYPES[dtype]).reshape(shape)
+            if t.numel() * t.element_size() != nbytes:
+                raise ValueError(f"tensor {name!r} has {nbytes} bytes")
+            tensors[name] = t
+            offset += _aligned(nbytes)
+        return header["meta"], tensors
+    except (struct.error, ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise _endure.DataLossError(f"{where}: malformed state ({e})") from None
+
+
+class _Rewrapped:
+    """What :meth:`Loop.ddp` returns: the module wrapped in
+    DistributedDataParallel over the current process group, made anew after
+    every rejoin (and the module itself in a world of one)."""
+
+    def __init__(self, loop: "Loop", module, kwargs: dict):
+        self.module = module
+        self._loop = loop
+        self._kwargs = kwargs
+        self._ddp = None
+
+    def _current(self):
+        if self._ddp is None:
+            if self._loop.world_size > 1:
+                self._ddp = torch.nn.parallel.DistributedDataParallel(self.module,
+                                                                      **self._kwargs)
+            else:
+                self._ddp = self.module
+        return self._ddp
+
+    def __call__(self, *args, **kwargs):
+        return self._current()(*args, **kwargs)
+
+    def no_sync(self):
+        """DDP's no_sync (gradient accumulation without an allreduce); a
+        no-op in a world of one."""
+        current = self._current()
+        return current.no_sync() if hasattr(current, "no_sync") else _NoScope()
+
+    def __getattr__(self, name):
+        return getattr(self._current(), name)
+
+
+class Loop:
+    """A training loop whose processes survive a peer's failure.
+
+    ::
+
+        loop = endure.torch.Loop(session, state, args.steps, directory="ckpt")
+        ddp = loop.ddp(model)          # DistributedDataParallel, re-made after a rejoin
+        for step in loop:              # restores, then yields the step indices to run
+            with loop.guard():         # a failed collective in here is a peer's failure
+                ...                    # one step: forward, backward, optimizer.step()
+
+    `state` is what :class:`Checkpointer` takes (model, optimizer, RNG,
+    data position); the loop makes one (``loop.checkpointer``) and restores
+    through it. It joins the default process group itself (``backend``,
+    ``timeout``) when WORLD_SIZE > 1 and the program has not.
+
+    Under an agent with ``[recovery] in_process = true``, a collective that
+    fails inside ``guard()`` (a RuntimeError: gloo's "Connection closed by
+    peer") is not the end of the process: the loop waits up to
+    `rejoin_timeout_s` for the agent's offer of the next generation, abandons
+    the broken process group, joins the new one (its rank and size may
+    differ: a shrink or a regrow), takes the state of the rank that
+    completed the most steps (a fresh replacement, or a survivor whose last
+    allreduce failed where a peer's succeeded) over the new group, makes the
+    DDP wrapper anew and yields the step that failed again. A replacement
+    rank started for such a generation takes its state the same way instead
+    of from the tiers. When no offer comes (the controller chose another
+    route, or the error was the program's own), the error is raised as it
+    was. Without an agent (bare, under torchrun) the loop only restores and
+    counts steps.
+
+    A step's collectives must come before its update (``optimizer.step()``):
+    a step that failed is taken to have changed nothing.
+    """
+
+    def __init__(self, session, state: Mapping, total_steps: int, *,
+                 directory: Optional[str] = None, keep: int = 3, backend: str = "gloo",
+                 timeout: Optional[datetime.timedelta] = None, rejoin_timeout_s: float = 60.0):
+        if total_steps < 0:
+            raise ValueError(f"Loop: total_steps must be >= 0, not {total_steps}")
+        self.checkpointer = Checkpointer(session, state, directory=directory, keep=keep)
+        self.total_steps = int(total_steps)
+        self.completed = 0  #: steps whose update this rank applied
+        self.start_step = 0  #: the step the loop started from (restored)
+        self.rejoins = 0  #: generations joined in place
+        self._session = session
+        self._backend = backend
+        self._timeout = timeout or datetime.timedelta(minutes=30)
+        self._rejoin_timeout_s = float(rejoin_timeout_s)
+        self._rejoins = bool(getattr(session, "rejoin_offered_here", False))
+        self._wrapped: List[_Rewrapped] = []
+        # Process groups given up after a failure. Never destroyed: a gloo
+        # group's destructor joins its threads, which may still wait on the
+        # dead peer.
+        self._abandoned: list = []
+        self._failure: Optional[BaseException] = None
+        self._started = False
+        self.world_size, self.rank, _ = _dist()
+        if self._rejoins:
+            session.declare_rejoin()
+        self._connect()
+
+    # ---- what the program uses ----
+
+    def ddp(self, module, **kwargs) -> _Rewrapped:
+        """`module` in DistributedDataParallel (`kwargs` passed on) over the
+        current process group, made anew after each rejoin; the module
+        itself in a world of one. Use what this returns as the DDP module
+        (call it, ``no_sync()``); the optimizer holds ``module``'s
+        parameters, which stay the same."""
+        proxy = _Rewrapped(self, module, kwargs)
+        self._wrapped.append(proxy)
+        return proxy
+
+    def slots(self, count: int) -> range:
+        """This rank's share of `count` micro-batches (slots) of the global
+        batch, split by the current world size: contiguous, the first ranks
+        taking one more when they do not divide evenly."""
+        base, extra = divmod(int(count), self.world_size)
+        first = self.rank * base + min(self.rank, extra)
+        return range(first, first + base + (1 if self.rank < extra else 0))
+
+    @property
+    def failed(self) -> bool:
+        """Whether this step's ``guard()`` caught a failed collective: the
+        rest of the step's body (reports, checkpoints) is to be skipped; the
+        loop runs the step again after the rejoin."""
+        return self._failure is not None
+
+    def guard(self) -> "_Guard":
+        """The scope of one step's work: a collective that fails inside it
+        makes the loop rejoin and yield the step again (see the class)."""
+        return _Guard(self)
+
+    def __iter__(self):
+        self._start()
+        while True:
+            if self._rejoins and self._session.rejoin_pending():
+                # Offered between steps, no collective failed: the job
+                # changes size (a regrow), or a peer failed while this rank
+                # did not wait on it.
+                self._rejoin("a later generation was offered", None)
+            if self.completed >= self.total_steps:
+                return
+            step = self.completed
+            self._failure = None
+            yield step
+            failure, self._failure = self._failure, None
+            if failure is None:
+                self.completed = step + 1
+            else:
+                self._rejoin(f"step {step + 1} failed: {_first_line(failure)}", failure)
+
+    # ---- inside ----
+
+    def _connect(self) -> None:
+        d = torch.distributed
+        if self.world_size > 1 and not d.is_initialized():
+            d.init_process_group(self._backend, timeout=self._timeout)
+
+    def _start(self) -> None:
+        if self._started:
+            raise RuntimeError("Loop: iterate over a loop once")
+        self._started = True
+        start = time.monotonic()
+        if self._session.peer_restore and self.world_size > 1:
+            self.completed = self._join_peers(-1)
+        else:
+            self.completed = self.checkpointer.restore()
+        self.start_step = self.completed
+        for proxy in self._wrapped:
+            proxy._current()  # DDP's broadcast from rank 0, now that every rank agrees
+        self.checkpointer.restore_s = time.monotonic() - start
+        self._session.ready(self.completed, restore_s=self.checkpointer.restore_s)
+
+    def _rejoin(self, why: str, failure: Optional[BaseException]) -> None:
+        start = time.monotonic()
+        print(f"endure: rank {self.rank}: {why}; rejoining", file=sys.stderr, flush=True)
+        while True:
+            if not self._session.rejoin(self._rejoin_timeout_s):
+                if failure is not None:
+                    raise failure
+                raise RuntimeError(f"endure: {why}, but no later generation came within "
+                                   f"{self._rejoin_timeout_s:g} s")
+            self._abandon()
+            self.world_size = int(os.environ.get("WORLD_SIZE") or 1)
+            self.rank = int(os.environ.get("RANK") or 0)
+            try:
+                self._connect()
+                self.completed = self._join_peers(self.completed)
+                for proxy in self._wrapped:
+                    proxy._current()
+                break
+            except RuntimeError as e:  # another peer failed meanwhile: the next offer
+                failure, why = e, f"rejoining failed: {_first_line(e)}"
+                print(f"endure: rank {self.rank}: {why}; rejoining", file=sys.stderr,
+                      flush=True)
+        self.rejoins += 1
+        self.checkpointer.restore_s = time.monotonic() - start
+        self._session.ready(self.completed, restore_s=self.checkpointer.restore_s)
+        if self.rank == 0:
+            print(f"endure: rejoined generation {self._session.generation} at step "
+                  f"{self.completed} as rank {self.rank} of {self.world_size} "
+                  f"in {self.checkpointer.restore_s:.3f} s", flush=True)
+
+    def _abandon(self) -> None:
+        d = torch.distributed
+        for proxy in self._wrapped:
+            proxy._ddp = None
+        if d.is_initialized():
+            self._abandoned.append(d.group.WORLD)
+            d.destroy_process_group()
+
+    def _join_peers(self, completed: int) -> int:
+        """Every rank says how many steps it completed (-1: it starts fresh);
+        the lowest rank that completed the most sends its state to the ranks
+        behind. Returns the steps completed, now the same everywhere."""
+        if self.world_size == 1:
+            if completed < 0:
+                raise _endure.DataLossError("no rank of the new generation holds the state")
+            return completed
+        d = torch.distributed
+        mine = torch.tensor([completed], dtype=torch.int64)
+        every = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+        d.all_gather(every, mine)
+        steps = [int(t.item()) for t in every]
+        best = max(steps)
+        if best < 0:
+            raise _endure.DataLossError("no rank of the new generation holds the state")
+        if all(s == best for s in steps):
+            return best
+        source = steps.index(best)
+        data = None
+        if self.rank == source:
+            meta, refs, keep_alive = self.checkpointer._collect(best)
+            data = _pack(meta, refs)
+            del keep_alive
+        data = _broadcast_bytes(data, source)
+        if completed != best:
+            where = f"the state of step {best} from rank {source}"
+            meta, tensors = _unpack(data, where)
+            self.checkpointer._load(meta, tensors, where)
+            self.checkpointer.last_restore_summary = \
+                f"step {best} from a data-parallel peer (rank {source})"
+        return best
+
+
+class _Guard:
+    def __init__(self, loop: Loop):
+        self._loop = loop
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        # Only a RuntimeError (what gloo, NCCL and torch.distributed raise for
+        # a broken collective) may be a peer's failure; the loop waits for
+        # the agent's word before it takes it for one.
+        if value is None or not self._loop._rejoins or not isinstance(value, RuntimeError):
+            return False
+        self._loop._failure = value
+        return True
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else type(error).__name__

@@ -394,5 +394,116 @@ class CheckpointerTest(CleanEnvironment):
             c.save(1)
 
 
+class LoopTest(CleanEnvironment):
+    """endure.torch.Loop without a job: the pieces of an in-process rejoin
+    (the tests under `endure run` kill a rank of a real 2-rank job)."""
+
+    NAMES = ("model", "optimizer", "scheduler", "progress")
+
+    def test_the_state_a_peer_sends_loads_bit_exact(self):
+        first = make_state()
+        train(*first, steps=3)
+        s = endure.Session.disabled()
+        sender = endure.torch.Checkpointer(s, dict(zip(self.NAMES, first)))
+        meta, refs, keep = sender._collect(3)
+        data = endure.torch._pack(meta, refs)
+        second = make_state(seed=99)
+        receiver = endure.torch.Checkpointer(s, dict(zip(self.NAMES, second)))
+        meta2, tensors = endure.torch._unpack(data, "test")
+        receiver._load(meta2, tensors, "test")
+        train(*first, steps=5, start=3)
+        train(*second, steps=5, start=3)
+        for a, b in zip(params(first[0]), params(second[0])):
+            self.assertTrue(torch.equal(a, b))
+        self.assertEqual(first[3]["seen"], second[3]["seen"])
+        with self.assertRaisesRegex(endure.DataLossError, "test: malformed state"):
+            endure.torch._unpack(data[:len(data) // 2], "test")
+        with self.assertRaisesRegex(endure.DataLossError, "malformed state"):
+            endure.torch._unpack(bytearray(b"\xff" * 16), "test")
+
+    def test_slots_split_the_global_batch_by_the_current_world(self):
+        loop = endure.torch.Loop(endure.Session.disabled(), {"m": torch.nn.Linear(2, 2)}, 1)
+        shares = []
+        for rank in range(3):
+            loop.world_size, loop.rank = 3, rank
+            shares.append(list(loop.slots(8)))
+        self.assertEqual(shares, [[0, 1, 2], [3, 4, 5], [6, 7]])
+        loop.world_size, loop.rank = 1, 0
+        self.assertEqual(list(loop.slots(8)), list(range(8)))
+
+    def test_a_bare_loop_restores_and_yields_the_steps_left(self):
+        state = make_state()
+        s = endure.Session.disabled()
+        c = endure.torch.Checkpointer(s, dict(zip(self.NAMES, state)), directory=self.dir)
+        train(*state, steps=3)
+        self.assertTrue(c.save(3))
+        loop = endure.torch.Loop(s, dict(zip(self.NAMES, make_state(5))), 6,
+                                 directory=self.dir)
+        self.assertEqual(list(loop), [3, 4, 5])
+        self.assertEqual(loop.start_step, 3)
+
+    def _rejoining_session(self, offer=None):
+        path = os.path.join(self.dir, "rank1.rejoin")
+        os.environ.update({"ENDURE_REJOIN_FILE": path, "ENDURE_GENERATION": "0",
+                           "RANK": "1", "WORLD_SIZE": "1"})
+        if offer is not None:
+            with open(path, "w") as f:
+                f.write("".join(f"{k}={v}\n" for k, v in offer.items()))
+        return endure.Session.from_env()
+
+    def test_a_rejoin_takes_the_offer_into_os_environ(self):
+        s = self._rejoining_session()
+        self.assertTrue(s.rejoin_offered_here)
+        self.assertFalse(s.rejoin_pending())
+        self.assertFalse(s.rejoin(0.05))  # no offer yet
+        with open(os.environ["ENDURE_REJOIN_FILE"], "w") as f:
+            f.write("ENDURE_GENERATION=2\nRANK=0\nMASTER_PORT=4242\n")
+        self.assertTrue(s.rejoin_pending())
+        self.assertTrue(s.rejoin(1.0))
+        self.assertEqual((s.generation, s.rank), (2, 0))
+        self.assertEqual(os.environ["RANK"], "0")  # what init_process_group reads
+        self.assertEqual(os.environ["MASTER_PORT"], "4242")
+
+    def test_a_failed_step_without_an_offer_raises_its_error(self):
+        s = self._rejoining_session()
+        loop = endure.torch.Loop(s, {"m": torch.nn.Linear(2, 2)}, 3, rejoin_timeout_s=0.05)
+        with self.assertRaisesRegex(RuntimeError, "Connection closed by peer"):
+            for step in loop:
+                with loop.guard():
+                    raise RuntimeError("Connection closed by peer")
+        # The program's own error is never taken for a peer's.
+        loop = endure.torch.Loop(s, {"m": torch.nn.Linear(2, 2)}, 3)
+        with self.assertRaises(KeyError):
+            for step in loop:
+                with loop.guard():
+                    raise KeyError("x")
+
+    def test_a_failed_step_runs_again_in_the_generation_offered(self):
+        s = self._rejoining_session()
+        loop = endure.torch.Loop(s, {"m": torch.nn.Linear(2, 2)}, 3, rejoin_timeout_s=5)
+        ran = []
+        for step in loop:
+            with loop.guard():
+                if step == 1 and loop.rejoins == 0:
+                    with open(os.environ["ENDURE_REJOIN_FILE"], "w") as f:
+                        f.write("ENDURE_GENERATION=1\nRANK=0\nWORLD_SIZE=1\n")
+                    raise RuntimeError("Connection closed by peer")
+                ran.append(step)
+        self.assertEqual(ran, [0, 1, 2])  # step 1 again, after the rejoin
+        self.assertEqual((loop.rejoins, loop.rank, s.generation), (1, 0, 1))
+
+    def test_a_standby_takes_its_assignment_into_os_environ(self):
+        script = ("import os, endure; endure.await_assignment(); "
+                  "print(os.environ['RANK'], os.environ.get('ENDURE_STANDBY'))")
+        env = dict(os.environ, ENDURE_STANDBY="1")
+        p = subprocess.run([sys.executable, "-c", script], input="RANK=3\nWORLD_SIZE=4\n",
+                           env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual((p.returncode, p.stdout.strip()), (0, "3 None"), p.stderr)
+        # Discarded before it was needed: its input closes empty, it exits 0.
+        p = subprocess.run([sys.executable, "-c", script], input="", env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual((p.returncode, p.stdout), (0, ""), p.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()

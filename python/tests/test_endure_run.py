@@ -198,6 +198,53 @@ class PythonTrainerUnderEndureRun(unittest.TestCase):
             time.sleep(0.05)
         raise AssertionError(f"rank 0 never logged step {step}, or rank {rank} was not found")
 
+    def _in_process_kill(self, name, recovery=""):
+        """Rank 1 SIGKILLed as step 12 (of 30) begins, with [recovery]
+        in_process = true: (report, output, node logs by node)."""
+        faults = textwrap.dedent("""\
+            [[faults]]
+            id = "kill"
+            kind = "kill"
+            rank = 1
+            step = 12
+            """)
+        text = spec(os.path.join(self.dir, name), faults).replace(
+            "[recovery]\n", "[recovery]\nin_process = true\n" + recovery)
+        p, report = run(self.dir, name, text)
+        out = p.stdout + p.stderr
+        self.assertEqual(p.returncode, 0, out)
+        self.assertEqual(report["steps"], 30, out)
+        nodes = os.path.join(self.dir, name, "nodes")
+        logs = {n: {f: read(os.path.join(nodes, n, "logs", f))
+                    for f in os.listdir(os.path.join(nodes, n, "logs")) if f.endswith(".log")}
+                for n in os.listdir(nodes)}
+        agents = {n: read(os.path.join(nodes, n, "agent.log")) for n in os.listdir(nodes)}
+        incidents = report["incidents"]
+        self.assertEqual([i["cause"] for i in incidents], ["signal 9 SIGKILL"],
+                         json.dumps(incidents, indent=1))
+        kill = incidents[0]
+        self.assertEqual(kill["route"], "in_process", kill)
+        # At most the step in flight is lost: the survivor kept its state.
+        self.assertLessEqual(kill["failed_at_step"] - kill["restored_step"], 1, kill)
+        self.assertEqual(kill["steps_lost"], kill["failed_at_step"] - kill["restored_step"])
+        # Rank 0's process served both generations: it rejoined in place,
+        # and no generation-1 worker of rank 0 was started.
+        survivor = [n for n in logs if "gen0-rank0.log" in logs[n]]
+        self.assertEqual(len(survivor), 1, logs.keys())
+        self.assertNotIn("gen1-rank0.log", logs[survivor[0]])
+        self.assertIn("rejoined generation 1 at step", logs[survivor[0]]["gen0-rank0.log"])
+        self.assertEqual(report["param_fingerprint"], self.reference, out)
+        return report, out, logs, agents
+
+    def test_a_killed_rank_is_replaced_in_process_and_its_peer_keeps_its_state(self):
+        self._in_process_kill("inprocess")
+
+    def test_a_warm_standby_interpreter_takes_the_killed_rank(self):
+        # train_gpt.py waits in endure.await_assignment() with torch loaded.
+        _, _, _, agents = self._in_process_kill("standby", "warm_standby = true\n")
+        self.assertTrue(any("rank 1 starts in a warm standby" in a for a in agents.values()),
+                        agents)
+
     def test_durable_only_checkpoints_recover_bit_exact(self):
         # memory = false: the trainer commits to the durable directory itself.
         faults = textwrap.dedent("""\
@@ -304,6 +351,10 @@ class UnmodifiedDdpScript(unittest.TestCase):
             self.assertEqual(kill["failed_at_step"], 12, kill)
             self.assertEqual(kill["restored_step"], 10, kill)
             self.assertEqual(kill["steps_lost"], 2, kill)
+            # A script that does not rejoin is restarted whole, and the
+            # incident says why the in-process route was not taken.
+            self.assertEqual(kill["route"], "full_restart", kill)
+            self.assertIn("cannot rejoin in place", kill["route_reason"], kill)
             # Recompute is steps 11 and 12 (the run's 28 productive steps
             # share its productive time), not the twelve since the start.
             ledger = report["ledger_s"]

@@ -203,13 +203,14 @@ bool Agent::CarryOut(std::vector<core::NodeAction> actions) {
       carry_out = true;
     } else if (const auto* refill = std::get_if<core::RefillStandbys>(&action)) {
       while (static_cast<int>(standbys_.size()) < refill->count) {
-        Result<Standby> standby = launcher_->StartStandby(refill->argv, {}, secret_variables_);
+        Result<Standby> standby =
+            launcher_->StartStandby(refill->program.argv, refill->program.env, secret_variables_);
         if (!standby.ok()) break;  // cold starts still work
         standbys_.push_back(std::move(standby).value());
       }
     } else if (const auto* keep = std::get_if<core::DiscardOtherStandbys>(&action)) {
       std::erase_if(standbys_, [&](Standby& standby) {
-        if (standby.argv == keep->argv) return false;
+        if (standby.argv == keep->program.argv && standby.env == keep->program.env) return false;
         launcher_->DiscardStandby(standby);
         return true;
       });
@@ -332,11 +333,24 @@ void Agent::OnWorkerExit(int64_t generation, const WorkerEnd& end) {
   Post(std::move(exited));
 }
 
-std::optional<Standby> Agent::TakeStandby(const std::vector<std::string>& argv) {
+core::StandbyProgram Agent::ProgramOf(
+    const google::protobuf::RepeatedPtrField<std::string>& command,
+    const google::protobuf::Map<std::string, std::string>& env) const {
+  core::StandbyProgram program;
+  program.argv.assign(command.begin(), command.end());
+  if (!program.argv.empty()) program.argv[0] = ResolveProgram(program.argv[0]);
+  for (const auto& [k, v] : env) {
+    program.env.emplace_back(k, k == worker_env::kCkptDir ? ResolveCheckpointDir(v) : v);
+  }
+  std::sort(program.env.begin(), program.env.end());  // a protobuf map has no order
+  return program;
+}
+
+std::optional<Standby> Agent::TakeStandby(const core::StandbyProgram& program) {
   return loop_.Call([&]() -> std::optional<Standby> {
     loop_.AssertOnLoop();
     for (auto it = standbys_.begin(); it != standbys_.end(); ++it) {
-      if (it->argv == argv) {
+      if (it->argv == program.argv && it->env == program.env) {
         Standby s = std::move(*it);
         standbys_.erase(it);
         return s;
@@ -348,9 +362,7 @@ std::optional<Standby> Agent::TakeStandby(const std::vector<std::string>& argv) 
 
 void Agent::Prepare(const proto::Prepare& prepare) {
   if (prepare.command().empty()) return;
-  std::vector<std::string> argv(prepare.command().begin(), prepare.command().end());
-  argv[0] = ResolveProgram(argv[0]);
-  Post(core::StandbysWanted{std::move(argv), prepare.standbys()});
+  Post(core::StandbysWanted{ProgramOf(prepare.command(), prepare.env()), prepare.standbys()});
 }
 
 void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
@@ -386,8 +398,8 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   // one their datagrams are taken with. A failure to make one fails the
   // start of every rank (reported as exits, like a program that will not run).
   Result<std::string> credential = RandomHex(16);
-  std::vector<std::string> argv(start.command().begin(), start.command().end());
-  if (!argv.empty()) argv[0] = ResolveProgram(argv[0]);
+  const core::StandbyProgram program = ProgramOf(start.command(), start.env());
+  const std::vector<std::string>& argv = program.argv;
   // The new generation's gate and a clean slate of reports, at once, before
   // any of its workers runs: a datagram the new gate admits is never
   // cleared after it.
@@ -407,7 +419,7 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   started.rejoin = rejoin;
   started.progress_pattern = start.progress_pattern();
   started.world_size = start.world_size();
-  started.standby_argv = argv;
+  started.standby = program;
   started.persist_every_steps = start.checkpoint().persist_every_steps();
   generation_ = generation;
   Post(std::move(started));
@@ -556,8 +568,13 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
       // of its new rank for the next one.
       st = PublishFile(seams_.env, rejoin_path(rank_was[r.rank()]), AssignmentText(spec.env));
     } else {
-      if (std::optional<Standby> standby = TakeStandby(argv)) {
+      if (std::optional<Standby> standby = TakeStandby(program)) {
+        const pid_t pid = standby->process ? standby->process->pid() : 0;
         st = workers_->Adopt(std::move(*standby), spec);
+        if (st.ok()) {
+          std::fprintf(stderr, "endure agent %s: rank %d starts in a warm standby (pid %d)\n",
+                       o_.node_id.c_str(), r.rank(), static_cast<int>(pid));
+        }
       }
       if (!st.ok()) st = workers_->Start(spec);
     }

@@ -177,7 +177,11 @@ class Agent {
   // Warm standbys: workers started ahead of the next generation so that a
   // restart skips loading the program (when to refill them is the core's
   // standby rule).
-  std::optional<Standby> TakeStandby(const std::vector<std::string>& argv);
+  std::optional<Standby> TakeStandby(const core::StandbyProgram& program);
+  // The program of a start or a spare's Prepare: argv[0] resolved, the
+  // job's environment in order, its checkpoint directory resolved here.
+  core::StandbyProgram ProgramOf(const google::protobuf::RepeatedPtrField<std::string>& command,
+                                 const google::protobuf::Map<std::string, std::string>& env) const;
   void DiscardStandbys();
 
   AgentOptions o_;

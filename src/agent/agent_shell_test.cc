@@ -1145,6 +1145,7 @@ TEST_F(AgentShellTest, StandbysStartAfterTheFirstStepAndServeTheNextGeneration) 
   StartAgent();
   proto::AgentCommand start = StartCommand(1, {0, 1}, 2);
   start.mutable_start()->set_progress_pattern(R"(step (?P<step>\d+))");
+  (*start.mutable_start()->mutable_env())["PYTHONPATH"] = "/opt/py";
   Do(start);
   EXPECT_TRUE(launcher_.standbys_started().empty());  // not while the generation starts
   ASSERT_TRUE(launcher_.Print(0, "step 1"));
@@ -1154,6 +1155,10 @@ TEST_F(AgentShellTest, StandbysStartAfterTheFirstStepAndServeTheNextGeneration) 
   for (const auto& s : standbys) {
     EXPECT_EQ(s.argv, (std::vector<std::string>{"/opt/endure/train", "--lr=0.1"}));
     EXPECT_NE(std::find(s.unset_env.begin(), s.unset_env.end(), "ENDURE_TOKEN"), s.unset_env.end());
+    // The job's environment, which an interpreter reads as it starts; no rank's own.
+    const std::pair<std::string, std::string> path{"PYTHONPATH", "/opt/py"};
+    EXPECT_NE(std::find(s.env.begin(), s.env.end(), path), s.env.end());
+    for (const auto& [k, v] : s.env) EXPECT_NE(k, "RANK");
   }
   ASSERT_TRUE(launcher_.Print(0, "step 2"));
   ASSERT_EQ(WaitForSteps(4).size(), 4u);
@@ -1179,6 +1184,19 @@ TEST_F(AgentShellTest, StandbysStartAfterTheFirstStepAndServeTheNextGeneration) 
   ASSERT_EQ(launches.size(), 6u);
   EXPECT_EQ(launches[4].standby_tag, "");
   EXPECT_EQ(launches[5].standby_tag, "");
+
+  // A changed environment is another program too.
+  ASSERT_TRUE(launcher_.Print(0, "step 1"));
+  ASSERT_TRUE(WaitFor([&] { return launcher_.standbys_started().size() == 6; }));
+  start.set_generation(4);
+  (*start.mutable_start()->mutable_env())["PYTHONPATH"] = "/opt/py2";
+  Do(start);
+  const std::vector<std::string> gone = launcher_.standbys_discarded();
+  EXPECT_EQ(std::set<std::string>(gone.begin(), gone.end()),
+            (std::set<std::string>{"standby-2", "standby-3", "standby-4", "standby-5"}));
+  launches = launcher_.launches();
+  ASSERT_EQ(launches.size(), 8u);
+  EXPECT_EQ(launches[6].standby_tag, "");
 }
 
 TEST_F(AgentShellTest, AHeartbeatGoesUpEverySecondOfTheAgentsClock) {

@@ -232,6 +232,7 @@ Result<Standby> FakeProcessLauncher::StartStandby(
   MutexLock lock(&mu_);
   Standby s;
   s.argv = argv;
+  s.env = env;
   s.tag = "standby-" + std::to_string(standbys_started_.size());
   standbys_started_.push_back(StandbyStart{argv, env, unset_env, s.tag});
   return s;

@@ -95,6 +95,7 @@ Result<Standby> StartStandby(const std::vector<std::string>& argv,
   }
   Standby s;
   s.argv = argv;
+  s.env = env;
   s.process.emplace(std::move(p).value());
   s.input_fd = in[1];
   s.output_fd = out[0];

@@ -59,6 +59,7 @@ struct WorkerSpec {
 // endure::AwaitStandbyAssignment). Owns both descriptors.
 struct Standby {
   std::vector<std::string> argv;
+  std::vector<std::pair<std::string, std::string>> env;  // what it started with beyond ours
   std::optional<Subprocess> process;
   int input_fd = -1;   // write end of its stdin
   int output_fd = -1;  // read end of its stdout and stderr

@@ -52,6 +52,27 @@ std::string DurableDir(const JobSpec& spec) {
 }
 
 // This thread's CPU time (the loop's own cost of a part of its work).
+// What every worker of the job is told whatever its rank and generation
+// (the agent adds each rank's own): what torchrun tells its workers of the
+// job, unless the spec's [job] env says otherwise, then the checkpoint
+// settings. A warm standby starts with it too (it is in the Prepare of a
+// spare node), so that an interpreter finds its modules as it starts.
+std::map<std::string, std::string> JobEnvironment(const JobSpec& spec) {
+  std::map<std::string, std::string> env;
+  env["TORCHELASTIC_RUN_ID"] = spec.name;
+  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(spec.recovery.max_restarts);
+  for (const auto& [k, v] : spec.env) env[k] = v;
+  if (spec.detection.sdc_check_every > 0) {
+    env[worker_env::kSdcCheckEvery] = std::to_string(spec.detection.sdc_check_every);
+  }
+  if (spec.checkpoint.every_steps > 0) {
+    // As the spec names it: the agent resolves a relative one on its host.
+    env[worker_env::kCkptDir] = spec.checkpoint.dir;
+    env[worker_env::kCkptEvery] = std::to_string(spec.checkpoint.every_steps);
+  }
+  return env;
+}
+
 double ThreadCpuSeconds() {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
@@ -967,6 +988,7 @@ void ControllerShell::PrepareSpares() {
     cmd.set_generation(machine_.generation().value);
     for (const std::string& arg : spec.command) cmd.mutable_prepare()->add_command(arg);
     cmd.mutable_prepare()->set_standbys(spec.ranks_per_node);
+    for (const auto& [k, v] : JobEnvironment(spec)) (*cmd.mutable_prepare()->mutable_env())[k] = v;
     Send(n, std::move(cmd));
   }
 }
@@ -1049,22 +1071,7 @@ void ControllerShell::Execute(const std::vector<core::JobAction>& actions, TimeP
       start.set_restore_step(a->restore_step.value);
       for (core::StepNumber s : a->skip_steps) start.add_skip_steps(s.value);
       for (const std::string& arg : spec.command) start.add_command(arg);
-      // What torchrun tells its workers of the job (the agent adds each
-      // rank's own), unless the spec's [job] env says otherwise.
-      (*start.mutable_env())["TORCHELASTIC_RUN_ID"] = spec.name;
-      (*start.mutable_env())["TORCHELASTIC_MAX_RESTARTS"] =
-          std::to_string(spec.recovery.max_restarts);
-      for (const auto& [k, v] : spec.env) (*start.mutable_env())[k] = v;
-      if (spec.detection.sdc_check_every > 0) {
-        (*start.mutable_env())[worker_env::kSdcCheckEvery] =
-            std::to_string(spec.detection.sdc_check_every);
-      }
-      if (spec.checkpoint.every_steps > 0) {
-        // As the spec names it: the agent resolves a relative one on its host.
-        (*start.mutable_env())[worker_env::kCkptDir] = spec.checkpoint.dir;
-        (*start.mutable_env())[worker_env::kCkptEvery] =
-            std::to_string(spec.checkpoint.every_steps);
-      }
+      for (const auto& [k, v] : JobEnvironment(spec)) (*start.mutable_env())[k] = v;
       *start.mutable_checkpoint() = CheckpointFor(*a);
       start.set_progress_pattern(spec.detection.progress_pattern);
       start.set_in_process(spec.recovery.in_process);
@@ -1247,6 +1254,12 @@ void ControllerShell::WriteStatus(TimePoint now, bool force) {
     const core::Incident& inc = machine_.incidents().back();
     status["last_incident"] =
         inc.cause.name + " (rank " + std::to_string(inc.rank.value) + ", " + inc.action + ")";
+    // Which way it went back to training, and why not a faster one (a
+    // full restart under [recovery] in_process says what stood in the way).
+    if (inc.route) {
+      status["last_route"] =
+          std::string(core::RecoveryRouteName(*inc.route)) + " (" + inc.route_reason + ")";
+    }
   }
   status["name"] = o_.spec.name;
   status["warnings"] = warnings_;

@@ -847,6 +847,11 @@ TEST_F(ControllerShellTest, AnXidInTheLogEvictsTheNodeAndAReplacementTakesItsRan
   Pump();
   EXPECT_TRUE(transport_.TakeCommands(ids[0]).empty()) << "one healthy node of two";
   EXPECT_EQ(Status()["last_incident"], "xid_79 (rank 1, evict_and_wait_for_repair)");
+  // The live status says which way the job goes back, and why not in process.
+  EXPECT_EQ(Status()["last_route"].get<std::string>().rfind(
+                "full_restart (full restart from the checkpoint tiers: ", 0),
+            0u)
+      << Status()["last_route"];
 
   const ConnectionId spare = Attach("node2");
   Pump();
@@ -858,6 +863,33 @@ TEST_F(ControllerShellTest, AnXidInTheLogEvictsTheNodeAndAReplacementTakesItsRan
   EXPECT_EQ(Ranks(to_a[0]), std::vector<int>{0});
   EXPECT_EQ(Ranks(to_spare[0]), std::vector<int>{1});
   EXPECT_TRUE(transport_.TakeCommands(ids[1]).empty());
+}
+
+// A spare keeps standbys of the job's program as the members run it: the
+// same command and the same job environment (an interpreter's PYTHONPATH).
+TEST_F(ControllerShellTest, ASpareIsPreparedWithTheJobsCommandAndEnvironment) {
+  Make(2, "[recovery]\nwarm_standby = true\n");
+  std::vector<ConnectionId> ids;
+  for (int i = 0; i < 2; ++i) ids.push_back(Attach("node" + std::to_string(i)));
+  Pump();
+  const std::vector<proto::AgentCommand> started = transport_.TakeCommands(ids[0]);
+  ASSERT_FALSE(started.empty());
+  ASSERT_TRUE(started[0].has_start());
+  Steps(ids, 0, 1, 1);  // running
+  const ConnectionId spare = Attach("node2");
+  Pump();
+  const std::vector<proto::AgentCommand> to_spare = transport_.TakeCommands(spare);
+  ASSERT_EQ(to_spare.size(), 1u);
+  ASSERT_TRUE(to_spare[0].has_prepare());
+  const proto::Prepare& prepare = to_spare[0].prepare();
+  EXPECT_EQ(std::vector<std::string>(prepare.command().begin(), prepare.command().end()),
+            std::vector<std::string>{"/bin/true"});
+  EXPECT_EQ(prepare.standbys(), 1);
+  const std::map<std::string, std::string> env(prepare.env().begin(), prepare.env().end());
+  const std::map<std::string, std::string> start_env(started[0].start().env().begin(),
+                                                     started[0].start().env().end());
+  EXPECT_EQ(env, start_env);
+  EXPECT_EQ(env.count("TORCHELASTIC_RUN_ID"), 1u);
 }
 
 // The dashboard's tables (/api/nodes, /api/incidents): each node's state

@@ -167,8 +167,8 @@ std::vector<NodeAction> NodeMachine::Step(const NodeInput& input, NodeTime time)
         } else if constexpr (std::is_same_v<T, GenerationStarted>) {
           OnGenerationStarted(in, time, &out);
         } else if constexpr (std::is_same_v<T, StandbysWanted>) {
-          if (o_.standby && !member_ && !in.argv.empty()) {
-            KeepStandbys(in.argv, std::clamp(in.count, 0, o_.slots), /*fill_now=*/true, &out);
+          if (o_.standby && !member_ && !in.program.argv.empty()) {
+            KeepStandbys(in.program, std::clamp(in.count, 0, o_.slots), /*fill_now=*/true, &out);
           }
         } else if constexpr (std::is_same_v<T, StandbysDiscarded>) {
           standby_count_ = 0;
@@ -329,16 +329,16 @@ void NodeMachine::OnGenerationStarted(const GenerationStarted& in, NodeTime time
       out->push_back(LogLine{"progress_pattern ignored: " + p.status().message()});
     }
   }
-  if (o_.standby && !in.standby_argv.empty()) {
-    KeepStandbys(in.standby_argv, static_cast<int>(in.ranks.size()), /*fill_now=*/false, out);
+  if (o_.standby && !in.standby.argv.empty()) {
+    KeepStandbys(in.standby, static_cast<int>(in.ranks.size()), /*fill_now=*/false, out);
   }
 }
 
-void NodeMachine::KeepStandbys(const std::vector<std::string>& argv, int count, bool fill_now,
+void NodeMachine::KeepStandbys(const StandbyProgram& program, int count, bool fill_now,
                                std::vector<NodeAction>* out) {
-  // Standbys of another program (a changed command) are of no use.
-  out->push_back(DiscardOtherStandbys{argv});
-  standby_argv_ = argv;
+  // Standbys of another program (a changed command or environment) are of no use.
+  out->push_back(DiscardOtherStandbys{program});
+  standby_ = program;
   standby_count_ = std::max(0, count);
   refill_pending_ = true;
   if (fill_now) Stepped(out);
@@ -347,7 +347,7 @@ void NodeMachine::KeepStandbys(const std::vector<std::string>& argv, int count, 
 void NodeMachine::Stepped(std::vector<NodeAction>* out) {
   if (!refill_pending_) return;
   refill_pending_ = false;
-  if (standby_count_ > 0) out->push_back(RefillStandbys{standby_argv_, standby_count_});
+  if (standby_count_ > 0) out->push_back(RefillStandbys{standby_, standby_count_});
 }
 
 void NodeMachine::OnDatagram(std::string_view bytes, size_t size, NodeTime time,

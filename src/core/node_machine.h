@@ -32,6 +32,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -77,6 +78,16 @@ struct TransmitFailed {
 struct CommandArrived {
   const proto::AgentCommand* command = nullptr;
 };
+// The program a node's standby workers run: its argv (argv[0] resolved) and
+// the job's environment (`[job] env`: what every rank of every generation
+// gets, such as PYTHONPATH, which an interpreter reads as it starts). A
+// standby's rank and generation come later, in its assignment.
+struct StandbyProgram {
+  std::vector<std::string> argv;
+  std::vector<std::pair<std::string, std::string>> env;
+  friend bool operator==(const StandbyProgram&, const StandbyProgram&) = default;
+};
+
 // A generation starts on this node (the shell carried out the start's first
 // half: the credential, the workers it keeps).
 struct GenerationStarted {
@@ -88,8 +99,8 @@ struct GenerationStarted {
   int world_size = 0;
   // The factor of each comm-slow fault of a local rank (fault id -> factor).
   std::map<std::string, double> comm_slow_factors;
-  // The program its standbys run (argv[0] resolved); empty: none.
-  std::vector<std::string> standby_argv;
+  // The program its standbys run; an empty argv: none.
+  StandbyProgram standby;
   // The durable cadence: every this many steps a snapshot is due in T2 (0:
   // every snapshot).
   int64_t persist_every_steps = 0;
@@ -97,7 +108,7 @@ struct GenerationStarted {
 // A spare node is asked to keep standbys of the job's program (only an
 // agent with --standby that runs no generation does; it fills them at once).
 struct StandbysWanted {
-  std::vector<std::string> argv;
+  StandbyProgram program;
   int count = 0;
 };
 // The shell discarded every standby (the node is shutting down): none is
@@ -154,12 +165,12 @@ struct LogLine {
 struct CarryOut {};
 // Start standbys of `argv` until `count` are kept.
 struct RefillStandbys {
-  std::vector<std::string> argv;
+  StandbyProgram program;
   int count = 0;
 };
 // Discard the standbys of any other program than `argv`.
 struct DiscardOtherStandbys {
-  std::vector<std::string> argv;
+  StandbyProgram program;
 };
 // Queue a worker's snapshot for replication and, when `durable` (its step is
 // due in T2 by the durable cadence), persistence.
@@ -266,7 +277,7 @@ class NodeMachine {
                            std::vector<NodeAction>* out);
   // Keeps `count` standbys of `argv` from now on, filled at once or on the
   // next step.
-  void KeepStandbys(const std::vector<std::string>& argv, int count, bool fill_now,
+  void KeepStandbys(const StandbyProgram& program, int count, bool fill_now,
                     std::vector<NodeAction>* out);
   void OnDatagram(std::string_view bytes, size_t size, NodeTime time, std::vector<NodeAction>* out);
   void OnOutputLine(const OutputLine& in, NodeTime time, std::vector<NodeAction>* out);
@@ -300,7 +311,7 @@ class NodeMachine {
   std::map<std::string, double> comm_slow_factors_;
   int64_t persist_every_steps_ = 0;
 
-  std::vector<std::string> standby_argv_;
+  StandbyProgram standby_;
   int standby_count_ = 0;
   bool refill_pending_ = false;
 

@@ -221,7 +221,7 @@ class Scenario {
     if (what == "started") return Started(a);
     if (what == "standbys") {
       StandbysWanted s;
-      s.argv = SplitCommas(a.Take("argv").value_or(""));
+      s.program.argv = SplitCommas(a.Take("argv").value_or(""));
       Result<int64_t> count = a.Int("count", 0);
       if (!count.ok()) return count.status();
       s.count = static_cast<int>(*count);
@@ -303,7 +303,7 @@ class Scenario {
       s.rejoin = *b;
     }
     s.progress_pattern = a.Take("pattern").value_or("");
-    s.standby_argv = SplitCommas(a.Take("argv").value_or(""));
+    s.standby.argv = SplitCommas(a.Take("argv").value_or(""));
     Result<int64_t> every = a.Int("persist_every", 0);
     if (!every.ok()) return every.status();
     s.persist_every_steps = *every;
@@ -469,9 +469,9 @@ class Scenario {
           } else if constexpr (std::is_same_v<T, CarryOut>) {
             return "carry_out";
           } else if constexpr (std::is_same_v<T, RefillStandbys>) {
-            return "refill_standbys argv=" + Join(a.argv) + " count=" + std::to_string(a.count);
+            return "refill_standbys argv=" + Join(a.program.argv) + " count=" + std::to_string(a.count);
           } else if constexpr (std::is_same_v<T, DiscardOtherStandbys>) {
-            return "discard_other_standbys argv=" + Join(a.argv);
+            return "discard_other_standbys argv=" + Join(a.program.argv);
           } else if constexpr (std::is_same_v<T, NotifySnapshot>) {
             return "notify_snapshot rank=" + std::to_string(a.rank) +
                    " step=" + std::to_string(a.step) + " shards=" + std::to_string(a.shards) +

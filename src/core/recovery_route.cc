@@ -90,8 +90,10 @@ RouteDecision ChooseRoute(const RouteFacts& f) {
   }
   return {RecoveryRoute::kInProcess,
           "in-process restart: " + kept + "the failed " +
-              (f.failed_ranks == 1 ? std::string("rank starts from a warm standby and takes")
-                                   : "ranks start from warm standbys and take") +
+              (f.failed_ranks == 1 ? std::string("rank starts (in a warm standby where its node "
+                                                 "keeps one) and takes")
+                                   : "ranks start (in warm standbys where their nodes keep "
+                                     "them) and take") +
               " the state from a data-parallel peer"};
 }
 

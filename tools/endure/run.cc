@@ -64,7 +64,7 @@ std::string StatusLine(const std::string& state_dir) {
   if (!text.ok()) return "";
   nlohmann::json s = nlohmann::json::parse(*text, nullptr, false);
   if (!s.is_object()) return "";
-  char line[320];
+  char line[480];
   std::string loss = s["loss"].is_number() ? "" : "nan";
   if (loss.empty()) {
     char b[32];
@@ -79,7 +79,11 @@ std::string StatusLine(const std::string& state_dir) {
                 static_cast<long long>(s.value("step", int64_t{0})), loss.c_str(),
                 s.value("tokens_per_s", 0.0), s.value("ettr", 0.0), s.value("incidents", 0),
                 s.contains("last_incident")
-                    ? (" (last: " + s["last_incident"].get<std::string>() + ")").c_str()
+                    ? (" (last: " + s["last_incident"].get<std::string>() +
+                       (s.contains("last_route") ? ", route " + s["last_route"].get<std::string>()
+                                                 : std::string()) +
+                       ")")
+                          .c_str()
                     : "");
   return line;
 }
