@@ -220,6 +220,9 @@ def parse_args(argv):
                    help="forward passes on held-out batches per evaluation")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank")
     p.add_argument("--collective-timeout-s", type=int, default=300)
+    p.add_argument("--exact-sum", action="store_true",
+                   help="sum gradients in fixed point instead of DDP's allreduce: the same "
+                        "parameters bit for bit whatever the world size (a shrink, a regrow)")
     args = p.parse_args(argv)
     problems = []
     if args.steps < 1:
@@ -296,6 +299,7 @@ def main(argv) -> int:
         directory=args.ckpt_dir, keep=args.ckpt_keep,
         timeout=datetime.timedelta(seconds=args.collective_timeout_s))
     ddp = loop.ddp(model)
+    exact = endure.torch.ExactGradients(model.parameters()) if args.exact_sum else None
     ckpt = loop.checkpointer
     tokens_per_step = args.global_batch * args.context
     can_save = session.memory_checkpoints or bool(ckpt.directory)
@@ -334,17 +338,24 @@ def main(argv) -> int:
                         # DDP's gradient allreduce runs in this backward:
                         # injected comm-fail and comm-slow act here.
                         comm_s += session.before_collective(step)
-                    with (_null() if last else ddp.no_sync()):
-                        # DDP averages over the ranks: each slot's share of
-                        # the global batch's mean.
-                        loss = ddp(x, y) / (slots / world)
+                    if exact is not None:
+                        loss = model(x, y) / slots  # summed exactly over every slot
                         loss.backward()
+                        exact.take_slot()
+                    else:
+                        with (_null() if last else ddp.no_sync()):
+                            # DDP averages over the ranks: each slot's share
+                            # of the global batch's mean.
+                            loss = ddp(x, y) / (slots / world)
+                            loss.backward()
                     local_loss += loss.item()
+                if exact is not None:
+                    exact.reduce(slots)
                 compute_s = time.monotonic() - t0 - comm_s
                 if world > 1:
                     t = torch.tensor([local_loss], dtype=torch.float64)
                     dist.all_reduce(t)
-                    step_loss = t.item() / world
+                    step_loss = t.item() / (1 if exact is not None else world)
                 else:
                     step_loss = local_loss
                 if args.grad_clip > 0:

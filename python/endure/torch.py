@@ -36,12 +36,14 @@ from __future__ import annotations
 import base64
 import ctypes
 import datetime
+import gc
 import json
 import math
 import numbers
 import os
 import struct
 import sys
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -51,7 +53,7 @@ import torch
 
 from . import _endure
 
-__all__ = ["Checkpointer", "Loop", "apply_bitflip"]
+__all__ = ["Checkpointer", "ExactGradients", "Loop", "PeerFailed", "apply_bitflip"]
 
 _FORMAT = "endure-python-1"
 _INT64_MAX = 2**63 - 1
@@ -584,7 +586,8 @@ class Loop:
     fails inside ``guard()`` (a RuntimeError: gloo's "Connection closed by
     peer") is not the end of the process: the loop waits up to
     `rejoin_timeout_s` for the agent's offer of the next generation, abandons
-    the broken process group, joins the new one (its rank and size may
+    the broken process group (closing its connections, so that a peer blocked
+    on this rank fails in turn), joins the new one (its rank and size may
     differ: a shrink or a regrow), takes the state of the rank that
     completed the most steps (a fresh replacement, or a survivor whose last
     allreduce failed where a peer's succeeded) over the new group, makes the
@@ -615,15 +618,19 @@ class Loop:
         self._rejoin_timeout_s = float(rejoin_timeout_s)
         self._rejoins = bool(getattr(session, "rejoin_offered_here", False))
         self._wrapped: List[_Rewrapped] = []
-        # Process groups given up after a failure. Never destroyed: a gloo
-        # group's destructor joins its threads, which may still wait on the
-        # dead peer.
-        self._abandoned: list = []
         self._failure: Optional[BaseException] = None
         self._started = False
+        self._in_step = False
+        # The newest generation the agent offered (the watcher thread reads
+        # the offer file every 10 ms), and this process's.
+        self._offered = -1
+        self._generation = session.generation
+        self._offer_file = os.environ.get("ENDURE_REJOIN_FILE", "")
         self.world_size, self.rank, _ = _dist()
         if self._rejoins:
             session.declare_rejoin()
+            threading.Thread(target=self._watch_offers, name="endure-offers",
+                             daemon=True).start()
         self._connect()
 
     # ---- what the program uses ----
@@ -636,6 +643,15 @@ class Loop:
         parameters, which stay the same."""
         proxy = _Rewrapped(self, module, kwargs)
         self._wrapped.append(proxy)
+        if self._rejoins:
+            # A step whose peer died stops at its next layer (forward) or
+            # gradient (backward) once the agent offers the next generation,
+            # instead of computing to its end a step that cannot complete.
+            for m in module.modules():
+                m.register_forward_pre_hook(lambda *_: self._stop_if_offered())
+            for p in module.parameters():
+                if p.requires_grad:
+                    p.register_hook(lambda _: self._stop_if_offered())
         return proxy
 
     def slots(self, count: int) -> range:
@@ -661,7 +677,8 @@ class Loop:
     def __iter__(self):
         self._start()
         while True:
-            if self._rejoins and self._session.rejoin_pending():
+            if self._rejoins and (self._offered > self._generation or
+                                  self._session.rejoin_pending()):
                 # Offered between steps, no collective failed: the job
                 # changes size (a regrow), or a peer failed while this rank
                 # did not wait on it.
@@ -679,9 +696,24 @@ class Loop:
 
     # ---- inside ----
 
+    def _watch_offers(self) -> None:
+        while True:
+            time.sleep(0.01)
+            if self._offered <= self._generation:
+                self._offered = _offered_generation(self._offer_file)
+
+    def _stop_if_offered(self) -> None:
+        if self._in_step and self._offered > self._generation:
+            raise PeerFailed(f"generation {self._offered} was offered while this step ran: "
+                             "a peer failed")
+
     def _connect(self) -> None:
         d = torch.distributed
         if self.world_size > 1 and not d.is_initialized():
+            if self.rank != 0:
+                _wait_until_listening(os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                                      os.environ.get("MASTER_PORT", ""),
+                                      self._timeout.total_seconds())
             d.init_process_group(self._backend, timeout=self._timeout)
 
     def _start(self) -> None:
@@ -708,6 +740,10 @@ class Loop:
                     raise failure
                 raise RuntimeError(f"endure: {why}, but no later generation came within "
                                    f"{self._rejoin_timeout_s:g} s")
+            if failure is not None:
+                # Its frames hold the failed step's DDP, and through it the group.
+                failure.__traceback__ = None
+                failure = None
             self._abandon()
             self.world_size = int(os.environ.get("WORLD_SIZE") or 1)
             self.rank = int(os.environ.get("RANK") or 0)
@@ -722,6 +758,8 @@ class Loop:
                 print(f"endure: rank {self.rank}: {why}; rejoining", file=sys.stderr,
                       flush=True)
         self.rejoins += 1
+        self._offer_file = os.environ.get("ENDURE_REJOIN_FILE", "")
+        self._generation = self._session.generation
         self.checkpointer.restore_s = time.monotonic() - start
         self._session.ready(self.completed, restore_s=self.checkpointer.restore_s)
         if self.rank == 0:
@@ -730,12 +768,17 @@ class Loop:
                   f"in {self.checkpointer.restore_s:.3f} s", flush=True)
 
     def _abandon(self) -> None:
+        # The old group goes with its last reference (the DDP wrappers hold
+        # it too), which closes its connections: a peer still blocked in a
+        # collective with this rank (in a ring, it waits on this rank, not
+        # on the dead one) sees them close, and rejoins in turn. This rank's
+        # own collectives on it have ended (failed, or none was in flight).
         d = torch.distributed
         for proxy in self._wrapped:
             proxy._ddp = None
         if d.is_initialized():
-            self._abandoned.append(d.group.WORLD)
             d.destroy_process_group()
+        gc.collect()  # DDP modules sit in reference cycles
 
     def _join_peers(self, completed: int) -> int:
         """Every rank says how many steps it completed (-1: it starts fresh);
@@ -771,14 +814,117 @@ class Loop:
         return best
 
 
+class ExactGradients:
+    """Gradient sums that do not depend on the world size, for a job that
+    shrinks and grows back and must train the parameters bit for bit as a
+    run that never did (endure-train's arithmetic, src/trainer/exact_sum.h).
+
+    The global batch is a fixed number of slots (micro-batches); each rank
+    computes its share (:meth:`Loop.slots`), with each slot's loss divided by
+    the number of slots, and calls :meth:`take_slot` after each slot's
+    backward. :meth:`reduce` then sums every rank's slots into each
+    parameter's ``.grad``: each slot's gradient is rounded once to a 64-bit
+    integer at a scale shared by every rank (2^s from the largest magnitude,
+    agreed by a MAX allreduce), and integers add exactly in any order and
+    grouping, so neither the partition of the slots among the ranks nor the
+    allreduce's order can change a bit. Use the model itself, not DDP, with
+    it; it keeps one copy of the gradients per slot a rank computes.
+    """
+
+    def __init__(self, parameters):
+        self._params = list(parameters)
+        self._slots: List[List[torch.Tensor]] = []
+
+    def take_slot(self) -> None:
+        """The backward pass of one of this rank's slots is done: keeps its
+        gradients and clears the parameters' for the next slot."""
+        grads = []
+        for p in self._params:
+            grads.append(p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+            p.grad = None
+        self._slots.append(grads)
+
+    def reduce(self, total_slots: int) -> None:
+        """Sums the slots taken on every rank of the default process group
+        (`total_slots` of them in all) into the parameters' ``.grad``."""
+        slots, self._slots = self._slots, []
+        if not slots:
+            raise RuntimeError("ExactGradients.reduce: no slot taken on this rank")
+        d = torch.distributed
+        grouped = d.is_available() and d.is_initialized() and d.get_world_size() > 1
+        maxes = torch.zeros(len(self._params), dtype=torch.float32)
+        for grads in slots:
+            for i, g in enumerate(grads):
+                m = g.abs().max() if g.numel() else torch.tensor(0.0)
+                maxes[i] = torch.maximum(maxes[i], m) if torch.isfinite(m) else math.inf
+        if grouped:
+            d.all_reduce(maxes, op=d.ReduceOp.MAX)
+        t = max(0, math.ceil(math.log2(total_slots)))
+        exponents = []
+        for m in maxes.tolist():
+            if not math.isfinite(m):
+                exponents.append(None)  # a NaN or an infinity: the sum is not finite
+            elif m == 0:
+                exponents.append(0)
+            else:
+                exponents.append(61 - math.frexp(m)[1] - t)
+        sums = []
+        for i, p in enumerate(self._params):
+            e = exponents[i]
+            if e is None:
+                sums.append(torch.full(p.shape, math.nan, dtype=torch.float64).reshape(-1))
+                continue
+            acc = torch.zeros(p.numel(), dtype=torch.int64)
+            for grads in slots:
+                # A power of two times a float is exact in a double; round()
+                # (to nearest, ties to even) does the only rounding.
+                acc += torch.round(grads[i].double().reshape(-1) * (2.0 ** e)).to(torch.int64)
+            sums.append(acc)
+        finite = [i for i, e in enumerate(exponents) if e is not None]
+        if grouped and finite:
+            flat = torch.cat([sums[i] for i in finite])
+            d.all_reduce(flat, op=d.ReduceOp.SUM)
+            offset = 0
+            for i in finite:
+                n = sums[i].numel()
+                sums[i] = flat[offset:offset + n]
+                offset += n
+        for i, p in enumerate(self._params):
+            e = exponents[i]
+            value = sums[i] if e is None else sums[i].double() * (2.0 ** -e)
+            p.grad = value.to(p.dtype).reshape(p.shape)
+
+
+class PeerFailed(RuntimeError):
+    """Raised inside a step (from a hook on the module given to
+    :meth:`Loop.ddp`) when the agent offers a later generation while the step
+    runs: a peer failed, and the step cannot complete."""
+
+
+def _offered_generation(path: str) -> int:
+    """The generation an agent's offer file names; -1 without one."""
+    try:
+        with open(path) as f:
+            text = f.read(1 << 20)
+    except OSError:
+        return -1
+    for line in text.splitlines():
+        if line.startswith("ENDURE_GENERATION="):
+            value = line.split("=", 1)[1]
+            return int(value) if value.isdigit() else -1
+    return -1
+
+
 class _Guard:
     def __init__(self, loop: Loop):
         self._loop = loop
 
     def __enter__(self):
+        self._loop._in_step = True
         return self
 
     def __exit__(self, kind, value, traceback):
+        self._loop._in_step = False
         # Only a RuntimeError (what gloo, NCCL and torch.distributed raise for
         # a broken collective) may be a peer's failure; the loop waits for
         # the agent's word before it takes it for one.
@@ -786,6 +932,19 @@ class _Guard:
             return False
         self._loop._failure = value
         return True
+
+
+def _wait_until_listening(host: str, port: str, timeout_s: float) -> None:
+    """Waits until rank 0's store accepts connections (5 ms apart): a
+    TCPStore client that connects too early backs off for a second."""
+    import socket
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+            return
+        except (OSError, ValueError):
+            time.sleep(0.005)
 
 
 def _first_line(error: BaseException) -> str:

@@ -492,6 +492,29 @@ class LoopTest(CleanEnvironment):
         self.assertEqual(ran, [0, 1, 2])  # step 1 again, after the rejoin
         self.assertEqual((loop.rejoins, loop.rank, s.generation), (1, 0, 1))
 
+    def test_a_step_stops_at_its_next_layer_once_a_later_generation_is_offered(self):
+        # A peer died mid-step: the survivor does not compute the doomed step
+        # to its end; the hooks of loop.ddp stop it, and it runs again.
+        s = self._rejoining_session()
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+        loop = endure.torch.Loop(s, {"m": model}, 2, rejoin_timeout_s=5)
+        net = loop.ddp(model)
+        attempts = []
+        for step in loop:
+            with loop.guard():
+                attempts.append(step)
+                if step == 0 and loop.rejoins == 0:
+                    with open(os.environ["ENDURE_REJOIN_FILE"], "w") as f:
+                        f.write("ENDURE_GENERATION=1\nRANK=0\nWORLD_SIZE=1\n")
+                    deadline = time.monotonic() + 10
+                    while loop._offered < 1 and time.monotonic() < deadline:
+                        time.sleep(0.01)  # the watcher reads the file every 10 ms
+                net(torch.ones(1, 2)).sum().backward()
+                attempts.append("done")
+        self.assertEqual(attempts, [0, 0, "done", 1, "done"])
+        self.assertEqual(loop.rejoins, 1)
+        net(torch.ones(1, 2))  # outside a step the hooks never stop anything
+
     def test_a_standby_takes_its_assignment_into_os_environ(self):
         script = ("import os, endure; endure.await_assignment(); "
                   "print(os.environ['RANK'], os.environ.get('ENDURE_STANDBY'))")

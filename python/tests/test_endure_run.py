@@ -245,6 +245,34 @@ class PythonTrainerUnderEndureRun(unittest.TestCase):
         self.assertTrue(any("rank 1 starts in a warm standby" in a for a in agents.values()),
                         agents)
 
+    def test_a_lost_node_moves_to_a_warm_spare_and_the_peer_keeps_its_state(self):
+        faults = textwrap.dedent("""\
+            [[faults]]
+            id = "agent"
+            kind = "kill-agent"
+            rank = 1
+            step = 12
+            """)
+        text = spec(os.path.join(self.dir, "spare"), faults).replace(
+            "ranks_per_node = 1\n", "ranks_per_node = 1\nspares = 1\n").replace(
+            "[recovery]\n", "[recovery]\nwarm_standby = true\n")
+        p, report = run(self.dir, "spare", text)
+        out = p.stdout + p.stderr
+        self.assertEqual(p.returncode, 0, out)
+        self.assertEqual(report["steps"], 30, out)
+        incidents = report["incidents"]
+        self.assertEqual([(i["cause"], i["route"]) for i in incidents], [("node_lost", "spare")],
+                         json.dumps(incidents, indent=1))
+        lost = incidents[0]
+        self.assertLessEqual(lost["failed_at_step"] - lost["restored_step"], 1, lost)
+        # The spare (whichever node registered last) kept a standby
+        # interpreter of the job's program, with the job's environment, and
+        # rank 1 started in it.
+        nodes = os.path.join(self.dir, "spare", "nodes")
+        agents = [read(os.path.join(nodes, n, "agent.log")) for n in os.listdir(nodes)]
+        self.assertTrue(any("rank 1 starts in a warm standby" in a for a in agents), agents)
+        self.assertEqual(report["param_fingerprint"], self.reference, out)
+
     def test_durable_only_checkpoints_recover_bit_exact(self):
         # memory = false: the trainer commits to the durable directory itself.
         faults = textwrap.dedent("""\
@@ -264,7 +292,50 @@ class PythonTrainerUnderEndureRun(unittest.TestCase):
         self.assertEqual(report["param_fingerprint"], self.reference, out)
 
 
-# An unmodified torchrun-style DDP script: no endure import, its own process
+class PythonTrainerShrinksAndGrowsBack(unittest.TestCase):
+    def test_a_lost_node_without_a_spare_shrinks_and_grows_back_bit_exact(self):
+        # 3 nodes, min_nodes = 2; node 2 dies at step 10. The two others go
+        # on in process with 3 micro-batches each instead of 2, and the job
+        # grows back when endure run's replacement node registers (after
+        # repair_delay, 1 s; the job has 140 steps left, several seconds).
+        # With --exact-sum (fixed-point gradient sums) the parameters are
+        # those of a run that never shrank, bit for bit.
+        directory = tempfile.mkdtemp(prefix="endure-pyshrink-")
+        try:
+            def job(name, faults=""):
+                text = spec(os.path.join(directory, name), faults).replace(
+                    "nodes = 2\n", "nodes = 3\nmin_nodes = 2\n")
+                text = text.replace(json.dumps(ARGS)[1:-1], json.dumps(
+                    ["--steps", "150", "--layers", "2", "--d-model", "64", "--context", "64",
+                     "--global-batch", "24", "--micro-batch", "4", "--log-every", "10",
+                     "--exact-sum"])[1:-1])
+                self.assertIn("--exact-sum", text)
+                p, report = run(directory, name, text)
+                self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+                self.assertEqual(report["steps"], 150)
+                return report
+            reference = job("never-shrank")
+            report = job("shrinks", textwrap.dedent("""\
+                [[faults]]
+                id = "agent"
+                kind = "kill-agent"
+                rank = 2
+                step = 10
+                """))
+            incidents = report["incidents"]
+            self.assertEqual([(i["cause"], i["route"]) for i in incidents],
+                             [("node_lost", "shrink")], json.dumps(incidents, indent=1))
+            self.assertLessEqual(incidents[0]["failed_at_step"] - incidents[0]["restored_step"],
+                                 1, incidents[0])
+            resizes = report["resizes"]
+            self.assertEqual([(r["from_nodes"], r["to_nodes"]) for r in resizes], [(2, 3)],
+                             resizes)
+            self.assertEqual(report["param_fingerprint"], reference["param_fingerprint"])
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+# An unmodified torchrun-style DDP script: no endure import, its own process# An unmodified torchrun-style DDP script: no endure import, its own process
 # group from the environment, progress only in what rank 0 prints. Rank 1
 # hangs in step 15 of the first attempt (as a rank stuck in a collective
 # would), so rank 0 stops inside the next allreduce.
