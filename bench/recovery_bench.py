@@ -32,20 +32,15 @@ BENCH_RECOVERY_PARTS: which parts to run, of routes,ettr,checkpoints; all.)
 import json
 import os
 import random
-import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import textwrap
-import threading
-import time
+
+from launched import Launcher, median
 
 SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(SOURCE, "build", "bin")
-TRAINER = os.path.join(SOURCE, "examples", "python", "train_gpt.py")
-PYTHONPATH = os.path.join(SOURCE, "build", "python")
 
 # Every step into node memory (replicated to the peer), every 20th to disk.
 TIERS = "every_steps = 1\npersist_every_steps = 20\n"
@@ -80,153 +75,40 @@ def step_s(report):
     return (ledger["productive"] + ledger["checkpoint_stall"]) / report["steps"]
 
 
-def median(values):
-    return statistics.median(values) if values else float("nan")
+# ---- torchrun (Debian's 1.13 needs --redirects 2 --tee 2) ----
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--redirects", "2", "--tee", "2"]
 
 
-# ---- torchrun ----
-
-# Rank 0's step lines (torchrun may prefix them with its role and rank).
-STEP_LINE = re.compile(r"^(?:\[default0\]:)?step\s+(\d+)/\d+ loss")
+def torchrun(out, name, steps):
+    return Launcher(out, name, TORCHRUN, steps)
 
 
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def children(pid):
-    out = []
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            for c in f.read().split():
-                out.append(int(c))
-                out += children(int(c))
-    except OSError:
-        pass
-    return out
-
-
-def workers(torchrun_pid):
-    """The training processes under torchrun (its agent's spawned children)."""
-    found = []
-    for pid in children(torchrun_pid):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "spawn_main" in cmd or "train_gpt.py" in cmd:
-            found.append(pid)
-    return found
-
-
-class Torchrun:
-    """train_gpt.py under torchrun with 2 workers; step lines of rank 0 with
-    the time they were read."""
-
-    def __init__(self, out, name, steps):
-        ckpt = os.path.join(out, name + "-ckpt")
-        shutil.rmtree(ckpt, ignore_errors=True)
-        env = dict(os.environ, PYTHONPATH=PYTHONPATH, OMP_NUM_THREADS="1")
-        env.pop("ENDURE_AGENT_SOCKET", None)
-        self.steps = []  # (time, step)
-        self.start = time.monotonic()
-        self.log = open(os.path.join(out, name + ".out"), "w")
-        self.p = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-             "--max_restarts", "1000", "--redirects", "2", "--tee", "2",
-             "--master_addr", "127.0.0.1", "--master_port", str(free_port()), TRAINER,
-             "--steps", str(steps), "--log-every", "1", "--eval-batches", "0",
-             "--ckpt-dir", ckpt, "--ckpt-every", "20"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.p.stdout:
-            self.log.write(line)
-            m = STEP_LINE.search(line)
-            if m:
-                self.steps.append((time.monotonic(), int(m.group(1))))
-
-    def wait(self):
-        self.p.wait(timeout=3600)
-        self.reader.join()
-        self.end = time.monotonic()
-        self.log.close()
-        if self.p.returncode != 0:
-            raise SystemExit(f"recovery_bench: torchrun failed ({self.p.returncode}); "
-                             f"see {self.log.name}")
-
-    def last_step(self):
-        return self.steps[-1][1] if self.steps else 0
-
-    def kill_one(self, rng):
-        pids = workers(self.p.pid)
-        if not pids:
-            return None
-        os.kill(rng.choice(pids), signal.SIGKILL)
-        return time.monotonic()
-
-    def ettr(self):
-        """Productive time / wall, as Endure's ledger counts it: the time of
-        each step that survives into the final model (its last computation),
-        the first step of each attempt at the median step time (its line
-        also covers the restart)."""
-        last = {}
-        prev = None
-        for t, step in self.steps:
-            last[step] = t - prev[0] if prev and step == prev[1] + 1 else None
-            prev = (t, step)
-        known = [d for d in last.values() if d is not None]
-        med = median(known)
-        productive = sum(d if d is not None else med for d in last.values())
-        return productive / (self.end - self.start)
-
-    def recovered_after(self, killed_at, step_at_kill):
-        """Seconds from the kill to the first step of the restarted workers
-        (a step number not above the one reached), and the steps lost."""
-        for t, step in self.steps:
-            if t > killed_at and step <= step_at_kill:
-                return t - killed_at, step_at_kill - (step - 1)
-        return float("nan"), 0
+def finished(run):
+    if run.wait() != 0:
+        raise SystemExit(f"recovery_bench: torchrun failed ({run.p.returncode}); "
+                         f"see {run.log.name}")
 
 
 def torchrun_kill(out, name, steps, at_step):
-    run = Torchrun(out, name, steps)
-    while run.last_step() < at_step - 1 and run.p.poll() is None:
-        time.sleep(0.002)
+    run = torchrun(out, name, steps)
+    run.wait_for_step(at_step - 1)
     step = run.last_step()
     killed = run.kill_one(random.Random(1))
-    run.wait()
+    finished(run)
     return run.recovered_after(killed, step)
 
 
 def torchrun_poisson(out, steps, mtbf_s, seed, horizon_s):
-    rng = random.Random(seed)
-    run = Torchrun(out, "torchrun-poisson", steps)
-    t = run.start
-    kills = 0
-    while True:
-        t += rng.expovariate(1.0 / mtbf_s)
-        if t - run.start >= horizon_s:
-            break
-        while time.monotonic() < t and run.p.poll() is None:
-            time.sleep(0.01)
-        if run.p.poll() is not None:
-            break
-        if run.kill_one(rng) is not None:
-            kills += 1
-    run.wait()
+    run = torchrun(out, "torchrun-poisson", steps)
+    kills = run.poisson_kills(random.Random(seed), mtbf_s, horizon_s)
+    finished(run)
     return run, kills
 
 
 def torchrun_step_s(out, steps):
-    run = Torchrun(out, "torchrun-clean", steps)
-    run.wait()
+    run = torchrun(out, "torchrun-clean", steps)
+    finished(run)
     times = [b[0] - a[0] for a, b in zip(run.steps, run.steps[1:])][5:]
     return median(times)
 

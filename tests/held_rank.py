@@ -26,6 +26,13 @@ def held_rank_pid(state, rank, step):
 
     if not any(os.path.exists(path) and says_held(path) for path in logs):
         return None
+    return rank_pid(state, rank)
+
+
+def rank_pid(state, rank):
+    """The pid of `rank` of generation 0 of the job whose state directory is
+    `state` (its stacks file, in its environment, names it); None before it
+    runs."""
     stacks = ("gen0-rank%d.stacks" % rank).encode()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:

@@ -17,6 +17,8 @@ import unittest
 
 ENDURE = os.environ.get("ENDURE_BIN", "build/bin/endure")
 SOURCE = os.environ.get("ENDURE_SOURCE_DIR", os.getcwd())
+sys.path.insert(0, os.path.join(SOURCE, "tests"))
+from held_rank import rank_pid  # noqa: E402  (tests/held_rank.py)
 TRAINER = os.path.join(SOURCE, "examples", "python", "train_gpt.py")
 # A smaller model than the demo's, so that the suite stays fast.
 ARGS = ["--steps", "30", "--layers", "2", "--d-model", "64", "--context", "64",
@@ -176,25 +178,15 @@ class PythonTrainerUnderEndureRun(unittest.TestCase):
     def _rank_after_step(state, rank, step, job):
         """The pid of `rank` of generation 0 once rank 0 has logged `step`."""
         deadline = time.monotonic() + 300
-        stacks = f"gen0-rank{rank}.stacks"
         while time.monotonic() < deadline and job.poll() is None:
             logs = [os.path.join(state, "nodes", n, "logs", "gen0-rank0.log")
                     for n in (os.listdir(os.path.join(state, "nodes"))
                               if os.path.isdir(os.path.join(state, "nodes")) else [])]
             logged = any(os.path.exists(l) and f"step {step:6d}/" in read(l) for l in logs)
             if logged:
-                for pid in os.listdir("/proc"):
-                    if not pid.isdigit():
-                        continue
-                    try:
-                        with open(f"/proc/{pid}/environ", "rb") as f:
-                            env = f.read().split(b"\0")
-                    except OSError:
-                        continue
-                    for entry in env:
-                        if entry.startswith(b"ENDURE_STACKS_FILE=" + state.encode()) and \
-                                entry.endswith(stacks.encode()):
-                            return int(pid)
+                pid = rank_pid(state, rank)
+                if pid is not None:
+                    return pid
             time.sleep(0.05)
         raise AssertionError(f"rank 0 never logged step {step}, or rank {rank} was not found")
 

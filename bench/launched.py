@@ -1,0 +1,158 @@
+"""examples/python/train_gpt.py under a torchrun-style launcher (torchrun,
+NVIDIA resiliency-ext's ft_launcher), for the benchmarks that compare Endure
+with them: rank 0's step lines with the time they were read, the workers to
+kill or stop, and the same ETTR count as Endure's ledger."""
+
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import threading
+import time
+
+SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAINER = os.path.join(SOURCE, "examples", "python", "train_gpt.py")
+PYTHONPATH = os.path.join(SOURCE, "build", "python")
+# Rank 0's step lines (torchrun's --tee prefixes them with its role and rank).
+STEP_LINE = re.compile(r"^(?:\[default0\]:)?step\s+(\d+)/\d+ loss")
+
+
+def median(values):
+    values = [v for v in values if v == v]  # NaN: not measured
+    return statistics.median(values) if values else float("nan")
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def workers(pid):
+    """The training processes under a launcher: its descendants (started
+    from any of its threads) that run the script, not its own helpers."""
+    parent, cmdline = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline[int(entry)] = f.read()
+        except OSError:
+            continue
+        parent[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    found = []
+    for p, cmd in cmdline.items():
+        q = parent.get(p)
+        while q is not None and q != pid and q > 1:
+            q = parent.get(q)
+        launcher = b"_launcher" in cmd or b"torchrun" in cmd or b"torch.distributed.run" in cmd
+        if q == pid and (b"train_gpt.py" in cmd or b"spawn_main" in cmd) and not launcher:
+            found.append(p)
+    return found
+
+
+class Launcher:
+    """train_gpt.py with 2 workers under `launcher` (its argv up to the
+    script), with its own disk checkpoints every `ckpt_every` steps."""
+
+    def __init__(self, out, name, launcher, steps, ckpt_every=20):
+        ckpt = os.path.join(out, name + "-ckpt")
+        shutil.rmtree(ckpt, ignore_errors=True)
+        env = dict(os.environ, PYTHONPATH=PYTHONPATH, OMP_NUM_THREADS="1")
+        for k in [k for k in env if k.startswith("ENDURE_")]:
+            del env[k]
+        self.steps = []  # (time, step)
+        self.start = time.monotonic()
+        self.log = open(os.path.join(out, name + ".out"), "w")
+        self.p = subprocess.Popen(
+            launcher + ["--nproc_per_node", "2", "--max_restarts", "1000",
+                        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+                        TRAINER, "--steps", str(steps), "--log-every", "1",
+                        "--eval-batches", "0", "--ckpt-dir", ckpt, "--ckpt-every",
+                        str(ckpt_every)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            start_new_session=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            self.log.write(line)
+            m = STEP_LINE.search(line)
+            if m:
+                self.steps.append((time.monotonic(), int(m.group(1))))
+
+    def wait(self, limit_s=3600):
+        """Its exit code; past `limit_s` it is killed (a negative code)."""
+        try:
+            self.p.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.p.pid, signal.SIGCONT)
+            os.killpg(self.p.pid, signal.SIGKILL)
+            self.p.wait()
+        self.reader.join()
+        self.end = time.monotonic()
+        self.log.close()
+        return self.p.returncode
+
+    def last_step(self):
+        return self.steps[-1][1] if self.steps else 0
+
+    def wait_for_step(self, step):
+        while self.last_step() < step and self.p.poll() is None:
+            time.sleep(0.002)
+
+    def signal_rank1(self, sig):
+        """Sends `sig` to the second worker; the time, or None without one."""
+        pids = sorted(workers(self.p.pid))
+        if len(pids) < 2:
+            return None
+        os.kill(pids[-1], sig)
+        return time.monotonic()
+
+    def kill_one(self, rng):
+        pids = workers(self.p.pid)
+        if not pids:
+            return None
+        os.kill(rng.choice(pids), signal.SIGKILL)
+        return time.monotonic()
+
+    def recovered_after(self, at, step_at):
+        """Seconds from `at` to the first step of the restarted workers (a
+        step number not above the one reached), and the steps lost."""
+        for t, step in self.steps:
+            if t > at and step <= step_at:
+                return t - at, step_at - (step - 1)
+        return float("nan"), 0
+
+    def ettr(self):
+        """Productive time / wall, as Endure's ledger counts it: the time of
+        each step that survives into the final model (its last computation),
+        the first step of each attempt at the median step time (its line
+        also covers the restart)."""
+        last, prev = {}, None
+        for t, step in self.steps:
+            last[step] = t - prev[0] if prev and step == prev[1] + 1 else None
+            prev = (t, step)
+        med = median([d for d in last.values() if d is not None])
+        return sum(d if d is not None else med for d in last.values()) / (self.end - self.start)
+
+    def poisson_kills(self, rng, mtbf_s, horizon_s):
+        """Kills a random worker at a seeded Poisson schedule's times until
+        `horizon_s` after the start; returns how many."""
+        t, killed = self.start, 0
+        while True:
+            t += rng.expovariate(1.0 / mtbf_s)
+            if t - self.start >= horizon_s:
+                return killed
+            while time.monotonic() < t and self.p.poll() is None:
+                time.sleep(0.01)
+            if self.p.poll() is not None:
+                return killed
+            killed += self.kill_one(rng) is not None
