@@ -51,8 +51,10 @@ def workers(pid):
         q = parent.get(p)
         while q is not None and q != pid and q > 1:
             q = parent.get(q)
-        launcher = b"_launcher" in cmd or b"torchrun" in cmd or b"torch.distributed.run" in cmd
-        if q == pid and (b"train_gpt.py" in cmd or b"spawn_main" in cmd) and not launcher:
+        argv = [os.path.basename(a) for a in cmd.split(b"\0")]
+        launcher = any(a in (b"torchrun", b"ft_launcher", b"torch.distributed.run")
+                       for a in argv[:3])
+        if q == pid and not launcher and (b"train_gpt.py" in argv or b"spawn_main" in cmd):
             found.append(p)
     return found
 
@@ -93,13 +95,25 @@ class Launcher:
         try:
             self.p.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
-            os.killpg(self.p.pid, signal.SIGCONT)
-            os.killpg(self.p.pid, signal.SIGKILL)
+            self.stop()
             self.p.wait()
-        self.reader.join()
+        self.stop()  # what it left behind (a helper that waits for other agents)
+        self.reader.join(timeout=30)
         self.end = time.monotonic()
         self.log.close()
         return self.p.returncode
+
+    def stop(self):
+        """Kills the launcher's session: it, its workers and its helpers
+        (resiliency-ext's rank monitors hold sockets a later launcher waits on)."""
+        # torchrun 2.x starts each worker in a session of its own.
+        groups = [self.p.pid] + workers(self.p.pid)
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            for group in groups:
+                try:
+                    os.killpg(group, sig)
+                except ProcessLookupError:
+                    pass
 
     def last_step(self):
         return self.steps[-1][1] if self.steps else 0

@@ -45,6 +45,7 @@ import faulthandler
 import math
 import os
 import signal
+import sys
 import time
 from typing import Optional
 
@@ -97,8 +98,22 @@ def await_assignment() -> None:
     code 0. Without ENDURE_STANDBY it returns at once."""
     if os.environ.get("ENDURE_STANDBY") != "1":
         return
+    _warm_torch()
     _endure.await_standby_assignment()
     _sync_environ()
+
+
+def _warm_torch() -> None:
+    """What a replacement would otherwise load after its assignment: torch
+    2.x's first DistributedDataParallel imports torch._dynamo (and sympy),
+    0.9 s here. Only when the program imported torch already."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "compile"):
+        return
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception as e:  # never into the program
+        print(f"endure: standby warm-up: {e!r}", file=sys.stderr, flush=True)
 
 
 def fingerprint(named_tensors) -> str:
