@@ -299,7 +299,7 @@ def main(argv) -> int:
         directory=args.ckpt_dir, keep=args.ckpt_keep,
         timeout=datetime.timedelta(seconds=args.collective_timeout_s))
     ddp = loop.ddp(model)
-    exact = endure.torch.ExactGradients(model.parameters()) if args.exact_sum else None
+    exact = loop.exact_gradients(model.parameters()) if args.exact_sum else None
     ckpt = loop.checkpointer
     tokens_per_step = args.global_batch * args.context
     can_save = session.memory_checkpoints or bool(ckpt.directory)

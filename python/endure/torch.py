@@ -618,6 +618,7 @@ class Loop:
         self._rejoin_timeout_s = float(rejoin_timeout_s)
         self._rejoins = bool(getattr(session, "rejoin_offered_here", False))
         self._wrapped: List[_Rewrapped] = []
+        self._exact: List["ExactGradients"] = []
         self._failure: Optional[BaseException] = None
         self._started = False
         self._in_step = False
@@ -669,6 +670,14 @@ class Loop:
         loop runs the step again after the rejoin."""
         return self._failure is not None
 
+    def exact_gradients(self, parameters) -> "ExactGradients":
+        """An :class:`ExactGradients` over `parameters` whose slots are
+        dropped whenever a step starts, so that a step that failed part way
+        (a peer died) leaves nothing behind for its next attempt."""
+        exact = ExactGradients(parameters)
+        self._exact.append(exact)
+        return exact
+
     def guard(self) -> "_Guard":
         """The scope of one step's work: a collective that fails inside it
         makes the loop rejoin and yield the step again (see the class)."""
@@ -687,6 +696,8 @@ class Loop:
                 return
             step = self.completed
             self._failure = None
+            for exact in self._exact:
+                exact.discard()
             yield step
             failure, self._failure = self._failure, None
             if failure is None:
@@ -834,6 +845,11 @@ class ExactGradients:
     def __init__(self, parameters):
         self._params = list(parameters)
         self._slots: List[List[torch.Tensor]] = []
+
+    def discard(self) -> None:
+        """Drops the slots taken so far (a step that failed part way: the
+        loop calls it before each step of the ones it made)."""
+        self._slots = []
 
     def take_slot(self) -> None:
         """The backward pass of one of this rank's slots is done: keeps its

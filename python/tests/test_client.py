@@ -515,6 +515,27 @@ class LoopTest(CleanEnvironment):
         self.assertEqual(loop.rejoins, 1)
         net(torch.ones(1, 2))  # outside a step the hooks never stop anything
 
+    def test_exact_gradients_of_a_failed_attempt_are_dropped(self):
+        # A step cut short after one micro-batch: its next attempt sums only
+        # its own two (a third, left over, would change the gradient).
+        s = self._rejoining_session()
+        model = torch.nn.Linear(2, 1, bias=False)
+        loop = endure.torch.Loop(s, {"m": model}, 1, rejoin_timeout_s=5)
+        exact = loop.exact_gradients(model.parameters())
+        x = torch.tensor([[1.0, 2.0]])
+        for step in loop:
+            with loop.guard():
+                (model(x).sum() / 2).backward()
+                exact.take_slot()
+                if loop.rejoins == 0:
+                    with open(os.environ["ENDURE_REJOIN_FILE"], "w") as f:
+                        f.write("ENDURE_GENERATION=1\nRANK=0\nWORLD_SIZE=1\n")
+                    raise RuntimeError("Connection closed by peer")
+                (model(x).sum() / 2).backward()
+                exact.take_slot()
+                exact.reduce(2)
+        self.assertTrue(torch.equal(model.weight.grad, x), model.weight.grad)
+
     def test_a_standby_takes_its_assignment_into_os_environ(self):
         script = ("import os, endure; endure.await_assignment(); "
                   "print(os.environ['RANK'], os.environ.get('ENDURE_STANDBY'))")

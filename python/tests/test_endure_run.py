@@ -274,9 +274,12 @@ class PythonTrainerUnderEndureRun(unittest.TestCase):
             rank = 0
             step = 14
             """)
+        # A full restart (not in process, where rank 1 would keep step 13),
+        # so that the restore reads the durable directory.
         p, report = run(self.dir, "durable", spec(
             os.path.join(self.dir, "durable"), faults,
-            checkpoint="every_steps = 5\nmemory = false\n"))
+            checkpoint="every_steps = 5\nmemory = false\n").replace(
+                "[recovery]\n", "[recovery]\nin_process = false\n"))
         out = p.stdout + p.stderr
         self.assertEqual(p.returncode, 0, out)
         self.assertEqual([i["cause"] for i in report["incidents"]], ["signal 9 SIGKILL"])
