@@ -202,8 +202,9 @@ def kills(out, rounds):
     for title, key in SYSTEMS:
         rows = results[key]
         notes = sorted(set(r[2] for r in rows))
+        lost = median([r[1] for r in rows if r[0] == r[0]])  # of the rounds that recovered
         print(f"{title:44} {median_range([r[0] for r in rows]):>24} "
-              f"{int(statistics.median([r[1] for r in rows])):5d} {rows[0][3]:6d}  "
+              f"{'-' if lost != lost else str(int(lost)):>5} {rows[0][3]:6d}  "
               f"{' | '.join(notes)}")
     inproc = median([r[0] for r in results["endure-inproc"]])
     torchrun = median([r[0] for r in results["torchrun"]])
