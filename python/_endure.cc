@@ -10,7 +10,6 @@
 // faults, copies, file I/O) release the GIL.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-
 #include <unistd.h>
 
 #include <chrono>

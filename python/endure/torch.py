@@ -686,8 +686,7 @@ class Loop:
     def __iter__(self):
         self._start()
         while True:
-            if self._rejoins and (self._offered > self._generation or
-                                  self._session.rejoin_pending()):
+            if self._rejoins and self._offered > self._generation:
                 # Offered between steps, no collective failed: the job
                 # changes size (a regrow), or a peer failed while this rank
                 # did not wait on it.

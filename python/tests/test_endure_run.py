@@ -47,6 +47,11 @@ def spec(state_dir, faults="", checkpoint="every_steps = 1\npersist_every_steps 
         """) + faults
 
 
+def fault(fault_id, kind, rank, step):
+    """One [[faults]] entry of a job spec."""
+    return f'[[faults]]\nid = "{fault_id}"\nkind = "{kind}"\nrank = {rank}\nstep = {step}\n'
+
+
 def read(path):
     with open(path) as f:
         return f.read()
@@ -82,28 +87,9 @@ class PythonTrainerUnderEndureRun(unittest.TestCase):
         self.assertEqual(len(self.reference), 16, self.reference_output)
 
     def test_kill_hang_nan_and_lost_node_recover_bit_exact(self):
-        faults = textwrap.dedent("""\
-            [[faults]]
-            id = "kill"
-            kind = "kill"
-            rank = 1
-            step = 6
-            [[faults]]
-            id = "hang"
-            kind = "hang"
-            rank = 0
-            step = 12
-            [[faults]]
-            id = "nan"
-            kind = "nan"
-            rank = 1
-            step = 18
-            [[faults]]
-            id = "agent"
-            kind = "kill-agent"
-            rank = 1
-            step = 24
-            """)
+        faults = (fault("kill", "kill", rank=1, step=6) + fault("hang", "hang", rank=0, step=12) +
+                  fault("nan", "nan", rank=1, step=18) +
+                  fault("agent", "kill-agent", rank=1, step=24))
         p, report = run(self.dir, "faults", spec(os.path.join(self.dir, "faults"), faults))
         out = p.stdout + p.stderr
         self.assertEqual(p.returncode, 0, out)
@@ -192,14 +178,8 @@ class PythonTrainerUnderEndureRun(unittest.TestCase):
 
     def _in_process_kill(self, name, recovery=""):
         """Rank 1 SIGKILLed as step 12 (of 30) begins, with [recovery]
-        in_process = true: (report, output, node logs by node)."""
-        faults = textwrap.dedent("""\
-            [[faults]]
-            id = "kill"
-            kind = "kill"
-            rank = 1
-            step = 12
-            """)
+        in_process = true: (report, output, node logs and agent logs by node)."""
+        faults = fault("kill", "kill", rank=1, step=12)
         text = spec(os.path.join(self.dir, name), faults).replace(
             "[recovery]\n", "[recovery]\nin_process = true\n" + recovery)
         p, report = run(self.dir, name, text)
@@ -238,13 +218,7 @@ class PythonTrainerUnderEndureRun(unittest.TestCase):
                         agents)
 
     def test_a_lost_node_moves_to_a_warm_spare_and_the_peer_keeps_its_state(self):
-        faults = textwrap.dedent("""\
-            [[faults]]
-            id = "agent"
-            kind = "kill-agent"
-            rank = 1
-            step = 12
-            """)
+        faults = fault("agent", "kill-agent", rank=1, step=12)
         text = spec(os.path.join(self.dir, "spare"), faults).replace(
             "ranks_per_node = 1\n", "ranks_per_node = 1\nspares = 1\n").replace(
             "[recovery]\n", "[recovery]\nwarm_standby = true\n")
@@ -267,13 +241,7 @@ class PythonTrainerUnderEndureRun(unittest.TestCase):
 
     def test_durable_only_checkpoints_recover_bit_exact(self):
         # memory = false: the trainer commits to the durable directory itself.
-        faults = textwrap.dedent("""\
-            [[faults]]
-            id = "kill"
-            kind = "kill"
-            rank = 0
-            step = 14
-            """)
+        faults = fault("kill", "kill", rank=0, step=14)
         # A full restart (not in process, where rank 1 would keep step 13),
         # so that the restore reads the durable directory.
         p, report = run(self.dir, "durable", spec(
@@ -310,13 +278,7 @@ class PythonTrainerShrinksAndGrowsBack(unittest.TestCase):
                 self.assertEqual(report["steps"], 150)
                 return report
             reference = job("never-shrank")
-            report = job("shrinks", textwrap.dedent("""\
-                [[faults]]
-                id = "agent"
-                kind = "kill-agent"
-                rank = 2
-                step = 10
-                """))
+            report = job("shrinks", fault("agent", "kill-agent", rank=2, step=10))
             incidents = report["incidents"]
             self.assertEqual([(i["cause"], i["route"]) for i in incidents],
                              [("node_lost", "shrink")], json.dumps(incidents, indent=1))

@@ -469,7 +469,8 @@ class Scenario {
           } else if constexpr (std::is_same_v<T, CarryOut>) {
             return "carry_out";
           } else if constexpr (std::is_same_v<T, RefillStandbys>) {
-            return "refill_standbys argv=" + Join(a.program.argv) + " count=" + std::to_string(a.count);
+            return "refill_standbys argv=" + Join(a.program.argv) +
+                   " count=" + std::to_string(a.count);
           } else if constexpr (std::is_same_v<T, DiscardOtherStandbys>) {
             return "discard_other_standbys argv=" + Join(a.program.argv);
           } else if constexpr (std::is_same_v<T, NotifySnapshot>) {
