@@ -306,7 +306,9 @@ class Session {
   // Whether the agent offers rejoins (ENDURE_REJOIN_FILE is set). Call
   // DeclareRejoin before Ready when the program acts on them.
   bool rejoin_offered_here() const;
-  // This process rejoins generations: its "ready" datagrams say so.
+  // This process rejoins generations: its "ready" datagrams say so, and a
+  // thread of the session's reads the agent's offer file every 10 ms from
+  // then on (RejoinPending).
   void DeclareRejoin();
   // This program computes the same loss bit for bit when it replays a step
   // from the same state and data (fixed seeds, deterministic kernels, an
@@ -316,8 +318,11 @@ class Session {
   // and its rank's node is struck. Without it, an anomaly rolls back and a
   // recurrence skips the step's data ([anomaly] in docs/job_spec.md).
   void DeclareDeterministic();
-  // Whether the agent has offered a generation later than this session's
-  // (reads the small file; call it while a collective waits, not per step).
+  // Whether the agent has offered a generation later than this session's.
+  // After DeclareRejoin, an atomic load of what the session's offer watch
+  // read (at most 10 ms old): cheap enough for every layer or gradient of a
+  // step, from any thread but while Rejoin runs. Before it, a read of the
+  // offer file.
   bool RejoinPending() const;
   // Waits up to `timeout` for an offer of a later generation, then takes it:
   // sets its variables in this process's environment and re-reads them, so

@@ -329,8 +329,10 @@ class Session:
         self._impl.declare_rejoin()
 
     def rejoin_pending(self) -> bool:
-        """Whether the agent offered a generation later than this one (reads a
-        small file: once a step, not in a tight loop)."""
+        """Whether the agent offered a generation later than this one. After
+        `declare_rejoin`, what the session's own thread last read of the
+        offer file (every 10 ms): cheap enough for every layer of a step;
+        before it, a read of the file."""
         return self._impl.rejoin_pending()
 
     def rejoin(self, timeout_s: float) -> bool:

@@ -43,7 +43,6 @@ import numbers
 import os
 import struct
 import sys
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -622,16 +621,12 @@ class Loop:
         self._failure: Optional[BaseException] = None
         self._started = False
         self._in_step = False
-        # The newest generation the agent offered (the watcher thread reads
-        # the offer file every 10 ms), and this process's.
-        self._offered = -1
-        self._generation = session.generation
-        self._offer_file = os.environ.get("ENDURE_REJOIN_FILE", "")
         self.world_size, self.rank, _ = _dist()
         if self._rejoins:
+            # From here on, the session's own thread reads the agent's offer
+            # file every 10 ms: rejoin_pending() is then cheap enough for
+            # every layer and gradient.
             session.declare_rejoin()
-            threading.Thread(target=self._watch_offers, name="endure-offers",
-                             daemon=True).start()
         self._connect()
 
     # ---- what the program uses ----
@@ -686,7 +681,7 @@ class Loop:
     def __iter__(self):
         self._start()
         while True:
-            if self._rejoins and self._offered > self._generation:
+            if self._rejoins and self._session.rejoin_pending():
                 # Offered between steps, no collective failed: the job
                 # changes size (a regrow), or a peer failed while this rank
                 # did not wait on it.
@@ -706,16 +701,9 @@ class Loop:
 
     # ---- inside ----
 
-    def _watch_offers(self) -> None:
-        while True:
-            time.sleep(0.01)
-            if self._offered <= self._generation:
-                self._offered = _offered_generation(self._offer_file)
-
     def _stop_if_offered(self) -> None:
-        if self._in_step and self._offered > self._generation:
-            raise PeerFailed(f"generation {self._offered} was offered while this step ran: "
-                             "a peer failed")
+        if self._in_step and self._session.rejoin_pending():
+            raise PeerFailed("a later generation was offered while this step ran: a peer failed")
 
     def _connect(self) -> None:
         d = torch.distributed
@@ -768,8 +756,6 @@ class Loop:
                 print(f"endure: rank {self.rank}: {why}; rejoining", file=sys.stderr,
                       flush=True)
         self.rejoins += 1
-        self._offer_file = os.environ.get("ENDURE_REJOIN_FILE", "")
-        self._generation = self._session.generation
         self.checkpointer.restore_s = time.monotonic() - start
         self._session.ready(self.completed, restore_s=self.checkpointer.restore_s)
         if self.rank == 0:
@@ -914,20 +900,6 @@ class PeerFailed(RuntimeError):
     """Raised inside a step (from a hook on the module given to
     :meth:`Loop.ddp`) when the agent offers a later generation while the step
     runs: a peer failed, and the step cannot complete."""
-
-
-def _offered_generation(path: str) -> int:
-    """The generation an agent's offer file names; -1 without one."""
-    try:
-        with open(path) as f:
-            text = f.read(1 << 20)
-    except OSError:
-        return -1
-    for line in text.splitlines():
-        if line.startswith("ENDURE_GENERATION="):
-            value = line.split("=", 1)[1]
-            return int(value) if value.isdigit() else -1
-    return -1
 
 
 class _Guard:

@@ -507,8 +507,8 @@ class LoopTest(CleanEnvironment):
                     with open(os.environ["ENDURE_REJOIN_FILE"], "w") as f:
                         f.write("ENDURE_GENERATION=1\nRANK=0\nWORLD_SIZE=1\n")
                     deadline = time.monotonic() + 10
-                    while loop._offered < 1 and time.monotonic() < deadline:
-                        time.sleep(0.01)  # the watcher reads the file every 10 ms
+                    while not s.rejoin_pending() and time.monotonic() < deadline:
+                        time.sleep(0.01)  # the session's watch reads it every 10 ms
                 net(torch.ones(1, 2)).sum().backward()
                 attempts.append("done")
         self.assertEqual(attempts, [0, 0, "done", 1, "done"])

@@ -122,6 +122,9 @@ struct Session::Impl {
   bool Send(const std::string& datagram, bool retry);
   void SendFault(const PendingFault& fault, int64_t step);
   void HeartbeatLoop();
+  // Reads the offer file every 10 ms into `offered` until Stop().
+  void WatchOffers();
+  void StartWatchingOffers();
   void Stop();
 
   std::string socket_path;
@@ -171,6 +174,11 @@ struct Session::Impl {
   CondVar stop_cv;
   bool stop GUARDED_BY(mu) = false;
   std::thread heartbeat;
+  // The newest generation the agent's offer file named (-1: none), kept by
+  // the offer watch once the program declares that it rejoins, so that
+  // RejoinPending() costs an atomic load (a gradient hook may ask it).
+  std::atomic<int64_t> offered{-1};
+  std::thread offer_watch;
 };
 
 namespace {
@@ -374,13 +382,14 @@ Result<std::unique_ptr<Session>> Session::FromEnvironment(const EnvLookup& looku
 }
 
 void Session::Impl::Stop() {
-  if (heartbeat.joinable()) {
+  if (heartbeat.joinable() || offer_watch.joinable()) {
     {
       MutexLock lock(&mu);
       stop = true;
     }
     stop_cv.NotifyAll();
-    heartbeat.join();
+    if (heartbeat.joinable()) heartbeat.join();
+    if (offer_watch.joinable()) offer_watch.join();
   }
   if (fd >= 0) close(fd);
   fd = -1;
@@ -643,7 +652,10 @@ void Session::ReadyAtUnknownStep(double restore_s, double init_s) {
 }
 
 bool Session::rejoin_offered_here() const { return !impl_->rejoin_file.empty(); }
-void Session::DeclareRejoin() { impl_->declares_rejoin = !impl_->rejoin_file.empty(); }
+void Session::DeclareRejoin() {
+  impl_->declares_rejoin = !impl_->rejoin_file.empty();
+  impl_->StartWatchingOffers();
+}
 void Session::DeclareDeterministic() { impl_->declares_deterministic = true; }
 bool Session::peer_restore() const { return impl_->peer_restore; }
 
@@ -681,8 +693,26 @@ std::optional<RejoinOffer> ReadRejoinOffer(const std::string& path) {
 
 }  // namespace
 
+void Session::Impl::StartWatchingOffers() {
+  if (!declares_rejoin || offer_watch.joinable()) return;
+  offer_watch = std::thread([this] { WatchOffers(); });
+}
+
+void Session::Impl::WatchOffers() {
+  constexpr std::chrono::milliseconds kLook{10};
+  MutexLock lock(&mu);
+  while (!stop) {
+    lock.Unlock();
+    std::optional<RejoinOffer> offer = ReadRejoinOffer(rejoin_file);
+    if (offer && offer->generation > offered.load()) offered.store(offer->generation);
+    lock.Lock();
+    stop_cv.WaitFor(lock, kLook, [this]() REQUIRES(mu) { return stop; });
+  }
+}
+
 bool Session::RejoinPending() const {
   if (impl_->rejoin_file.empty()) return false;
+  if (impl_->offer_watch.joinable()) return impl_->offered.load() > impl_->generation;
   std::optional<RejoinOffer> offer = ReadRejoinOffer(impl_->rejoin_file);
   return offer && offer->generation > impl_->generation;
 }
@@ -723,6 +753,7 @@ Status Session::Rejoin(std::chrono::milliseconds timeout) {
   next.steps_done.store(old.steps_done.load());
   if (next.rank == old.rank && next.t0_dir == old.t0_dir) next.snapshots = std::move(old.snapshots);
   old.Stop();
+  next.StartWatchingOffers();
   std::swap(impl_, fresh->impl_);
   return Status::Ok();
 }

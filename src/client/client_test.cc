@@ -367,8 +367,13 @@ TEST(Session, RejoinTakesALaterGenerationsOfferAndNothingElse) {
   EXPECT_EQ(s->Rejoin(std::chrono::milliseconds(10)).code(), StatusCode::kUnavailable);
   offer(base + "ENDURE_GENERATION=3\n");
   EXPECT_FALSE(s->RejoinPending());
-  // A later one that does not parse changes nothing.
+  // A later one that does not parse changes nothing. The session's offer
+  // watch (started by DeclareRejoin) sees it within its 10 ms look.
   offer(base + "ENDURE_GENERATION=4\nENDURE_FAULTS=[{\"kind\":\"teleport\"}]\n");
+  const auto seen_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!s->RejoinPending() && std::chrono::steady_clock::now() < seen_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   EXPECT_TRUE(s->RejoinPending());
   EXPECT_EQ(s->Rejoin(std::chrono::milliseconds(10)).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(s->generation(), 3);

@@ -66,7 +66,10 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
   const int64_t T = tokens.size(1);
   torch::Tensor pos = torch::arange(T, torch::kLong);
   torch::Tensor x = token_emb_->forward(tokens) + pos_emb_->forward(pos);
-  for (auto& block : *blocks_) x = block->as<Block>()->forward(x);
+  for (auto& block : *blocks_) {
+    if (ShouldStop()) throw StepStopped();
+    x = block->as<Block>()->forward(x);
+  }
   return head_->forward(ln_f_->forward(x));
 }
 
@@ -88,6 +91,15 @@ torch::Tensor GPTImpl::Generate(torch::Tensor prompt, int count, double temperat
     seq = torch::cat({seq, next});
   }
   return seq;
+}
+
+void GPTImpl::StopStepsWhen(std::function<bool()> stop) {
+  stop_ = std::make_shared<std::function<bool()>>(std::move(stop));
+  for (const torch::Tensor& p : parameters()) {
+    p.register_hook([stop = stop_](const torch::Tensor&) {
+      if ((*stop)()) throw StepStopped();
+    });
+  }
 }
 
 }  // namespace endure::trainer

@@ -7,6 +7,9 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+#include <stdexcept>
+
 #include "trainer/options.h"
 
 namespace endure::trainer {
@@ -35,6 +38,11 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// Thrown inside a training step stopped part way (GPTImpl::StopStepsWhen).
+struct StepStopped : std::runtime_error {
+  StepStopped() : std::runtime_error("the step was stopped part way") {}
+};
+
 class GPTImpl : public torch::nn::Module {
  public:
   explicit GPTImpl(const ModelConfig& config);
@@ -53,8 +61,19 @@ class GPTImpl : public torch::nn::Module {
 
   const ModelConfig& config() const { return config_; }
 
+  // Makes a training step throw StepStopped at its next block (forward, with
+  // gradients enabled: not in evaluation) or its next parameter's gradient
+  // (backward; libtorch's autograd engine rethrows a hook's exception) once
+  // `stop` says so: a step that cannot complete (a peer died) ends there
+  // instead of at its end. `stop` is asked once per block and per parameter
+  // of every step; it must be cheap.
+  void StopStepsWhen(std::function<bool()> stop);
+
  private:
+  bool ShouldStop() const { return stop_ && torch::GradMode::is_enabled() && (*stop_)(); }
+
   ModelConfig config_;
+  std::shared_ptr<std::function<bool()>> stop_;
   torch::nn::Embedding token_emb_{nullptr}, pos_emb_{nullptr};
   torch::nn::ModuleList blocks_;
   torch::nn::LayerNorm ln_f_{nullptr};

@@ -124,4 +124,41 @@ TEST(Train, BitflipChangesTheParameters) {
 }
 
 }  // namespace
+// A step whose peer died is abandoned at its next block or gradient:
+// forward and backward throw StepStopped (through the autograd engine, type
+// intact) once `stop` says so, and compute normally before; a forward pass
+// without gradients (validation, sampling) is not stopped.
+TEST(GPT, StepsStopAtTheirNextBlockOrGradientWhenAsked) {
+  torch::manual_seed(0);
+  GPT model(Tiny());
+  const int params = static_cast<int>(model->parameters().size());
+  int asked = 0;
+  int stop_after = -1;  // how many asks say "go on" (-1: all of them)
+  model->StopStepsWhen([&] { return stop_after >= 0 && asked++ >= stop_after; });
+  torch::Tensor x = torch::randint(0, 256, {2, 16}, torch::kLong);
+  model->Loss(x, x).backward();
+  for (const auto& p : model->parameters()) EXPECT_TRUE(p.grad().defined());
+
+  // In the forward pass: before its second block.
+  model->zero_grad();
+  asked = 0;
+  stop_after = 1;
+  EXPECT_THROW(model->Loss(x, x), StepStopped);
+  EXPECT_EQ(asked, 2);
+
+  // In the backward pass: at its first gradient, after both blocks' asks.
+  asked = 0;
+  stop_after = Tiny().layers;
+  torch::Tensor loss = model->Loss(x, x);
+  EXPECT_THROW(loss.backward(), StepStopped);
+  EXPECT_EQ(asked, Tiny().layers + 1);
+  EXPECT_LT(asked, Tiny().layers + params);
+
+  // Without gradients, forward is never stopped.
+  asked = 0;
+  stop_after = 0;
+  torch::NoGradGuard no_grad;
+  EXPECT_NO_THROW(model->Loss(x, x));
+}
+
 }  // namespace endure::trainer

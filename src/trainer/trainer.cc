@@ -902,7 +902,13 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first
   // not the end of this process; it rejoins the next generation, which may
   // have fewer or more ranks (a world of one rejoins when the job grows).
   const bool rejoins = session.rejoin_offered_here();
-  if (rejoins) session.DeclareRejoin();
+  if (rejoins) {
+    session.DeclareRejoin();
+    // A step whose peer died stops at its next block or gradient once the
+    // agent offers the next generation, instead of computing to its end a
+    // step that cannot complete (RejoinPending reads the session's watch).
+    model->StopStepsWhen([&session] { return session.RejoinPending(); });
+  }
   // Seeded data, fixed-point gradient sums: a replayed step's loss is the
   // same bit for bit (trainer/exact_sum.h).
   session.DeclareDeterministic();
@@ -1116,7 +1122,7 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first
       // exactly with the other ranks' (GradientReducer).
       const int slots = options.Slots();
       const SlotRange mine = SlotsOfRank(dist.rank, dist.world_size, slots);
-      for (int slot = mine.first; slot < mine.first + mine.count; ++slot) {
+      auto compute_slot = [&](int slot) {
         auto offsets =
             SequenceOffsets(options.seed, step, slot * options.micro_batch, options.micro_batch,
                             options.model.context, corpus.train.size());
@@ -1128,6 +1134,17 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first
         if (step + 1 == options.nan_batch_step) l = l * std::nan("");
         l.backward();
         reducer->TakeSlot(l.item<float>());
+      };
+      try {
+        for (int slot = mine.first; slot < mine.first + mine.count; ++slot) {
+          if (rejoins && session.RejoinPending()) throw StepStopped();
+          compute_slot(slot);
+        }
+      } catch (const StepStopped&) {
+        ENDURE_RETURN_IF_ERROR(rejoin("step " + std::to_string(step + 1) +
+                                      " stopped: a later generation was offered"));
+        step = completed - 1;  // the loop goes on with step index `completed`
+        continue;
       }
       compute_s = SecondsSince(step_start);
       // The last step's checkpoint copy (overlapped with this step's
