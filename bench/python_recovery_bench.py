@@ -11,7 +11,14 @@ with the same failure, under
       every-step checkpoints in node memory, warm standbys);
   (c) torchrun 2.x (the virtualenv's, default --monitor-interval) with
       --max-restarts and the script's own disk checkpoints every 20 steps;
-  (d) NVIDIA resiliency-ext's ft_launcher, the same way.
+  (d) NVIDIA resiliency-ext's ft_launcher, the same way;
+  (e) resiliency-ext's in-process wrapper (bench/peers/inprocess_train_gpt.py,
+      the script's model and step inside `inprocess.Wrapper`, one process per
+      rank as the wrapper expects): the surviving rank goes on without the
+      killed one;
+  (f) torchft 0.2 (bench/peers/torchft_train_gpt.py: a lighthouse, two
+      replica groups of one rank each under torchrun): the surviving replica
+      goes on alone, the killed one is restarted and heals from it.
 
 Failures: a SIGKILL of rank 1 as step 25 (of 50) begins, rounds interleaved;
 the time from the kill to the first productive step after it, the steps
@@ -41,12 +48,13 @@ import subprocess
 import sys
 import time
 
-from launched import PYTHONPATH, SOURCE, STEP_LINE, TRAINER, Launcher, median
+from launched import PYTHONPATH, SOURCE, STEP_LINE, TRAINER, Launcher, free_port, median
 
 sys.path.insert(0, os.path.join(SOURCE, "tests"))
 from held_rank import rank_pid  # noqa: E402  (tests/held_rank.py)
 
 ENDURE = os.path.join(SOURCE, "build", "bin", "endure")
+PEERS = os.path.join(SOURCE, "bench", "peers")
 VENV_BIN = os.path.dirname(sys.executable)
 
 STEPS = 50
@@ -136,7 +144,26 @@ def endure_stop(out, name):
 # ---- torchrun 2.x and ft_launcher ----
 
 def launcher(out, name, key, steps):
+    if key == "inprocess":
+        spawn = [sys.executable, os.path.join(PEERS, "spawn.py"), "ranks", "2", str(free_port()),
+                 "--", sys.executable]
+        return Launcher(out, name, spawn, steps, script=os.path.join(PEERS, "inprocess_train_gpt.py"),
+                        spawner=True)
+    if key == "torchft":
+        spawn = [sys.executable, os.path.join(PEERS, "spawn.py"), "torchft", "2",
+                 str(free_port()), "--"]
+        return Launcher(out, name, spawn, steps, script=os.path.join(PEERS, "torchft_train_gpt.py"),
+                        spawner=True, rank_key="REPLICA_GROUP_ID")
     return Launcher(out, name, [os.path.join(VENV_BIN, key)], steps, LAUNCHER_CKPT_EVERY)
+
+
+# How each peer goes on after a kill.
+PEER_ROUTE = {
+    "torchrun": "restart of every worker",
+    "ft_launcher": "restart of every worker",
+    "inprocess": "in process, without the killed rank",
+    "torchft": "the survivor alone; the restarted replica heals",
+}
 
 
 def launcher_kill(out, name, key):
@@ -151,10 +178,11 @@ def launcher_kill(out, name, key):
     # torchrun 2.x's restarted workers sometimes hang in gloo's rendezvous
     # (connectFullMesh) until its timeout: a bounded wait, and said.
     code = run.wait(limit_s=KILL_LIMIT_S)
-    recover, lost = run.recovered_after(killed, step)
-    finished = run.last_step() == STEPS and code == 0
-    return recover, lost, "restart of every worker" + (
-        "" if finished else f"; did not finish within {KILL_LIMIT_S:.0f} s (see {run.log.name})"), 2
+    recover, lost, world = run.recovered_after(killed, step)
+    finished = run.last_step() == STEPS
+    return recover, lost, PEER_ROUTE[key] + (
+        "" if finished else f"; did not finish within {KILL_LIMIT_S:.0f} s (see {run.log.name})"), \
+        world
 
 
 def launcher_stop(out, name, key, limit_s):
@@ -164,12 +192,12 @@ def launcher_stop(out, name, key, limit_s):
     step = run.last_step()
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline and run.p.poll() is None and \
-            not any(t > stopped and s <= step for t, s in run.steps):
+            not any(t > stopped and s <= step + 1 for t, s in run.steps):
         time.sleep(0.05)
     run.stop()
     run.wait()
-    recover, _ = run.recovered_after(stopped, step)
-    return recover
+    recover, _, world = run.recovered_after(stopped, step)
+    return recover, world
 
 
 # ---- the benchmark ----
@@ -179,6 +207,8 @@ SYSTEMS = [
     ("(b) Endure, full restart, warm standbys", "endure-full"),
     ("(c) torchrun 2.x, own checkpoints every 20", "torchrun"),
     ("(d) resiliency-ext ft_launcher, the same", "ft_launcher"),
+    ("(e) resiliency-ext in-process wrapper", "inprocess"),
+    ("(f) torchft 0.2, lighthouse + 2 replica groups", "torchft"),
 ]
 
 
@@ -202,17 +232,21 @@ def kills(out, rounds):
     for title, key in SYSTEMS:
         rows = results[key]
         notes = sorted(set(r[2] for r in rows))
-        lost = median([r[1] for r in rows if r[0] == r[0]])  # of the rounds that recovered
+        recovered = [r for r in rows if r[0] == r[0]]
+        lost = median([r[1] for r in recovered])
+        worlds = sorted(set(r[3] for r in recovered))
         print(f"{title:44} {median_range([r[0] for r in rows]):>24} "
-              f"{'-' if lost != lost else str(int(lost)):>5} {rows[0][3]:6d}  "
-              f"{' | '.join(notes)}")
+              f"{'-' if lost != lost else str(int(lost)):>5} "
+              f"{'/'.join(map(str, worlds)) or '-':>6}  {' | '.join(notes)}")
     inproc = median([r[0] for r in results["endure-inproc"]])
     torchrun = median([r[0] for r in results["torchrun"]])
+    wrapper = median([r[0] for r in results["inprocess"]])
     clean = endure_report(endure_run_clean(out))
     step_s = clean["ledger_s"]["productive"] / clean["steps"]
     print(f"(a): {inproc:.3f} s against one step + 0.3 s = {step_s + 0.3:.3f} s "
           f"({'met' if inproc <= step_s + 0.3 else 'missed'}); {torchrun / inproc:.1f}x faster "
-          f"than torchrun (target >= 10x)")
+          f"than torchrun (target >= 10x); {wrapper / inproc:.2f}x the in-process wrapper's "
+          f"{wrapper:.3f} s (target > 1)")
     return step_s
 
 
@@ -233,9 +267,9 @@ def stops(out, limit_s):
           f"productive {productive:.3f} s later (target <= 3 s: "
           f"{'met' if productive <= 3.0 else 'missed'})")
     for title, key in SYSTEMS[2:]:
-        recover = launcher_stop(out, f"stop-{key}", key, limit_s)
-        said = f"productive after {recover:.3f} s" if recover == recover else \
-            f"no step within {limit_s:.0f} s (no hang detection without its client)"
+        recover, world = launcher_stop(out, f"stop-{key}", key, limit_s)
+        said = f"productive after {recover:.3f} s (world {world})" if recover == recover else \
+            f"no step within {limit_s:.0f} s"
         print(f"{title:44} {said}")
 
 
@@ -262,7 +296,8 @@ def ettr(out, seconds):
         run = launcher(out, f"ettr-{key}", key, steps)
         killed = run.poisson_kills(random.Random(1), 30, seconds)
         code = run.wait(limit_s=3 * seconds + 600)
-        note = "" if code == 0 else f"  (exit {code}: see {run.log.name})"
+        note = "" if run.last_step() == steps else \
+            f"  (ended at step {run.last_step()} of {steps}, exit {code}: see {run.log.name})"
         print(f"{title:44} {run.end - run.start:8.1f} {killed:6d} {run.ettr():6.3f}{note}")
 
 
@@ -272,7 +307,7 @@ def main():
     seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 180
     parts = os.environ.get("BENCH_PY_PARTS", "kill,stop,ettr").split(",")
     limit_s = float(os.environ.get("BENCH_PY_STOP_LIMIT", "60"))
-    for tool in ("torchrun", "ft_launcher"):
+    for tool in ("torchrun", "ft_launcher", "torchft_lighthouse"):
         if not os.path.exists(os.path.join(VENV_BIN, tool)):
             print(f"python_recovery_bench: skipped: no {tool} beside {sys.executable}; "
                   "run it with the python of scripts/torch-venv")

@@ -96,7 +96,8 @@ def torchrun_kill(out, name, steps, at_step):
     step = run.last_step()
     killed = run.kill_one(random.Random(1))
     finished(run)
-    return run.recovered_after(killed, step)
+    recover, lost, _ = run.recovered_after(killed, step)
+    return recover, lost
 
 
 def torchrun_poisson(out, steps, mtbf_s, seed, horizon_s):
