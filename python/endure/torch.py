@@ -616,6 +616,14 @@ class Loop:
         self._timeout = timeout or datetime.timedelta(minutes=30)
         self._rejoin_timeout_s = float(rejoin_timeout_s)
         self._rejoins = bool(getattr(session, "rejoin_offered_here", False))
+        fsdp = _fsdp_module(state)
+        if self._rejoins and fsdp is not None:
+            # Each rank holds only its shard: a dead rank's shard died with
+            # it, and no peer can give it to its replacement.
+            print(f"endure: {fsdp} is sharded (FSDP): a failed rank's shard is lost with it, so "
+                  "this program restarts from the checkpoint tiers instead of rejoining in "
+                  "place", file=sys.stderr, flush=True)
+            self._rejoins = False
         self._wrapped: List[_Rewrapped] = []
         self._exact: List["ExactGradients"] = []
         self._failure: Optional[BaseException] = None
@@ -630,6 +638,13 @@ class Loop:
         self._connect()
 
     # ---- what the program uses ----
+
+    @property
+    def rejoins_in_place(self) -> bool:
+        """Whether a peer's failure is survived in this process (the agent
+        offers it, and the state is not sharded); otherwise the job restarts
+        from the checkpoint tiers, and the report says why."""
+        return self._rejoins
 
     def ddp(self, module, **kwargs) -> _Rewrapped:
         """`module` in DistributedDataParallel (`kwargs` passed on) over the
@@ -783,6 +798,7 @@ class Loop:
         for proxy in self._wrapped:
             proxy._ddp = None
         if d.is_initialized():
+            _abort_nccl()
             d.destroy_process_group()
         gc.collect()  # DDP modules sit in reference cycles (the rest is frozen: _start)
 
@@ -818,6 +834,42 @@ class Loop:
             self.checkpointer.last_restore_summary = \
                 f"step {best} from a data-parallel peer (rank {source})"
         return best
+
+
+def _fsdp_module(state: Mapping) -> Optional[str]:
+    """The name of the first module in `state` with FSDP-sharded
+    parameters (FSDP's fully_shard or FullyShardedDataParallel), if any."""
+    for name, value in state.items():
+        if not isinstance(value, torch.nn.Module):
+            continue
+        for m in value.modules():
+            kinds = {k.__name__ for k in type(m).__mro__}
+            if kinds & {"FSDPModule", "FullyShardedDataParallel"}:
+                return f"state[{name!r}]"
+    return None
+
+
+def _abort_nccl() -> None:
+    """Aborts the NCCL communicators of every process group (ncclCommAbort,
+    where the PyTorch version has it: ProcessGroupNCCL.abort, or _shutdown
+    before 2.6) before the groups are destroyed: NCCL does not fail a
+    collective whose peer died, it stays queued on the GPU stream (the step
+    was stopped by the loop's hooks), and destroying the group would wait for
+    it. Gloo's groups need nothing: destroying them closes their sockets.
+    Untested here (no GPU); NVIDIA resiliency-ext aborts the same way."""
+    if not torch.cuda.is_available():
+        return
+    c10d = torch.distributed.distributed_c10d
+    for group in list(getattr(getattr(c10d, "_world", None), "pg_names", {})):
+        try:
+            backend = group._get_backend(torch.device("cuda"))
+        except (RuntimeError, AttributeError):
+            continue
+        if type(backend).__name__ != "ProcessGroupNCCL":
+            continue
+        abort = getattr(backend, "abort", None) or getattr(backend, "_shutdown", None)
+        if abort is not None:
+            abort()
 
 
 class ExactGradients:

@@ -2,6 +2,8 @@
 what a Session sends, checkpoints go through a real T0 slot and a real
 durable directory, and faults fire in child processes."""
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -20,6 +22,20 @@ import torch
 
 import endure
 import endure.torch
+
+
+def _has_fully_shard() -> bool:
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+        return True
+    except Exception:  # torch 1.13 under Python 3.11: a ValueError from its dataclasses
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 class FakeAgent:
@@ -514,6 +530,27 @@ class LoopTest(CleanEnvironment):
         self.assertEqual(attempts, [0, 0, "done", 1, "done"])
         self.assertEqual(loop.rejoins, 1)
         net(torch.ones(1, 2))  # outside a step the hooks never stop anything
+
+    @unittest.skipUnless(_has_fully_shard(), "FSDP's fully_shard needs torch 2.x")
+    def test_a_sharded_model_restarts_from_the_tiers_instead_of_rejoining(self):
+        # A dead rank's FSDP shard dies with it: no peer holds it, so the
+        # loop does not offer to rejoin in place, and says why.
+        from torch.distributed.fsdp import fully_shard
+        s = self._rejoining_session()
+        os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+        try:
+            model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+            plain = endure.torch.Loop(s, {"m": torch.nn.Linear(2, 2)}, 1)
+            self.assertTrue(plain.rejoins_in_place)
+            fully_shard(model)
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                loop = endure.torch.Loop(s, {"model": model}, 1)
+            self.assertFalse(loop.rejoins_in_place)
+            self.assertIn("state['model'] is sharded (FSDP)", err.getvalue())
+        finally:
+            torch.distributed.destroy_process_group()
 
     def test_exact_gradients_of_a_failed_attempt_are_dropped(self):
         # A step cut short after one micro-batch: its next attempt sums only
