@@ -216,6 +216,8 @@ bool Agent::CarryOut(std::vector<core::NodeAction> actions) {
       });
     } else if (const auto* n = std::get_if<core::NotifySnapshot>(&action)) {
       tiers_->Notify({n->rank, n->step, n->shards, n->path, n->durable});
+    } else if (const auto* f = std::get_if<core::ForgetLastWords>(&action)) {
+      if (workers_ != nullptr) workers_->ForgetLastWords(f->rank);
     } else if (const auto* b = std::get_if<core::BreakPairTests>(&action)) {
       pair_fault_ = b->fail ? PairFault::Fail() : PairFault::Slow(b->slow_factor);
       if (pair_server_) {

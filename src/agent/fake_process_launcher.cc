@@ -93,6 +93,8 @@ class FakeProcessLauncher::Group : public WorkerGroup {
     return true;
   }
 
+  void ForgetLastWords(int) override {}  // a fake worker says nothing
+
   // The test's side (FakeProcessLauncher::Exit and Print).
   bool Exit(int rank, ExitStatus status, std::string tail) {
     {

@@ -26,6 +26,7 @@ class RealWorkerGroup : public WorkerGroup {
   }
   std::map<int, pid_t> Pids() const override { return set_.Pids(); }
   bool Rejoin(int rank, int new_rank) override { return set_.Rejoin(rank, new_rank); }
+  void ForgetLastWords(int rank) override { set_.ForgetLastWords(rank); }
 
  private:
   WorkerSet set_;

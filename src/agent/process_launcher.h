@@ -47,6 +47,9 @@ class WorkerGroup {
   // The live worker of `rank` serves a later generation in place as
   // `new_rank` (see WorkerSet::Rejoin); false if there is none.
   virtual bool Rejoin(int rank, int new_rank) = 0;
+  // The live worker of `rank` starts its last words afresh (see
+  // WorkerSet::ForgetLastWords).
+  virtual void ForgetLastWords(int rank) = 0;
 };
 
 // Thread-safe.

@@ -348,6 +348,14 @@ bool WorkerSet::Rejoin(int rank, int new_rank) {
   return false;
 }
 
+void WorkerSet::ForgetLastWords(int rank) {
+  MutexLock lock(&mu_);
+  for (auto& w : workers_) {
+    MutexLock worker(&w->mu);
+    if (w->rank == rank && !w->done) ++w->tail_epoch;
+  }
+}
+
 std::map<int, pid_t> WorkerSet::Pids() const {
   MutexLock lock(&mu_);
   std::map<int, pid_t> out;

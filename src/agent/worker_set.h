@@ -137,6 +137,10 @@ class WorkerSet {
   // that failed when a peer died) never explains how it ends in this one.
   // False if there is no such worker.
   bool Rejoin(int rank, int new_rank);
+  // The live worker of `rank` starts its last words afresh: called when it
+  // reports ready after a rejoin, so that the lines it printed in between
+  // (the failed collective that made it rejoin) do not explain its end.
+  void ForgetLastWords(int rank);
 
  private:
   struct Worker {

@@ -404,6 +404,9 @@ void NodeMachine::OnDatagram(std::string_view bytes, size_t size, NodeTime time,
       out->push_back(BreakPairTests{false, comm_slow_factor(m->id)});
     }
   }
+  if (const auto* m = std::get_if<contract::ReadyMessage>(&d.message); m && m->rejoin) {
+    out->push_back(ForgetLastWords{d.rank});
+  }
   std::optional<proto::AgentEvent> e = Translate(d);
   if (!e) return;
   // The worker's own clock says when it happened (a fault fires just before

@@ -187,8 +187,15 @@ struct BreakPairTests {
   bool fail = false;
   double slow_factor = 1;
 };
+// A worker that rejoined in place reported ready in its new generation:
+// what it said before (a collective that failed as its peer died, "...;
+// rejoining") is dropped from the last words its exit will report, so that
+// it never explains how the worker ends in this generation.
+struct ForgetLastWords {
+  int rank = 0;
+};
 using NodeAction = std::variant<Transmit, LogLine, CarryOut, RefillStandbys, DiscardOtherStandbys,
-                                NotifySnapshot, BreakPairTests>;
+                                NotifySnapshot, BreakPairTests, ForgetLastWords>;
 
 // ---- Pure rules the shell applies beside the machine ----
 

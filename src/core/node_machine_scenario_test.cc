@@ -22,6 +22,7 @@
 //                [argv=a,b] [slow=ID:FACTOR] [persist_every=N]
 //   at T standbys argv=a,b count=N    a spare is asked for standbys
 //   at T datagram TYPE gen=G cred=C rank=R [step=S] [loss=X|none] [signal=N]
+//                                    [rejoin=true] (ready)
 //                [name=PHASE] [kind=K id=ID] [path=P shards=N] [t=WALL]
 //                                     encoded by the worker contract's encoder
 //   at T raw TEXT                     these bytes as a datagram
@@ -346,6 +347,11 @@ class Scenario {
     } else if (type == "ready") {
       contract::ReadyMessage r;
       r.start_step = *step;
+      if (std::optional<std::string> v = a.Take("rejoin")) {
+        Result<bool> b = ParseBool(*v);
+        if (!b.ok()) return b.status();
+        r.rejoin = *b;
+      }
       d.message = r;
     } else if (type == "phase") {
       d.message = contract::PhaseMessage{a.Take("name").value_or("train"), *step};
@@ -479,6 +485,8 @@ class Scenario {
                    " path=" + a.path + (a.durable ? " durable" : "");
           } else if constexpr (std::is_same_v<T, BreakPairTests>) {
             return a.fail ? "break_pair_tests fail" : "break_pair_tests slow=" + Num(a.slow_factor);
+          } else if constexpr (std::is_same_v<T, ForgetLastWords>) {
+            return "forget_last_words rank=" + std::to_string(a.rank);
           } else {
             return "transmit";
           }
