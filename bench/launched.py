@@ -225,13 +225,21 @@ class Launcher:
     def poisson_kills(self, rng, mtbf_s, horizon_s):
         """Kills a random worker at a seeded Poisson schedule's times until
         `horizon_s` after the start; returns how many."""
-        t, killed = self.start, 0
+        times, t = [], 0.0
         while True:
             t += rng.expovariate(1.0 / mtbf_s)
-            if t - self.start >= horizon_s:
-                return killed
-            while time.monotonic() < t and self.p.poll() is None:
+            if t >= horizon_s:
+                return self.kills_at(times, rng)
+            times.append(t)
+
+    def kills_at(self, times, rng):
+        """Kills a random worker at each of `times` (seconds after the
+        start) while it runs; returns how many."""
+        killed = 0
+        for t in times:
+            while time.monotonic() < self.start + t and self.p.poll() is None:
                 time.sleep(0.01)
             if self.p.poll() is not None:
                 return killed
             killed += self.kill_one(rng) is not None
+        return killed

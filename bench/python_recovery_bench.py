@@ -25,10 +25,12 @@ the time from the kill to the first productive step after it, the steps
 lost, the world size after; then a SIGSTOP of rank 1 (once per system; the
 peers have no hang detection for a script without their client, so their
 figure is how long the job stood still, bounded); then ETTR under a seeded
-Poisson schedule of kills (MTBF 30 s, about ETTR_SECONDS of training), the
-same kill times for every system. ETTR is Endure's ledger for Endure; for the
-launchers the same count from rank 0's step lines (the time of each step that
-survives into the final model, over the wall time).
+Poisson schedule of kills (MTBF 30 s, about ETTR_SECONDS of training): Endure
+injects the schedule; the other systems' workers are killed at the times its
+kills fell (seconds after the job's start), a random worker each time. ETTR is
+Endure's ledger for Endure; for the launchers the same count from rank 0's
+step lines (the time of each step that survives into the final model, over
+the wall time).
 
 Runs under the torch 2.x virtualenv of scripts/torch-venv (all systems with
 the same torch); without it, says so and stops.
@@ -177,7 +179,7 @@ def launcher_kill(out, name, key):
         raise SystemExit(f"python_recovery_bench: {name}: no worker to kill; see {run.log.name}")
     # torchrun 2.x's restarted workers sometimes hang in gloo's rendezvous
     # (connectFullMesh) until its timeout: a bounded wait, and said.
-    code = run.wait(limit_s=KILL_LIMIT_S)
+    run.wait(limit_s=KILL_LIMIT_S)
     recover, lost, world = run.recovered_after(killed, step)
     finished = run.last_step() == STEPS
     return recover, lost, PEER_ROUTE[key] + (
@@ -284,6 +286,7 @@ def ettr(out, seconds):
     print(f"{'system':44} {'wall_s':>8} {'kills':>6} {'ETTR':>6}")
     schedule = (f'[faults_schedule]\nmtbf = "30s"\nseed = 1\nkind = "kill"\n'
                 f'horizon = "{int(seconds)}s"\n')
+    kill_times = None
     for title, key, in_process in [(SYSTEMS[0][0], "inproc", True),
                                    (SYSTEMS[1][0], "full", False)]:
         spec, state = endure_spec(out, f"ettr-{key}", steps, in_process, schedule)
@@ -292,9 +295,14 @@ def ettr(out, seconds):
                            stderr=subprocess.STDOUT, timeout=7200)
         r = endure_report(state)
         print(f"{title:44} {r['wall_s']:8.1f} {len(r['incidents']):6d} {r['ettr']:6.3f}")
+        if kill_times is None:
+            # The schedule's kills as they fell (seconds after the job's
+            # start): the launchers' jobs get theirs at the same times.
+            kill_times = sorted(i["injected_at_s"] for i in r["incidents"]
+                                if i.get("injected_at_s") is not None)
     for title, key in SYSTEMS[2:]:
         run = launcher(out, f"ettr-{key}", key, steps)
-        killed = run.poisson_kills(random.Random(1), 30, seconds)
+        killed = run.kills_at(kill_times, random.Random(1))
         code = run.wait(limit_s=3 * seconds + 600)
         note = "" if run.last_step() == steps else \
             f"  (ended at step {run.last_step()} of {steps}, exit {code}: see {run.log.name})"
