@@ -189,6 +189,19 @@ bool Agent::Decide(const core::NodeInput& input) {
   });
 }
 
+void Agent::SetWorkers(std::unique_ptr<WorkerGroup> group) {
+  loop_.Call([&] {
+    loop_.AssertOnLoop();
+    loop_workers_ = nullptr;
+  });
+  workers_ = std::move(group);
+  WorkerGroup* const now = workers_.get();
+  loop_.Call([&] {
+    loop_.AssertOnLoop();
+    loop_workers_ = now;
+  });
+}
+
 bool Agent::CarryOut(std::vector<core::NodeAction> actions) {
   bool carry_out = false;
   // Writes after one that failed are not tried: they go back to the core,
@@ -217,7 +230,7 @@ bool Agent::CarryOut(std::vector<core::NodeAction> actions) {
     } else if (const auto* n = std::get_if<core::NotifySnapshot>(&action)) {
       tiers_->Notify({n->rank, n->step, n->shards, n->path, n->durable});
     } else if (const auto* f = std::get_if<core::ForgetLastWords>(&action)) {
-      if (workers_ != nullptr) workers_->ForgetLastWords(f->rank);
+      if (loop_workers_ != nullptr) loop_workers_->ForgetLastWords(f->rank);
     } else if (const auto* b = std::get_if<core::BreakPairTests>(&action)) {
       pair_fault_ = b->fail ? PairFault::Fail() : PairFault::Slow(b->slow_factor);
       if (pair_server_) {
@@ -432,8 +445,8 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
   // A worker reports its exit in the generation it serves when it exits:
   // one that rejoined serves the newest.
   if (!rejoin) {
-    workers_ = launcher_->NewGroup([this](const WorkerEnd& end) { OnWorkerExit(generation_, end); },
-                                   std::move(on_line));
+    SetWorkers(launcher_->NewGroup([this](const WorkerEnd& end) { OnWorkerExit(generation_, end); },
+                                   std::move(on_line)));
   }
   if (argv.empty()) return;
   const proto::CheckpointConfig& ckpt = start.checkpoint();
@@ -1130,7 +1143,7 @@ Status Agent::Run() {
     if (workers_ && !signalled_ && !outlived_grace_) {
       workers_->StopAll(std::chrono::milliseconds(shutdown ? 2000 : 0));
     }
-    workers_.reset();
+    SetWorkers(nullptr);
   }
   DiscardStandbys();
   loop_.Call([&] {

@@ -206,6 +206,12 @@ class Agent {
   bool outlived_grace_ GUARDED_BY(command_mu_) = false;  // stopped for want of a controller
   double grace_s_ GUARDED_BY(command_mu_);               // the last stop's grace
   std::unique_ptr<WorkerGroup> workers_ GUARDED_BY(command_mu_);
+  // The same group, for the core's actions (ForgetLastWords) on the loop: set
+  // and cleared through loop_.Call around every change of workers_, so that it
+  // never outlives the group.
+  WorkerGroup* loop_workers_ GUARDED_BY(loop_) = nullptr;
+  // Replaces workers_ (null: none) and tells the loop.
+  void SetWorkers(std::unique_ptr<WorkerGroup> group) REQUIRES(command_mu_);
   std::unique_ptr<TierStore> tiers_;  // checkpoint memory (T0, T1) and persistence
   // The pairwise test's listener; its fault (and the one this node's own
   // tests apply) follow an injected comm-fail / comm-slow of a local rank.
