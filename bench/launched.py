@@ -50,16 +50,19 @@ def process_tree():
     return parent, cmdline
 
 
+def ancestors(parent, p, pid):
+    """`p`'s ancestors in `parent` up to `pid` (included, when it is one)
+    or the end of the chain."""
+    q = parent.get(p)
+    while q is not None and q != pid and q > 1:
+        yield q
+        q = parent.get(q)
+    yield q
+
+
 def descendants(pid):
     parent, _ = process_tree()
-    found = []
-    for p in parent:
-        q = parent.get(p)
-        while q is not None and q != pid and q > 1:
-            q = parent.get(q)
-        if q == pid:
-            found.append(p)
-    return found
+    return [p for p in parent if pid in ancestors(parent, p, pid)]
 
 
 def workers(pid, script=TRAINER):
@@ -69,24 +72,16 @@ def workers(pid, script=TRAINER):
     start themselves (resiliency-ext's in-process monitor)."""
     parent, cmdline = process_tree()
     name = os.path.basename(script).encode()
-
-    def ancestors(p):
-        q = parent.get(p)
-        while q is not None and q != pid and q > 1:
-            yield q
-            q = parent.get(q)
-        yield q
-
     found = set()
     for p, cmd in cmdline.items():
-        if pid not in ancestors(p):
+        if pid not in ancestors(parent, p, pid):
             continue
         argv = [os.path.basename(a) for a in cmd.split(b"\0")]
         launcher = any(a in (b"torchrun", b"ft_launcher", b"torch.distributed.run")
                        for a in argv[:3])
         if not launcher and (name in argv or b"spawn_main" in cmd):
             found.add(p)
-    return [p for p in found if not any(q in found for q in ancestors(p))]
+    return [p for p in found if not any(q in found for q in ancestors(parent, p, pid))]
 
 
 def rank_of(pid, key):
@@ -161,7 +156,6 @@ class Launcher:
     def stop(self):
         """Kills the launcher's session: it, its workers and its helpers
         (resiliency-ext's rank monitors hold sockets a later launcher waits on)."""
-        # torchrun 2.x starts each worker in a session of its own.
         # torchrun 2.x starts each worker in a session of its own; the
         # workers' own helpers may start theirs.
         tree = descendants(self.p.pid)

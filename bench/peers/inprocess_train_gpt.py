@@ -91,13 +91,7 @@ def main(argv):
     args = tg.parse_args(argv)
     torch.set_num_threads(args.threads or int(os.environ.get("OMP_NUM_THREADS", "1")))
     text, _ = tg.load_corpus(args.data, args.val_fraction)
-    torch.manual_seed(args.seed)
-    model = tg.GPT(args.layers, args.d_model, args.heads, args.context)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+    model, optimizer = tg.make_model(args)
     base_store = dist.TCPStore(
         host_name=os.environ["MASTER_ADDR"], port=int(os.environ["MASTER_PORT"]) + 1,
         world_size=int(os.environ["WORLD_SIZE"]), is_master=int(os.environ["RANK"]) == 0,

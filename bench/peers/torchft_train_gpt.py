@@ -39,13 +39,7 @@ def main(argv):
     group = int(os.environ.get("REPLICA_GROUP_ID", "0"))
     groups = int(os.environ.get("NUM_REPLICA_GROUPS", "2"))
     text, _ = tg.load_corpus(args.data, args.val_fraction)
-    torch.manual_seed(args.seed)
-    model = tg.GPT(args.layers, args.d_model, args.heads, args.context)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    inner = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+    model, inner = tg.make_model(args)
 
     def state_dict():
         return {"model": model.state_dict(), "optimizer": inner.state_dict()}

@@ -244,6 +244,19 @@ def parse_args(argv):
     return args
 
 
+def make_model(args):
+    """The seeded GPT of `args` and its AdamW (no weight decay on biases and
+    norms)."""
+    torch.manual_seed(args.seed)
+    model = GPT(args.layers, args.d_model, args.heads, args.context)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+    return model, optimizer
+
+
 def held_out_loss(model, val_text, args, batches: int) -> float:
     """The mean loss over `batches` held-out micro-batches, as endure-train
     computes it. Changes nothing: no gradients, and the batches are a pure
@@ -282,13 +295,7 @@ def main(argv) -> int:
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "0") or "0") or 1
     torch.set_num_threads(threads)
 
-    torch.manual_seed(args.seed)
-    model = GPT(args.layers, args.d_model, args.heads, args.context)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+    model, optimizer = make_model(args)
 
     # The loop restores the state (from the checkpoint tiers, or from a
     # data-parallel peer), and under `[recovery] in_process` survives a

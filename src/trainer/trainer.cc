@@ -1122,23 +1122,19 @@ Result<TrainSummary> TrainImpl(const TrainerOptions& flags, const DistEnv& first
       // exactly with the other ranks' (GradientReducer).
       const int slots = options.Slots();
       const SlotRange mine = SlotsOfRank(dist.rank, dist.world_size, slots);
-      auto compute_slot = [&](int slot) {
-        auto offsets =
-            SequenceOffsets(options.seed, step, slot * options.micro_batch, options.micro_batch,
-                            options.model.context, corpus.train.size());
-        auto [x, y] =
-            step + 1 == options.corrupt_batch_step
-                ? RandomBatch(options.seed, step, slot, options.micro_batch, options.model.context)
-                : MakeBatch(corpus.train, offsets, options.model.context);
-        torch::Tensor l = model->Loss(x, y) / slots;
-        if (step + 1 == options.nan_batch_step) l = l * std::nan("");
-        l.backward();
-        reducer->TakeSlot(l.item<float>());
-      };
       try {
         for (int slot = mine.first; slot < mine.first + mine.count; ++slot) {
-          if (rejoins && session.RejoinPending()) throw StepStopped();
-          compute_slot(slot);
+          auto offsets =
+              SequenceOffsets(options.seed, step, slot * options.micro_batch, options.micro_batch,
+                              options.model.context, corpus.train.size());
+          auto [x, y] = step + 1 == options.corrupt_batch_step
+                            ? RandomBatch(options.seed, step, slot, options.micro_batch,
+                                          options.model.context)
+                            : MakeBatch(corpus.train, offsets, options.model.context);
+          torch::Tensor l = model->Loss(x, y) / slots;  // StepStopped once offered (rejoins)
+          if (step + 1 == options.nan_batch_step) l = l * std::nan("");
+          l.backward();
+          reducer->TakeSlot(l.item<float>());
         }
       } catch (const StepStopped&) {
         ENDURE_RETURN_IF_ERROR(rejoin("step " + std::to_string(step + 1) +
