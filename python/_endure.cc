@@ -129,6 +129,16 @@ PYBIND11_MODULE(_endure, m) {
              std::string data = Unwrap(std::move(bytes));
              return py::bytearray(data.data(), data.size());
            })
+      .def("local_snapshot_steps", &Session::LocalSnapshotSteps)
+      .def("read_local_snapshot",
+           [](const Session& s, int64_t step) {
+             endure::Result<std::string> bytes = [&] {
+               py::gil_scoped_release release;
+               return s.ReadLocalSnapshot(step);
+             }();
+             std::string data = Unwrap(std::move(bytes));
+             return py::bytearray(data.data(), data.size());
+           })
       .def("save_snapshot",
            [](Session& s, int64_t step, int shards, const std::string& meta_json,
               const std::vector<TensorTuple>& tensors) {

@@ -244,11 +244,14 @@ def parse_args(argv):
     return args
 
 
-def make_model(args):
+def make_model(args, shard=None):
     """The seeded GPT of `args` and its AdamW (no weight decay on biases and
-    norms)."""
+    norms); `shard(model)`, when given, shards it (FSDP's fully_shard)
+    before the optimizer takes its parameters."""
     torch.manual_seed(args.seed)
     model = GPT(args.layers, args.d_model, args.heads, args.context)
+    if shard is not None:
+        shard(model)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(

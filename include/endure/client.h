@@ -286,6 +286,16 @@ class Session {
   // kDataLoss naming the copy when it does not verify; kInvalidArgument
   // without a plan or for an index out of range.
   Result<std::string> ReadRestoreShard(size_t index) const;
+  // The steps of this rank's snapshots in its node's memory (T0) that were
+  // saved by as many ranks as `shards`, newest first: the restore point of
+  // a rejoin whose ranks each hold a different part of the state (FSDP),
+  // when every rank finds the step on its own node (a killed rank's
+  // replacement starts where it ran). Empty without node memory.
+  std::vector<int64_t> LocalSnapshotSteps(int shards) const;
+  // This rank's T0 snapshot of `step`, checked against its checksum (bytes
+  // as ReadRestoreShard returns them). kNotFound when no slot holds it,
+  // kDataLoss when it does not verify.
+  Result<std::string> ReadLocalSnapshot(int64_t step) const;
   // Whether the agent keeps this rank's checkpoints in node memory
   // (ENDURE_T0_DIR): the trainer then saves through SaveSnapshot.
   bool memory_checkpoints() const;

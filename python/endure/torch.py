@@ -106,6 +106,7 @@ class _Flattener:
 
     def __init__(self):
         self.tensors: List[Tuple[str, torch.Tensor]] = []
+        self.offsets: Dict[str, List[int]] = {}  # a DTensor's local shard: where it begins
         self._names = set()
 
     def _name(self, path: Tuple) -> str:
@@ -128,9 +129,23 @@ class _Flattener:
         self.tensors.append((name, t))
         return name
 
+    def _sharded(self, t, path: Tuple) -> dict:
+        placements = [_placement_name(p, path) for p in t.placements]
+        shape, offset = _local_shape_and_offset(t.shape, t.device_mesh, t.placements)
+        local = t.to_local()
+        if list(local.shape) != list(shape):
+            raise TypeError(f"Checkpointer: {_where(path)} is a DTensor whose local shard "
+                            f"{list(local.shape)} is not the {list(shape)} its layout gives "
+                            "(uneven sharding), which cannot be saved")
+        name = self._tensor(local, path)
+        self.offsets[name] = [int(o) for o in offset]
+        return {"S": name, "shape": list(t.shape), "placements": placements}
+
     def encode(self, value: Any, path: Tuple) -> Any:
         if value is None or isinstance(value, (bool, str)):
             return value
+        if _is_dtensor(value):
+            return self._sharded(value, path)
         if isinstance(value, torch.Tensor):
             return {"T": self._tensor(value, path)}
         if isinstance(value, numbers.Integral):
@@ -172,13 +187,19 @@ class _Flattener:
         return self.encode(key, path + (key,))
 
 
-def _decode(node: Any, tensors: Dict[str, torch.Tensor], where: str) -> Any:
+def _decode(node: Any, tensors: Dict[str, torch.Tensor], where: str, sharded=None) -> Any:
+    """The value `node` encodes; `sharded(node)` makes a DTensor entry's
+    value (None: a checkpoint of a replicated state has none)."""
     if node is None or isinstance(node, (bool, int, float, str)):
         return node
     if isinstance(node, list):
-        return [_decode(v, tensors, where) for v in node]
+        return [_decode(v, tensors, where, sharded) for v in node]
     if not isinstance(node, dict) or len(node) == 0:
         raise ValueError(f"{where}: malformed checkpoint metadata")
+    if "S" in node:
+        if sharded is None:
+            raise ValueError(f"{where}: malformed checkpoint metadata (a sharded entry)")
+        return sharded(node)
     if "T" in node:
         if node["T"] not in tensors:
             raise ValueError(f"{where}: checkpoint lacks tensor {node['T']!r}")
@@ -196,9 +217,9 @@ def _decode(node: Any, tensors: Dict[str, torch.Tensor], where: str) -> Any:
         return numpy.frombuffer(data, dtype=numpy.dtype(node["dtype"])).reshape(
             node["shape"]).copy()
     if "U" in node:
-        return tuple(_decode(v, tensors, where) for v in node["U"])
+        return tuple(_decode(v, tensors, where, sharded) for v in node["U"])
     if "D" in node:
-        items = [(_hashable(_decode(k, tensors, where)), _decode(v, tensors, where))
+        items = [(_hashable(_decode(k, tensors, where)), _decode(v, tensors, where, sharded))
                  for k, v in node["D"]]
         return OrderedDict(items) if node.get("O") else dict(items)
     raise ValueError(f"{where}: malformed checkpoint metadata")
@@ -221,6 +242,167 @@ def _tensor_from(dtype: str, shape: List[int], data: bytearray, where: str) -> t
     if len(data) == 0:
         return torch.empty(shape, dtype=torch_dtype)
     return torch.frombuffer(data, dtype=torch_dtype).reshape(shape)
+
+
+# ---- Sharded state (FSDP2's DTensor parameters and optimizer state) ----
+#
+# A DTensor's rank holds one block of the global tensor (its local shard).
+# Each rank saves its own blocks with their global offsets; a restore builds
+# the block the live layout gives this rank (whatever the world size now:
+# a shrink re-shards) from the saved blocks that overlap it.
+
+
+def _dtensor_class():
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        try:
+            from torch.distributed._tensor import DTensor
+        except ImportError:  # torch 1.x: no DTensor
+            return None
+    return DTensor
+
+
+def _is_dtensor(value: Any) -> bool:
+    cls = _dtensor_class() if isinstance(value, torch.Tensor) else None
+    return cls is not None and isinstance(value, cls)
+
+
+def _placement_name(placement, path: Tuple) -> str:
+    if placement.is_shard():
+        return f"S{placement.dim}"
+    if placement.is_replicate():
+        return "R"
+    raise TypeError(f"Checkpointer: {_where(path)} is a DTensor with a {placement} placement "
+                    "(a pending reduction), which cannot be saved")
+
+
+def _placement(name: str, where: str):
+    try:
+        from torch.distributed.tensor import Replicate, Shard
+    except ImportError:
+        from torch.distributed._tensor import Replicate, Shard
+    if name == "R":
+        return Replicate()
+    if name[:1] == "S" and name[1:].isdigit():
+        return Shard(int(name[1:]))
+    raise ValueError(f"{where}: malformed checkpoint metadata (placement {name!r})")
+
+
+def _common_step(mine: List[int], world: int) -> int:
+    """The newest step in every rank's `mine` (0: none)."""
+    if world == 1:
+        return max(mine, default=0)
+    slots = 8  # more than a rank's T0 slots
+    d = torch.distributed
+    padded = torch.tensor((list(mine) + [-1] * slots)[:slots], dtype=torch.int64)
+    every = [torch.zeros(slots, dtype=torch.int64) for _ in range(world)]
+    d.all_gather(every, padded)
+    common = set(mine)
+    for t in every:
+        common &= set(int(v) for v in t.tolist())
+    common.discard(-1)
+    return max(common, default=0)
+
+
+def _all_ranks(ok: bool, world: int) -> bool:
+    """Whether `ok` holds on every rank."""
+    if world == 1:
+        return ok
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _local_shape_and_offset(shape, mesh, placements):
+    try:
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    except ImportError:
+        from torch.distributed._tensor._utils import compute_local_shape_and_global_offset
+    local, offset = compute_local_shape_and_global_offset(shape, mesh, placements)
+    return list(local), list(offset)
+
+
+def _assemble(pieces, shape: List[int], offset: List[int], dtype, where: str) -> torch.Tensor:
+    """The block of `shape` at global `offset`, from `pieces` ((offset,
+    tensor) blocks of the same global tensor, saved under another layout).
+    Raises DataLossError when the pieces leave part of it uncovered."""
+    block = torch.empty(shape, dtype=dtype)
+    covered = torch.zeros(shape, dtype=torch.bool)
+    for at, piece in pieces:
+        if len(at) != len(shape) or piece.dim() != len(shape):
+            raise _endure.DataLossError(f"{where}: a saved block has {piece.dim()} dimensions, "
+                                        f"the tensor {len(shape)}")
+        mine, theirs = [], []
+        for lo_mine, n_mine, lo_theirs, n_theirs in zip(offset, shape, at, piece.shape):
+            lo, hi = max(lo_mine, lo_theirs), min(lo_mine + n_mine, lo_theirs + n_theirs)
+            if hi <= lo:
+                break
+            mine.append(slice(lo - lo_mine, hi - lo_mine))
+            theirs.append(slice(lo - lo_theirs, hi - lo_theirs))
+        else:
+            block[tuple(mine)] = piece[tuple(theirs)]
+            covered[tuple(mine)] = True
+    if not bool(covered.all()):
+        raise _endure.DataLossError(f"{where}: the checkpoint's shards do not cover this "
+                                    f"rank's block (offset {offset}, shape {shape})")
+    return block
+
+
+def _live_mesh(state: Mapping):
+    """The device mesh of the first DTensor parameter of a module in
+    `state`, or None."""
+    for obj in state.values():
+        if isinstance(obj, torch.nn.Module):
+            for p in obj.parameters():
+                if _is_dtensor(p):
+                    return p.device_mesh
+    return None
+
+
+def _sharded_state(state: Mapping) -> bool:
+    """Whether a module in `state` has DTensor parameters (FSDP2's
+    fully_shard): each rank then holds a different part of the state."""
+    return _live_mesh(state) is not None
+
+
+def _contiguous_stride(shape: List[int]) -> Tuple[int, ...]:
+    stride, n = [], 1
+    for size in reversed(shape):
+        stride.append(n)
+        n *= max(size, 1)
+    return tuple(reversed(stride))
+
+
+class _Reshard:
+    """Makes the DTensor entries of a sharded checkpoint for this rank of
+    the live mesh, from the blocks of every shard read."""
+
+    def __init__(self, shards, mesh, where: str):
+        self._shards = shards  # [(offsets by name, tensors by name)]
+        self._mesh = mesh
+        self._where = where
+
+    def __call__(self, node: dict):
+        where = self._where
+        name, shape = node.get("S"), node.get("shape")
+        placements = [_placement(p, where) for p in node.get("placements", [])]
+        if not isinstance(shape, list) or self._mesh is None or \
+                len(placements) != self._mesh.ndim:
+            raise ValueError(f"{where}: the checkpoint's {name!r} is sharded over a mesh of "
+                             f"{len(placements)} dimensions; the state's has "
+                             f"{'none' if self._mesh is None else self._mesh.ndim}")
+        pieces = [(offsets[name], tensors[name]) for offsets, tensors in self._shards
+                  if name in tensors and name in offsets]
+        if not pieces:
+            raise _endure.DataLossError(f"{where}: no shard read holds {name!r}")
+        local_shape, offset = _local_shape_and_offset(shape, self._mesh, placements)
+        block = _assemble(pieces, local_shape, offset, pieces[0][1].dtype, f"{where}: {name!r}")
+        if self._mesh.device_type != "cpu":
+            block = block.to(self._mesh.device_type)
+        return _dtensor_class().from_local(block, self._mesh, placements, run_check=False,
+                                           shape=torch.Size(shape),
+                                           stride=_contiguous_stride(shape))
 
 
 def _dist():
@@ -298,6 +480,10 @@ class Checkpointer:
                          c.numel() * c.element_size()))
         meta = {"format": _FORMAT, "next_step": next_step,
                 "python_tree": json.dumps(tree, allow_nan=False)}
+        if flat.offsets:
+            # Sharded: this rank's blocks of the DTensors, each with where it
+            # begins in the global tensor.
+            meta["offsets"] = flat.offsets
         return meta, refs, keep_alive
 
     def save(self, next_step: int) -> bool:
@@ -327,9 +513,16 @@ class Checkpointer:
     def _save(self, next_step: int, world: int, rank: int) -> bool:
         meta, refs, keep_alive = self._collect(next_step)
         if self._session.memory_checkpoints:
-            owner = _endure.partition_by_size([r[4] for r in refs], world)
-            mine = [r for r, o in zip(refs, owner) if o == rank]
+            if "offsets" in meta:
+                mine = refs  # each rank holds a different part: all of it is its shard
+            else:
+                owner = _endure.partition_by_size([r[4] for r in refs], world)
+                mine = [r for r, o in zip(refs, owner) if o == rank]
             saved = self._session._impl.save_snapshot(next_step, world, json.dumps(meta), mine)
+        elif "offsets" in meta:
+            raise ValueError("Checkpointer.save: a sharded (FSDP) state is saved through node "
+                             "memory, each rank its shard; run under endure with [checkpoint] "
+                             "every_steps (a directory holds one replica's state, from rank 0)")
         elif self.directory:
             saved = rank == 0  # data-parallel replicas are identical
             if saved:
@@ -363,21 +556,30 @@ class Checkpointer:
         if plan["step"] == 0:
             return 0
         world, rank, initialized = _dist()
-        tensors: Dict[str, torch.Tensor] = {}
-        meta = None
-        for index, src in enumerate(plan["sources"]):
-            loader = src["loader_rank"]
-            if world > 1 and not initialized:
-                raise RuntimeError("Checkpointer.restore: WORLD_SIZE > 1 but torch.distributed "
-                                   "is not initialised; call init_process_group() first")
+        if world > 1 and not initialized:
+            raise RuntimeError("Checkpointer.restore: WORLD_SIZE > 1 but torch.distributed "
+                               "is not initialised; call init_process_group() first")
+        sources = plan["sources"]
+        # A replicated state is split across the shards: every rank needs
+        # every shard. A sharded one saved by as many ranks as there are now
+        # needs only its own (unless the live layout differs: the blocks
+        # are placed by their offsets either way).
+        own = _sharded_state(self._state) and len(sources) == world
+        shards = []
+        for index, src in enumerate(sources):
+            loader, shard = src["loader_rank"], src["shard"]
+            needed = not own or shard == rank
+            broadcast = world > 1 and not (own and loader == shard)
             data, error = None, None
-            if world == 1 or loader == rank:
+            if (world == 1 or loader == rank) and (needed or broadcast):
                 try:
                     data = self._session._impl.read_restore_shard(index)
                 except (OSError, ValueError) as e:
                     error = e  # the other ranks learn it from the broadcast
-            if world > 1:
+            if broadcast:
                 data = _broadcast_bytes(data, loader)
+            if not needed:
+                continue
             if error is not None:
                 raise error
             if data is None:
@@ -390,12 +592,69 @@ class Checkpointer:
             if shard_meta.get("step") != plan["step"]:
                 raise _endure.DataLossError(
                     f"{src['description']}: holds step {shard_meta.get('step')}")
-            if meta is None or src["shard"] == 0:
-                meta = shard_meta
-            for name, dtype, shape, payload in shard_tensors:
-                tensors[name] = _tensor_from(dtype, shape, payload, src["description"])
-        self._load(meta, tensors, plan["summary"])
+            tensors = {name: _tensor_from(dtype, shape, payload, src["description"])
+                       for name, dtype, shape, payload in shard_tensors}
+            shards.append((shard, shard_meta, tensors))
+        self._load_shards(shards, plan["summary"])
         return plan["step"]
+
+    def _restore_rejoined(self) -> int:
+        """The restore of a sharded state (FSDP) in a generation that
+        rejoined in place: the newest step that every rank holds, its own
+        shard, in its own node's memory (a killed rank's replacement starts
+        on its node), else the agent's plan (which knows the memory copies
+        only as of the last full restart, and the durable ones). Every rank
+        calls it; returns the step."""
+        start = time.monotonic()
+        world, rank, _ = _dist()
+        plan = self._session.restore_plan
+        impl = self._session._impl
+        mine = impl.local_snapshot_steps(world) if self._session.memory_checkpoints else []
+        step = _common_step(mine, world)
+        if step > (plan["step"] if plan is not None else 0):
+            data, error = None, None
+            try:
+                data = impl.read_local_snapshot(step)
+            except (OSError, _endure.DataLossError) as e:
+                error = e
+            if _all_ranks(error is None, world):
+                where = f"step {step} from node memory (each rank its own shard)"
+                meta, tensors = _endure.decode_shard_bytearray(data, where)
+                del data
+                shard = (rank, json.loads(meta),
+                         {name: _tensor_from(dtype, shape, payload, where)
+                          for name, dtype, shape, payload in tensors})
+                self._load_shards([shard], where)
+                self.last_restore_summary = where
+                self.restore_s = time.monotonic() - start
+                return step
+            if error is not None:
+                print(f"endure: rank {rank}: {error}; restoring the plan's step instead",
+                      file=sys.stderr, flush=True)
+        if plan is None:
+            raise _endure.DataLossError(
+                "a sharded state rejoined, and neither every rank's node memory nor a restore "
+                "plan holds a step to restore (node-memory checkpoints are needed: [checkpoint] "
+                "every_steps)")
+        return self.restore()
+
+    def _load_shards(self, shards, where: str) -> None:
+        """Loads a checkpoint from its shards read ((shard, meta,
+        tensors)): the union of their tensors for a replicated state; for a
+        sharded one, the metadata of this rank's shard (else the first read)
+        and each DTensor's block made from the blocks of all of them."""
+        _, rank, _ = _dist()
+        first = min(shards, key=lambda s: (s[0] != rank, s[0]))
+        meta = first[1]
+        if "offsets" not in meta:
+            merged: Dict[str, torch.Tensor] = {}
+            for shard, _, tensors in sorted(shards, key=lambda s: s[0]):
+                merged.update(tensors)
+            self._load(meta, merged, where)
+            return
+        reshard = _Reshard([(m.get("offsets", {}), t) for _, m, t in shards],
+                           _live_mesh(self._state), where)
+        self._load(meta, first[2], where, reshard)
 
     def _restore_directory(self) -> int:
         directory = self.directory
@@ -431,15 +690,22 @@ class Checkpointer:
         self.last_restore_summary = f"step {step} from {directory}"
         return step
 
-    def _load(self, meta: dict, tensors: Dict[str, torch.Tensor], where: str) -> None:
+    def _load(self, meta: dict, tensors: Dict[str, torch.Tensor], where: str,
+              reshard: Optional[_Reshard] = None) -> None:
         if meta.get("format") != _FORMAT or "python_tree" not in meta:
             raise ValueError(f"{where}: not a checkpoint of endure.torch.Checkpointer")
+        if _sharded_state(self._state) and reshard is None:
+            raise ValueError(f"{where}: the checkpoint holds a replicated state, and this "
+                             "state is sharded (FSDP)")
+        if reshard is not None and not _sharded_state(self._state):
+            raise ValueError(f"{where}: the checkpoint holds a sharded (FSDP) state, and this "
+                             "state is not sharded")
         tree = json.loads(meta["python_tree"])
         missing = [k for k in self._state if k not in tree]
         if missing:
             raise ValueError(f"{where}: the checkpoint has no entry for {', '.join(missing)}")
         for key, obj in self._state.items():
-            value = _decode(tree[key], tensors, f"{where}: state[{key!r}]")
+            value = _decode(tree[key], tensors, f"{where}: state[{key!r}]", reshard)
             if isinstance(obj, Mapping):
                 obj.clear()
                 obj.update(value)
@@ -606,7 +872,11 @@ class Loop:
                  timeout: Optional[datetime.timedelta] = None, rejoin_timeout_s: float = 60.0):
         if total_steps < 0:
             raise ValueError(f"Loop: total_steps must be >= 0, not {total_steps}")
-        self.checkpointer = Checkpointer(session, state, directory=directory, keep=keep)
+        self._build = None if isinstance(state, Mapping) or not callable(state) else state
+        self._checkpoint_args = {"directory": directory, "keep": keep}
+        if self._build is None:
+            self.checkpointer = Checkpointer(session, state, **self._checkpoint_args)
+        self.state = state  #: the state; for a function, what it built last
         self.total_steps = int(total_steps)
         self.completed = 0  #: steps whose update this rank applied
         self.start_step = 0  #: the step the loop started from (restored)
@@ -616,26 +886,34 @@ class Loop:
         self._timeout = timeout or datetime.timedelta(minutes=30)
         self._rejoin_timeout_s = float(rejoin_timeout_s)
         self._rejoins = bool(getattr(session, "rejoin_offered_here", False))
-        fsdp = _fsdp_module(state)
-        if self._rejoins and fsdp is not None:
-            # Each rank holds only its shard: a dead rank's shard died with
-            # it, and no peer can give it to its replacement.
-            print(f"endure: {fsdp} is sharded (FSDP): a failed rank's shard is lost with it, so "
-                  "this program restarts from the checkpoint tiers instead of rejoining in "
-                  "place", file=sys.stderr, flush=True)
-            self._rejoins = False
         self._wrapped: List[_Rewrapped] = []
         self._exact: List["ExactGradients"] = []
         self._failure: Optional[BaseException] = None
         self._started = False
         self._in_step = False
         self.world_size, self.rank, _ = _dist()
+        self._connect()
+        if self._build is not None:
+            self._make_state()
+        # Each rank of a sharded state (FSDP) holds a different part of it: a
+        # dead rank's part died with it, and only the checkpoint tiers hold
+        # it. Such a loop rejoins by building the state anew over the new
+        # group and restoring the plan's step into it.
+        self._sharded = _sharded_state(self.state)
+        why_not = _why_not_in_place(self.state, self._build is not None, session)
+        if self._rejoins and why_not:
+            print(f"endure: {why_not}, so this program restarts from the checkpoint tiers "
+                  "instead of rejoining in place", file=sys.stderr, flush=True)
+            self._rejoins = False
         if self._rejoins:
             # From here on, the session's own thread reads the agent's offer
             # file every 10 ms: rejoin_pending() is then cheap enough for
             # every layer and gradient.
             session.declare_rejoin()
-        self._connect()
+            if self._sharded:
+                for obj in self.state.values():
+                    if isinstance(obj, torch.nn.Module):
+                        self._stop_steps_of(obj)
 
     # ---- what the program uses ----
 
@@ -655,14 +933,7 @@ class Loop:
         proxy = _Rewrapped(self, module, kwargs)
         self._wrapped.append(proxy)
         if self._rejoins:
-            # A step whose peer died stops at its next layer (forward) or
-            # gradient (backward) once the agent offers the next generation,
-            # instead of computing to its end a step that cannot complete.
-            for m in module.modules():
-                m.register_forward_pre_hook(lambda *_: self._stop_if_offered())
-            for p in module.parameters():
-                if p.requires_grad:
-                    p.register_hook(lambda _: self._stop_if_offered())
+            self._stop_steps_of(module)
         return proxy
 
     def slots(self, count: int) -> range:
@@ -716,6 +987,26 @@ class Loop:
 
     # ---- inside ----
 
+    def _stop_steps_of(self, module) -> None:
+        # A step whose peer died stops at its next layer (forward) or
+        # gradient (backward) once the agent offers the next generation,
+        # instead of computing to its end a step that cannot complete.
+        for m in module.modules():
+            m.register_forward_pre_hook(lambda *_: self._stop_if_offered())
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_hook(lambda _: self._stop_if_offered())
+
+    def _make_state(self) -> None:
+        """Builds the state with the program's function (over the current
+        process group) and a checkpointer for it."""
+        state = self._build()
+        if not isinstance(state, Mapping):
+            raise TypeError(f"Loop: the function given as state must return a dict of names "
+                            f"to objects, not a {type(state).__name__}")
+        self.state = state
+        self.checkpointer = Checkpointer(self._session, state, **self._checkpoint_args)
+
     def _stop_if_offered(self) -> None:
         if self._in_step and self._session.rejoin_pending():
             raise PeerFailed("a later generation was offered while this step ran: a peer failed")
@@ -734,12 +1025,15 @@ class Loop:
             raise RuntimeError("Loop: iterate over a loop once")
         self._started = True
         start = time.monotonic()
-        if self._session.peer_restore and self.world_size > 1:
+        if self._session.peer_restore and self._sharded:
+            # A replacement joining ranks that kept their processes.
+            self.completed = self.checkpointer._restore_rejoined()
+        elif self._session.peer_restore and self.world_size > 1:
             self.completed = self._join_peers(-1)
         else:
             self.completed = self.checkpointer.restore()
         self.start_step = self.completed
-        if self._rejoins:
+        if self._rejoins and not self._sharded:
             # A rejoin collects the abandoned DDP modules' reference cycles
             # (_abandon); what exists now (torch, the program's modules, the
             # model) lives as long as the process, and is left out of every
@@ -772,7 +1066,10 @@ class Loop:
             self.rank = int(os.environ.get("RANK") or 0)
             try:
                 self._connect()
-                self.completed = self._join_peers(self.completed)
+                if self._sharded:
+                    self._rebuild()
+                else:
+                    self.completed = self._join_peers(self.completed)
                 for proxy in self._wrapped:
                     proxy._current()
                 break
@@ -784,9 +1081,10 @@ class Loop:
         self.checkpointer.restore_s = time.monotonic() - start
         self._session.ready(self.completed, restore_s=self.checkpointer.restore_s)
         if self.rank == 0:
+            source = f" ({self.checkpointer.last_restore_summary})" if self._sharded else ""
             print(f"endure: rejoined generation {self._session.generation} at step "
                   f"{self.completed} as rank {self.rank} of {self.world_size} "
-                  f"in {self.checkpointer.restore_s:.3f} s", flush=True)
+                  f"in {self.checkpointer.restore_s:.3f} s{source}", flush=True)
 
     def _abandon(self) -> None:
         # The old group goes with its last reference (the DDP wrappers hold
@@ -801,6 +1099,20 @@ class Loop:
             _abort_nccl()
             d.destroy_process_group()
         gc.collect()  # DDP modules sit in reference cycles (the rest is frozen: _start)
+
+    def _rebuild(self) -> None:
+        """A sharded state after a rejoin: the old one (its modules hold the
+        abandoned group) goes, the program's function builds it anew over
+        the new group, and every rank restores the restore plan's step into
+        it (a rank that kept a later step goes back to it: the tiers hold
+        no later one of the dead rank's part)."""
+        self.state = self.checkpointer = None
+        gc.collect()
+        self._make_state()
+        for obj in self.state.values():
+            if isinstance(obj, torch.nn.Module):
+                self._stop_steps_of(obj)
+        self.completed = self.checkpointer._restore_rejoined()
 
     def _join_peers(self, completed: int) -> int:
         """Every rank says how many steps it completed (-1: it starts fresh);
@@ -836,17 +1148,29 @@ class Loop:
         return best
 
 
-def _fsdp_module(state: Mapping) -> Optional[str]:
-    """The name of the first module in `state` with FSDP-sharded
-    parameters (FSDP's fully_shard or FullyShardedDataParallel), if any."""
+def _why_not_in_place(state: Mapping, built: bool, session) -> str:
+    """Why a loop over `state` cannot survive a peer's failure in its
+    process ("" when it can): FSDP's FullyShardedDataParallel (its state is
+    not DTensors), or a sharded state (fully_shard) that the program passed
+    built (the loop must build it anew over the new group) or that has no
+    node-memory checkpoints to restore a dead rank's part from."""
     for name, value in state.items():
         if not isinstance(value, torch.nn.Module):
             continue
         for m in value.modules():
-            kinds = {k.__name__ for k in type(m).__mro__}
-            if kinds & {"FSDPModule", "FullyShardedDataParallel"}:
-                return f"state[{name!r}]"
-    return None
+            if "FullyShardedDataParallel" in {k.__name__ for k in type(m).__mro__}:
+                return (f"state[{name!r}] is sharded by FullyShardedDataParallel: a failed "
+                        "rank's shard is lost with it (use fully_shard, and give the loop a "
+                        "function that builds the state)")
+    if not _sharded_state(state):
+        return ""
+    if not built:
+        return ("the state is sharded (FSDP): pass a function that builds it as Loop's state, "
+                "so that the loop can build it anew over the next generation's group")
+    if not session.memory_checkpoints:
+        return ("the state is sharded (FSDP) and has no node-memory checkpoints ([checkpoint] "
+                "every_steps, memory) to restore a failed rank's part from")
+    return ""
 
 
 def _abort_nccl() -> None:

@@ -532,25 +532,58 @@ class LoopTest(CleanEnvironment):
         net(torch.ones(1, 2))  # outside a step the hooks never stop anything
 
     @unittest.skipUnless(_has_fully_shard(), "FSDP's fully_shard needs torch 2.x")
-    def test_a_sharded_model_restarts_from_the_tiers_instead_of_rejoining(self):
-        # A dead rank's FSDP shard dies with it: no peer holds it, so the
-        # loop does not offer to rejoin in place, and says why.
-        from torch.distributed.fsdp import fully_shard
-        s = self._rejoining_session()
+    def test_a_sharded_model_rejoins_only_when_the_loop_builds_it_over_node_memory(self):
+        # A dead rank's FSDP shard dies with it: the loop rejoins in place only
+        # when it can build the state anew over the next group (a function)
+        # and restore the dead rank's part from node memory; otherwise it
+        # says why, and the job restarts from the tiers.
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except Exception:
+            self.skipTest("FSDP's fully_shard needs torch >= 2.6")
         os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
         torch.distributed.init_process_group("gloo", rank=0, world_size=1)
         try:
-            model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+            def build():
+                model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+                fully_shard(model)
+                return {"model": model}
+            s = self._rejoining_session()
             plain = endure.torch.Loop(s, {"m": torch.nn.Linear(2, 2)}, 1)
             self.assertTrue(plain.rejoins_in_place)
-            fully_shard(model)
-            err = io.StringIO()
-            with contextlib.redirect_stderr(err):
-                loop = endure.torch.Loop(s, {"model": model}, 1)
-            self.assertFalse(loop.rejoins_in_place)
-            self.assertIn("state['model'] is sharded (FSDP)", err.getvalue())
+            for state, why in [(build(), "pass a function that builds it"),
+                               (build, "has no node-memory checkpoints")]:
+                err = io.StringIO()
+                with contextlib.redirect_stderr(err):
+                    loop = endure.torch.Loop(s, state, 1)
+                self.assertFalse(loop.rejoins_in_place)
+                self.assertIn("the state is sharded (FSDP)", err.getvalue())
+                self.assertIn(why, err.getvalue())
+            os.environ["ENDURE_T0_DIR"] = self.dir
+            loop = endure.torch.Loop(self._rejoining_session(), build, 1)
+            self.assertTrue(loop.rejoins_in_place)
+            self.assertIsInstance(loop.state["model"], torch.nn.Sequential)
         finally:
+            os.environ.pop("ENDURE_T0_DIR", None)
             torch.distributed.destroy_process_group()
+
+    def test_a_block_is_assembled_from_the_saved_blocks_that_overlap_it(self):
+        # A 5x2 tensor saved by 3 ranks (rows 0-1, 2-3, 4) re-sharded for 2
+        # (rows 0-2, 3-4): each new block takes the rows of every old one it
+        # overlaps; rows that no saved block holds are a data loss.
+        full = torch.arange(10.0).reshape(5, 2)
+        saved = [([0, 0], full[0:2]), ([2, 0], full[2:4]), ([4, 0], full[4:5])]
+        assemble = endure.torch._assemble
+        self.assertTrue(torch.equal(assemble(saved, [3, 2], [0, 0], torch.float32, "t"),
+                                    full[0:3]))
+        self.assertTrue(torch.equal(assemble(saved, [2, 2], [3, 0], torch.float32, "t"),
+                                    full[3:5]))
+        # Replicated blocks (every rank the whole) overlap: any of them will do.
+        self.assertTrue(torch.equal(
+            assemble([([0, 0], full), ([0, 0], full)], [5, 2], [0, 0], torch.float32, "t"),
+            full))
+        with self.assertRaisesRegex(endure.DataLossError, "do not cover"):
+            assemble(saved[:2], [2, 2], [3, 0], torch.float32, "t")
 
     def test_exact_gradients_of_a_failed_attempt_are_dropped(self):
         # A step cut short after one micro-batch: its next attempt sums only

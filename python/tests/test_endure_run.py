@@ -292,6 +292,85 @@ class PythonTrainerShrinksAndGrowsBack(unittest.TestCase):
             shutil.rmtree(directory, ignore_errors=True)
 
 
+FSDP_TRAINER = os.path.join(SOURCE, "examples", "python", "train_fsdp.py")
+
+
+def _has_fully_shard():
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401  (torch >= 2.6)
+        return True
+    except Exception:  # torch 1.x has no fully_shard
+        return False
+
+
+@unittest.skipUnless(_has_fully_shard(), "FSDP's fully_shard needs torch >= 2.6 (make test-torch)")
+class ShardedTrainerRejoinsInPlace(unittest.TestCase):
+    """examples/python/train_fsdp.py: the reference GPT sharded by fully_shard,
+    each rank holding its part of the parameters and optimizer state."""
+
+    def _job(self, directory, name, faults="", nodes=2, args=None):
+        text = spec(os.path.join(directory, name), faults).replace(
+            json.dumps(TRAINER), json.dumps(FSDP_TRAINER)).replace(
+            "[recovery]\n", "[recovery]\nin_process = true\nwarm_standby = true\n")
+        if args is not None:
+            text = text.replace(json.dumps(ARGS)[1:-1], json.dumps(args)[1:-1])
+        if nodes != 2:
+            text = text.replace("nodes = 2\n", f"nodes = {nodes}\nmin_nodes = {nodes - 1}\n")
+        self.assertIn("train_fsdp.py", text)
+        p, report = run(directory, name, text)
+        out = p.stdout + p.stderr
+        self.assertEqual(p.returncode, 0, out)
+        return report, out
+
+    def test_a_killed_rank_is_replaced_in_process_from_each_nodes_memory_bit_exact(self):
+        # Rank 1 is killed as step 12 begins. Rank 0 keeps its process, the
+        # state is built anew over generation 1's group, and both ranks
+        # restore step 11 from their own node's memory (the replacement
+        # reads what the killed rank saved there): no step lost, and the
+        # parameters of a run without the kill, bit for bit.
+        directory = tempfile.mkdtemp(prefix="endure-pyfsdp-")
+        try:
+            reference, _ = self._job(directory, "reference")
+            report, out = self._job(directory, "kill", fault("kill", "kill", rank=1, step=12))
+            self.assertEqual(report["steps"], 30, out)
+            incidents = report["incidents"]
+            self.assertEqual([(i["cause"], i["route"]) for i in incidents],
+                             [("signal 9 SIGKILL", "in_process")], json.dumps(incidents, indent=1))
+            self.assertEqual(incidents[0]["failed_at_step"], incidents[0]["restored_step"],
+                             incidents[0])
+            logs = os.path.join(directory, "kill", "nodes")
+            survivor = [read(os.path.join(logs, n, "logs", "gen0-rank0.log"))
+                        for n in os.listdir(logs)
+                        if os.path.exists(os.path.join(logs, n, "logs", "gen0-rank0.log"))]
+            self.assertEqual(len(survivor), 1)
+            self.assertIn("rejoined generation 1 at step 11 as rank 0 of 2", survivor[0])
+            self.assertIn("(step 11 from node memory (each rank its own shard))", survivor[0])
+            self.assertTrue(reference["param_fingerprint"])
+            self.assertEqual(report["param_fingerprint"], reference["param_fingerprint"], out)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def test_a_lost_node_shrinks_and_grows_back_re_sharding_the_state(self):
+        # 3 nodes, min_nodes = 2: node 2's agent dies at step 10. The two
+        # others go on in process: the state is re-sharded from 3 ranks'
+        # blocks to 2 (from the plan's copies), and again to 3 when the
+        # replacement node comes.
+        directory = tempfile.mkdtemp(prefix="endure-pyfsdp-shrink-")
+        try:
+            args = ["--steps", "60", "--layers", "2", "--d-model", "64", "--context", "64",
+                    "--global-batch", "24", "--micro-batch", "4", "--log-every", "10"]
+            report, out = self._job(directory, "shrinks",
+                                    fault("agent", "kill-agent", rank=2, step=10), 3, args)
+            self.assertEqual(report["steps"], 60, out)
+            incidents = report["incidents"]
+            self.assertEqual([(i["cause"], i["route"]) for i in incidents],
+                             [("node_lost", "shrink")], json.dumps(incidents, indent=1))
+            self.assertEqual([(r["from_nodes"], r["to_nodes"]) for r in report["resizes"]],
+                             [(2, 3)], report["resizes"])
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
 # An unmodified torchrun-style DDP script: no endure import, its own process# An unmodified torchrun-style DDP script: no endure import, its own process
 # group from the environment, progress only in what rank 0 prints. Rank 1
 # hangs in step 15 of the first attempt (as a rank stuck in a collective

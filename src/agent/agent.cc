@@ -574,6 +574,12 @@ void Agent::Start(int64_t generation, const proto::StartGeneration& start) {
       case core::RestoreRoute::kFromScratch:
         break;
     }
+    if (start.rejoin() && !plan_path.empty()) {
+      // A program whose ranks each hold only a shard of the state (FSDP)
+      // cannot take a dead rank's part from a peer: it reads the plan's
+      // step from the tiers instead, in its kept process.
+      spec.env.emplace_back(worker_env::kRestorePlanFile, plan_path);
+    }
     Status st = Unavailable("no standby");
     if (!credential.ok()) {
       st = credential.status().WithContext("cannot make this generation's worker credential");

@@ -605,6 +605,38 @@ TEST_F(AgentShellTest, AnInProcessRestartKeepsTheLiveWorkerAndStartsOnlyTheDeadO
   EXPECT_EQ(exit->generation(), 2);
 }
 
+// A rejoin with a restore plan: the kept worker's offer and the fresh
+// worker's environment both name it (a sharded program's ranks each restore
+// their part from the tiers), and the fresh one still may take the state
+// from a peer.
+TEST_F(AgentShellTest, ARejoinsPlanGoesToTheKeptAndTheFreshWorkers) {
+  StartAgent();
+  proto::AgentCommand first = StartCommand(1, {0, 1}, 2);
+  first.mutable_start()->set_in_process(true);
+  Do(first);
+  ASSERT_TRUE(launcher_.Exit(1, ExitStatus{false, 0, SIGKILL}));
+  ASSERT_TRUE(transport_.WaitForEvent([](const auto& e) { return e.has_worker_exited(); }));
+  proto::AgentCommand second = StartCommand(2, {0, 1}, 2);
+  second.mutable_start()->set_in_process(true);
+  second.mutable_start()->set_rejoin(true);
+  second.mutable_start()->mutable_checkpoint()->set_restore_plan_json(R"({"step":7,"sources":[]})");
+  Do(second);
+
+  const std::vector<FakeProcessLauncher::Launch> launches = launcher_.launches();
+  ASSERT_EQ(launches.size(), 3u);
+  std::map<std::string, std::string> fresh = EnvOf(launches[2].spec);
+  EXPECT_EQ(fresh["ENDURE_PEER_RESTORE"], "1");
+  ASSERT_EQ(fresh.count("ENDURE_RESTORE_PLAN_FILE"), 1u);
+  Result<std::string> plan = Env::Default()->ReadFile(fresh["ENDURE_RESTORE_PLAN_FILE"]);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_NE(plan->find("\"step\":7"), std::string::npos) << *plan;
+  const std::string offer = ReadAll(EnvOf(launches[0].spec)["ENDURE_REJOIN_FILE"]);
+  EXPECT_NE(offer.find("ENDURE_RESTORE_PLAN_FILE=" + fresh["ENDURE_RESTORE_PLAN_FILE"] + "\n"),
+            std::string::npos)
+      << offer;
+  EXPECT_EQ(offer.find("ENDURE_PEER_RESTORE"), std::string::npos) << offer;
+}
+
 // An elastic shrink: the node ran rank 1 of 2; the other node is lost and
 // the job goes on with this node alone, where the live worker is rank 0 of
 // 1. It keeps its process (nothing starts), is offered its new rank and

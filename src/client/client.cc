@@ -513,6 +513,52 @@ Result<std::string> Session::ReadRestoreShard(size_t index) const {
   return checkpoint::ReadShardCopy(impl_->plan->sources[index].copy);
 }
 
+namespace {
+
+// This rank's T0 slots that hold a complete snapshot (ready, or pinned by
+// the agent while it copies it), of this rank's shard.
+std::vector<std::pair<checkpoint::SnapshotInfo, std::unique_ptr<checkpoint::SnapshotFile>>>
+LocalSnapshots(const std::string& t0_dir, int rank) {
+  std::vector<std::pair<checkpoint::SnapshotInfo, std::unique_ptr<checkpoint::SnapshotFile>>> out;
+  if (t0_dir.empty()) return out;
+  for (int slot = 0; slot < checkpoint::kT0Slots; ++slot) {
+    Result<std::unique_ptr<checkpoint::SnapshotFile>> f =
+        checkpoint::SnapshotFile::Open(checkpoint::SlotPath(t0_dir, rank, slot));
+    if (!f.ok()) continue;
+    const checkpoint::SnapshotInfo info = (*f)->info();
+    const bool complete =
+        info.state == checkpoint::SlotState::kReady || info.state == checkpoint::SlotState::kPinned;
+    if (complete && info.shard == rank && info.step > 0) out.emplace_back(info, std::move(*f));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<int64_t> Session::LocalSnapshotSteps(int shards) const {
+  std::vector<int64_t> steps;
+  for (const auto& [info, file] : LocalSnapshots(impl_->t0_dir, impl_->rank)) {
+    if (info.shards == shards) steps.push_back(info.step);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+Result<std::string> Session::ReadLocalSnapshot(int64_t step) const {
+  for (const auto& [info, file] : LocalSnapshots(impl_->t0_dir, impl_->rank)) {
+    if (info.step != step) continue;
+    ENDURE_RETURN_IF_ERROR(file->Verify());
+    ENDURE_ASSIGN_OR_RETURN(std::string_view bytes, file->payload());
+    std::string copy(bytes);
+    // The slot may have been reused while it was read: the copy counts
+    // only if it is still the snapshot verified.
+    if (file->info().step != step) break;
+    return copy;
+  }
+  return NotFound("rank " + std::to_string(impl_->rank) + " holds no snapshot of step " +
+                  std::to_string(step) + " in node memory (" + impl_->t0_dir + ")");
+}
+
 bool Session::ShouldSkip(int64_t step_index) const {
   return std::binary_search(impl_->skip_steps.begin(), impl_->skip_steps.end(), step_index + 1);
 }
@@ -736,11 +782,23 @@ Status Session::Rejoin(std::chrono::milliseconds timeout) {
   // Checked before anything changes: a malformed offer leaves the session
   // and the environment as they were.
   std::map<std::string, std::string> variables(offer->variables.begin(), offer->variables.end());
+  // Where the restore comes from is the generation's alone: a plan (or a
+  // peer restore) this process started with must not outlive it.
+  constexpr const char* kPerGeneration[] = {worker_env::kRestoreStep, worker_env::kRestorePlan,
+                                            worker_env::kRestorePlanFile, worker_env::kPeerRestore};
+  auto per_generation = [&](const char* name) {
+    return std::any_of(std::begin(kPerGeneration), std::end(kPerGeneration),
+                       [&](const char* v) { return std::strcmp(v, name) == 0; });
+  };
   auto lookup = [&](const char* name) -> const char* {
     auto it = variables.find(name);
-    return it != variables.end() ? it->second.c_str() : std::getenv(name);
+    if (it != variables.end()) return it->second.c_str();
+    return per_generation(name) ? nullptr : std::getenv(name);
   };
   ENDURE_ASSIGN_OR_RETURN(std::unique_ptr<Session> fresh, FromEnvironment(lookup));
+  for (const char* name : kPerGeneration) {
+    if (variables.count(name) == 0) ::unsetenv(name);
+  }
   for (const auto& [key, value] : offer->variables) ::setenv(key.c_str(), value.c_str(), 1);
   Impl& next = *fresh->impl_;
   next.tokens_per_step = old.tokens_per_step;

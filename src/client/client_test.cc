@@ -461,6 +461,84 @@ TEST(Session, TheSnapshotBeforeASuspectLossIsHeldInNodeMemory) {
   }
 }
 
+// A killed rank's replacement starts on its node: a fresh session of the
+// same rank finds what the dead one saved in node memory, and reads it back
+// verified; a slot whose bytes changed is a data loss, never a restore.
+TEST(Session, AFreshSessionOfTheSameRankReadsItsNodesSnapshotsBack) {
+  Receiver r;
+  char tmpl[] = "/tmp/endure-local-XXXXXX";
+  const std::string t0 = mkdtemp(tmpl);
+  std::map<std::string, std::string> vars = AgentVars(r);
+  vars["ENDURE_T0_DIR"] = t0;
+  vars["RANK"] = "1";
+  std::vector<float> w(16, 0.0f);
+  {
+    std::unique_ptr<Session> dead = MustCreate(vars);
+    for (int64_t done = 1; done <= 5; ++done) {
+      w[0] = static_cast<float>(done);
+      const TensorRef t{"w", "float32", {16}, w.data(), w.size() * sizeof(float)};
+      ASSERT_TRUE(dead->SaveSnapshot(done, 2, "{}", {t}).value());
+    }
+  }
+  std::unique_ptr<Session> s = MustCreate(vars);
+  const std::vector<int64_t> steps = s->LocalSnapshotSteps(2);
+  ASSERT_GE(steps.size(), 2u);
+  EXPECT_EQ(steps[0], 5);
+  EXPECT_EQ(steps[1], 4);
+  EXPECT_TRUE(s->LocalSnapshotSteps(3).empty());  // saved by another world size
+  Result<std::string> bytes = s->ReadLocalSnapshot(5);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  Result<StoredShard> shard = DecodeShard(*bytes, "t0");
+  ASSERT_TRUE(shard.ok()) << shard.status().ToString();
+  ASSERT_EQ(shard->tensors.size(), 1u);
+  float first = 0;
+  std::memcpy(&first, shard->tensors[0].data.data(), sizeof first);
+  EXPECT_EQ(first, 5.0f);
+  EXPECT_EQ(s->ReadLocalSnapshot(17).status().code(), StatusCode::kNotFound);
+  // Another rank's session on the node sees none of them.
+  vars["RANK"] = "0";
+  EXPECT_TRUE(MustCreate(vars)->LocalSnapshotSteps(2).empty());
+  for (int slot = 0; slot < 3; ++slot) {
+    auto f = checkpoint::SnapshotFile::Open(t0 + "/rank-1.slot-" + std::to_string(slot));
+    if (f.ok() && (*f)->info().step == 5) (*f)->InjectCorruption();
+  }
+  EXPECT_EQ(s->ReadLocalSnapshot(5).status().code(), StatusCode::kDataLoss);
+  std::filesystem::remove_all(t0);
+}
+
+// Where a generation's restore comes from is its own: an offer without a
+// plan leaves no plan from the generation the process started in, and an
+// offer with one (a sharded program reads it) gives it.
+TEST(Session, ARejoinTakesTheRestoreRouteOfTheOfferOnly) {
+  Receiver r;
+  char tmpl[] = "/tmp/endure_rejoin_plan.XXXXXX";
+  const fs::path dir = mkdtemp(tmpl);
+  const std::string file = (dir / "rank0.rejoin").string();
+  const std::string plan_file = (dir / "plan.json").string();
+  std::ofstream(plan_file) << R"({"step":4,"sources":[]})";
+  std::map<std::string, std::string> vars = AgentVars(r);
+  vars["ENDURE_REJOIN_FILE"] = file;
+  vars["ENDURE_RESTORE_PLAN_FILE"] = plan_file;
+  for (const auto& [k, v] : vars) ::setenv(k.c_str(), v.c_str(), 1);
+  std::unique_ptr<Session> s = MustCreate(vars);
+  ASSERT_TRUE(s->restore_plan().has_value());
+  const std::string base = "ENDURE_AGENT_SOCKET=" + r.path() + "\nRANK=0\nENDURE_TOKEN=t\n";
+  std::ofstream(file) << base << "ENDURE_GENERATION=4\n";
+  ASSERT_TRUE(s->Rejoin(std::chrono::milliseconds(1000)).ok());
+  EXPECT_FALSE(s->restore_plan().has_value());
+  EXPECT_EQ(std::getenv("ENDURE_RESTORE_PLAN_FILE"), nullptr);
+  std::ofstream(file) << base << "ENDURE_GENERATION=5\nENDURE_RESTORE_PLAN_FILE=" << plan_file
+                      << "\n";
+  ASSERT_TRUE(s->Rejoin(std::chrono::milliseconds(1000)).ok());
+  ASSERT_TRUE(s->restore_plan().has_value());
+  EXPECT_EQ(s->restore_plan()->step, 4);
+  for (const auto& [k, v] : vars) ::unsetenv(k.c_str());
+  for (const char* v : {"RANK", "ENDURE_TOKEN", "ENDURE_GENERATION", "ENDURE_RESTORE_PLAN_FILE"}) {
+    ::unsetenv(v);
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Session, StopsAtNamesTheStepsWhoseFaultsEndOrStopTheProcess) {
   Receiver r;
   std::map<std::string, std::string> vars = AgentVars(r);
