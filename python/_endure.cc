@@ -174,7 +174,13 @@ PYBIND11_MODULE(_endure, m) {
       .def("should_skip", &Session::ShouldSkip)
       .def_property_readonly("rejoin_offered_here", &Session::rejoin_offered_here)
       .def_property_readonly("peer_restore", &Session::peer_restore)
-      .def("declare_rejoin", &Session::DeclareRejoin)
+      .def(
+          "declare_rejoin",
+          [](Session& s, bool from_tiers) {
+            s.DeclareRejoin(from_tiers ? Session::RejoinRestore::kFromTiers
+                                       : Session::RejoinRestore::kFromPeers);
+          },
+          py::arg("from_tiers") = false)
       .def("rejoin_pending", &Session::RejoinPending)
       // Waits up to `timeout_s` for an offer and takes it; False when none came.
       .def("rejoin",

@@ -316,10 +316,16 @@ class Session {
   // Whether the agent offers rejoins (ENDURE_REJOIN_FILE is set). Call
   // DeclareRejoin before Ready when the program acts on them.
   bool rejoin_offered_here() const;
-  // This process rejoins generations: its "ready" datagrams say so, and a
-  // thread of the session's reads the agent's offer file every 10 ms from
-  // then on (RejoinPending).
-  void DeclareRejoin();
+  // Where a rank that rejoins takes the state it lacks from.
+  enum class RejoinRestore {
+    kFromPeers,  // data parallel: the ranks that kept the state hand it to the fresh ones
+    kFromTiers,  // each rank holds its own part (sharded, FSDP): every rank of the new
+                 // generation restores from the tiers (the generation carries a plan)
+  };
+  // This process rejoins generations: its "ready" datagrams say so (and
+  // where its state comes from), and a thread of the session's reads the
+  // agent's offer file every 10 ms from then on (RejoinPending).
+  void DeclareRejoin(RejoinRestore restore = RejoinRestore::kFromPeers);
   // This program computes the same loss bit for bit when it replays a step
   // from the same state and data (fixed seeds, deterministic kernels, an
   // exact or fixed-order reduction). Call before Ready. A loss anomaly is

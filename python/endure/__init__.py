@@ -323,10 +323,14 @@ class Session:
         their state: it takes the state from them, not from the tiers."""
         return self._impl.peer_restore
 
-    def declare_rejoin(self) -> None:
+    def declare_rejoin(self, from_tiers: bool = False) -> None:
         """This process rejoins later generations in place (call before
-        `ready`); the controller may then replace only a failed peer."""
-        self._impl.declare_rejoin()
+        `ready`); the controller may then replace only a failed peer.
+        `from_tiers`: each rank holds its own part of the state (sharded),
+        which every rank restores from the checkpoint tiers after a rejoin
+        (the generation then carries a restore plan); otherwise the ranks
+        that kept the state hand it to the fresh ones."""
+        self._impl.declare_rejoin(from_tiers)
 
     def rejoin_pending(self) -> bool:
         """Whether the agent offered a generation later than this one. After

@@ -366,6 +366,15 @@ def _sharded_state(state: Mapping) -> bool:
     return _live_mesh(state) is not None
 
 
+def _sizes(value: Any, where: str) -> List[int]:
+    """A shape or offset from a checkpoint's metadata, checked."""
+    if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _INT64_MAX
+            for v in value):
+        raise ValueError(f"{where}: malformed checkpoint metadata (a shape or offset)")
+    return value
+
+
 def _contiguous_stride(shape: List[int]) -> Tuple[int, ...]:
     stride, n = [], 1
     for size in reversed(shape):
@@ -385,15 +394,17 @@ class _Reshard:
 
     def __call__(self, node: dict):
         where = self._where
-        name, shape = node.get("S"), node.get("shape")
-        placements = [_placement(p, where) for p in node.get("placements", [])]
-        if not isinstance(shape, list) or self._mesh is None or \
-                len(placements) != self._mesh.ndim:
+        name, shape = node.get("S"), _sizes(node.get("shape"), where)
+        placements = node.get("placements")
+        if not isinstance(placements, list):
+            raise ValueError(f"{where}: malformed checkpoint metadata (placements)")
+        placements = [_placement(p, where) for p in placements]
+        if self._mesh is None or len(placements) != self._mesh.ndim:
             raise ValueError(f"{where}: the checkpoint's {name!r} is sharded over a mesh of "
                              f"{len(placements)} dimensions; the state's has "
                              f"{'none' if self._mesh is None else self._mesh.ndim}")
-        pieces = [(offsets[name], tensors[name]) for offsets, tensors in self._shards
-                  if name in tensors and name in offsets]
+        pieces = [(_sizes(offsets[name], where), tensors[name])
+                  for offsets, tensors in self._shards if name in tensors and name in offsets]
         if not pieces:
             raise _endure.DataLossError(f"{where}: no shard read holds {name!r}")
         local_shape, offset = _local_shape_and_offset(shape, self._mesh, placements)
@@ -644,6 +655,8 @@ class Checkpointer:
         sharded one, the metadata of this rank's shard (else the first read)
         and each DTensor's block made from the blocks of all of them."""
         _, rank, _ = _dist()
+        if not shards:
+            raise _endure.DataLossError(f"{where}: the plan holds no shard for rank {rank}")
         first = min(shards, key=lambda s: (s[0] != rank, s[0]))
         meta = first[1]
         if "offsets" not in meta:
@@ -652,7 +665,10 @@ class Checkpointer:
                 merged.update(tensors)
             self._load(meta, merged, where)
             return
-        reshard = _Reshard([(m.get("offsets", {}), t) for _, m, t in shards],
+        offsets = [m.get("offsets") for _, m, _ in shards]
+        if not all(isinstance(o, dict) for o in offsets):
+            raise ValueError(f"{where}: the checkpoint's shards are not all sharded")
+        reshard = _Reshard([(o, t) for o, (_, _, t) in zip(offsets, shards)],
                            _live_mesh(self._state), where)
         self._load(meta, first[2], where, reshard)
 
@@ -909,7 +925,7 @@ class Loop:
             # From here on, the session's own thread reads the agent's offer
             # file every 10 ms: rejoin_pending() is then cheap enough for
             # every layer and gradient.
-            session.declare_rejoin()
+            session.declare_rejoin(from_tiers=self._sharded)
             if self._sharded:
                 for obj in self.state.values():
                     if isinstance(obj, torch.nn.Module):

@@ -567,6 +567,57 @@ class LoopTest(CleanEnvironment):
             os.environ.pop("ENDURE_T0_DIR", None)
             torch.distributed.destroy_process_group()
 
+    def test_a_sharded_state_in_node_memory_is_restored_into_a_state_built_anew(self):
+        # What a rejoin does: the state (an FSDP model and its AdamW, whose
+        # moments are DTensors too) saved to node memory step by step, built
+        # anew, and restored from this rank's own snapshot of the newest step.
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except Exception:
+            self.skipTest("FSDP's fully_shard needs torch >= 2.6")
+        os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+                           "ENDURE_REJOIN_FILE": os.path.join(self.dir, "rank0.rejoin"),
+                           "ENDURE_GENERATION": "0", "RANK": "0", "WORLD_SIZE": "1",
+                           "ENDURE_T0_DIR": self.dir})
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+        try:
+            def build():
+                torch.manual_seed(0)
+                model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+                fully_shard(model)
+                return {"model": model, "opt": torch.optim.AdamW(model.parameters(), lr=0.1),
+                        "data": {"position": 0}}
+            loop = endure.torch.Loop(endure.Session.from_env(), build, 3)
+            self.assertTrue(loop.rejoins_in_place)
+            for step in loop:
+                model, opt = loop.state["model"], loop.state["opt"]
+                with loop.guard():
+                    model(torch.ones(2, 4)).pow(2).sum().backward()
+                    opt.step()
+                    opt.zero_grad()
+                loop.state["data"]["position"] = step + 1
+                loop.checkpointer.save(step + 1)
+
+            def full(state):
+                model, opt = state["model"], state["opt"]
+                moments = [opt.state[p]["exp_avg"] for p in model.parameters()]
+                return [t.full_tensor() for t in list(model.parameters()) + moments]
+            want = full(loop.state)
+            loop._make_state()  # fresh: the initial parameters, no moments
+            self.assertFalse(torch.equal(loop.state["model"][0].weight.full_tensor(), want[0]))
+            self.assertEqual(loop.checkpointer._restore_rejoined(), 3)
+            self.assertEqual(loop.checkpointer.last_restore_summary,
+                             "step 3 from node memory (each rank its own shard)")
+            got = full(loop.state)
+            self.assertEqual(len(got), len(want))
+            for a, b in zip(got, want):
+                self.assertTrue(torch.equal(a, b))
+            self.assertEqual(loop.state["data"], {"position": 3})
+        finally:
+            for v in ("ENDURE_T0_DIR", "ENDURE_REJOIN_FILE"):
+                os.environ.pop(v, None)
+            torch.distributed.destroy_process_group()
+
     def test_a_block_is_assembled_from_the_saved_blocks_that_overlap_it(self):
         # A 5x2 tensor saved by 3 ranks (rows 0-1, 2-3, 4) re-sharded for 2
         # (rows 0-2, 3-4): each new block takes the rows of every old one it

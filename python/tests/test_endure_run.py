@@ -338,6 +338,12 @@ class ShardedTrainerRejoinsInPlace(unittest.TestCase):
                              [("signal 9 SIGKILL", "in_process")], json.dumps(incidents, indent=1))
             self.assertEqual(incidents[0]["failed_at_step"], incidents[0]["restored_step"],
                              incidents[0])
+            # The loop said its ranks restore their parts from the tiers: the
+            # route and the restore say so, and the generation had a plan.
+            self.assertIn("every rank restores its part of the (sharded) state from the tiers",
+                          incidents[0]["route_reason"])
+            self.assertIn("each rank restores its part of the state (sharded)",
+                          incidents[0]["restore"])
             logs = os.path.join(directory, "kill", "nodes")
             survivor = [read(os.path.join(logs, n, "logs", "gen0-rank0.log"))
                         for n in os.listdir(logs)

@@ -143,6 +143,7 @@ struct Session::Impl {
   std::string rejoin_file;    // ENDURE_REJOIN_FILE
   bool peer_restore = false;  // ENDURE_PEER_RESTORE=1
   bool declares_rejoin = false;
+  bool rejoins_from_tiers = false;  // DeclareRejoin(kFromTiers)
   bool declares_deterministic = false;
   // The losses this rank reports, watched more keenly than the controller
   // does (half its default bars): the snapshot before a suspect step is held
@@ -685,6 +686,7 @@ void Session::SendReady(int64_t start_step, bool unknown, double restore_s, doub
   m.restore_s = restore_s;
   m.init_s = init_s;
   m.rejoin = s.declares_rejoin;
+  m.rejoin_from_tiers = s.declares_rejoin && s.rejoins_from_tiers;
   m.deterministic = s.declares_deterministic;
   s.Send(Encode(s.token, s.generation, s.rank, m), /*retry=*/false);
 }
@@ -698,8 +700,9 @@ void Session::ReadyAtUnknownStep(double restore_s, double init_s) {
 }
 
 bool Session::rejoin_offered_here() const { return !impl_->rejoin_file.empty(); }
-void Session::DeclareRejoin() {
+void Session::DeclareRejoin(RejoinRestore restore) {
   impl_->declares_rejoin = !impl_->rejoin_file.empty();
+  impl_->rejoins_from_tiers = restore == RejoinRestore::kFromTiers;
   impl_->StartWatchingOffers();
 }
 void Session::DeclareDeterministic() { impl_->declares_deterministic = true; }
@@ -805,6 +808,7 @@ Status Session::Rejoin(std::chrono::milliseconds timeout) {
   next.total_steps = old.total_steps;
   next.phase = old.phase;
   next.declares_rejoin = old.declares_rejoin;
+  next.rejoins_from_tiers = old.rejoins_from_tiers;
   next.declares_deterministic = old.declares_deterministic;
   next.loss_watch = old.loss_watch;
   next.peer_restore = false;  // this process holds its state

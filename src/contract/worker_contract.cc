@@ -146,6 +146,10 @@ Result<DatagramMessage> ParseMessage(const std::string& type, const Json& j, int
     ENDURE_ASSIGN_OR_RETURN(m.restore_s, Real(j, "restore_s", 0, kMaxSeconds, 0.0));
     ENDURE_ASSIGN_OR_RETURN(m.init_s, Real(j, "init_s", 0, kMaxSeconds, 0.0));
     ENDURE_ASSIGN_OR_RETURN(m.rejoin, Bool(j, "rejoin", false));
+    ENDURE_ASSIGN_OR_RETURN(m.rejoin_from_tiers, Bool(j, "rejoin_from_tiers", false));
+    if (m.rejoin_from_tiers && !m.rejoin) {
+      return InvalidArgument("a ready with rejoin_from_tiers must say rejoin");
+    }
     ENDURE_ASSIGN_OR_RETURN(m.deterministic, Bool(j, "deterministic", false));
     ENDURE_ASSIGN_OR_RETURN(m.start_step_unknown, Bool(j, "start_step_unknown", false));
     if (m.start_step_unknown && m.start_step != 0) {
@@ -310,6 +314,7 @@ struct Fields {
     j["restore_s"] = m.restore_s;
     j["init_s"] = m.init_s;
     if (m.rejoin) j["rejoin"] = true;
+    if (m.rejoin_from_tiers) j["rejoin_from_tiers"] = true;
     if (m.deterministic) j["deterministic"] = true;
     if (m.start_step_unknown) j["start_step_unknown"] = true;
   }

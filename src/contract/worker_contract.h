@@ -75,6 +75,9 @@ struct ReadyMessage {
   // It does not know what it restored (start_step is 0): the first step it
   // reports says (client.h ReadyAtUnknownStep).
   bool start_step_unknown = false;
+  // It rejoins, and then restores its part of the state from the tiers
+  // (client.h RejoinRestore::kFromTiers: a sharded state).
+  bool rejoin_from_tiers = false;
 };
 
 // "heartbeat": the worker is alive; `step` completed so far (-1: none yet).

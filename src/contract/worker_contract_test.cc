@@ -53,6 +53,20 @@ TEST(WorkerContract, EveryMessageReadsBackAsItWasWritten) {
   EXPECT_TRUE(r.rejoin);
   EXPECT_TRUE(r.deterministic);
   EXPECT_FALSE(r.start_step_unknown);
+  EXPECT_FALSE(r.rejoin_from_tiers);
+
+  ReadyMessage sharded;
+  sharded.rejoin = sharded.rejoin_from_tiers = true;
+  back = ParseDatagram(EncodeDatagram(From(1, sharded)), kContext);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(std::get<ReadyMessage>(back->message).rejoin_from_tiers);
+  // Restoring from the tiers after a rejoin says nothing of a worker that
+  // does not rejoin: a contradiction, refused.
+  std::string bytes = EncodeDatagram(From(1, sharded));
+  const size_t at = bytes.find("\"rejoin\":true");
+  ASSERT_NE(at, std::string::npos) << bytes;
+  bytes.replace(at, 13, "\"rejoin\":false");
+  EXPECT_FALSE(ParseDatagram(bytes, kContext).ok()) << bytes;
 
   ReadyMessage unknown;
   unknown.start_step_unknown = true;

@@ -1484,18 +1484,21 @@ nlohmann::json ControllerShell::CheckpointJson() const {
 proto::CheckpointConfig ControllerShell::CheckpointFor(const core::StartGenerationAction& a) {
   const CheckpointSpec& spec = o_.spec.checkpoint;
   proto::CheckpointConfig c;
-  const bool memory = spec.every_steps > 0 && spec.memory;
   if (a.rejoin) {
-    // The ranks that kept their state hand it to the others; a program
-    // whose ranks hold shards of it (FSDP) reads the plan below instead.
-    std::string text =
-        "in process: the state of the ranks that kept it, broadcast to the ranks that started";
-    if (memory) text += " (a sharded state: the restore plan's step from the tiers)";
+    // The ranks that kept their state hand it to the others, or, when each
+    // holds a different part of it (sharded), every rank restores its part
+    // from the tiers (the plan below, or its node's memory).
     const std::vector<core::JobAction> none =
-        Input(core::RestoreChosen{a.generation, text}, last_step_at_);
+        Input(core::RestoreChosen{a.generation,
+                                  a.rejoin_from_tiers
+                                      ? "in process: each rank restores its part of the state "
+                                        "(sharded) from the tiers in its process"
+                                      : "in process: the state of the ranks that kept it, "
+                                        "broadcast to the ranks that started"},
+              last_step_at_);
     ENDURE_CHECK(none.empty());
   }
-  if (!memory) return c;
+  if (spec.every_steps <= 0 || !spec.memory) return c;
   c.set_enabled(true);
   // As the spec names it: a relative directory is resolved by each agent on
   // its own host (under its --checkpoint-root), never here.
@@ -1503,12 +1506,14 @@ proto::CheckpointConfig ControllerShell::CheckpointFor(const core::StartGenerati
   c.set_persist_every_steps(spec.persist_every_steps);
   c.set_memory_budget(static_cast<uint64_t>(spec.memory_budget_bytes));
   c.set_slot_bytes(machine_.checkpoints().SlotBytes());
+  if (a.rejoin) {
+    c.set_discard_after(-1);  // the snapshots already taken stay
+    if (!a.rejoin_from_tiers) return c;
+  }
   checkpoint::RestorePlan plan = VerifiedPlan(
       machine_, durable_, a,
       [this](const core::JobEvent& refused) { Execute(Input(refused, last_step_at_), Now()); });
-  // After a rejoin the snapshots already taken stay: the ranks that kept
-  // their state may be past the plan's step.
-  c.set_discard_after(a.generation.value > 0 && !a.rejoin ? plan.step : -1);
+  if (!a.rejoin) c.set_discard_after(a.generation.value > 0 ? plan.step : -1);
   // Durable copies go down relative to the T2 directory, which the
   // controller reads where this host mounts it and each agent where its
   // own host does.

@@ -41,7 +41,8 @@ AgentEventRead ReadAgentEvent(const proto::AgentEvent& e, NodeId node,
                             e.worker_ready().restore_s(),
                             e.worker_ready().rejoin(),
                             e.worker_ready().deterministic(),
-                            e.worker_ready().start_step_unknown()};
+                            e.worker_ready().start_step_unknown(),
+                            e.worker_ready().rejoin_from_tiers()};
       break;
     case proto::AgentEvent::kStep:
       q.event = StepEndOf(e.step(), gen);

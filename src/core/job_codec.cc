@@ -51,7 +51,7 @@ template <typename F>
 void Fields(WorkerReady& e, F& f) {
   f("generation", e.generation), f("rank", e.rank), f("start_step", e.start_step),
       f("restore_s", e.restore_s), f("rejoin", e.rejoin), f("deterministic", e.deterministic),
-      f("start_step_unknown", e.start_step_unknown);
+      f("start_step_unknown", e.start_step_unknown), f("rejoin_from_tiers", e.rejoin_from_tiers);
 }
 template <typename F>
 void Fields(StepEnd& e, F& f) {
@@ -173,7 +173,8 @@ template <typename F>
 void Fields(StartGenerationAction& a, F& f) {
   f("generation", a.generation), f("nodes", a.nodes), f("restore_step", a.restore_step),
       f("abandoned_from", a.abandoned_from), f("skip_steps", a.skip_steps),
-      f("fired_faults", a.fired_faults), f("rejoin", a.rejoin);
+      f("fired_faults", a.fired_faults), f("rejoin", a.rejoin),
+      f("rejoin_from_tiers", a.rejoin_from_tiers);
 }
 template <typename F>
 void Fields(StopGenerationAction& a, F& f) {
@@ -525,7 +526,8 @@ Result<std::vector<Token>> Tokenize(std::string_view s, size_t i) {
 }
 
 // Fields that lines written before them lack (schema 4, issue 12).
-const std::set<std::string_view> kAddedFields = {"start_step_unknown",                // issue 26
+const std::set<std::string_view> kAddedFields = {"rejoin_from_tiers",                 // issue 25
+                                                 "start_step_unknown",                // issue 26
                                                  "restored_step",                     // issue 28
                                                  "from_t0",                           // issue 28
                                                  "from_t1",                           // issue 28

@@ -162,7 +162,7 @@ TEST(JobCodec, ActionsAndIncidentsAreOneLineEach) {
   EXPECT_EQ(
       EncodeAction(StartGenerationAction{1, {NodeId{0}, NodeId{2}}, -1, -1, {}, {"a", "b"}, true}),
       "start_generation generation=1 nodes=0,2 restore_step=-1 abandoned_from=-1 "
-      "skip_steps=- fired_faults=\"a\",\"b\" rejoin=true");
+      "skip_steps=- fired_faults=\"a\",\"b\" rejoin=true rejoin_from_tiers=false");
   Incident inc;
   inc.id = 1;
   inc.cause = ParseIncidentCause("worker_crash");

@@ -426,6 +426,7 @@ void JobMachine::OnWorkerReady(const WorkerReady& e, TimePoint now) {
   if (!rank_ready_[e.rank.value]) ++ranks_ready_;
   rank_ready_[e.rank.value] = true;
   rank_rejoins_[e.rank.value] = e.rejoin;
+  rank_from_tiers_[e.rank.value] = e.rejoin && e.rejoin_from_tiers;
   rank_deterministic_[e.rank.value] = e.deterministic;
   max_restore_s_ = std::max(max_restore_s_, e.restore_s);
   start_step_ = e.start_step;
@@ -1179,6 +1180,7 @@ RouteFacts JobMachine::FactsFor(const Failure& failure, RecoveryAction action,
       ++f.failed_ranks;
     } else if (rank_ready_[r] && rank_rejoins_[r]) {
       ++f.survivors_rejoining;
+      f.from_tiers = f.from_tiers || rank_from_tiers_[r];
     } else if (f.first_not_rejoining < 0) {
       f.first_not_rejoining = r;
     }
@@ -1191,6 +1193,9 @@ void JobMachine::StartGeneration(std::vector<NodeId> nodes, bool rejoin, TimePoi
                                  std::vector<JobAction>& out) {
   wait_until_.reset();
   replacement_deadline_.reset();
+  // The ranks that keep their processes run the program that said so.
+  const bool from_tiers = rejoin && std::find(rank_from_tiers_.begin(), rank_from_tiers_.end(),
+                                              true) != rank_from_tiers_.end();
   generation_ = generation_.Next();
   members_ = std::move(nodes);
   member_set_ = std::set<NodeId>(members_.begin(), members_.end());
@@ -1204,6 +1209,7 @@ void JobMachine::StartGeneration(std::vector<NodeId> nodes, bool rejoin, TimePoi
   ranks_ready_ = 0;
   step_productive_.clear();
   rank_rejoins_.assign(world_size(), false);
+  rank_from_tiers_.assign(world_size(), false);
   rank_deterministic_.assign(world_size(), false);
   rank_loss_.assign(world_size(), {StepNumber{-1}, 0.0});
   // A replay compares each rank's loss with its own: not across world sizes.
@@ -1224,7 +1230,7 @@ void JobMachine::StartGeneration(std::vector<NodeId> nodes, bool rejoin, TimePoi
   phase_ = JobPhase::kRunning;
   out.push_back(StartGenerationAction{
       generation_, members_, first || rejoin ? StepNumber{-1} : restore_step_,
-      first || rejoin ? StepNumber{-1} : abandoned_from_, skip_steps_, fired_, rejoin});
+      first || rejoin ? StepNumber{-1} : abandoned_from_, skip_steps_, fired_, rejoin, from_tiers});
   // Removed with this start; a later restart abandons nothing more unless a
   // new anomaly says so.
   abandoned_from_ = StepNumber{-1};

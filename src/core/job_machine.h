@@ -160,6 +160,9 @@ struct WorkerReady {
   // what it restored (start_step is 0): the first step it reports does, and
   // the work after that step was lost (JobMachine::RestoredTo).
   bool start_step_unknown = false;
+  // It rejoins, and then restores its part of the state from the tiers
+  // (client.h RejoinRestore::kFromTiers: a sharded state).
+  bool rejoin_from_tiers = false;
 };
 struct StepEnd {
   Generation generation;
@@ -310,6 +313,9 @@ struct StartGenerationAction {
   // alive on their node keep their process and state and rejoin; the others
   // start and take the state from them. restore_step is then unused.
   bool rejoin = false;
+  // ... and the ranks said they restore their parts from the tiers instead
+  // (a sharded state): the generation carries a restore plan.
+  bool rejoin_from_tiers = false;
 };
 struct StopGenerationAction {
   Generation generation;
@@ -670,6 +676,7 @@ class JobMachine {
   // comes late is safe as of its step, not of its report.
   std::map<StepNumber, Duration> step_productive_;
   std::vector<bool> rank_rejoins_;        // ready, and said it rejoins in place
+  std::vector<bool> rank_from_tiers_;     // ... restoring its part from the tiers
   std::vector<bool> rank_deterministic_;  // ready, and said it is deterministic
   // Each rank's newest loss of this generation and its step (the losses of
   // an anomalous step, for its replay).

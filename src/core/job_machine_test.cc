@@ -366,6 +366,35 @@ TEST(JobMachine, AnInProcessRestartThatRestoredACheckpointRecomputesTheStepsSinc
   }
 }
 
+// Ranks that hold each a part of the state (sharded) and restore it from the
+// tiers after a rejoin: the in-process restart says so, and its generation
+// is marked for a restore plan; ranks that do not say it get none.
+TEST(JobMachine, AnInProcessRestartOfShardedRanksRestoresFromTheTiers) {
+  for (const bool sharded : {true, false}) {
+    SCOPED_TRACE(sharded ? "sharded" : "data parallel");
+    Job job;
+    job.Up();
+    job.now = 1;
+    for (int r = 0; r < 2; ++r) {
+      WorkerReady ready{0, r, 0, 0, /*rejoin=*/true};
+      ready.rejoin_from_tiers = sharded;
+      job.Do(ready);
+    }
+    job.Run(1, 5);
+    job.now += 0.05;
+    auto a = job.Do(WorkerExitEvent{0, 1, NodeId{1}, std::nullopt, 9});
+    auto start = Find<StartGenerationAction>(a);
+    ASSERT_EQ(start.size(), 1u);
+    EXPECT_TRUE(start[0].rejoin);
+    EXPECT_EQ(start[0].rejoin_from_tiers, sharded);
+    const std::string why = job.m.incidents().back().route_reason;
+    EXPECT_EQ(
+        why.find("restores its part of the (sharded) state from the tiers") != std::string::npos,
+        sharded)
+        << why;
+  }
+}
+
 // A rule whose action is stop_if_repeated (a full disk): the first failure
 // restarts, and says that this restart confirms it; the same cause in that
 // restart stops the job with a verdict. Another cause in between, or a

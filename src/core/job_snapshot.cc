@@ -161,7 +161,8 @@ void JobMachine::serialize(Archive& ar) {
   ar(incidents_, incident_open_, persist_failure_reported_, hang_held_, sdc_recompute_, stragglers_,
      stragglers_kept_, resizes_, sdc_, stacks_, step_times_, last_job_step_at_, total_steps_,
      pairwise_, pair_tests_, pairs_asked_, pair_results_, pairwise_deadline_);
-  ar(unannounced_, restore_unknown_, first_reported_, step_stride_, rollback_pending_);
+  ar(unannounced_, restore_unknown_, first_reported_, step_stride_, rollback_pending_,
+     rank_from_tiers_);
 }
 
 std::string JobMachine::Snapshot() const {

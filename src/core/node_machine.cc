@@ -83,6 +83,7 @@ std::optional<proto::AgentEvent> Translate(const contract::Datagram& d) {
     r->set_restore_s(m->restore_s);
     r->set_init_s(m->init_s);
     r->set_rejoin(m->rejoin);
+    r->set_rejoin_from_tiers(m->rejoin_from_tiers);
     r->set_deterministic(m->deterministic);
     r->set_start_step_unknown(m->start_step_unknown);
   } else if (const auto* m = std::get_if<contract::FaultMessage>(&d.message)) {

@@ -81,20 +81,23 @@ RouteDecision ChooseRoute(const RouteFacts& f) {
                 (f.spares_available > 0 ? "a spare taking what it can, " : std::string()) +
                 "and grows back when a node returns"};
   }
+  const bool one = moves ? f.nodes_to_replace == 1 : f.failed_ranks == 1;
+  const std::string state =
+      f.from_tiers
+          ? ", and every rank restores its part of the (sharded) state from the tiers"
+          : std::string(one ? " and takes" : " and take") + " the state from a data-parallel peer";
   if (moves) {
     return {RecoveryRoute::kSpare,
             "spare node: " + kept + "the ranks of the " +
-                (f.nodes_to_replace == 1 ? std::string("node that left start on a spare")
-                                         : "nodes that left start on spares") +
-                " and take the state from a data-parallel peer"};
+                (one ? std::string("node that left start on a spare")
+                     : "nodes that left start on spares") +
+                (f.from_tiers ? state : " and take the state from a data-parallel peer")};
   }
   return {RecoveryRoute::kInProcess,
           "in-process restart: " + kept + "the failed " +
-              (f.failed_ranks == 1 ? std::string("rank starts (in a warm standby where its node "
-                                                 "keeps one) and takes")
-                                   : "ranks start (in warm standbys where their nodes keep "
-                                     "them) and take") +
-              " the state from a data-parallel peer"};
+              (one ? std::string("rank starts (in a warm standby where its node keeps one)")
+                   : "ranks start (in warm standbys where their nodes keep them)") +
+              state};
 }
 
 }  // namespace endure::core

@@ -64,6 +64,9 @@ struct RouteFacts {
   // rejoin in place, and the lowest one that did not (-1: none).
   int survivors_rejoining = 0;
   int first_not_rejoining = -1;
+  // They said each rank then restores its part of the state from the tiers
+  // (a sharded state), instead of a peer handing the whole state over.
+  bool from_tiers = false;
   int spares_available = 0;  // healthy nodes outside the generation
   int nodes = 1;             // the generation's nodes
   // The fewest nodes the job may go on with ([job] min_nodes); 0: it needs
