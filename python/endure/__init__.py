@@ -388,6 +388,7 @@ class Session:
         on: the controller weighs what a straggler costs over the remaining
         ones (0: unknown)."""
         self._impl.set_total_steps(int(steps))
+        self._total_steps = int(steps)
 
     def end_step(self, step: int, loss=None, compute_s: Optional[float] = None,
                  comm_s: Optional[float] = None, tokens: Optional[int] = None):

@@ -360,6 +360,11 @@ def _live_mesh(state: Mapping):
     return None
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's block on this rank; any other tensor itself."""
+    return t.to_local() if _is_dtensor(t) else t
+
+
 def _sharded_state(state: Mapping) -> bool:
     """Whether a module in `state` has DTensor parameters (FSDP2's
     fully_shard): each rank then holds a different part of the state."""
@@ -463,6 +468,11 @@ class Checkpointer:
         self._directory = directory or ""
         self._keep = keep
         self.restore_s = 0.0  #: seconds the last restore() took
+        self.final_step = 0  #: the run's last step, whose save is never overlapped (0: unknown)
+        self._saved_once = False
+        self._pending = None  # an overlapped save: (its future, its step)
+        self._copier = None
+        self._hooked = set()
         self.last_stall_s = 0.0  #: seconds the last save() blocked
         self.last_restore_summary = ""  #: e.g. "step 42 from T0 x2", "fresh start"
 
@@ -473,7 +483,11 @@ class Checkpointer:
 
     # ---- save ----
 
-    def _collect(self, next_step: int):
+    def _collect(self, next_step: int, updated_by_step=frozenset()):
+        """(meta, refs, keep_alive) of the state now. A tensor whose bytes
+        refs would name in place is cloned unless its address is in
+        `updated_by_step` (an overlapped save: those change only in an
+        optimizer's step, which waits for the copy)."""
         flat = _Flattener()
         tree = {}
         for key, obj in self._state.items():
@@ -486,6 +500,9 @@ class Checkpointer:
                 c = c.cpu()
             if not c.is_contiguous():
                 c = c.contiguous()
+            if updated_by_step and c.data_ptr() == t.data_ptr() and \
+                    c.data_ptr() not in updated_by_step:
+                c = c.clone()  # a buffer, an RNG state: it may change before the copy ends
             keep_alive.append(c)
             refs.append((name, _DTYPES[c.dtype], list(c.shape), c.data_ptr(),
                          c.numel() * c.element_size()))
@@ -507,7 +524,10 @@ class Checkpointer:
         if next_step < 1:
             raise ValueError(f"Checkpointer.save: next_step must be >= 1, not {next_step}")
         start = time.monotonic()
+        self.wait()
         world, rank, _ = _dist()
+        if self._overlaps(next_step):
+            return self._save_behind(next_step, world, rank, start)
         writes = self._session.memory_checkpoints or (bool(self.directory) and rank == 0)
         # The rank that writes is in the phase "checkpoint" meanwhile, so
         # that the agent does not time a long save as a step (an
@@ -519,7 +539,97 @@ class Checkpointer:
         self.last_stall_s = time.monotonic() - start
         if hasattr(self._session, "_note_checkpoint"):
             self._session._note_checkpoint(self.last_stall_s, next_step if saved else -1)
+        self._saved_once = self._saved_once or bool(saved)
         return bool(saved)
+
+    # ---- an overlapped save (node memory, torch >= 2.0) ----
+    #
+    # The copy into node memory runs on a thread of its own (the copy
+    # releases the GIL) while the program goes on with its next step; the
+    # optimizers in the state wait for it before they update (a step
+    # pre-hook), since the parameters and their optimizer state are copied
+    # in place. Every other tensor (buffers, which a forward pass may change,
+    # RNG states, the plain dicts' tensors) is cloned first. The first save
+    # runs in the foreground (it checks that the state fits the slot), and
+    # so do the run's last and every save of a sharded state.
+
+    def wait(self) -> None:
+        """Waits for an overlapped save to end (raising its error): its
+        time is checkpoint stall, and its step is reported committed."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        future, next_step = pending
+        start = time.monotonic()
+        try:
+            saved = future.result()
+        finally:
+            waited = time.monotonic() - start
+            self.last_stall_s += waited
+            if hasattr(self._session, "_note_checkpoint"):
+                self._session._note_checkpoint(waited, -1)
+        if saved and hasattr(self._session, "_note_checkpoint"):
+            self._session._note_checkpoint(0.0, next_step)
+
+    def _overlaps(self, next_step: int) -> bool:
+        if not (self._saved_once and self._session.memory_checkpoints):
+            return False
+        # A sharded state rejoins from what every rank holds in node memory:
+        # a copy a kill cut short would cost a second step.
+        if _sharded_state(self._state):
+            return False
+        # The run's last save ends in the foreground: no next step reports it.
+        final = self.final_step or getattr(self._session, "_total_steps", 0)
+        if final and next_step >= final:
+            return False
+        optimizers = [o for o in self._state.values() if isinstance(o, torch.optim.Optimizer)]
+        if not optimizers or not all(hasattr(o, "register_step_pre_hook") for o in optimizers):
+            return False  # torch 1.x: nothing would wait for the copy
+        for o in optimizers:
+            if id(o) not in self._hooked:
+                o.register_step_pre_hook(lambda *_: self.wait())
+                self._hooked.add(id(o))
+        return True
+
+    def _updated_by_step(self) -> frozenset:
+        """The addresses of the tensors the state's optimizers update in
+        their step: the parameters and their state (a DTensor's block)."""
+        addresses = set()
+        for o in self._state.values():
+            if not isinstance(o, torch.optim.Optimizer):
+                continue
+            for group in o.param_groups:
+                for p in group["params"]:
+                    addresses.add(_local(p).data_ptr())
+            for per_param in o.state.values():
+                for v in per_param.values():
+                    if isinstance(v, torch.Tensor):
+                        addresses.add(_local(v).data_ptr())
+        return frozenset(addresses)
+
+    def _save_behind(self, next_step: int, world: int, rank: int, start: float) -> bool:
+        meta, refs, keep_alive = self._collect(next_step, self._updated_by_step())
+        if "offsets" in meta:
+            mine = refs
+        else:
+            owner = _endure.partition_by_size([r[4] for r in refs], world)
+            mine = [r for r, o in zip(refs, owner) if o == rank]
+        impl, meta_json = self._session._impl, json.dumps(meta)
+
+        def copy():
+            try:
+                return impl.save_snapshot(next_step, world, meta_json, mine)
+            finally:
+                del keep_alive[:]
+        if self._copier is None:
+            import concurrent.futures
+            self._copier = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="endure-checkpoint")
+        self._pending = (self._copier.submit(copy), next_step)
+        self.last_stall_s = time.monotonic() - start
+        if hasattr(self._session, "_note_checkpoint"):
+            self._session._note_checkpoint(self.last_stall_s, -1)
+        return True
 
     def _save(self, next_step: int, world: int, rank: int) -> bool:
         meta, refs, keep_alive = self._collect(next_step)
@@ -553,6 +663,7 @@ class Checkpointer:
         (0: fresh start, nothing loaded). Raises endure.DataLossError when the
         copy the agent chose does not verify, ValueError when the checkpoint
         does not fit the state (another model)."""
+        self.wait()
         start = time.monotonic()
         plan = self._session.restore_plan
         if plan is not None:
@@ -616,6 +727,7 @@ class Checkpointer:
         on its node), else the agent's plan (which knows the memory copies
         only as of the last full restart, and the durable ones). Every rank
         calls it; returns the step."""
+        self.wait()
         start = time.monotonic()
         world, rank, _ = _dist()
         plan = self._session.restore_plan
@@ -892,6 +1004,7 @@ class Loop:
         self._checkpoint_args = {"directory": directory, "keep": keep}
         if self._build is None:
             self.checkpointer = Checkpointer(session, state, **self._checkpoint_args)
+            self.checkpointer.final_step = int(total_steps)
         self.state = state  #: the state; for a function, what it built last
         self.total_steps = int(total_steps)
         self.completed = 0  #: steps whose update this rank applied
@@ -926,10 +1039,6 @@ class Loop:
             # file every 10 ms: rejoin_pending() is then cheap enough for
             # every layer and gradient.
             session.declare_rejoin(from_tiers=self._sharded)
-            if self._sharded:
-                for obj in self.state.values():
-                    if isinstance(obj, torch.nn.Module):
-                        self._stop_steps_of(obj)
 
     # ---- what the program uses ----
 
@@ -983,11 +1092,13 @@ class Loop:
     def __iter__(self):
         self._start()
         while True:
-            if self._rejoins and self._session.rejoin_pending():
+            if self._rejoins and self._offered_between_steps():
                 # Offered between steps, no collective failed: the job
                 # changes size (a regrow), or a peer failed while this rank
-                # did not wait on it.
+                # did not wait on it. Then asked again, in the new group, as
+                # a rank that starts there asks before its first step.
                 self._rejoin("a later generation was offered", None)
+                continue
             if self.completed >= self.total_steps:
                 return
             step = self.completed
@@ -1022,6 +1133,25 @@ class Loop:
                             f"to objects, not a {type(state).__name__}")
         self.state = state
         self.checkpointer = Checkpointer(self._session, state, **self._checkpoint_args)
+        self.checkpointer.final_step = self.total_steps
+
+    def _offered_between_steps(self) -> bool:
+        """Whether to rejoin before the next step. The ranks of a sharded
+        state agree on it (a MAX allreduce of what each saw): its modules
+        keep the old group's connections open (the program's own frame
+        holds them), so a rank that left while a peer had begun the step
+        would hold that peer in its first collective for good; for the same
+        reason such a loop does not stop a step part way (a dead peer fails
+        the step's next collective, FSDP has one per sharded module)."""
+        pending = self._session.rejoin_pending()
+        if not self._sharded or self.world_size == 1:
+            return pending
+        flag = torch.tensor([1 if pending else 0], dtype=torch.int64)
+        try:
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        except RuntimeError:
+            return True  # a peer failed: the offer comes
+        return bool(flag.item())
 
     def _stop_if_offered(self) -> None:
         if self._in_step and self._session.rejoin_pending():
@@ -1067,6 +1197,11 @@ class Loop:
     def _rejoin(self, why: str, failure: Optional[BaseException]) -> None:
         start = time.monotonic()
         print(f"endure: rank {self.rank}: {why}; rejoining", file=sys.stderr, flush=True)
+        try:
+            self.checkpointer.wait()  # the state is handed over (or restored) whole
+        except (OSError, ValueError) as e:
+            print(f"endure: rank {self.rank}: the last checkpoint was not saved: {e}",
+                  file=sys.stderr, flush=True)
         while True:
             if not self._session.rejoin(self._rejoin_timeout_s):
                 if failure is not None:
@@ -1122,12 +1257,10 @@ class Loop:
         the new group, and every rank restores the restore plan's step into
         it (a rank that kept a later step goes back to it: the tiers hold
         no later one of the dead rank's part)."""
+        self.checkpointer.wait()
         self.state = self.checkpointer = None
         gc.collect()
         self._make_state()
-        for obj in self.state.values():
-            if isinstance(obj, torch.nn.Module):
-                self._stop_steps_of(obj)
         self.completed = self.checkpointer._restore_rejoined()
 
     def _join_peers(self, completed: int) -> int:

@@ -618,6 +618,36 @@ class LoopTest(CleanEnvironment):
                 os.environ.pop(v, None)
             torch.distributed.destroy_process_group()
 
+    def test_a_save_into_node_memory_overlaps_the_next_step_and_keeps_the_state_it_saw(self):
+        # After the first save, a save's copy runs behind the program: the
+        # optimizer's next update waits for it, and a buffer changed before
+        # it ends (as a forward pass would) was saved as it was.
+        os.environ.update({"ENDURE_GENERATION": "0", "RANK": "0", "WORLD_SIZE": "1",
+                           "ENDURE_T0_DIR": self.dir})
+        session = endure.Session.from_env()
+        model = torch.nn.Linear(256, 256)
+        model.register_buffer("seen", torch.zeros(4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        ckpt = endure.torch.Checkpointer(session, {"model": model, "opt": opt})
+        self.assertTrue(ckpt.save(1))  # in the foreground: it checks the slot
+        self.assertIsNone(ckpt._pending)
+        weight, seen = model.weight.detach().clone(), model.seen.clone()
+        self.assertTrue(ckpt.save(2))
+        overlaps = hasattr(opt, "register_step_pre_hook")  # torch >= 2.0
+        self.assertEqual(ckpt._pending is not None, overlaps)
+        model.seen.add_(7)
+        model(torch.ones(1, 256)).sum().backward()
+        opt.step()  # waits for the copy first
+        self.assertIsNone(ckpt._pending)
+        self.assertFalse(torch.equal(model.weight, weight))
+        meta, tensors = endure._endure.decode_shard_bytearray(
+            session._impl.read_local_snapshot(2), "t0")
+        saved = {name: endure.torch._tensor_from(dtype, shape, data, "t0")
+                 for name, dtype, shape, data in tensors}
+        self.assertTrue(torch.equal(saved["model/weight"], weight))
+        self.assertTrue(torch.equal(saved["model/seen"], seen))
+        del os.environ["ENDURE_T0_DIR"]
+
     def test_a_block_is_assembled_from_the_saved_blocks_that_overlap_it(self):
         # A 5x2 tensor saved by 3 ranks (rows 0-1, 2-3, 4) re-sharded for 2
         # (rows 0-2, 3-4): each new block takes the rows of every old one it

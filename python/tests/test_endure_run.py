@@ -373,6 +373,8 @@ class ShardedTrainerRejoinsInPlace(unittest.TestCase):
                              [("node_lost", "shrink")], json.dumps(incidents, indent=1))
             self.assertEqual([(r["from_nodes"], r["to_nodes"]) for r in report["resizes"]],
                              [(2, 3)], report["resizes"])
+            self.assertIn("every rank restored its part of the (sharded) state from the tiers",
+                          report["resizes"][0]["reason"])
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 

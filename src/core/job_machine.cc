@@ -1145,11 +1145,16 @@ void JobMachine::MaybeGrow(TimePoint now, std::vector<JobAction>& out) {
   }
   if (static_cast<int>(next.size()) == have) return;
   const int to = static_cast<int>(next.size());
-  resizes_.push_back(Resize{generation_.Next(), now, have, to, job_step_,
-                            "grew from " + std::to_string(have) + " to " + std::to_string(to) +
-                                " of " + std::to_string(options_.nodes) +
-                                " nodes in process at step " + std::to_string(job_step_.value) +
-                                ": " + added + " joined and took the state from a peer"});
+  const bool from_tiers =
+      std::find(rank_from_tiers_.begin(), rank_from_tiers_.end(), true) != rank_from_tiers_.end();
+  resizes_.push_back(Resize{
+      generation_.Next(), now, have, to, job_step_,
+      "grew from " + std::to_string(have) + " to " + std::to_string(to) + " of " +
+          std::to_string(options_.nodes) + " nodes in process at step " +
+          std::to_string(job_step_.value) + ": " + added +
+          (from_tiers ? " joined, and every rank restored its part of the (sharded) state from "
+                        "the tiers"
+                      : " joined and took the state from a peer")});
   in_process_from_ = job_step_;
   StartGeneration(std::move(next), /*rejoin=*/true, now, out);
 }
