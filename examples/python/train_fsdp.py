@@ -34,8 +34,7 @@ import torch.nn as nn
 
 import endure
 import endure.torch
-from train_gpt import TorchRNG, batch, keep_freed_memory, learning_rate, load_corpus, \
-    make_model, parse_args
+from train_gpt import TorchRNG, batch, learning_rate, make_model, parse_args, start
 
 
 def main(argv) -> int:
@@ -46,17 +45,9 @@ def main(argv) -> int:
         print(f"train_fsdp.py: needs torch >= 2.6 (torch.distributed.fsdp.fully_shard); this "
               f"is torch {torch.__version__}", file=sys.stderr)
         return 2
-    keep_freed_memory()
-    train_text, _ = load_corpus(args.data, args.val_fraction)
-    endure.await_assignment()
-    try:
-        session = endure.Session.from_env()
-    except ValueError as e:
-        print(f"train_fsdp.py: {e}", file=sys.stderr)
+    (train_text, _), session = start(args, "train_fsdp.py")
+    if session is None:
         return 2
-    session.set_total_steps(args.steps)
-    if session.checkpoint_every is not None:
-        args.ckpt_every = session.checkpoint_every
     slots = args.global_batch // args.micro_batch
     if args.global_batch % args.micro_batch:
         print(f"train_fsdp.py: --global-batch {args.global_batch} must be whole "

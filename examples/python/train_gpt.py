@@ -273,10 +273,12 @@ def held_out_loss(model, val_text, args, batches: int) -> float:
     return sum(losses) / len(losses) if losses else float("nan")
 
 
-def main(argv) -> int:
-    args = parse_args(argv)
+def start(args, program: str):
+    """The corpus (train, validation) and the endure.Session of a run of
+    `args`; None for the session when its environment is malformed (said
+    on stderr, under `program`'s name)."""
     keep_freed_memory()
-    train_text, val_text = load_corpus(args.data, args.val_fraction)
+    texts = load_corpus(args.data, args.val_fraction)
     # A warm standby ([recovery] warm_standby) waits here, with torch and
     # the corpus loaded, until the agent makes it a failed rank's
     # replacement; any other start goes straight on.
@@ -284,11 +286,19 @@ def main(argv) -> int:
     try:
         session = endure.Session.from_env()
     except ValueError as e:
-        print(f"train_gpt.py: {e}", file=sys.stderr)
-        return 2
+        print(f"{program}: {e}", file=sys.stderr)
+        return texts, None
     session.set_total_steps(args.steps)
     if session.checkpoint_every is not None:
         args.ckpt_every = session.checkpoint_every
+    return texts, session
+
+
+def main(argv) -> int:
+    args = parse_args(argv)
+    (train_text, val_text), session = start(args, "train_gpt.py")
+    if session is None:
+        return 2
     world = int(os.environ.get("WORLD_SIZE", "1") or "1")
     slots = args.global_batch // args.micro_batch
     if args.global_batch % args.micro_batch or slots % world:
