@@ -1029,6 +1029,9 @@ core::JobMachineOptions MachineOptions(const JobSpec& spec) {
   const DetectionSpec& d = spec.detection;
   o.hang.floor = d.hang_timeout_floor;
   o.heartbeat.timeout = d.heartbeat_timeout;
+  // A node whose stream dropped is lost after the grace or the heartbeat
+  // timeout, whichever is shorter: a timeout under the grace shortens it.
+  o.heartbeat.drop_grace = std::min(o.heartbeat.drop_grace, d.heartbeat_timeout);
   o.hang.k = d.hang_timeout_k;
   o.hang.window = d.hang_window;
   o.hang.min_samples = std::min(o.hang.min_samples, d.hang_window);

@@ -48,6 +48,23 @@ std::string ErrorOf(const std::string& text) {
   return spec.status().message();
 }
 
+// A heartbeat timeout under the default grace of a dropped stream (2 s)
+// made machine options that do not validate: the controller stopped on its
+// check when it built the job machine (found by fuzz_job_spec).
+TEST(JobSpec, AHeartbeatTimeoutUnderTheDropGraceShortensIt) {
+  for (const char* timeout : {"1s", "1.s", "500ms", "10s"}) {
+    SCOPED_TRACE(timeout);
+    Result<JobSpec> spec = ParseJobSpec(
+        std::string(kMinimal) + "[detection]\nheartbeat_timeout = \"" + timeout + "\"\n",
+        "job.toml");
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    const core::JobMachineOptions o = MachineOptions(*spec);
+    EXPECT_TRUE(o.Validate().ok()) << o.Validate().ToString();
+    EXPECT_EQ(o.heartbeat.timeout, spec->detection.heartbeat_timeout);
+    EXPECT_LE(o.heartbeat.drop_grace, o.heartbeat.timeout);
+  }
+}
+
 // Issue 14: spares, the in-process route and a schedule with node losses.
 TEST(JobSpec, SparesInProcessAndNodeLossShare) {
   Result<JobSpec> plain = ParseJobSpec(kMinimal, "job.toml");
