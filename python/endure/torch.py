@@ -465,6 +465,9 @@ class Checkpointer:
             raise ValueError(f"Checkpointer: keep must be >= 0, not {keep}")
         self._session = session
         self._state = state
+        # Each rank holds a different part of it (FSDP's DTensors): found once,
+        # not on every save.
+        self._sharded = _sharded_state(state)
         self._directory = directory or ""
         self._keep = keep
         self.restore_s = 0.0  #: seconds the last restore() took
@@ -576,7 +579,7 @@ class Checkpointer:
             return False
         # A sharded state rejoins from what every rank holds in node memory:
         # a copy a kill cut short would cost a second step.
-        if _sharded_state(self._state):
+        if self._sharded:
             return False
         # The run's last save ends in the foreground: no next step reports it.
         final = self.final_step or getattr(self._session, "_total_steps", 0)
@@ -686,7 +689,7 @@ class Checkpointer:
         # every shard. A sharded one saved by as many ranks as there are now
         # needs only its own (unless the live layout differs: the blocks
         # are placed by their offsets either way).
-        own = _sharded_state(self._state) and len(sources) == world
+        own = self._sharded and len(sources) == world
         shards = []
         for index, src in enumerate(sources):
             loader, shard = src["loader_rank"], src["shard"]
@@ -822,10 +825,10 @@ class Checkpointer:
               reshard: Optional[_Reshard] = None) -> None:
         if meta.get("format") != _FORMAT or "python_tree" not in meta:
             raise ValueError(f"{where}: not a checkpoint of endure.torch.Checkpointer")
-        if _sharded_state(self._state) and reshard is None:
+        if self._sharded and reshard is None:
             raise ValueError(f"{where}: the checkpoint holds a replicated state, and this "
                              "state is sharded (FSDP)")
-        if reshard is not None and not _sharded_state(self._state):
+        if reshard is not None and not self._sharded:
             raise ValueError(f"{where}: the checkpoint holds a sharded (FSDP) state, and this "
                              "state is not sharded")
         tree = json.loads(meta["python_tree"])
